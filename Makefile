@@ -1,0 +1,25 @@
+# kvselect developer targets. `make ci` is what .ci/run executes.
+GO ?= go
+PKGS ?= ./...
+FUZZTIME ?= 10s
+BENCHCOUNT ?= 6
+
+.PHONY: test race lint fuzz-smoke bench ci
+
+test: ## unit tests, the README's test command
+	$(GO) test $(PKGS)
+
+race: ## unit tests under the race detector
+	$(GO) test -race $(PKGS)
+
+lint: ## formatting and vet
+	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+fuzz-smoke: ## run every fuzz target briefly
+	./scripts/fuzz-smoke.sh $(FUZZTIME)
+
+bench: ## benchmarks with enough repetitions for a stable median
+	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) $(PKGS) | tee bench.out
+
+ci: lint race fuzz-smoke

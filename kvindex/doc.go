@@ -1,0 +1,68 @@
+// Package kvindex knows which worker holds which prefix of tokens in its KV cache.
+//
+// Engines (vLLM, SGLang, TensorRT-LLM) publish what they store and evict; the
+// kvevents subpackage turns those messages into Events, and an Index applies them.
+// For a new request the router hashes its tokens with a Hasher and asks
+// FindMatches how many leading blocks each worker rank already holds: that overlap
+// is the prefix the worker will not have to recompute. Approx answers the same
+// question for engines that publish no events, from the router's own past
+// decisions and a TTL.
+//
+// # Hashing
+//
+// Tokens are grouped into blocks of a fixed size; only complete blocks count. A
+// block's local hash is XXH64 over its token ids (4 bytes little-endian each),
+// seeded with 1337 mixed with the LoRA adapter name and the cache salt, so adapters
+// and tenants never share blocks. Sequence hashes chain the local hashes:
+// seq[0] = local[0], seq[i] = XXH64(1337, le64(seq[i-1]) || le64(local[i])).
+// seq[i] names the whole prefix up to block i. Hasher documents the exact layout;
+// golden vectors in the tests pin it.
+//
+// The router hashes both sides itself: the tokens of stored blocks that events
+// carry, and the tokens of requests. Engine block hashes are opaque identifiers
+// kept per worker rank only to find a stored run's parent and to remove blocks
+// later; they are never compared across workers, so engines may use any hash
+// function, and two models that emit equal engine hashes never collide.
+//
+// # Structure
+//
+// The Index is a radix tree whose nodes are blocks keyed by sequence hash. Each
+// node holds, per storage tier (device, host, disk), the set of worker ranks that
+// have the block, as a sparse bitset over small dense slot numbers, so walking a
+// request intersects a few machine words per block however many workers match.
+// Each worker rank has a map from its engine block hashes to nodes, which makes
+// removing a block, clearing a worker rank and removing a worker cost only the
+// blocks that worker holds, never a scan of the tree.
+//
+// FindMatches walks the request's sequence hashes from the root, narrowing the
+// candidate set at each block, and stops as soon as no candidate remains (or, on
+// request, when one remains). A worker rank's device count is the number of
+// consecutive leading blocks it holds on the device tier; lower tiers extend that
+// match: Host counts the further blocks held on device or host, Disk the further
+// blocks held on any tier.
+//
+// Events whose parent block is unknown (lost or reordered) are dropped and counted,
+// never attached at the root, since that would claim prefixes the worker does not
+// hold. Engine block sizes that are whole multiples of the index block size are
+// split into index blocks; other sizes are rejected with ErrBlockSize.
+//
+// # Concurrency
+//
+// Index and Approx are safe for concurrent use. Lookups share a read lock and run
+// in parallel; Apply, ClearRank and RemoveWorker take the write lock briefly, and
+// Apply hashes an event's tokens before taking it. A lookup therefore sees the
+// index either before or after any event, never half of one: it may undercount
+// while a store is being applied, and it never overcounts. Hasher is an immutable
+// value. Nothing in this package starts a goroutine.
+//
+// # Invariants
+//
+//   - A node exists only while some worker rank holds it or one of its
+//     descendants: a node that loses its last holder and has no children is
+//     detached at once, so memory follows the cached blocks under any churn.
+//   - A worker rank's engine-hash map points only at nodes where that worker rank
+//     is a member on the same tier, and every membership is justified by a mapped
+//     block (a block stored twice needs two removes).
+//   - A node's set never claims a worker rank for a block it does not hold, so
+//     FindMatches never overcounts.
+package kvindex

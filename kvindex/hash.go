@@ -1,0 +1,190 @@
+package kvindex
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// BaseSeed is the seed of every block hash before LoRA and cache-salt mixing, and
+// the seed of every chain hash.
+const BaseSeed uint64 = 1337
+
+// ErrBlockSize reports a block size that is not positive, or an event block size
+// that is not a whole multiple of the index's.
+var ErrBlockSize = errors.New("kvindex: invalid block size")
+
+// HashOptions isolate blocks that hold equal tokens but must never be shared: two
+// LoRA adapters, or two tenants separated by a cache salt. Empty strings count as
+// absent.
+type HashOptions struct {
+	LoRAName  string
+	CacheSalt string
+}
+
+// Seed returns the block-hash seed for these options:
+//
+//	seed = 1337
+//	if LoRAName != "":  seed += xxhash64(LoRAName, seed 0)   (wrapping)
+//	if CacheSalt != "": seed += xxhash64(CacheSalt, seed 1)  (wrapping)
+func (o HashOptions) Seed() uint64 {
+	seed := BaseSeed
+	if o.LoRAName != "" {
+		seed += xxhash.Sum64String(o.LoRAName)
+	}
+	if o.CacheSalt != "" {
+		var d xxhash.Digest
+		d.ResetWithSeed(1)
+		_, _ = d.WriteString(o.CacheSalt)
+		seed += d.Sum64()
+	}
+	return seed
+}
+
+// Hasher turns token ids into the chained block hashes the index is keyed by. It is
+// a small immutable value, safe for concurrent use, and cheap to copy.
+//
+// Byte layout (stable across machines and releases; golden vectors in the tests):
+//
+//   - Only complete blocks are hashed; a trailing partial block is ignored.
+//   - local[i] = XXH64(seed, bytes) where bytes are the block's token ids, each
+//     written as 4 bytes little-endian, followed, only when the block carries an
+//     extra-key digest x != 0, by x as 8 bytes little-endian. The seed comes from
+//     HashOptions.Seed.
+//   - seq[0] = local[0]; seq[i] = XXH64(1337, le64(seq[i-1]) || le64(local[i])).
+//
+// seq[i] therefore names the whole prefix of blocks 0..i, so equal seq hashes mean
+// equal prefixes (up to 64-bit collisions).
+type Hasher struct {
+	blockSize int
+	seed      uint64
+}
+
+// NewHasher returns a Hasher for blocks of blockSize tokens. blockSize must be
+// positive (ErrBlockSize otherwise).
+func NewHasher(blockSize int, opts HashOptions) (Hasher, error) {
+	if blockSize <= 0 {
+		return Hasher{}, fmt.Errorf("%w: %d tokens per block, want > 0", ErrBlockSize, blockSize)
+	}
+	return Hasher{blockSize: blockSize, seed: opts.Seed()}, nil
+}
+
+// BlockSize returns the tokens per block.
+func (h Hasher) BlockSize() int { return h.blockSize }
+
+// Seed returns the block-hash seed derived from the options.
+func (h Hasher) Seed() uint64 { return h.seed }
+
+// Blocks returns the number of complete blocks in n tokens.
+func (h Hasher) Blocks(n int) int {
+	if h.blockSize <= 0 {
+		return 0
+	}
+	return n / h.blockSize
+}
+
+// SeqHashes returns the sequence hash of every complete block of tokens. Nil or
+// short input yields nil.
+func (h Hasher) SeqHashes(tokens []uint32) []uint64 {
+	n := h.Blocks(len(tokens))
+	if n == 0 {
+		return nil
+	}
+	return h.AppendSeqHashes(make([]uint64, 0, n), tokens)
+}
+
+// AppendSeqHashes appends the sequence hash of every complete block of tokens to dst
+// and returns the extended slice. It does not allocate when dst has room.
+func (h Hasher) AppendSeqHashes(dst []uint64, tokens []uint32) []uint64 {
+	n := h.Blocks(len(tokens))
+	var prev uint64
+	for i := 0; i < n; i++ {
+		local := blockHash(h.seed, tokens[i*h.blockSize:(i+1)*h.blockSize], 0)
+		if i == 0 {
+			prev = local
+		} else {
+			prev = ChainHash(prev, local)
+		}
+		dst = append(dst, prev)
+	}
+	return dst
+}
+
+// LocalHash returns the local (unchained) hash of one block's tokens with an
+// optional extra-key digest (0 for none). len(tokens) is not checked against the
+// block size.
+func (h Hasher) LocalHash(tokens []uint32, extra uint64) uint64 {
+	return blockHash(h.seed, tokens, extra)
+}
+
+// ChainHash returns the sequence hash of a block whose parent has sequence hash
+// parent and whose own local hash is local: XXH64(1337, le64(parent) || le64(local)).
+func ChainHash(parent, local uint64) uint64 {
+	return xxh64Two(BaseSeed, parent, local)
+}
+
+// littleEndian is true when uint32 values are laid out little-endian in memory, so
+// a token slice can be hashed in place.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// blockHash hashes one block of tokens (and an optional extra digest) with seed.
+func blockHash(seed uint64, tokens []uint32, extra uint64) uint64 {
+	var d xxhash.Digest
+	d.ResetWithSeed(seed)
+	if len(tokens) > 0 {
+		if littleEndian {
+			_, _ = d.Write(unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), len(tokens)*4))
+		} else {
+			var buf [256]byte
+			for len(tokens) > 0 {
+				k := min(len(tokens), len(buf)/4)
+				for i, t := range tokens[:k] {
+					binary.LittleEndian.PutUint32(buf[i*4:], t)
+				}
+				_, _ = d.Write(buf[:k*4])
+				tokens = tokens[k:]
+			}
+		}
+	}
+	if extra != 0 {
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], extra)
+		_, _ = d.Write(b[:])
+	}
+	return d.Sum64()
+}
+
+// XXH64 primes.
+const (
+	prime1 uint64 = 11400714785074694791
+	prime2 uint64 = 14029467366897019727
+	prime3 uint64 = 1609587929392839161
+	prime4 uint64 = 9650029242287828579
+	prime5 uint64 = 2870177450012600261
+)
+
+// xxh64Two is XXH64 of exactly 16 bytes, le64(a) || le64(b), with seed: the
+// short-input path of the XXH64 specification, unrolled.
+func xxh64Two(seed, a, b uint64) uint64 {
+	h := seed + prime5 + 16
+	h ^= xxRound(a)
+	h = bits.RotateLeft64(h, 27)*prime1 + prime4
+	h ^= xxRound(b)
+	h = bits.RotateLeft64(h, 27)*prime1 + prime4
+	h ^= h >> 33
+	h *= prime2
+	h ^= h >> 29
+	h *= prime3
+	h ^= h >> 32
+	return h
+}
+
+func xxRound(v uint64) uint64 {
+	v *= prime2
+	v = bits.RotateLeft64(v, 31)
+	return v * prime1
+}

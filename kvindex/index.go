@@ -1,0 +1,412 @@
+package kvindex
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// Errors returned by Apply, wrapped with context. Every rejected event leaves the
+// index unchanged and is counted in Stats.
+var (
+	// ErrUnknownParent: a stored run names a parent block the worker rank does not
+	// hold (the event was lost, or arrived before its parent). The run is dropped,
+	// never attached at the root.
+	ErrUnknownParent = errors.New("kvindex: parent block unknown")
+	// ErrTokenCount: a stored run does not carry exactly one block size of tokens
+	// per block hash.
+	ErrTokenCount = errors.New("kvindex: token count does not match blocks")
+	// ErrInvalidEvent: the event is malformed (unknown kind or tier, negative rank,
+	// empty worker name, repeated block hashes, extra digests of the wrong length).
+	ErrInvalidEvent = errors.New("kvindex: invalid event")
+)
+
+// Options configure an Index.
+type Options struct {
+	// BlockSize is the number of tokens per index block; it must be positive and
+	// equal the block size requests are hashed with. Required.
+	BlockSize int
+}
+
+// Index is the event-fed block index: for each worker rank it knows which blocks
+// are in its KV cache, on which tier, and answers which worker ranks hold the
+// longest prefix of a request. It is safe for concurrent use: any number of
+// FindMatches calls run in parallel with each other; Apply, ClearRank and
+// RemoveWorker are serialised with them.
+type Index struct {
+	blockSize int
+
+	mu sync.RWMutex
+	t  tree
+
+	// Counters, readable without the lock.
+	applied        atomic.Uint64
+	unknownParent  atomic.Uint64
+	rejected       atomic.Uint64
+	unknownRemoves atomic.Uint64
+	dupStores      atomic.Uint64
+	unknownClears  atomic.Uint64
+	emptyEvents    atomic.Uint64
+}
+
+// New returns an empty Index.
+func New(opts Options) (*Index, error) {
+	if opts.BlockSize <= 0 {
+		return nil, fmt.Errorf("%w: Options.BlockSize is %d, want > 0", ErrBlockSize, opts.BlockSize)
+	}
+	return &Index{blockSize: opts.BlockSize, t: newTree()}, nil
+}
+
+// BlockSize returns the tokens per index block.
+func (ix *Index) BlockSize() int { return ix.blockSize }
+
+// storePlan is the work of a stored event computed before taking the lock.
+type storePlan struct {
+	locals []uint64 // local hash of every index block
+	ratio  int
+}
+
+var planPool = sync.Pool{New: func() any { return new(storePlan) }}
+
+// Apply applies one event of worker rank w. It returns nil when the event was
+// applied, or a wrapped ErrUnknownParent, ErrBlockSize, ErrTokenCount or
+// ErrInvalidEvent, in which case nothing changed. Removing blocks the worker rank
+// does not hold and clearing an unknown worker rank are counted no-ops, not errors,
+// and so is a stored event with no blocks.
+func (ix *Index) Apply(w WorkerRank, ev Event) error {
+	if w.Worker == "" || w.Rank < 0 {
+		ix.rejected.Add(1)
+		return fmt.Errorf("%w: worker rank %q/%d", ErrInvalidEvent, w.Worker, w.Rank)
+	}
+	if !ev.Tier.Valid() {
+		ix.rejected.Add(1)
+		return fmt.Errorf("%w: tier %d", ErrInvalidEvent, ev.Tier)
+	}
+	switch ev.Kind {
+	case EventStored:
+		return ix.store(w, &ev)
+	case EventRemoved:
+		ix.remove(w, ev.Tier, ev.BlockHashes)
+		return nil
+	case EventCleared:
+		ix.ClearRank(w)
+		return nil
+	default:
+		ix.rejected.Add(1)
+		return fmt.Errorf("%w: kind %d", ErrInvalidEvent, ev.Kind)
+	}
+}
+
+func (ix *Index) store(w WorkerRank, ev *Event) error {
+	nb := len(ev.BlockHashes)
+	if nb == 0 {
+		ix.emptyEvents.Add(1)
+		return nil
+	}
+	bs := ev.BlockSize
+	if bs == 0 {
+		bs = ix.blockSize
+	}
+	if bs < 0 || bs%ix.blockSize != 0 {
+		ix.rejected.Add(1)
+		return fmt.Errorf("%w: event block size %d is not a multiple of the index block size %d", ErrBlockSize, bs, ix.blockSize)
+	}
+	if len(ev.Tokens) != nb*bs {
+		ix.rejected.Add(1)
+		return fmt.Errorf("%w: %d tokens for %d blocks of %d", ErrTokenCount, len(ev.Tokens), nb, bs)
+	}
+	if ev.Extra != nil && len(ev.Extra) != nb {
+		ix.rejected.Add(1)
+		return fmt.Errorf("%w: %d extra digests for %d blocks", ErrInvalidEvent, len(ev.Extra), nb)
+	}
+	if err := checkDistinct(ev); err != nil {
+		ix.rejected.Add(1)
+		return err
+	}
+
+	// Hash outside the lock: local hashes do not depend on the tree.
+	plan := planPool.Get().(*storePlan)
+	defer planPool.Put(plan)
+	plan.ratio = bs / ix.blockSize
+	seed := HashOptions{LoRAName: ev.LoRAName, CacheSalt: ev.CacheSalt}.Seed()
+	plan.locals = plan.locals[:0]
+	for j := range nb {
+		var extra uint64
+		if ev.Extra != nil {
+			extra = ev.Extra[j]
+		}
+		for s := range plan.ratio {
+			off := j*bs + s*ix.blockSize
+			plan.locals = append(plan.locals, blockHash(seed, ev.Tokens[off:off+ix.blockSize], extra))
+		}
+	}
+
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	t := &ix.t
+	ws := t.worker(w, false)
+	if ws != nil && ws.ratio != 0 && ws.ratio != plan.ratio && !ws.holdsAny() {
+		ws.ratio = 0
+	}
+	if ws != nil && ws.ratio != 0 && ws.ratio != plan.ratio {
+		ix.rejected.Add(1)
+		return fmt.Errorf("%w: event block size %d differs from the %d this worker rank used before", ErrBlockSize, bs, ws.ratio*ix.blockSize)
+	}
+	parent := &t.root
+	if ev.HasParent {
+		p := ws.find(ev.ParentHash, ev.Tier)
+		if p == nil {
+			ix.unknownParent.Add(1)
+			return fmt.Errorf("%w: parent %#x of %d blocks on worker rank %s", ErrUnknownParent, ev.ParentHash, nb, w)
+		}
+		parent = p
+	}
+	if ws == nil {
+		ws = t.worker(w, true)
+	}
+	ws.ratio = plan.ratio
+	m := ws.tierMap(ev.Tier)
+	cur := parent
+	for j, hash := range ev.BlockHashes {
+		for s := range plan.ratio {
+			local := plan.locals[j*plan.ratio+s]
+			key := local
+			if cur != &t.root {
+				key = ChainHash(cur.key, local)
+			}
+			cur = t.child(cur, key)
+		}
+		old, had := m[hash]
+		if had && old == cur {
+			if ws.dups == nil {
+				ws.dups = make(map[uint64]uint32)
+			}
+			ws.dups[tierKey(hash, ev.Tier)]++
+			ix.dupStores.Add(1)
+			continue
+		}
+		// Hold the new path before releasing an old mapping of the same hash, so
+		// shared ancestors are never pruned in between.
+		for n, s := cur, 0; s < plan.ratio; s++ {
+			t.hold(ws, n, ev.Tier)
+			n = n.parent
+		}
+		if had {
+			// The hash now names other content: the old block is gone, however
+			// many times it was stored.
+			t.releaseBlock(ws, old, ev.Tier, plan.ratio)
+			delete(ws.dups, tierKey(hash, ev.Tier))
+		} else {
+			t.mapEntries++
+		}
+		m[hash] = cur
+	}
+	ix.applied.Add(1)
+	return nil
+}
+
+// checkDistinct rejects a stored run whose block hashes repeat each other or the
+// parent: applying it would make a block its own ancestor.
+func checkDistinct(ev *Event) error {
+	hs := ev.BlockHashes
+	if len(hs) <= 32 {
+		for i, h := range hs {
+			if ev.HasParent && h == ev.ParentHash {
+				return fmt.Errorf("%w: block %#x is its own parent", ErrInvalidEvent, h)
+			}
+			for _, g := range hs[:i] {
+				if g == h {
+					return fmt.Errorf("%w: block %#x repeats in one stored run", ErrInvalidEvent, h)
+				}
+			}
+		}
+		return nil
+	}
+	seen := make(map[uint64]struct{}, len(hs)+1)
+	if ev.HasParent {
+		seen[ev.ParentHash] = struct{}{}
+	}
+	for _, h := range hs {
+		if _, dup := seen[h]; dup {
+			return fmt.Errorf("%w: block %#x repeats in one stored run or is its own parent", ErrInvalidEvent, h)
+		}
+		seen[h] = struct{}{}
+	}
+	return nil
+}
+
+// find resolves an engine block hash of ws to its node, trying tier first and then
+// the others (a parent may sit on another tier than its children). ws may be nil.
+func (ws *workerState) find(hash uint64, tier Tier) *node {
+	if ws == nil {
+		return nil
+	}
+	if n := ws.blocks[tier][hash]; n != nil {
+		return n
+	}
+	for t := range Tier(numTiers) {
+		if t == tier {
+			continue
+		}
+		if n := ws.blocks[t][hash]; n != nil {
+			return n
+		}
+	}
+	return nil
+}
+
+func (ws *workerState) tierMap(t Tier) map[uint64]*node {
+	if ws.blocks[t] == nil {
+		ws.blocks[t] = make(map[uint64]*node)
+	}
+	return ws.blocks[t]
+}
+
+func (ws *workerState) holdsAny() bool {
+	for _, m := range ws.blocks {
+		if len(m) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (ix *Index) remove(w WorkerRank, tier Tier, hashes []uint64) {
+	if len(hashes) == 0 {
+		ix.emptyEvents.Add(1)
+		return
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	t := &ix.t
+	ws := t.worker(w, false)
+	if ws == nil {
+		ix.unknownRemoves.Add(uint64(len(hashes)))
+		return
+	}
+	m := ws.blocks[tier]
+	for _, hash := range hashes {
+		n := m[hash]
+		if n == nil {
+			ix.unknownRemoves.Add(1)
+			continue
+		}
+		// A block stored k times needs k removes; only the last releases it.
+		k := tierKey(hash, tier)
+		if c := ws.dups[k]; c > 0 {
+			if c == 1 {
+				delete(ws.dups, k)
+			} else {
+				ws.dups[k] = c - 1
+			}
+			continue
+		}
+		delete(m, hash)
+		t.mapEntries--
+		t.releaseBlock(ws, n, tier, max(ws.ratio, 1))
+	}
+	if !ws.holdsAny() {
+		t.dropWorker(ws)
+	}
+	ix.applied.Add(1)
+}
+
+// ClearRank drops every block of worker rank w, on every tier (the engine's
+// AllBlocksCleared, or a restart). Its cost is proportional to the blocks w holds.
+// Clearing an unknown worker rank is a counted no-op.
+func (ix *Index) ClearRank(w WorkerRank) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ws := ix.t.worker(w, false)
+	if ws == nil {
+		ix.unknownClears.Add(1)
+		return
+	}
+	ix.t.dropWorker(ws)
+	ix.applied.Add(1)
+}
+
+// RemoveWorker drops every block of every rank of worker. Its cost is
+// proportional to the blocks the worker holds plus the number of worker ranks.
+// It returns the number of worker ranks removed.
+func (ix *Index) RemoveWorker(worker string) int {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	n := 0
+	for w, ws := range ix.t.workers {
+		if w.Worker == worker {
+			ix.t.dropWorker(ws)
+			n++
+		}
+	}
+	if n == 0 {
+		ix.unknownClears.Add(1)
+	}
+	return n
+}
+
+// FindMatches returns, for every worker rank that holds at least the first block
+// of the request, how many consecutive leading blocks it holds per tier. seqs are
+// the request's sequence hashes (Hasher.SeqHashes). The walk stops as soon as no
+// candidate is left. Results come in no particular order.
+//
+// While events are being applied concurrently a lookup may undercount (it sees the
+// index before a store), never overcount.
+func (ix *Index) FindMatches(seqs []uint64, opts MatchOptions) []Match {
+	return ix.AppendMatches(nil, seqs, opts)
+}
+
+// AppendMatches is FindMatches appending to dst; it does not allocate when dst has
+// room for the result.
+func (ix *Index) AppendMatches(dst []Match, seqs []uint64, opts MatchOptions) []Match {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.t.appendMatches(dst, seqs, opts)
+}
+
+// Stats is a snapshot of an index's size and counters.
+type Stats struct {
+	// Nodes is the number of distinct blocks (prefixes) in the tree.
+	Nodes int
+	// Entries is the number of (block, worker rank, tier) memberships.
+	Entries int
+	// WorkerRanks is the number of worker ranks holding at least one block.
+	WorkerRanks int
+	// ApproxBytes estimates the memory the index structures use.
+	ApproxBytes int64
+
+	// Applied counts events that changed or were checked against the index.
+	Applied uint64
+	// DroppedUnknownParent counts stored runs dropped because their parent was
+	// unknown.
+	DroppedUnknownParent uint64
+	// Rejected counts events rejected as invalid (block size, token count, shape).
+	Rejected uint64
+	// UnknownRemoves counts removed block hashes the worker rank did not hold.
+	UnknownRemoves uint64
+	// DuplicateStores counts blocks stored again while already held; each needs
+	// its own remove.
+	DuplicateStores uint64
+	// UnknownClears counts clears and removals of worker ranks the index did not
+	// know.
+	UnknownClears uint64
+	// EmptyEvents counts stored or removed events with no block hashes.
+	EmptyEvents uint64
+}
+
+// Stats returns a snapshot of the index.
+func (ix *Index) Stats() Stats {
+	var s Stats
+	ix.mu.RLock()
+	ix.t.stats(&s)
+	ix.mu.RUnlock()
+	s.Applied = ix.applied.Load()
+	s.DroppedUnknownParent = ix.unknownParent.Load()
+	s.Rejected = ix.rejected.Load()
+	s.UnknownRemoves = ix.unknownRemoves.Load()
+	s.DuplicateStores = ix.dupStores.Load()
+	s.UnknownClears = ix.unknownClears.Load()
+	s.EmptyEvents = ix.emptyEvents.Load()
+	return s
+}

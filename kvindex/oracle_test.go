@@ -1,0 +1,480 @@
+package kvindex
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// oracle is the naive reference model of an Index: per worker rank and tier, a map
+// from engine block hash to the sequence hashes that block covers, and a reference
+// count for repeated stores. Lookups scan it block by block.
+type oracle struct {
+	bs      int
+	workers map[WorkerRank]*oracleWorker
+}
+
+type oracleWorker struct {
+	ratio  int
+	blocks [numTiers]map[uint64]*oracleBlock
+}
+
+type oracleBlock struct {
+	seqs  []uint64 // covered sequence hashes, shallowest first
+	count int
+}
+
+func newOracle(bs int) *oracle { return &oracle{bs: bs, workers: map[WorkerRank]*oracleWorker{}} }
+
+func (o *oracle) holdsAny(ow *oracleWorker) bool {
+	for _, m := range ow.blocks {
+		if len(m) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// apply mirrors Index.Apply and returns whether the event should be accepted.
+func (o *oracle) apply(w WorkerRank, ev Event) bool {
+	ow := o.workers[w]
+	switch ev.Kind {
+	case EventCleared:
+		delete(o.workers, w)
+		return true
+	case EventRemoved:
+		if ow == nil {
+			return true
+		}
+		for _, h := range ev.BlockHashes {
+			b := ow.blocks[ev.Tier][h]
+			if b == nil {
+				continue
+			}
+			b.count--
+			if b.count == 0 {
+				delete(ow.blocks[ev.Tier], h)
+			}
+		}
+		if !o.holdsAny(ow) {
+			delete(o.workers, w)
+		}
+		return true
+	}
+	nb := len(ev.BlockHashes)
+	if nb == 0 {
+		return true
+	}
+	bs := ev.BlockSize
+	if bs == 0 {
+		bs = o.bs
+	}
+	if bs%o.bs != 0 || len(ev.Tokens) != nb*bs {
+		return false
+	}
+	seen := map[uint64]bool{}
+	if ev.HasParent {
+		seen[ev.ParentHash] = true
+	}
+	for _, h := range ev.BlockHashes {
+		if seen[h] {
+			return false
+		}
+		seen[h] = true
+	}
+	ratio := bs / o.bs
+	if ow != nil && ow.ratio != ratio && o.holdsAny(ow) {
+		return false
+	}
+	var prev uint64
+	hasPrev := false
+	if ev.HasParent {
+		var pb *oracleBlock
+		if ow != nil {
+			pb = ow.blocks[ev.Tier][ev.ParentHash]
+			for t := range Tier(numTiers) {
+				if pb == nil {
+					pb = ow.blocks[t][ev.ParentHash]
+				}
+			}
+		}
+		if pb == nil {
+			return false
+		}
+		prev, hasPrev = pb.seqs[len(pb.seqs)-1], true
+	}
+	if ow == nil {
+		ow = &oracleWorker{}
+		o.workers[w] = ow
+	}
+	ow.ratio = ratio
+	if ow.blocks[ev.Tier] == nil {
+		ow.blocks[ev.Tier] = map[uint64]*oracleBlock{}
+	}
+	seed := HashOptions{LoRAName: ev.LoRAName, CacheSalt: ev.CacheSalt}.Seed()
+	for j, h := range ev.BlockHashes {
+		var seqs []uint64
+		for s := 0; s < ratio; s++ {
+			off := j*bs + s*o.bs
+			var extra uint64
+			if ev.Extra != nil {
+				extra = ev.Extra[j]
+			}
+			local := blockHash(seed, ev.Tokens[off:off+o.bs], extra)
+			if hasPrev {
+				prev = ChainHash(prev, local)
+			} else {
+				prev, hasPrev = local, true
+			}
+			seqs = append(seqs, prev)
+		}
+		if b := ow.blocks[ev.Tier][h]; b != nil && equalSeqs(b.seqs, seqs) {
+			b.count++
+			continue
+		}
+		ow.blocks[ev.Tier][h] = &oracleBlock{seqs: seqs, count: 1}
+	}
+	return true
+}
+
+func equalSeqs(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func (o *oracle) held(ow *oracleWorker, tiers []Tier, seq uint64) bool {
+	for _, t := range tiers {
+		for _, b := range ow.blocks[t] {
+			for _, s := range b.seqs {
+				if s == seq {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func (o *oracle) findMatches(seqs []uint64, cands []WorkerRank) []Match {
+	var out []Match
+	allowed := func(w WorkerRank) bool {
+		if cands == nil {
+			return true
+		}
+		for _, c := range cands {
+			if c == w {
+				return true
+			}
+		}
+		return false
+	}
+	for w, ow := range o.workers {
+		if !allowed(w) {
+			continue
+		}
+		depth := func(tiers ...Tier) int {
+			d := 0
+			for d < len(seqs) && o.held(ow, tiers, seqs[d]) {
+				d++
+			}
+			return d
+		}
+		d0 := depth(TierDevice)
+		d1 := depth(TierDevice, TierHost)
+		d2 := depth(TierDevice, TierHost, TierDisk)
+		if d2 > 0 {
+			out = append(out, Match{Worker: w, Device: d0, Host: d1 - d0, Disk: d2 - d1})
+		}
+	}
+	sortMatches(out)
+	return out
+}
+
+func sortMatches(ms []Match) {
+	sort.Slice(ms, func(i, j int) bool {
+		if ms[i].Worker.Worker != ms[j].Worker.Worker {
+			return ms[i].Worker.Worker < ms[j].Worker.Worker
+		}
+		return ms[i].Worker.Rank < ms[j].Worker.Rank
+	})
+}
+
+// opGen drives random operations from a byte-or-PRNG source over a small universe
+// of documents so that prefixes are shared, parents are often (not always) known,
+// and stores, removes and clears collide.
+type opGen struct {
+	next func(n int) int
+	docs [][]uint32
+	bs   int
+}
+
+const oracleBS = 4
+
+func newDocs(r *rand.Rand) [][]uint32 {
+	base := make([]uint32, 40*oracleBS)
+	for i := range base {
+		base[i] = uint32(r.IntN(50))
+	}
+	docs := make([][]uint32, 6)
+	for d := range docs {
+		doc := append([]uint32(nil), base...)
+		// Diverge after a per-document shared prefix.
+		from := (d * 7 % 30) * oracleBS
+		for i := from; i < len(doc); i++ {
+			doc[i] = uint32(r.IntN(1000))
+		}
+		if d == 0 {
+			doc = base
+		}
+		docs[d] = doc
+	}
+	return docs
+}
+
+var oracleWorkers = []WorkerRank{{"a", 0}, {"a", 1}, {"b", 0}, {"c", 0}, {"d", 3}}
+
+// ratioOf gives workers fixed engine block sizes: "b" uses twice the index block.
+func ratioOf(w WorkerRank) int {
+	if w.Worker == "b" {
+		return 2
+	}
+	return 1
+}
+
+// engineHash is a stand-in for an engine's block hash: it depends on the document
+// prefix and the engine block boundaries, and sometimes collides across documents
+// to exercise remapping.
+func engineHash(doc, block, ratio int, lora string) uint64 {
+	h := uint64(doc)<<32 | uint64(block)<<8 | uint64(ratio)
+	if block < 3 { // documents share their first engine blocks' identity
+		h = uint64(block)<<8 | uint64(ratio)
+	}
+	if lora != "" {
+		h ^= 0xabcdef
+	}
+	return h + 1
+}
+
+func (g *opGen) storeEvent(w WorkerRank) Event {
+	ratio := ratioOf(w)
+	d := g.next(len(g.docs))
+	doc := g.docs[d]
+	nEngine := len(doc) / (g.bs * ratio)
+	start := g.next(nEngine)
+	n := 1 + g.next(min(6, nEngine-start))
+	tier := Tier(0)
+	if g.next(4) == 0 {
+		tier = Tier(1 + g.next(2))
+	}
+	lora := ""
+	if g.next(8) == 0 {
+		lora = "ad"
+	}
+	ev := Event{Kind: EventStored, Tier: tier, BlockSize: g.bs * ratio, LoRAName: lora}
+	if ratio == 1 && g.next(2) == 0 {
+		ev.BlockSize = 0
+	}
+	if start > 0 {
+		ev.HasParent = true
+		ev.ParentHash = engineHash(d, start-1, ratio, lora)
+	}
+	for j := start; j < start+n; j++ {
+		ev.BlockHashes = append(ev.BlockHashes, engineHash(d, j, ratio, lora))
+	}
+	ev.Tokens = append([]uint32(nil), doc[start*g.bs*ratio:(start+n)*g.bs*ratio]...)
+	if g.next(10) == 0 && len(ev.Tokens) > 0 { // broken token count
+		ev.Tokens = ev.Tokens[1:]
+	}
+	return ev
+}
+
+func (g *opGen) removeEvent(w WorkerRank) Event {
+	ratio := ratioOf(w)
+	d := g.next(len(g.docs))
+	nEngine := len(g.docs[d]) / (g.bs * ratio)
+	ev := Event{Kind: EventRemoved, Tier: Tier(g.next(numTiers))}
+	if g.next(3) > 0 {
+		ev.Tier = TierDevice
+	}
+	start := g.next(nEngine)
+	for j := start; j < min(nEngine, start+1+g.next(4)); j++ {
+		ev.BlockHashes = append(ev.BlockHashes, engineHash(d, j, ratio, ""))
+	}
+	return ev
+}
+
+func (g *opGen) query() ([]uint64, []WorkerRank) {
+	d := g.next(len(g.docs))
+	toks := append([]uint32(nil), g.docs[d]...)
+	if g.next(3) == 0 { // diverge somewhere
+		at := g.next(len(toks))
+		toks[at] = 99999
+	}
+	lora := ""
+	if g.next(8) == 0 {
+		lora = "ad"
+	}
+	h, _ := NewHasher(g.bs, HashOptions{LoRAName: lora})
+	seqs := h.SeqHashes(toks[:g.next(len(toks)+1)])
+	var cands []WorkerRank
+	if g.next(4) == 0 {
+		cands = []WorkerRank{}
+		for _, w := range oracleWorkers {
+			if g.next(2) == 0 {
+				cands = append(cands, w)
+			}
+		}
+		cands = append(cands, WorkerRank{"nobody", 0})
+	}
+	return seqs, cands
+}
+
+// runOracle applies steps random operations to an Index and the oracle and
+// requires identical answers after every lookup.
+func runOracle(t testing.TB, next func(n int) int, docs [][]uint32, steps int) {
+	ix, err := New(Options{BlockSize: oracleBS})
+	require.NoError(t, err)
+	o := newOracle(oracleBS)
+	g := &opGen{next: next, docs: docs, bs: oracleBS}
+	var trace []string
+	defer func() {
+		if t.Failed() && testing.Verbose() {
+			for _, l := range trace {
+				t.Log(l)
+			}
+		}
+	}()
+	for step := 0; step < steps; step++ {
+		w := oracleWorkers[g.next(len(oracleWorkers))]
+		switch op := g.next(20); {
+		case op < 9:
+			ev := g.storeEvent(w)
+			want := o.apply(w, ev)
+			err := ix.Apply(w, ev)
+			trace = append(trace, fmt.Sprintf("%d store %v tier=%d parent=%v/%x hashes=%x ntok=%d bs=%d lora=%q -> %v", step, w, ev.Tier, ev.HasParent, ev.ParentHash, ev.BlockHashes, len(ev.Tokens), ev.BlockSize, ev.LoRAName, err))
+			require.Equal(t, want, err == nil, "step %d store %+v: %v", step, ev, err)
+		case op < 14:
+			ev := g.removeEvent(w)
+			o.apply(w, ev)
+			require.NoError(t, ix.Apply(w, ev))
+			trace = append(trace, fmt.Sprintf("%d remove %v tier=%d hashes=%x", step, w, ev.Tier, ev.BlockHashes))
+		case op < 15:
+			o.apply(w, Event{Kind: EventCleared})
+			ix.ClearRank(w)
+			trace = append(trace, fmt.Sprintf("%d clear %v", step, w))
+		case op < 16:
+			for k := range o.workers {
+				if k.Worker == w.Worker {
+					delete(o.workers, k)
+				}
+			}
+			ix.RemoveWorker(w.Worker)
+			trace = append(trace, fmt.Sprintf("%d removeworker %v", step, w.Worker))
+		default:
+			seqs, cands := g.query()
+			want := o.findMatches(seqs, cands)
+			got := ix.FindMatches(seqs, MatchOptions{Candidates: cands})
+			sortMatches(got)
+			require.Equal(t, want, got, "step %d: query of %d blocks", step, len(seqs))
+			one := ix.FindMatches(seqs, MatchOptions{Candidates: cands, StopAtOne: true})
+			checkStopAtOne(t, want, one)
+		}
+		checkStructure(t, ix, o)
+	}
+}
+
+// checkStopAtOne: with StopAtOne the result names the same worker ranks when more
+// than one matched, and never overcounts.
+func checkStopAtOne(t testing.TB, full, one []Match) {
+	byW := map[WorkerRank]Match{}
+	for _, m := range full {
+		byW[m.Worker] = m
+	}
+	require.LessOrEqual(t, len(one), len(full))
+	for _, m := range one {
+		f, ok := byW[m.Worker]
+		require.True(t, ok, "StopAtOne reported %v which does not match", m.Worker)
+		require.LessOrEqual(t, m.Total(), f.Total())
+	}
+}
+
+// checkStructure verifies the index's bookkeeping against a recount of the tree.
+func checkStructure(t testing.TB, ix *Index, o *oracle) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	nodes, entries := 0, 0
+	var walk func(n *node)
+	walk = func(n *node) {
+		var kids []*node
+		if n.child != nil {
+			kids = append(kids, n.child)
+			require.Nil(t, n.kids)
+		}
+		for _, c := range n.kids {
+			kids = append(kids, c)
+		}
+		if n != &ix.t.root {
+			require.False(t, len(kids) == 1 && n.child == nil, "single child kept in a map")
+			require.False(t, n.unheld() && len(kids) == 0, "leaked unheld leaf")
+		}
+		for _, c := range kids {
+			require.Same(t, n, c.parent)
+			nodes++
+			entries += c.dev.count()
+			if c.lower != nil {
+				entries += c.lower.host.count() + c.lower.disk.count()
+			}
+			walk(c)
+		}
+	}
+	walk(&ix.t.root)
+	require.Equal(t, nodes, ix.t.nodes, "node count")
+	require.Equal(t, entries, ix.t.entries, "entry count")
+	require.Equal(t, len(o.workers), len(ix.t.workers), "worker ranks")
+}
+
+func TestIndexMatchesOracle(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 7))
+			runOracle(t, func(n int) int {
+				if n <= 0 {
+					return 0
+				}
+				return r.IntN(n)
+			}, newDocs(r), 1500)
+		})
+	}
+}
+
+func FuzzIndexOracle(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 19, 19, 19})
+	f.Add([]byte("the quick brown fox jumps over the lazy dog, again and again"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := rand.New(rand.NewPCG(1, 2))
+		docs := newDocs(r)
+		pos := 0
+		next := func(n int) int {
+			if n <= 0 {
+				return 0
+			}
+			if pos >= len(data) {
+				return 0
+			}
+			v := int(data[pos])
+			pos++
+			return v % n
+		}
+		runOracle(t, next, docs, len(data)/3)
+	})
+}
