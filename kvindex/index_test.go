@@ -186,7 +186,7 @@ func TestRemoveWorkerAndChurnLeaveNothingBehind(t *testing.T) {
 			require.Zero(t, st.Nodes)
 			require.Zero(t, st.Entries)
 			require.Zero(t, st.WorkerRanks)
-			require.Empty(t, ix.t.root.kids)
+			require.Empty(t, ix.t.root.kids())
 			require.Empty(t, ix.t.extra)
 		}
 	}

@@ -418,9 +418,9 @@ func checkStructure(t testing.TB, ix *Index, o *oracle) {
 		var kids []*node
 		if n.child != nil {
 			kids = append(kids, n.child)
-			require.Nil(t, n.kids)
+			require.Nil(t, n.kids())
 		}
-		for _, c := range n.kids {
+		for _, c := range n.kids() {
 			kids = append(kids, c)
 		}
 		if n != &ix.t.root {
@@ -430,9 +430,10 @@ func checkStructure(t testing.TB, ix *Index, o *oracle) {
 		for _, c := range kids {
 			require.Same(t, n, c.parent)
 			nodes++
-			entries += c.dev.count()
-			if c.lower != nil {
-				entries += c.lower.host.count() + c.lower.disk.count()
+			entries += countWords(c.devWords())
+			if c.ext != nil {
+				entries += c.ext.host.count() + c.ext.disk.count()
+				require.False(t, c.ext.idle(), "idle ext kept")
 			}
 			walk(c)
 		}

@@ -3,40 +3,65 @@ package kvindex
 import (
 	"math/bits"
 	"sync"
+	"unsafe"
 )
 
 // node is one block of the radix tree. Its key is the block's sequence hash, which
 // names the whole prefix up to and including the block, so a node's children are
 // keyed by their own sequence hashes and never collide.
+//
+// A node is 48 bytes: the common case (one child or none, holders whose slots fit
+// one 64-bit word, device tier only) needs nothing more. Everything rarer lives in
+// ext, allocated on demand and freed when it becomes idle.
 type node struct {
 	key    uint64
 	parent *node
-	// child is the only child when the node has exactly one; kids holds all
+	// child is the only child when the node has exactly one; ext.kids holds all
 	// children when it has two or more (then child is nil).
 	child *node
-	kids  map[uint64]*node
-	// dev holds the slots of the worker ranks that have the block on the device
-	// tier; lower, when non-nil, the host and disk tiers.
-	dev   slotSet
-	lower *lowerSets
+	// dev is the device-tier holder set when it fits one word; when it spans
+	// several words it lives in ext.devWide and dev is zero.
+	dev sword
+	ext *nodeExt
 }
 
-type lowerSets struct {
+// nodeExt holds what few nodes need.
+type nodeExt struct {
+	kids       map[uint64]*node
+	devWide    *[]sword
 	host, disk slotSet
 }
 
-// nodeBytes is the size of a node (8 words of pointers and keys plus the set).
-const nodeBytes = 64
+func (e *nodeExt) idle() bool {
+	return e.kids == nil && e.devWide == nil && e.host.empty() && e.disk.empty()
+}
 
-func (n *node) set(t Tier) *slotSet {
-	switch t {
-	case TierHost:
-		return &n.lower.host
-	case TierDisk:
-		return &n.lower.disk
-	default:
-		return &n.dev
+// Sizes used by the memory estimate.
+const (
+	nodeBytes = 48
+	extBytes  = 64
+)
+
+func (n *node) kids() map[uint64]*node {
+	if n.ext == nil {
+		return nil
 	}
+	return n.ext.kids
+}
+
+// devWords returns the device-tier holders; valid until the node changes.
+func (n *node) devWords() []sword {
+	if n.ext != nil && n.ext.devWide != nil {
+		return *n.ext.devWide
+	}
+	if n.dev.bits == 0 {
+		return nil
+	}
+	return unsafe.Slice(&n.dev, 1)
+}
+
+func (n *node) hasLower() bool {
+	return n.ext != nil && (!n.ext.host.empty() || !n.ext.disk.empty())
 }
 
 func (n *node) childFor(key uint64) *node {
@@ -46,16 +71,16 @@ func (n *node) childFor(key uint64) *node {
 		}
 		return nil
 	}
-	if n.kids != nil {
-		return n.kids[key]
+	if k := n.kids(); k != nil {
+		return k[key]
 	}
 	return nil
 }
 
-func (n *node) childless() bool { return n.child == nil && len(n.kids) == 0 }
+func (n *node) childless() bool { return n.child == nil && len(n.kids()) == 0 }
 
 func (n *node) unheld() bool {
-	return n.dev.empty() && (n.lower == nil || (n.lower.host.empty() && n.lower.disk.empty()))
+	return n.dev.bits == 0 && (n.ext == nil || (n.ext.devWide == nil && n.ext.host.empty() && n.ext.disk.empty()))
 }
 
 // workerState is what the tree knows about one worker rank.
@@ -117,7 +142,7 @@ type extraKey struct {
 
 func newTree() tree {
 	return tree{
-		root:    node{kids: make(map[uint64]*node)},
+		root:    node{ext: &nodeExt{kids: make(map[uint64]*node)}},
 		workers: make(map[WorkerRank]*workerState),
 		extra:   make(map[extraKey]uint32),
 	}
@@ -160,39 +185,108 @@ func (t *tree) child(parent *node, key uint64) *node {
 		return c
 	}
 	c := &node{key: key, parent: parent}
-	switch {
-	case parent.kids != nil:
-		if len(parent.kids) == 0 && parent != &t.root {
-			parent.kids = nil
-			parent.child = c
-			break
-		}
-		parent.kids[key] = c
+	switch kids := parent.kids(); {
+	case kids != nil:
+		kids[key] = c
 		t.kidMapBytes += 24
 	case parent.child == nil:
 		parent.child = c
 	default:
-		parent.kids = map[uint64]*node{parent.child.key: parent.child, key: c}
+		t.ensureExt(parent)
+		parent.ext.kids = map[uint64]*node{parent.child.key: parent.child, key: c}
 		parent.child = nil
-		t.kidMapBytes += 48 + 48
+		t.kidMapBytes += 96
 	}
 	t.nodes++
 	return c
 }
 
+func (t *tree) ensureExt(n *node) {
+	if n.ext == nil {
+		n.ext = &nodeExt{}
+		t.setBytes += extBytes
+	}
+}
+
+func (t *tree) freeExtIfIdle(n *node) {
+	if n.ext != nil && n != &t.root && n.ext.idle() {
+		n.ext = nil
+		t.setBytes -= extBytes
+	}
+}
+
+// addSlot adds slot to n's holders on tier and reports whether it was absent.
+func (t *tree) addSlot(n *node, tier Tier, slot uint32) bool {
+	if tier == TierDevice {
+		s := slotSet{one: n.dev}
+		if n.ext != nil {
+			s.more = n.ext.devWide
+		}
+		before := s.extraBytes()
+		added := s.add(slot)
+		t.setBytes += s.extraBytes() - before
+		t.storeDev(n, s)
+		return added
+	}
+	t.ensureExt(n)
+	s := &n.ext.host
+	if tier == TierDisk {
+		s = &n.ext.disk
+	}
+	before := s.extraBytes()
+	added := s.add(slot)
+	t.setBytes += s.extraBytes() - before
+	return added
+}
+
+// removeSlot removes slot from n's holders on tier and reports whether it was
+// present.
+func (t *tree) removeSlot(n *node, tier Tier, slot uint32) bool {
+	if tier == TierDevice {
+		s := slotSet{one: n.dev}
+		if n.ext != nil {
+			s.more = n.ext.devWide
+		}
+		before := s.extraBytes()
+		removed := s.remove(slot)
+		t.setBytes += s.extraBytes() - before
+		t.storeDev(n, s)
+		return removed
+	}
+	if n.ext == nil {
+		return false
+	}
+	s := &n.ext.host
+	if tier == TierDisk {
+		s = &n.ext.disk
+	}
+	before := s.extraBytes()
+	removed := s.remove(slot)
+	t.setBytes += s.extraBytes() - before
+	t.freeExtIfIdle(n)
+	return removed
+}
+
+// storeDev writes a device set back into n's inline word or ext.
+func (t *tree) storeDev(n *node, s slotSet) {
+	n.dev = s.one
+	if s.more != nil {
+		t.ensureExt(n)
+		n.ext.devWide = s.more
+		return
+	}
+	if n.ext != nil {
+		n.ext.devWide = nil
+		t.freeExtIfIdle(n)
+	}
+}
+
 // hold adds one membership of ws in n on tier.
 func (t *tree) hold(ws *workerState, n *node, tier Tier) {
-	if tier != TierDevice && n.lower == nil {
-		n.lower = &lowerSets{}
-		t.setBytes += 48
-	}
-	s := n.set(tier)
-	before := s.extraBytes()
-	if !s.add(ws.slot) {
+	if !t.addSlot(n, tier, ws.slot) {
 		t.extra[extraKey{heldKey{n, tier}, ws.slot}]++
 		return
 	}
-	t.setBytes += s.extraBytes() - before
 	t.entries++
 	if tier != TierDevice {
 		t.lowerEntries++
@@ -200,11 +294,8 @@ func (t *tree) hold(ws *workerState, n *node, tier Tier) {
 }
 
 // release removes one membership of ws in n on tier and prunes what became
-// unreferenced. It reports whether n was detached.
+// unreferenced.
 func (t *tree) release(ws *workerState, n *node, tier Tier) {
-	if tier != TierDevice && n.lower == nil {
-		return
-	}
 	k := extraKey{heldKey{n, tier}, ws.slot}
 	if c, ok := t.extra[k]; ok {
 		if c <= 1 {
@@ -214,19 +305,12 @@ func (t *tree) release(ws *workerState, n *node, tier Tier) {
 		}
 		return
 	}
-	s := n.set(tier)
-	before := s.extraBytes()
-	if !s.remove(ws.slot) {
+	if !t.removeSlot(n, tier, ws.slot) {
 		return
 	}
-	t.setBytes += s.extraBytes() - before
 	t.entries--
 	if tier != TierDevice {
 		t.lowerEntries--
-		if n.lower.host.empty() && n.lower.disk.empty() {
-			n.lower = nil
-			t.setBytes -= 48
-		}
 	}
 	t.prune(n)
 }
@@ -237,18 +321,20 @@ func (t *tree) prune(n *node) {
 		p := n.parent
 		if p.child == n {
 			p.child = nil
-		} else if p.kids != nil {
-			delete(p.kids, n.key)
+		} else if kids := p.kids(); kids != nil {
+			delete(kids, n.key)
 			t.kidMapBytes -= 24
-			if len(p.kids) == 1 && p != &t.root {
-				for _, only := range p.kids {
+			if len(kids) == 1 && p != &t.root {
+				for _, only := range kids {
 					p.child = only
 				}
-				p.kids = nil
+				p.ext.kids = nil
 				t.kidMapBytes -= 72
+				t.freeExtIfIdle(p)
 			}
 		}
 		n.parent = nil
+		t.freeExtIfIdle(n)
 		t.nodes--
 		n = p
 	}
@@ -367,7 +453,7 @@ func (t *tree) appendMatches(dst []Match, seqs []uint64, opts MatchOptions) []Ma
 
 // walkDevice is the walk when no worker holds anything below the device tier.
 func (t *tree) walkDevice(dst []Match, sc *matchScratch, n *node, seqs []uint64, mask []sword, stopAtOne bool) []Match {
-	cand := intersectInto(sc.c[0][:0], n.dev.words(), mask)
+	cand := intersectInto(sc.c[0][:0], n.devWords(), mask)
 	sc.c[0] = cand
 	live := countWords(cand)
 	depth := 1
@@ -380,7 +466,7 @@ func (t *tree) walkDevice(dst []Match, sc *matchScratch, n *node, seqs []uint64,
 			break
 		}
 		var dropped int
-		cand, dropped, dst = t.narrow(dst, cand, c.dev.words(), depth)
+		cand, dropped, dst = t.narrow(dst, cand, c.devWords(), depth)
 		live -= dropped
 		n = c
 		depth++
@@ -494,12 +580,12 @@ func appendTiered(dst []Match, w WorkerRank, d0, d1, d2 int) []Match {
 // The last two live in sc's buffers (or alias the first when n holds nothing below
 // the device tier) and are valid until the next call.
 func (sc *matchScratch) tierWords(n *node) (dev, dh, anyTier []sword) {
-	dev = n.dev.words()
-	if n.lower == nil {
+	dev = n.devWords()
+	if !n.hasLower() {
 		return dev, dev, dev
 	}
-	sc.dh = unionInto(sc.dh[:0], dev, n.lower.host.words())
-	sc.any = unionInto(sc.any[:0], sc.dh, n.lower.disk.words())
+	sc.dh = unionInto(sc.dh[:0], dev, n.ext.host.words())
+	sc.any = unionInto(sc.any[:0], sc.dh, n.ext.disk.words())
 	return dev, sc.dh, sc.any
 }
 
