@@ -1,0 +1,302 @@
+package fakeengine
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Errors returned by the engine. They are wrapped with context; test with errors.Is.
+var (
+	// ErrInvalidOptions: New was given options that fail validation. The message
+	// lists every problem.
+	ErrInvalidOptions = errors.New("fakeengine: invalid options")
+	// ErrInvalidArgument: PublishEvents was given an event it cannot encode (unknown
+	// kind, token count that does not match the hashes, ...) or SendFrames no frame.
+	ErrInvalidArgument = errors.New("fakeengine: invalid argument")
+	// ErrAlreadyStarted: Start was called on an engine that is running.
+	ErrAlreadyStarted = errors.New("fakeengine: already started")
+	// ErrNotStarted: the call needs the sockets that Start creates.
+	ErrNotStarted = errors.New("fakeengine: not started")
+	// ErrClosed: the engine has been closed.
+	ErrClosed = errors.New("fakeengine: closed")
+	// ErrSocket: binding, dialling or sending on a ZMQ socket failed.
+	ErrSocket = errors.New("fakeengine: socket error")
+)
+
+// Encoding selects how KV-cache events are encoded inside a batch.
+type Encoding uint8
+
+const (
+	// EncodingMap encodes each event as a msgpack map whose first key is "type",
+	// as vLLM does from v0.26 on. It is the default.
+	EncodingMap Encoding = iota
+	// EncodingArray encodes each event as a tagged positional array
+	// ["BlockStored", hashes, parent, ...], as vLLM did before v0.26 (and SGLang
+	// still does).
+	EncodingArray
+)
+
+// String returns "map" or "array".
+func (e Encoding) String() string {
+	switch e {
+	case EncodingMap:
+		return "map"
+	case EncodingArray:
+		return "array"
+	default:
+		return fmt.Sprintf("Encoding(%d)", uint8(e))
+	}
+}
+
+// HashFormat selects how block hashes appear on the wire. Whatever the format, a
+// consumer that normalises hashes the usual way (uint64 as is, int64 reinterpreted
+// as two's complement, bytes: the last 8 bytes big-endian) recovers the engine's
+// 64-bit hash exactly.
+type HashFormat uint8
+
+const (
+	// HashUint64 writes the hash as an unsigned msgpack integer in its smallest
+	// form (vLLM's default, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1). Default.
+	HashUint64 HashFormat = iota
+	// HashInt64 writes the hash reinterpreted as a signed 64-bit integer, so half
+	// of the hashes are negative (SGLang, Dynamo's TRT-LLM bridge).
+	HashInt64
+	// HashBytes32 writes a 32-byte msgpack bin, like a SHA-256 digest in vLLM's
+	// bytes mode: 24 deterministic filler bytes followed by the hash big-endian.
+	HashBytes32
+)
+
+// String returns "uint64", "int64" or "bytes32".
+func (h HashFormat) String() string {
+	switch h {
+	case HashUint64:
+		return "uint64"
+	case HashInt64:
+		return "int64"
+	case HashBytes32:
+		return "bytes32"
+	default:
+		return fmt.Sprintf("HashFormat(%d)", uint8(h))
+	}
+}
+
+// ReplayLayout selects the frames of replay replies.
+type ReplayLayout uint8
+
+const (
+	// ReplayWithTopic answers [topic, seq, payload] per batch and ends with
+	// ["", END, ""] (vLLM v0.26+). Default.
+	ReplayWithTopic ReplayLayout = iota
+	// ReplayNoTopic answers [seq, payload] per batch and ends with [END, ""]
+	// (vLLM before v0.26, SGLang).
+	ReplayNoTopic
+)
+
+// String returns "with-topic" or "no-topic".
+func (l ReplayLayout) String() string {
+	switch l {
+	case ReplayWithTopic:
+		return "with-topic"
+	case ReplayNoTopic:
+		return "no-topic"
+	default:
+		return fmt.Sprintf("ReplayLayout(%d)", uint8(l))
+	}
+}
+
+// PubMode selects whether the PUB socket binds or dials.
+type PubMode uint8
+
+const (
+	// PubBind binds the PUB socket (vLLM's usual setup; consumers dial it). Default.
+	PubBind PubMode = iota
+	// PubDial dials the PUB socket into a consumer's bound SUB (Start retries the
+	// dial DialAttempts times). The connection is not re-established if the
+	// consumer goes away later.
+	PubDial
+)
+
+// String returns "bind" or "dial".
+func (m PubMode) String() string {
+	switch m {
+	case PubBind:
+		return "bind"
+	case PubDial:
+		return "dial"
+	default:
+		return fmt.Sprintf("PubMode(%d)", uint8(m))
+	}
+}
+
+// Defaults applied by New to zero-valued fields.
+const (
+	DefaultBlockSize      = 16
+	DefaultCapacityBlocks = 1024
+	DefaultTopic          = "kv@127.0.0.1@fake-model"
+	DefaultReplayBuffer   = 10000
+	DefaultBindEndpoint   = "tcp://127.0.0.1:0"
+	DefaultDialAttempts   = 50
+	DefaultDialBackoff    = 20 * time.Millisecond
+	// DefaultHashSeed seeds the engine's block hashes. It is unrelated to any
+	// router's seed: engine hashes are opaque ids to a consumer.
+	DefaultHashSeed uint64 = 0x6661_6b65_656e_6731
+	// MediumGPU is the medium Serve writes on its events.
+	MediumGPU = "GPU"
+)
+
+// Options configures an Engine. The zero value is valid and means every default.
+// New copies the options and never modifies the caller's value; the Engine never
+// calls Now concurrently with itself (it is called under the engine's mutex).
+type Options struct {
+	// BlockSize is the number of tokens per cache block. Default 16; must be >= 1.
+	BlockSize int
+	// CapacityBlocks is the size of the LRU prefix cache in blocks. Default 1024;
+	// must be >= 1.
+	CapacityBlocks int
+
+	// Topic is frame 0 of every live message and the topic frame of replay replies
+	// in the ReplayWithTopic layout. Default "kv@127.0.0.1@fake-model" (the llm-d
+	// convention). Use EmptyTopic for vLLM's own default, the empty topic.
+	Topic string
+	// EmptyTopic sends an empty topic frame. Conflicts with a non-empty Topic.
+	EmptyTopic bool
+
+	// Encoding of the events: EncodingMap (default, vLLM v0.26+) or EncodingArray.
+	Encoding Encoding
+	// BatchAsMap encodes the batch itself as a map {ts, events,
+	// data_parallel_rank} instead of the usual array [ts, events, dp_rank].
+	BatchAsMap bool
+	// HashFormat of block hashes on the wire. Default HashUint64.
+	HashFormat HashFormat
+	// ExtraFields adds the fields recent vLLM emits with non-default values:
+	// extra_keys (one nil entry per block unless the request has a LoRA or salt),
+	// group_idx 0 and kv_cache_spec_kind "full_attention" on BlockStored, and
+	// group_idx 0 on BlockRemoved. Without it, extra_keys is written only when a
+	// block has extra keys (LoRA name on every block, cache salt on block 0).
+	ExtraFields bool
+
+	// DPRank is the data-parallel rank written into every batch. Default 0; must
+	// be >= 0.
+	DPRank int
+	// OmitDPRank leaves the rank out of batches (a 2-element batch array, as
+	// older engines and omit_defaults produce when the rank is unset).
+	OmitDPRank bool
+
+	// PubMode: PubBind (default) or PubDial.
+	PubMode PubMode
+	// PubEndpoint is the address the PUB socket binds (PubBind; default
+	// "tcp://127.0.0.1:0", an ephemeral loopback port) or dials (PubDial;
+	// required).
+	PubEndpoint string
+	// DialAttempts bounds the dial attempts in PubDial mode. Default 50; must be
+	// >= 1. Only meaningful with PubDial.
+	DialAttempts int
+	// DialBackoff is the wait between dial attempts. Default 20ms; must be >= 0.
+	DialBackoff time.Duration
+
+	// EnableReplay binds a ROUTER socket that answers replay requests.
+	EnableReplay bool
+	// ReplayEndpoint is the address the ROUTER binds. Default "tcp://127.0.0.1:0".
+	// Only meaningful with EnableReplay.
+	ReplayEndpoint string
+	// ReplayLayout of replay replies. Default ReplayWithTopic.
+	ReplayLayout ReplayLayout
+	// ReplayBuffer is the number of past batches kept for replay. Default 10000
+	// (vLLM's buffer_steps); must be >= 1. Batches are kept even when replay is not
+	// enabled, so Buffered can report them.
+	ReplayBuffer int
+
+	// HashSeed seeds the engine's block hashes. Default DefaultHashSeed (0 means
+	// the default). Two engines with the same seed emit the same hashes for the
+	// same tokens, which is useful to check that a consumer keeps engine hashes per
+	// worker.
+	HashSeed uint64
+
+	// Now is the clock for batch timestamps. Default time.Now.
+	Now func() time.Time
+}
+
+// withDefaults returns a validated copy of o with defaults applied.
+func (o Options) withDefaults() (Options, error) {
+	var problems []string
+	if o.BlockSize == 0 {
+		o.BlockSize = DefaultBlockSize
+	} else if o.BlockSize < 0 {
+		problems = append(problems, fmt.Sprintf("BlockSize %d < 1", o.BlockSize))
+	}
+	if o.CapacityBlocks == 0 {
+		o.CapacityBlocks = DefaultCapacityBlocks
+	} else if o.CapacityBlocks < 0 {
+		problems = append(problems, fmt.Sprintf("CapacityBlocks %d < 1", o.CapacityBlocks))
+	}
+	switch {
+	case o.EmptyTopic && o.Topic != "":
+		problems = append(problems, fmt.Sprintf("EmptyTopic conflicts with Topic %q", o.Topic))
+	case !o.EmptyTopic && o.Topic == "":
+		o.Topic = DefaultTopic
+	}
+	if o.Encoding > EncodingArray {
+		problems = append(problems, fmt.Sprintf("unknown Encoding %d", o.Encoding))
+	}
+	if o.HashFormat > HashBytes32 {
+		problems = append(problems, fmt.Sprintf("unknown HashFormat %d", o.HashFormat))
+	}
+	if o.DPRank < 0 {
+		problems = append(problems, fmt.Sprintf("DPRank %d < 0", o.DPRank))
+	}
+	switch o.PubMode {
+	case PubBind:
+		if o.PubEndpoint == "" {
+			o.PubEndpoint = DefaultBindEndpoint
+		}
+	case PubDial:
+		if o.PubEndpoint == "" {
+			problems = append(problems, "PubDial needs a PubEndpoint")
+		}
+	default:
+		problems = append(problems, fmt.Sprintf("unknown PubMode %d", o.PubMode))
+	}
+	if o.PubEndpoint != "" && !strings.Contains(o.PubEndpoint, "://") {
+		problems = append(problems, fmt.Sprintf("PubEndpoint %q is not transport://address", o.PubEndpoint))
+	}
+	if o.DialAttempts == 0 {
+		o.DialAttempts = DefaultDialAttempts
+	} else if o.DialAttempts < 0 {
+		problems = append(problems, fmt.Sprintf("DialAttempts %d < 1", o.DialAttempts))
+	}
+	if o.DialBackoff == 0 {
+		o.DialBackoff = DefaultDialBackoff
+	} else if o.DialBackoff < 0 {
+		problems = append(problems, fmt.Sprintf("DialBackoff %v < 0", o.DialBackoff))
+	}
+	if o.ReplayEndpoint == "" {
+		o.ReplayEndpoint = DefaultBindEndpoint
+	} else if !strings.Contains(o.ReplayEndpoint, "://") {
+		problems = append(problems, fmt.Sprintf("ReplayEndpoint %q is not transport://address", o.ReplayEndpoint))
+	}
+	if o.ReplayLayout > ReplayNoTopic {
+		problems = append(problems, fmt.Sprintf("unknown ReplayLayout %d", o.ReplayLayout))
+	}
+	if o.ReplayBuffer == 0 {
+		o.ReplayBuffer = DefaultReplayBuffer
+	} else if o.ReplayBuffer < 0 {
+		problems = append(problems, fmt.Sprintf("ReplayBuffer %d < 1", o.ReplayBuffer))
+	}
+	if o.HashSeed == 0 {
+		o.HashSeed = DefaultHashSeed
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if len(problems) > 0 {
+		return Options{}, fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
+	}
+	return o, nil
+}
+
+// format returns the wire format the options describe.
+func (o Options) format() Format {
+	return Format{Events: o.Encoding, BatchAsMap: o.BatchAsMap, Hashes: o.HashFormat, ExtraFields: o.ExtraFields}
+}
