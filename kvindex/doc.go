@@ -12,8 +12,9 @@
 //
 // Tokens are grouped into blocks of a fixed size; only complete blocks count. A
 // block's local hash is XXH64 over its token ids (4 bytes little-endian each),
-// seeded with 1337 mixed with the LoRA adapter name and the cache salt, so adapters
-// and tenants never share blocks. Sequence hashes chain the local hashes:
+// seeded with 1337 mixed with the LoRA adapter name, and for the first block of a
+// sequence also with the cache salt, so adapters and tenants never share blocks
+// (the chain carries the salt on, which is how vLLM treats it too). Sequence hashes chain the local hashes:
 // seq[0] = local[0], seq[i] = XXH64(1337, le64(seq[i-1]) || le64(local[i])).
 // seq[i] names the whole prefix up to block i. Hasher documents the exact layout;
 // golden vectors in the tests pin it.

@@ -26,21 +26,33 @@ type HashOptions struct {
 	CacheSalt string
 }
 
-// Seed returns the block-hash seed for these options:
+// Seed returns the seed of the first block of a sequence for these options:
 //
 //	seed = 1337
 //	if LoRAName != "":  seed += xxhash64(LoRAName, seed 0)   (wrapping)
 //	if CacheSalt != "": seed += xxhash64(CacheSalt, seed 1)  (wrapping)
+//
+// Later blocks use LaterSeed, which leaves the salt out: like vLLM, which mixes the
+// cache salt into the first block only, the salt reaches every later block through
+// the hash chain. That is what lets the index apply a stored run that continues a
+// salted sequence without knowing the salt.
 func (o HashOptions) Seed() uint64 {
-	seed := BaseSeed
-	if o.LoRAName != "" {
-		seed += xxhash.Sum64String(o.LoRAName)
-	}
+	seed := o.LaterSeed()
 	if o.CacheSalt != "" {
 		var d xxhash.Digest
 		d.ResetWithSeed(1)
 		_, _ = d.WriteString(o.CacheSalt)
 		seed += d.Sum64()
+	}
+	return seed
+}
+
+// LaterSeed returns the seed of every block but the first: 1337 mixed with the
+// LoRA name only.
+func (o HashOptions) LaterSeed() uint64 {
+	seed := BaseSeed
+	if o.LoRAName != "" {
+		seed += xxhash.Sum64String(o.LoRAName)
 	}
 	return seed
 }
@@ -53,15 +65,16 @@ func (o HashOptions) Seed() uint64 {
 //   - Only complete blocks are hashed; a trailing partial block is ignored.
 //   - local[i] = XXH64(seed, bytes) where bytes are the block's token ids, each
 //     written as 4 bytes little-endian, followed, only when the block carries an
-//     extra-key digest x != 0, by x as 8 bytes little-endian. The seed comes from
-//     HashOptions.Seed.
+//     extra-key digest x != 0, by x as 8 bytes little-endian. The seed is
+//     HashOptions.Seed for block 0 and HashOptions.LaterSeed for the others.
 //   - seq[0] = local[0]; seq[i] = XXH64(1337, le64(seq[i-1]) || le64(local[i])).
 //
 // seq[i] therefore names the whole prefix of blocks 0..i, so equal seq hashes mean
 // equal prefixes (up to 64-bit collisions).
 type Hasher struct {
 	blockSize int
-	seed      uint64
+	first     uint64 // seed of block 0
+	later     uint64 // seed of blocks 1..
 }
 
 // NewHasher returns a Hasher for blocks of blockSize tokens. blockSize must be
@@ -70,14 +83,15 @@ func NewHasher(blockSize int, opts HashOptions) (Hasher, error) {
 	if blockSize <= 0 {
 		return Hasher{}, fmt.Errorf("%w: %d tokens per block, want > 0", ErrBlockSize, blockSize)
 	}
-	return Hasher{blockSize: blockSize, seed: opts.Seed()}, nil
+	return Hasher{blockSize: blockSize, first: opts.Seed(), later: opts.LaterSeed()}, nil
 }
 
 // BlockSize returns the tokens per block.
 func (h Hasher) BlockSize() int { return h.blockSize }
 
-// Seed returns the block-hash seed derived from the options.
-func (h Hasher) Seed() uint64 { return h.seed }
+// Seed returns the seed of block 0 (HashOptions.Seed); later blocks use
+// HashOptions.LaterSeed.
+func (h Hasher) Seed() uint64 { return h.first }
 
 // Blocks returns the number of complete blocks in n tokens.
 func (h Hasher) Blocks(n int) int {
@@ -103,11 +117,10 @@ func (h Hasher) AppendSeqHashes(dst []uint64, tokens []uint32) []uint64 {
 	n := h.Blocks(len(tokens))
 	var prev uint64
 	for i := 0; i < n; i++ {
-		local := blockHash(h.seed, tokens[i*h.blockSize:(i+1)*h.blockSize], 0)
 		if i == 0 {
-			prev = local
+			prev = blockHash(h.first, tokens[:h.blockSize], 0)
 		} else {
-			prev = ChainHash(prev, local)
+			prev = ChainHash(prev, blockHash(h.later, tokens[i*h.blockSize:(i+1)*h.blockSize], 0))
 		}
 		dst = append(dst, prev)
 	}
@@ -115,10 +128,13 @@ func (h Hasher) AppendSeqHashes(dst []uint64, tokens []uint32) []uint64 {
 }
 
 // LocalHash returns the local (unchained) hash of one block's tokens with an
-// optional extra-key digest (0 for none). len(tokens) is not checked against the
-// block size.
-func (h Hasher) LocalHash(tokens []uint32, extra uint64) uint64 {
-	return blockHash(h.seed, tokens, extra)
+// optional extra-key digest (0 for none); first selects the seed of block 0.
+// len(tokens) is not checked against the block size.
+func (h Hasher) LocalHash(tokens []uint32, extra uint64, first bool) uint64 {
+	if first {
+		return blockHash(h.first, tokens, extra)
+	}
+	return blockHash(h.later, tokens, extra)
 }
 
 // ChainHash returns the sequence hash of a block whose parent has sequence hash

@@ -129,7 +129,13 @@ func (ix *Index) store(w WorkerRank, ev *Event) error {
 	plan := planPool.Get().(*storePlan)
 	defer planPool.Put(plan)
 	plan.ratio = bs / ix.blockSize
-	seed := HashOptions{LoRAName: ev.LoRAName, CacheSalt: ev.CacheSalt}.Seed()
+	// A run that starts the sequence salts its first block; a run that continues
+	// one inherits the salt through the chain (see HashOptions.Seed).
+	ho := HashOptions{LoRAName: ev.LoRAName, CacheSalt: ev.CacheSalt}
+	first, later := ho.Seed(), ho.LaterSeed()
+	if ev.HasParent {
+		first = later
+	}
 	plan.locals = plan.locals[:0]
 	for j := range nb {
 		var extra uint64
@@ -138,6 +144,10 @@ func (ix *Index) store(w WorkerRank, ev *Event) error {
 		}
 		for s := range plan.ratio {
 			off := j*bs + s*ix.blockSize
+			seed := later
+			if j == 0 && s == 0 {
+				seed = first
+			}
 			plan.locals = append(plan.locals, blockHash(seed, ev.Tokens[off:off+ix.blockSize], extra))
 		}
 	}

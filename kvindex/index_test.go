@@ -160,6 +160,16 @@ func TestLoRAAndSaltIsolate(t *testing.T) {
 	require.Equal(t, 2, only(ix.FindMatches(h.SeqHashes(toks), MatchOptions{}), w).Device)
 	salted, _ := NewHasher(2, HashOptions{LoRAName: "sql", CacheSalt: "t1"})
 	require.Empty(t, ix.FindMatches(salted.SeqHashes(toks), MatchOptions{}))
+
+	// The salt seeds the first block only: a run that continues a salted chain
+	// carries no salt (vLLM puts it in block 0's extra keys) and still matches.
+	w2 := WorkerRank{Worker: "w2"}
+	require.NoError(t, ix.Apply(w2, Event{Kind: EventStored, BlockHashes: []uint64{1}, Tokens: toks[:2], CacheSalt: "t1"}))
+	require.NoError(t, ix.Apply(w2, Event{Kind: EventStored, HasParent: true, ParentHash: 1, BlockHashes: []uint64{2}, Tokens: toks[2:]}))
+	plain, _ := NewHasher(2, HashOptions{CacheSalt: "t1"})
+	require.Equal(t, 2, only(ix.FindMatches(plain.SeqHashes(toks), MatchOptions{}), w2).Device)
+	unsalted, _ := NewHasher(2, HashOptions{})
+	require.Empty(t, ix.FindMatches(unsalted.SeqHashes(toks), MatchOptions{}))
 }
 
 func TestRemoveWorkerAndChurnLeaveNothingBehind(t *testing.T) {

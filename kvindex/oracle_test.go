@@ -114,7 +114,7 @@ func (o *oracle) apply(w WorkerRank, ev Event) bool {
 	if ow.blocks[ev.Tier] == nil {
 		ow.blocks[ev.Tier] = map[uint64]*oracleBlock{}
 	}
-	seed := HashOptions{LoRAName: ev.LoRAName, CacheSalt: ev.CacheSalt}.Seed()
+	ho := HashOptions{LoRAName: ev.LoRAName, CacheSalt: ev.CacheSalt}
 	for j, h := range ev.BlockHashes {
 		var seqs []uint64
 		for s := 0; s < ratio; s++ {
@@ -122,6 +122,10 @@ func (o *oracle) apply(w WorkerRank, ev Event) bool {
 			var extra uint64
 			if ev.Extra != nil {
 				extra = ev.Extra[j]
+			}
+			seed := ho.LaterSeed()
+			if !hasPrev {
+				seed = ho.Seed()
 			}
 			local := blockHash(seed, ev.Tokens[off:off+o.bs], extra)
 			if hasPrev {
@@ -281,6 +285,9 @@ func (g *opGen) storeEvent(w WorkerRank) Event {
 		lora = "ad"
 	}
 	ev := Event{Kind: EventStored, Tier: tier, BlockSize: g.bs * ratio, LoRAName: lora}
+	if lora == "" && g.next(8) == 0 {
+		ev.CacheSalt = "tenant"
+	}
 	if ratio == 1 && g.next(2) == 0 {
 		ev.BlockSize = 0
 	}
@@ -324,7 +331,11 @@ func (g *opGen) query() ([]uint64, []WorkerRank) {
 	if g.next(8) == 0 {
 		lora = "ad"
 	}
-	h, _ := NewHasher(g.bs, HashOptions{LoRAName: lora})
+	salt := ""
+	if lora == "" && g.next(8) == 0 {
+		salt = "tenant"
+	}
+	h, _ := NewHasher(g.bs, HashOptions{LoRAName: lora, CacheSalt: salt})
 	seqs := h.SeqHashes(toks[:g.next(len(toks)+1)])
 	var cands []WorkerRank
 	if g.next(4) == 0 {

@@ -1,0 +1,246 @@
+package kvevents
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvselect/kvselect/kvindex"
+)
+
+// BindConfig configures a bind listener: a SUB socket the feed binds, which engines
+// dial into (vLLM connects its PUB instead of binding when its endpoint names a
+// concrete host). Messages are attributed to worker ranks by topic; each attributed
+// rank becomes a bound source with its own queue, sequence tracking and apply goroutine.
+type BindConfig struct {
+	// Endpoint is where to bind: "tcp://host:port" ("*" or an empty host for all
+	// interfaces; port 0 for any free port, see the address Bind returns) or
+	// "ipc://path". Required.
+	Endpoint string
+	// Rank is the data-parallel rank given to the worker ranks the default attribution
+	// finds. vLLM offsets each rank's endpoint port by the rank, so rank r of every
+	// engine dials the listener on base port + r: bind one listener per rank.
+	Rank int
+	// Attribute maps a message topic to the worker rank it belongs to; false drops the
+	// message (counted in BindStats.Unattributed). It is called from the listener's
+	// goroutine, once per new topic (results are cached). Nil uses TopicWorker with
+	// Rank.
+	Attribute func(topic string) (kvindex.WorkerRank, bool)
+	// ReplayEndpoint optionally maps a worker rank to its replay ROUTER endpoint ("" or
+	// false: none). Without it, gaps of bound sources are not repaired and the source
+	// is marked degraded.
+	ReplayEndpoint func(kvindex.WorkerRank) (string, bool)
+}
+
+// TopicWorker parses the topic convention "kv@<host>[:port]@<model>" used by llm-d
+// and its guides: the worker is the text between the first and the second '@' and must
+// be non-empty; the model is everything after the second '@' and may itself contain
+// '@'. The returned rank is 0. It reports false for any other topic.
+func TopicWorker(topic string) (kvindex.WorkerRank, bool) {
+	rest, ok := strings.CutPrefix(topic, "kv@")
+	if !ok {
+		return kvindex.WorkerRank{}, false
+	}
+	worker, _, ok := strings.Cut(rest, "@")
+	if !ok || worker == "" {
+		return kvindex.WorkerRank{}, false
+	}
+	return kvindex.WorkerRank{Worker: worker}, true
+}
+
+// maxTopicCache bounds a listener's topic-to-source cache; topics beyond it are
+// attributed on every message.
+const maxTopicCache = 4096
+
+// binding is one bind listener.
+type binding struct {
+	feed      *Feed
+	cfg       BindConfig
+	attribute func(string) (kvindex.WorkerRank, bool)
+	sock      zmq4.Socket
+	addr      net.Addr
+	sockCtx   context.Context    // the socket's context
+	cancel    context.CancelFunc // cancels sockCtx
+	running   atomic.Bool        // the receive goroutine was started
+	wg        sync.WaitGroup
+
+	received, framesSkipped, unattributed atomic.Uint64
+}
+
+// Bind binds a SUB socket for engines to dial into and returns the bound address
+// (useful with port 0). The socket is bound at once, before or during Run, so the
+// address can be handed to engines; messages are read once Run is running. Run closes
+// the socket when it returns; a Feed whose Run is never called keeps it open, so call
+// Run (even with a cancelled context) on a Feed you bound. Errors: ErrInvalidSource,
+// ErrFeedStopped, or the bind failure.
+func (f *Feed) Bind(cfg BindConfig) (net.Addr, error) {
+	if err := validateEndpoint(cfg.Endpoint, true); err != nil {
+		return nil, fmt.Errorf("%w: Endpoint: %w", ErrInvalidSource, err)
+	}
+	if cfg.Rank < 0 {
+		return nil, fmt.Errorf("%w: Rank %d < 0", ErrInvalidSource, cfg.Rank)
+	}
+	b := &binding{feed: f, cfg: cfg, attribute: cfg.Attribute}
+	if b.attribute == nil {
+		rank := cfg.Rank
+		b.attribute = func(topic string) (kvindex.WorkerRank, bool) {
+			wr, ok := TopicWorker(topic)
+			wr.Rank = rank
+			return wr, ok
+		}
+	}
+	f.life.Lock()
+	defer f.life.Unlock()
+	f.mu.Lock()
+	stopped := f.state == feedStopped
+	f.mu.Unlock()
+	if stopped {
+		return nil, ErrFeedStopped
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b.sockCtx, b.cancel = ctx, cancel
+	b.sock = zmq4.NewSub(ctx, f.socketOptions()...)
+	err := b.sock.SetOption(zmq4.OptionSubscribe, "")
+	if err == nil {
+		err = b.sock.Listen(cfg.Endpoint)
+	}
+	if err != nil {
+		closeSocket(b.sock)
+		cancel()
+		return nil, fmt.Errorf("kvevents: bind %s: %w", cfg.Endpoint, err)
+	}
+	b.addr = b.sock.Addr()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.binds = append(f.binds, b)
+	if f.state == feedRunning {
+		b.start(f.runCtx, &f.wg)
+	}
+	return b.addr, nil
+}
+
+// BindStats returns a snapshot of every bind listener's counters, in Bind order.
+func (f *Feed) BindStats() []BindStats {
+	f.mu.Lock()
+	binds := append([]*binding(nil), f.binds...)
+	f.mu.Unlock()
+	out := make([]BindStats, len(binds))
+	for i, b := range binds {
+		out[i] = BindStats{
+			Endpoint:      b.cfg.Endpoint,
+			Addr:          b.addr.String(),
+			Received:      b.received.Load(),
+			FramesSkipped: b.framesSkipped.Load(),
+			Unattributed:  b.unattributed.Load(),
+		}
+	}
+	return out
+}
+
+// start launches the receive goroutine; the socket closes when parent is done.
+func (b *binding) start(parent context.Context, fwg *sync.WaitGroup) {
+	b.running.Store(true)
+	fwg.Add(1)
+	b.wg.Add(1)
+	go func() {
+		defer fwg.Done()
+		defer b.wg.Done()
+		b.recvLoop(parent)
+	}()
+}
+
+// stop closes the socket and waits for the receive goroutine.
+func (b *binding) stop() {
+	b.cancel()
+	b.wg.Wait()
+	if !b.running.Load() {
+		closeSocket(b.sock) // never started: nobody else closes it
+	}
+}
+
+func (b *binding) recvLoop(ctx context.Context) {
+	defer closeSocket(b.sock)
+	stop := context.AfterFunc(ctx, b.cancel)
+	defer stop()
+	cache := make(map[string]*source)
+	for {
+		msg, err := b.sock.Recv()
+		if err != nil {
+			if ctx.Err() != nil || b.sockCtx.Err() != nil {
+				return
+			}
+			continue // one engine's connection ended; the listener goes on
+		}
+		if msg.Type == zmq4.CmdMsg {
+			continue
+		}
+		fr, err := ParseLiveFrames(msg.Frames)
+		if err != nil {
+			b.framesSkipped.Add(1)
+			continue
+		}
+		b.received.Add(1)
+		s := cache[string(fr.Topic)]
+		if s == nil || s.stopped.Load() {
+			delete(cache, string(fr.Topic))
+			s = b.sourceFor(string(fr.Topic))
+			if s == nil {
+				b.unattributed.Add(1)
+				continue
+			}
+			if len(cache) < maxTopicCache {
+				cache[string(fr.Topic)] = s
+			}
+		}
+		s.deliver(fr)
+	}
+}
+
+// sourceFor attributes a topic and returns (creating and starting it if needed) the
+// bound source of its worker rank, or nil.
+func (b *binding) sourceFor(topic string) *source {
+	wr, ok := b.attribute(topic)
+	if !ok || wr.Worker == "" || wr.Rank < 0 {
+		return nil
+	}
+	cfg := SourceConfig{Worker: wr, Endpoint: b.endpoint()}
+	if b.cfg.ReplayEndpoint != nil {
+		if ep, ok := b.cfg.ReplayEndpoint(wr); ok && validateEndpoint(ep, false) == nil {
+			cfg.ReplayEndpoint = ep
+		}
+	}
+	f := b.feed
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.state != feedRunning {
+		return nil
+	}
+	if s := f.sources[wr]; s != nil {
+		if !s.bound {
+			return nil // a dialed source owns this rank; mixing streams breaks sequencing
+		}
+		return s
+	}
+	if _, busy := f.removing[wr]; busy || f.nBound >= f.opts.MaxBoundSources {
+		return nil
+	}
+	s := newSource(f, cfg, true)
+	s.st.connected.Store(true)
+	f.sources[wr] = s
+	f.nBound++
+	s.start(f.runCtx, &f.wg)
+	return s
+}
+
+// endpoint names the bound address the way SourceStats reports it.
+func (b *binding) endpoint() string {
+	if b.addr != nil && b.addr.Network() == "tcp" {
+		return "tcp://" + b.addr.String()
+	}
+	return b.cfg.Endpoint
+}

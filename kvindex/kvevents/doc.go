@@ -1,0 +1,96 @@
+// Package kvevents keeps a kvindex.Index true to what inference engines hold in
+// their KV caches, by consuming the KV-cache events the engines publish over
+// ZeroMQ (vLLM, SGLang, and TensorRT-LLM through a vLLM-compatible publisher).
+//
+// The package has two layers. The decoder (Decoder, Batch) is pure: payload bytes
+// in, kvindex.Event values out, no I/O. The transport (see "# Transport") owns the
+// sockets, sequence numbers and replay, and hands each source's payloads, in order,
+// to a Handler. IndexHandler is the Handler that decodes them and applies the events
+// to an Applier (a *kvindex.Index).
+//
+// # Wire format
+//
+// A payload is one msgpack batch, either an array [ts, events] or
+// [ts, events, dp_rank] (dp_rank may be nil) or a map with the keys "ts", "events"
+// and "data_parallel_rank", "dp_rank" or "attn_dp_rank". A batch's dp_rank, when
+// present, overrides the rank its source was registered with.
+//
+// Each event is either a tagged positional array (vLLM before 0.26, SGLang):
+//
+//	["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
+//	 lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind,
+//	 kv_cache_spec_sliding_window]
+//	["BlockRemoved", block_hashes, medium, group_idx]
+//	["AllBlocksCleared"]
+//
+// where trailing fields may be missing (short SGLang tuples end at lora_id or
+// medium) and further elements are ignored, or a map with a "type" key (vLLM 0.26
+// and later) whose other keys carry the same field names, plus "locality",
+// "cache_salt" and "metadata"; unknown keys are ignored. Position 7 of a stored
+// array may also hold SGLang's metadata map {"cache_salt": ...} instead of a LoRA
+// name.
+//
+// Field mapping:
+//
+//   - Block hashes (and the parent hash) may be unsigned integers (kept as is),
+//     signed integers (reinterpreted as two's complement) or bytes (the last 8
+//     bytes read big-endian, shorter ones left-padded with zeros), so both of
+//     vLLM's hash modes yield the same 64-bit value. A nil parent means the run
+//     starts a sequence.
+//   - token_ids must be integers in [0, 2^32). The bigram form
+//     [[a,b],[b,c],...] is flattened to a, b, c, ...
+//   - medium, case-insensitively: absent, nil, "", GPU, CUDA, DEVICE and HBM are
+//     kvindex.TierDevice; CPU, CPU_PINNED, HOST and DRAM are TierHost; DISK,
+//     LOCAL_DISK, SSD, NVME, FILE, STORAGE and EXTERNAL are TierDisk. Anything
+//     else skips the event (SkipUnknownMedium).
+//   - lora_name is the LoRA name. When only the legacy lora_id is set (and is not
+//     0 or empty), the LoRA name becomes "lora-id:<id>", so blocks of such an
+//     adapter never match requests for the base model.
+//   - cache_salt (map key, or SGLang metadata) is the cache salt.
+//   - extra_keys holds one entry per block. An entry that is nil or empty, or that
+//     only repeats the LoRA name, contributes nothing. In the first block of a
+//     sequence, a plain string that is not a 64-hex-digit digest is vLLM's cache
+//     salt and becomes the event's CacheSalt when it has none. Every other key is
+//     folded into a non-zero 64-bit digest (XXH64 of its msgpack bytes) in
+//     Event.Extra, so blocks that carry multimodal or embedding keys never match
+//     token-only requests. Extra stays nil when no block has such keys.
+//
+// Events that describe something other than the local, main attention cache are
+// skipped and counted: group_idx set and not 0 (SkipNonMainGroup),
+// kv_cache_spec_kind other than full_attention, mla_attention or
+// sink_full_attention (SkipNonMainKind), locality other than LOCAL (SkipLocality;
+// absent is accepted). Unknown event types are skipped too (SkipUnknownType).
+//
+// # Untrusted input
+//
+// Payloads come from the network. A malformed event (wrong field type, missing
+// block hashes, token ids out of range) is skipped and counted; it never spoils
+// the other events of its batch, because each event's extent is found before it is
+// parsed. A malformed envelope fails the whole batch with ErrMalformed. Declared
+// lengths are checked against the remaining bytes before anything is reserved, so
+// a few hostile bytes cannot make the decoder allocate; nesting depth costs no
+// stack; DecoderOptions bounds events per batch, blocks and tokens per event.
+//
+// # Concurrency
+//
+// A Decoder is single-goroutine and reuses its memory: the Batch it returns is
+// valid until its next Decode call. IndexHandler is safe for concurrent use across
+// sources; calls for one source must not overlap (the Handler contract), which the
+// transport guarantees by running each source on one goroutine. Its counters are
+// atomics, readable at any time through Stats and AllStats.
+//
+// # Block sizes
+//
+// A stored event's block size must equal the index's or be a whole multiple of it
+// (each engine block then becomes several index blocks, split by the index). Any
+// other size is rejected and counted as SkipBlockSize, and the first occurrence per
+// source is logged: a misconfigured block size never silently builds an empty
+// index.
+//
+// # Transport
+//
+// TODO(lead): the transport helper's description goes here: SUB dial and bind
+// modes, the [topic, seq, payload] framing, per-source sequence watermarks, replay
+// through the engine's ROUTER, restart detection, bounded queues and resync, and
+// the lifecycle of the goroutines it owns.
+package kvevents

@@ -1,0 +1,80 @@
+package kvevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// ErrReplay reports a replay that did not complete: the replay server could not be
+// reached, went silent for longer than FeedOptions.ReplayIdleTimeout, or did not finish
+// within FeedOptions.ReplayTimeout. The feed counts it (SourceStats.ReplaysFailed) and
+// marks the source degraded for the batches it could not recover.
+var ErrReplay = errors.New("kvevents: replay failed")
+
+// replay runs one replay exchange with an engine's ROUTER: it sends ["", start] on a
+// fresh DEALER socket and calls yield for every batch reply until the end marker. At
+// most FeedOptions.MaxConcurrentReplays replays run at once across the feed.
+func (f *Feed) replay(ctx context.Context, endpoint string, start uint64, st *counters, yield func(Frame)) error {
+	select {
+	case f.replaySem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-f.replaySem }()
+
+	ctx, cancelTotal := context.WithTimeout(ctx, f.opts.ReplayTimeout)
+	defer cancelTotal()
+	sctx, cancelSock := context.WithCancel(ctx)
+	defer cancelSock()
+
+	sock := zmq4.NewDealer(sctx, f.socketOptions()...)
+	defer closeSocket(sock)
+	if err := sock.Dial(endpoint); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrReplay, endpoint, err)
+	}
+	if err := sock.Send(zmq4.NewMsgFrom([]byte{}, AppendSeq(nil, start))); err != nil {
+		return fmt.Errorf("%w: %s: request: %w", ErrReplay, endpoint, err)
+	}
+
+	// go-zeromq's Recv has no deadline: an idle timer cancels the socket's context.
+	var idle atomic.Bool
+	timer := time.AfterFunc(f.opts.ReplayIdleTimeout, func() {
+		idle.Store(true)
+		cancelSock()
+	})
+	defer timer.Stop()
+	for {
+		msg, err := sock.Recv()
+		if err != nil {
+			switch {
+			case idle.Load():
+				return fmt.Errorf("%w: %s: no reply for %v", ErrReplay, endpoint, f.opts.ReplayIdleTimeout)
+			case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+				return fmt.Errorf("%w: %s: not finished within %v", ErrReplay, endpoint, f.opts.ReplayTimeout)
+			default:
+				return fmt.Errorf("%w: %s: %w", ErrReplay, endpoint, err)
+			}
+		}
+		if !timer.Stop() {
+			// The idle timer fired while this message arrived; the socket is done.
+			return fmt.Errorf("%w: %s: no reply for %v", ErrReplay, endpoint, f.opts.ReplayIdleTimeout)
+		}
+		if msg.Type != zmq4.CmdMsg {
+			fr, end, err := ParseReplayFrames(msg.Frames)
+			switch {
+			case err != nil:
+				st.framesSkipped.Add(1)
+			case end:
+				return nil
+			default:
+				yield(fr) // the idle clock is stopped while the Handler works
+			}
+		}
+		timer.Reset(f.opts.ReplayIdleTimeout)
+	}
+}

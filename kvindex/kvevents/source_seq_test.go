@@ -1,0 +1,130 @@
+package kvevents
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/kvindex"
+)
+
+// fakeReplay serves seqs from a fixed list, the way an engine's buffer would.
+type fakeReplay struct {
+	have  []uint64 // buffered seqs, ascending
+	err   error    // returned after serving
+	asked []uint64
+}
+
+func (r *fakeReplay) fn(ctx context.Context, start uint64, yield func(Frame)) error {
+	r.asked = append(r.asked, start)
+	for _, s := range r.have {
+		if s >= start {
+			yield(Frame{Seq: s, Payload: payloadFor(s)})
+		}
+	}
+	return r.err
+}
+
+func newTestSequencer(t *testing.T, rp *fakeReplay) (*sequencer, *batchRecorder, *counters) {
+	rec := newBatchRecorder(t)
+	st := &counters{}
+	q := &sequencer{src: kvindex.WorkerRank{Worker: "w"}, h: rec, st: st}
+	if rp != nil {
+		q.replay = rp.fn
+	}
+	return q, rec, st
+}
+
+func feedLive(q *sequencer, seqs ...uint64) {
+	for _, s := range seqs {
+		q.handle(context.Background(), item{seq: s, payload: payloadFor(s)})
+	}
+}
+
+func TestSequencer(t *testing.T) {
+	src := kvindex.WorkerRank{Worker: "w"}
+	type want struct {
+		applied                []uint64
+		resets                 int
+		gaps, lost, stale      uint64
+		replaysOK, replaysFail uint64
+		restarts               uint64
+		degraded               bool
+		asked                  []uint64
+	}
+	cases := []struct {
+		name   string
+		replay *fakeReplay
+		live   []uint64
+		resync bool // send a resync marker after live
+		after  []uint64
+		want   want
+	}{
+		{name: "in order", live: seqRange(0, 4), want: want{applied: seqRange(0, 4)}},
+		{name: "gap without replay", live: []uint64{0, 1, 5, 6}, want: want{
+			applied: []uint64{0, 1, 5, 6}, gaps: 1, lost: 3, degraded: true}},
+		{name: "join mid-stream without replay", live: []uint64{7, 8}, want: want{
+			applied: []uint64{7, 8}, gaps: 1, lost: 7, degraded: true}},
+		{name: "gap repaired by replay", replay: &fakeReplay{have: seqRange(0, 9)},
+			live: []uint64{0, 1, 5, 6, 7}, want: want{
+				applied: seqRange(0, 9), gaps: 1, stale: 3, replaysOK: 1, asked: []uint64{2}}},
+		{name: "join mid-stream repaired", replay: &fakeReplay{have: seqRange(0, 3)},
+			live: []uint64{3, 4}, want: want{
+				applied: seqRange(0, 4), gaps: 1, stale: 1, replaysOK: 1, asked: []uint64{0}}},
+		{name: "replay started late", replay: &fakeReplay{have: seqRange(4, 6)},
+			live: []uint64{0, 1, 6}, want: want{
+				applied: []uint64{0, 1, 4, 5, 6}, gaps: 1, lost: 2, stale: 1, replaysFail: 1, degraded: true, asked: []uint64{2}}},
+		{name: "replay truncated", replay: &fakeReplay{have: []uint64{2, 3}},
+			live: []uint64{0, 1, 7}, want: want{
+				applied: []uint64{0, 1, 2, 3, 7}, gaps: 1, lost: 3, replaysFail: 1, degraded: true, asked: []uint64{2}}},
+		{name: "replay with a hole", replay: &fakeReplay{have: []uint64{2, 4, 5}},
+			live: []uint64{0, 1, 6}, want: want{
+				applied: []uint64{0, 1, 2, 4, 5, 6}, gaps: 1, lost: 1, replaysFail: 1, degraded: true, asked: []uint64{2}}},
+		{name: "replay error", replay: &fakeReplay{err: errors.New("boom")},
+			live: []uint64{0, 3}, want: want{
+				applied: []uint64{0, 3}, gaps: 1, lost: 2, replaysFail: 1, degraded: true, asked: []uint64{1}}},
+		{name: "restart at zero", live: []uint64{0, 1, 2, 0, 1}, want: want{
+			applied: []uint64{0, 1}, resets: 1, restarts: 1}},
+		{name: "restart clears degraded", live: []uint64{0, 5, 0, 1}, want: want{
+			applied: []uint64{0, 1}, resets: 1, restarts: 1, gaps: 1, lost: 4}},
+		{name: "restart mid-stream replays from zero", replay: &fakeReplay{have: seqRange(0, 2)},
+			live: []uint64{5, 6, 2}, want: want{
+				// 5 joins mid-stream: replay from 0 serves 0-2 and loses 3-4 (buffer
+				// is the new engine's); 2 < 6 is then a restart: reset, replay 0-2
+				// (so the live 2 is stale).
+				applied: []uint64{0, 1, 2}, resets: 1, restarts: 1, gaps: 2, lost: 2, stale: 1,
+				replaysOK: 1, replaysFail: 1, asked: []uint64{0, 0}}},
+		{name: "duplicate live batch is stale", live: []uint64{0, 1, 1, 2}, want: want{
+			applied: seqRange(0, 2), stale: 1}},
+		{name: "resync with replay", replay: &fakeReplay{have: seqRange(0, 5)},
+			live: []uint64{0, 1}, resync: true, after: []uint64{5, 6}, want: want{
+				applied: seqRange(0, 6), resets: 1, stale: 1, replaysOK: 1, asked: []uint64{0}}},
+		{name: "resync without replay", live: []uint64{0, 1}, resync: true, after: []uint64{5, 6}, want: want{
+			applied: []uint64{5, 6}, resets: 1, gaps: 1, lost: 5, degraded: true}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			q, rec, st := newTestSequencer(t, tc.replay)
+			feedLive(q, tc.live...)
+			if tc.resync {
+				q.handle(context.Background(), item{kind: itemResync})
+			}
+			feedLive(q, tc.after...)
+			applied, resets := rec.state(src)
+			require.Equal(t, tc.want.applied, applied, "applied since last reset")
+			require.Equal(t, tc.want.resets, resets, "resets")
+			got := want{
+				applied: applied, resets: resets,
+				gaps: st.gaps.Load(), lost: st.lost.Load(), stale: st.stale.Load(),
+				replaysOK: st.replaysOK.Load(), replaysFail: st.replaysFailed.Load(),
+				restarts: st.restarts.Load(), degraded: st.degraded.Load(),
+			}
+			if tc.replay != nil {
+				got.asked = tc.replay.asked
+			}
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
