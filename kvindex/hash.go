@@ -149,22 +149,22 @@ var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // blockHash hashes one block of tokens (and an optional extra digest) with seed.
 func blockHash(seed uint64, tokens []uint32, extra uint64) uint64 {
+	if littleEndian && extra == 0 {
+		if len(tokens) == 0 {
+			return xxh64(seed, nil)
+		}
+		return xxh64(seed, unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), len(tokens)*4))
+	}
 	var d xxhash.Digest
 	d.ResetWithSeed(seed)
-	if len(tokens) > 0 {
-		if littleEndian {
-			_, _ = d.Write(unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), len(tokens)*4))
-		} else {
-			var buf [256]byte
-			for len(tokens) > 0 {
-				k := min(len(tokens), len(buf)/4)
-				for i, t := range tokens[:k] {
-					binary.LittleEndian.PutUint32(buf[i*4:], t)
-				}
-				_, _ = d.Write(buf[:k*4])
-				tokens = tokens[k:]
-			}
+	var buf [256]byte
+	for len(tokens) > 0 {
+		k := min(len(tokens), len(buf)/4)
+		for i, t := range tokens[:k] {
+			binary.LittleEndian.PutUint32(buf[i*4:], t)
 		}
+		_, _ = d.Write(buf[:k*4])
+		tokens = tokens[k:]
 	}
 	if extra != 0 {
 		var b [8]byte
@@ -183,14 +183,57 @@ const (
 	prime5 uint64 = 2870177450012600261
 )
 
+// xxh64 is the XXH64 specification over b with seed, written for short inputs:
+// no streaming state, no copying.
+func xxh64(seed uint64, b []byte) uint64 {
+	n := len(b)
+	var h uint64
+	if n >= 32 {
+		v1, v2, v3, v4 := seed+prime1+prime2, seed+prime2, seed, seed-prime1
+		for len(b) >= 32 {
+			v1 = xxStep(v1, binary.LittleEndian.Uint64(b[0:8]))
+			v2 = xxStep(v2, binary.LittleEndian.Uint64(b[8:16]))
+			v3 = xxStep(v3, binary.LittleEndian.Uint64(b[16:24]))
+			v4 = xxStep(v4, binary.LittleEndian.Uint64(b[24:32]))
+			b = b[32:]
+		}
+		h = bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
+		h = xxMerge(h, v1)
+		h = xxMerge(h, v2)
+		h = xxMerge(h, v3)
+		h = xxMerge(h, v4)
+	} else {
+		h = seed + prime5
+	}
+	h += uint64(n)
+	for ; len(b) >= 8; b = b[8:] {
+		h ^= xxRound(binary.LittleEndian.Uint64(b))
+		h = bits.RotateLeft64(h, 27)*prime1 + prime4
+	}
+	if len(b) >= 4 {
+		h ^= uint64(binary.LittleEndian.Uint32(b)) * prime1
+		h = bits.RotateLeft64(h, 23)*prime2 + prime3
+		b = b[4:]
+	}
+	for _, c := range b {
+		h ^= uint64(c) * prime5
+		h = bits.RotateLeft64(h, 11) * prime1
+	}
+	return xxAvalanche(h)
+}
+
 // xxh64Two is XXH64 of exactly 16 bytes, le64(a) || le64(b), with seed: the
-// short-input path of the XXH64 specification, unrolled.
+// short-input path of the specification, unrolled.
 func xxh64Two(seed, a, b uint64) uint64 {
 	h := seed + prime5 + 16
 	h ^= xxRound(a)
 	h = bits.RotateLeft64(h, 27)*prime1 + prime4
 	h ^= xxRound(b)
 	h = bits.RotateLeft64(h, 27)*prime1 + prime4
+	return xxAvalanche(h)
+}
+
+func xxAvalanche(h uint64) uint64 {
 	h ^= h >> 33
 	h *= prime2
 	h ^= h >> 29
@@ -199,8 +242,21 @@ func xxh64Two(seed, a, b uint64) uint64 {
 	return h
 }
 
+// xxRound is the specification's round(0, v).
 func xxRound(v uint64) uint64 {
 	v *= prime2
 	v = bits.RotateLeft64(v, 31)
 	return v * prime1
+}
+
+// xxStep is round(acc, v).
+func xxStep(acc, v uint64) uint64 {
+	acc += v * prime2
+	acc = bits.RotateLeft64(acc, 31)
+	return acc * prime1
+}
+
+func xxMerge(acc, v uint64) uint64 {
+	acc ^= xxRound(v)
+	return acc*prime1 + prime4
 }

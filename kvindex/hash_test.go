@@ -140,3 +140,25 @@ func TestAppendSeqHashesDoesNotAllocate(t *testing.T) {
 	require.Zero(t, allocs)
 	require.Len(t, buf, 512)
 }
+
+func TestXXH64MatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 9))
+	for n := range 300 {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		seed := r.Uint64()
+		require.Equal(t, refXXH64(seed, b), xxh64(seed, b), "len %d", n)
+		require.Equal(t, refXXH64(0, b), xxh64(0, b), "len %d", n)
+	}
+}
+
+func FuzzXXH64(f *testing.F) {
+	f.Add(uint64(1337), []byte("tokens"))
+	f.Fuzz(func(t *testing.T, seed uint64, b []byte) {
+		if got, want := xxh64(seed, b), refXXH64(seed, b); got != want {
+			t.Fatalf("xxh64(%d, %x) = %x, want %x", seed, b, got, want)
+		}
+	})
+}

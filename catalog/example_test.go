@@ -1,0 +1,67 @@
+package catalog_test
+
+import (
+	"fmt"
+
+	"github.com/kvselect/kvselect/catalog"
+)
+
+// Reconcile a desired set of workers (as discovery produces them) into a
+// catalog and print each record's lifecycle.
+func Example() {
+	cat, err := catalog.New(catalog.Options{
+		Requirements: catalog.Requirements{KVEvents: true, Queueing: true},
+	})
+	if err != nil {
+		panic(err)
+	}
+	desired := []catalog.Worker{
+		{
+			ID: "ns/vllm-0", Model: "llama", Endpoint: "10.0.0.5:8000",
+			DPSize: 1, KVEventEndpoints: map[int]string{0: "tcp://10.0.0.5:5557"},
+			BlockSize: 16, MaxNumBatchedTokens: 8192,
+		},
+		{
+			// Two data-parallel ranks; rank 1 has no event endpoint yet.
+			ID: "ns/vllm-1", Model: "llama", Endpoint: "10.0.0.6:8000",
+			DPSize: 2, KVEventEndpoints: map[int]string{0: "tcp://10.0.0.6:5557"},
+			BlockSize: 16, MaxNumBatchedTokens: 8192,
+		},
+		{ID: "ns/vllm-2", Model: "llama", Endpoint: "http://10.0.0.7:8000"}, // malformed
+	}
+	plan, err := catalog.Reconcile(cat.List(), desired)
+	if err != nil {
+		panic(err)
+	}
+	if _, err := cat.Apply(plan); err != nil {
+		panic(err)
+	}
+	for _, inv := range plan.Invalid {
+		fmt.Println("skipped", inv.ID)
+	}
+	for _, r := range cat.List() {
+		fmt.Println(r.Worker.ID, r.Lifecycle, r.Reasons)
+	}
+	fmt.Println("schedulable:", len(cat.Schedulable("llama")))
+	// Output:
+	// skipped ns/vllm-2
+	// ns/vllm-0 schedulable []
+	// ns/vllm-1 incomplete [kv_event_endpoint_missing:rank=1]
+	// schedulable: 1
+}
+
+// Draining takes a worker out of rotation; Delete leaves nothing routable.
+func ExampleCatalog_SetDraining() {
+	var cat catalog.Catalog // the zero value: no KV events, no queueing
+	w := catalog.Worker{ID: "w", Endpoint: "10.0.0.5:8000", DPSize: 1, BlockSize: 16}
+	_, ch, _ := cat.Upsert(w)
+	fmt.Println(ch)
+	r, _ := cat.SetDraining("w", true)
+	fmt.Println(r.Lifecycle, r.Reasons)
+	r, _ = cat.Delete("w")
+	fmt.Println(r.Lifecycle, r.Reasons, cat.Len())
+	// Output:
+	// added schedulable
+	// draining [draining]
+	// unschedulable [deleted] 0
+}

@@ -1,0 +1,91 @@
+package catalog
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestEvaluate(t *testing.T) {
+	none := Requirements{}
+	events := Requirements{KVEvents: true}
+	queue := Requirements{Queueing: true}
+	both := Requirements{KVEvents: true, Queueing: true}
+	tests := []struct {
+		name   string
+		mutate func(*Worker)
+		req    Requirements
+		want   []Reason // nil means Schedulable
+	}{
+		{"complete, nothing required", func(*Worker) {}, none, nil},
+		{"complete, everything required", func(*Worker) {}, both, nil},
+		{"no endpoint", func(w *Worker) { w.Endpoint = "" }, none, []Reason{ReasonNoEndpoint}},
+		{"no block size", func(w *Worker) { w.BlockSize = 0 }, none, []Reason{ReasonNoBlockSize}},
+		{"dp size zero", func(w *Worker) { w.DPSize = 0 }, none, []Reason{ReasonNoDPSize}},
+		{"dp size zero with events: no rank to miss", func(w *Worker) { w.DPSize = 0; w.KVEventEndpoints = nil }, events, []Reason{ReasonNoDPSize}},
+		{"no max batched, queueing off", func(w *Worker) { w.MaxNumBatchedTokens = 0 }, events, nil},
+		{"no max batched, queueing on", func(w *Worker) { w.MaxNumBatchedTokens = 0 }, queue, []Reason{ReasonNoMaxBatched}},
+		{"no event endpoint, events off", func(w *Worker) { w.KVEventEndpoints = nil }, queue, nil},
+		{"no event endpoint, events on", func(w *Worker) { w.KVEventEndpoints = nil }, events, []Reason{"kv_event_endpoint_missing:rank=0"}},
+		{"empty event endpoint counts as missing", func(w *Worker) { w.KVEventEndpoints = map[int]string{0: ""} }, events, []Reason{ReasonNoEventEndpoint.ForRank(0)}},
+		{"multi-rank, one rank missing", func(w *Worker) {
+			w.DPStart, w.DPSize = 8, 4
+			w.KVEventEndpoints = map[int]string{8: "tcp://h:1", 9: "tcp://h:2", 11: "tcp://h:4"}
+		}, events, []Reason{ReasonNoEventEndpoint.ForRank(10)}},
+		{"multi-rank, all present", func(w *Worker) {
+			w.DPStart, w.DPSize = 8, 2
+			w.KVEventEndpoints = map[int]string{8: "tcp://h:1", 9: "tcp://h:2"}
+		}, both, nil},
+		{"everything missing, in order", func(w *Worker) { *w = Worker{ID: "a"} }, both,
+			[]Reason{ReasonNoEndpoint, ReasonNoBlockSize, ReasonNoDPSize, ReasonNoMaxBatched}},
+		{"everything but dp missing, ranks ascending", func(w *Worker) { *w = Worker{ID: "a", DPStart: 2, DPSize: 3} }, both,
+			[]Reason{ReasonNoEndpoint, ReasonNoBlockSize, ReasonNoMaxBatched,
+				ReasonNoEventEndpoint.ForRank(2), ReasonNoEventEndpoint.ForRank(3), ReasonNoEventEndpoint.ForRank(4)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := complete("a")
+			tt.mutate(&w)
+			require.NoError(t, w.Validate(), "the table holds valid workers only")
+			life, reasons := Evaluate(w, tt.req)
+			if tt.want == nil {
+				require.Equal(t, Schedulable, life)
+				require.Nil(t, reasons)
+				return
+			}
+			require.Equal(t, Incomplete, life)
+			require.Equal(t, tt.want, reasons)
+		})
+	}
+}
+
+func TestReason(t *testing.T) {
+	r := ReasonNoEventEndpoint.ForRank(3)
+	require.Equal(t, Reason("kv_event_endpoint_missing:rank=3"), r)
+	require.Equal(t, ReasonNoEventEndpoint, r.Code())
+	rank, ok := r.Rank()
+	require.True(t, ok)
+	require.Equal(t, 3, rank)
+	require.Equal(t, r, r.ForRank(3), "ForRank replaces a rank")
+	require.Equal(t, ReasonNoEventEndpoint.ForRank(5), r.ForRank(5))
+
+	require.Equal(t, ReasonNoEndpoint, ReasonNoEndpoint.Code())
+	_, ok = ReasonNoEndpoint.Rank()
+	require.False(t, ok)
+	_, ok = Reason("x:rank=y").Rank()
+	require.False(t, ok)
+}
+
+func TestLifecycleString(t *testing.T) {
+	require.Equal(t, "unknown", Lifecycle(0).String())
+	require.Equal(t, "incomplete", Incomplete.String())
+	require.Equal(t, "schedulable", Schedulable.String())
+	require.Equal(t, "draining", Draining.String())
+	require.Equal(t, "unschedulable", Unschedulable.String())
+	require.Equal(t, "Lifecycle(9)", Lifecycle(9).String())
+	b, err := json.Marshal(map[string]Lifecycle{"l": Draining})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"l":"draining"}`, string(b))
+	require.Equal(t, "kv_events=true queueing=false", Requirements{KVEvents: true}.String())
+}
