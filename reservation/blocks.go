@@ -1,0 +1,201 @@
+package reservation
+
+// holder is one worker rank's reference count on an active block. The worker
+// rank is named by its slot, a small dense number the ledger assigns while the
+// worker rank has live bookings.
+type holder struct {
+	slot int32
+	refs int32
+}
+
+// blockRefs lists the worker ranks that have one block active. first is always
+// in use; more holds any further worker ranks sorted by slot, so a block active
+// on a single worker rank (the common case) needs no allocation of its own, and
+// a block active on many (a shared system prompt) is searched in log time.
+type blockRefs struct {
+	first holder
+	more  []holder
+}
+
+// search returns the position of slot in e.more, or where it would be inserted,
+// and whether it is there.
+func (e *blockRefs) search(slot int32) (int, bool) {
+	lo, hi := 0, len(e.more)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if e.more[m].slot < slot {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo, lo < len(e.more) && e.more[lo].slot == slot
+}
+
+// activeBlocks is the inverted index of active blocks: sequence hash -> the
+// worker ranks whose live bookings contain it, each with a reference count (a
+// booking that lists a hash twice holds two references). The hash table is
+// pointer-free and points into a slab whose free entries are reused, so churn
+// allocates nothing once both have reached the peak number of active blocks.
+//
+// It is not safe for concurrent use; the Ledger's mutex guards it.
+type activeBlocks struct {
+	index blockTable
+	slab  []blockRefs
+	free  []int32
+}
+
+func newActiveBlocks() activeBlocks {
+	return activeBlocks{index: newBlockTable()}
+}
+
+// inc adds one reference of slot to block h. It returns the block's entry index,
+// which stays valid while the reference lasts, and whether slot did not hold h
+// before.
+func (a *activeBlocks) inc(h uint64, slot int32) (int32, bool) {
+	a.index.reserve()
+	pos, ok := a.index.find(h)
+	if !ok {
+		var i int32
+		if n := len(a.free); n > 0 {
+			i = a.free[n-1]
+			a.free = a.free[:n-1]
+		} else {
+			i = int32(len(a.slab))
+			a.slab = append(a.slab, blockRefs{})
+		}
+		e := &a.slab[i]
+		e.first = holder{slot: slot, refs: 1}
+		e.more = e.more[:0]
+		a.index.insertAt(pos, h, i)
+		return i, true
+	}
+	i := a.index.slots[pos].val - 1
+	e := &a.slab[i]
+	if e.first.slot == slot {
+		e.first.refs++
+		return i, false
+	}
+	j, ok := e.search(slot)
+	if ok {
+		e.more[j].refs++
+		return i, false
+	}
+	e.more = append(e.more, holder{})
+	copy(e.more[j+1:], e.more[j:])
+	e.more[j] = holder{slot: slot, refs: 1}
+	return i, true
+}
+
+// dec drops one reference of slot on block h, whose entry index inc returned,
+// and reports whether slot no longer holds h. The reference must exist: the
+// ledger only drops what it added. Only a block's last reference costs a map
+// table operation.
+func (a *activeBlocks) dec(i int32, h uint64, slot int32) bool {
+	e := &a.slab[i]
+	if e.first.slot == slot && e.first.refs > 0 {
+		e.first.refs--
+		if e.first.refs > 0 {
+			return false
+		}
+		if n := len(e.more); n > 0 { // promote the last, which keeps more sorted
+			e.first = e.more[n-1]
+			e.more = e.more[:n-1]
+			return true
+		}
+		a.index.remove(h)
+		a.free = append(a.free, i)
+		return true
+	}
+	j, ok := e.search(slot)
+	if !ok {
+		panic("reservation: internal error: dropping a block reference that is not held")
+	}
+	e.more[j].refs--
+	if e.more[j].refs > 0 {
+		return false
+	}
+	copy(e.more[j:], e.more[j+1:])
+	e.more = e.more[:len(e.more)-1]
+	return true
+}
+
+// holders returns the entry of block h, or nil when no worker rank has it active.
+// The pointer is valid until the next inc or dec.
+func (a *activeBlocks) holders(h uint64) *blockRefs {
+	i, ok := a.index.get(h)
+	if !ok {
+		return nil
+	}
+	return &a.slab[i]
+}
+
+// requestScratch answers "how many of this request's distinct blocks does each
+// worker rank already have active" in one pass over the request: it deduplicates
+// the request's hashes in an open-addressing set and counts, per slot, the
+// distinct hashes that slot holds. Set entries carry the epoch of the pass that
+// wrote them, so the set is never cleared; the counts, one per slot (at most one
+// per loaded worker rank), are cleared at the start of each pass, which keeps the
+// per-holder work of a pass to a single increment.
+//
+// It is not safe for concurrent use; the Ledger's mutex guards it.
+type requestScratch struct {
+	epoch  uint32
+	set    []setEntry // length a power of two
+	counts []int32    // indexed by slot; the first slots entries are in use
+}
+
+type setEntry struct {
+	h     uint64
+	epoch uint32
+}
+
+// begin starts a pass over a request of n hashes for a ledger with slots slots.
+func (s *requestScratch) begin(n int, slots int32) {
+	s.epoch++
+	if s.epoch == 0 { // wrapped: old entries could look current
+		clear(s.set)
+		s.epoch = 1
+	}
+	size := 16
+	for size < 2*n {
+		size <<= 1
+	}
+	if len(s.set) < size {
+		s.set = make([]setEntry, size)
+	}
+	if len(s.counts) < int(slots) {
+		s.counts = make([]int32, max(int(slots), 2*len(s.counts)))
+	}
+	clear(s.counts[:slots])
+}
+
+// add inserts h into the pass's set and reports whether it was new.
+func (s *requestScratch) add(h uint64) bool {
+	mask := uint64(len(s.set) - 1)
+	// Fibonacci hashing spreads any input, including small test values.
+	i := (h * 0x9E3779B97F4A7C15) >> 32 & mask
+	for {
+		e := &s.set[i]
+		if e.epoch != s.epoch {
+			e.h, e.epoch = h, s.epoch
+			return true
+		}
+		if e.h == h {
+			return false
+		}
+		i = (i + 1) & mask
+	}
+}
+
+// credit counts one more distinct request block for every holder of e.
+func (s *requestScratch) credit(e *blockRefs) {
+	counts := s.counts
+	counts[e.first.slot]++
+	for _, o := range e.more {
+		counts[o.slot]++
+	}
+}
+
+// shared returns how many distinct request blocks slot holds in this pass.
+func (s *requestScratch) shared(slot int32) int { return int(s.counts[slot]) }

@@ -1,0 +1,82 @@
+// Package reservation keeps the active load of every worker rank: what the router
+// has already sent each one and not yet seen finish.
+//
+// A Ledger records a Booking for every request the router dispatches: which worker
+// rank got it, the request's block sequence hashes, how many prompt tokens the
+// worker still has to prefill (the prompt length minus what it had cached) and a
+// lease. The selection package reads the resulting Load of each candidate (active
+// prefill tokens, active blocks, active requests) and the number of the request's
+// blocks a candidate does not already have active, and feeds them to its cost
+// function. The request's life then settles the booking:
+//
+//	Book             one active request, its prefill tokens and its blocks added
+//	PrefillComplete  its prefill tokens removed (the first response byte arrived)
+//	Free             everything it added removed (the response ended, failed or was cancelled)
+//	Expire           Free for every booking whose lease ran out (an owner that died mid-request)
+//	RemoveWorker     Free for every booking on a deleted worker
+//
+// Blocks are reference-counted per worker rank, so requests that share a prompt
+// prefix share its blocks: the worker's active block count is the number of
+// distinct sequence hashes over its live bookings.
+//
+// # Time
+//
+// The ledger never starts a timer and never reads the wall clock directly. Book
+// and Touch take the current time from the injected Clock; Expire takes the time
+// as an argument, and NextExpiry tells an owner when to call it next. The owner
+// (the selection service) runs the sweeper.
+//
+// # Errors
+//
+// Book reports ErrInvalid for a malformed booking and ErrConflict for an id that
+// is already booked. PrefillComplete, Free and Touch report ErrUnknownReservation
+// for an id that is not booked, which includes one that was already freed,
+// expired or removed with its worker; such calls change nothing, so a double free
+// is harmless. New reports ErrInvalidOptions. Every error wraps its sentinel with
+// the id and worker concerned.
+//
+// # Structure and cost
+//
+// Active blocks are kept in one inverted index, sequence hash -> the worker ranks
+// holding it with a reference count each, rather than one set per worker rank.
+// AppendLoads, the hot-path read, therefore looks each of the request's hashes up
+// once, whatever the number of candidates, and credits every holder; answering
+// for 64 candidates costs one pass over the request plus 64 worker lookups. Book
+// and Free cost one index operation per hash (Free reuses the positions Book
+// found), and a hash active on many worker ranks (a shared system prompt) finds
+// its holder by binary search. Leases are ordered in a B-tree by deadline, so
+// Expire and NextExpiry never scan live bookings.
+//
+// Memory follows the live bookings: a worker rank's entry, a booking and an
+// index entry disappear when their last booking is settled. Buffers kept for
+// reuse (index slots, pooled bookings, spare worker entries) are bounded by the
+// peak of live bookings, and the index's hash table, above 4096 slots, halves
+// whenever it falls under 1/16 full.
+//
+// # Concurrency
+//
+// A Ledger is safe for concurrent use. One mutex guards all of its state; every
+// method holds it for a short, bounded critical section (Book and Free cost the
+// booking's sequence hashes, AppendLoads the request's sequence hashes plus the
+// candidates, Expire and RemoveWorker the bookings they settle), and copies of the
+// caller's slices are made outside it. Stats reads atomic counters without the
+// lock. Options.OnChange runs after the lock is released, on the goroutine of the
+// call that lowered the load; it must not block, and it may call back into the
+// Ledger. Nothing in this package starts a goroutine.
+//
+// # Invariants
+//
+// After every method returns, for every worker rank w:
+//
+//   - Load(w).ActiveRequests is the number of live bookings on w;
+//   - Load(w).ActivePrefillTokens is the sum of PrefillTokens over the live
+//     bookings on w whose prefill is not complete;
+//   - Load(w).ActiveBlocks is the number of distinct sequence hashes over the live
+//     bookings on w;
+//   - no field is ever negative, and w has an entry (in Loads) only while it has a
+//     live booking, so memory follows the live bookings under any churn.
+//
+// Every booking is settled exactly once, by Free, Expire or RemoveWorker;
+// Stats().Booked always equals Active + Freed + Expired + Removed once the calls in
+// flight have returned.
+package reservation

@@ -1,0 +1,531 @@
+package reservation
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/kvindex"
+)
+
+func TestNewOptions(t *testing.T) {
+	tests := []struct {
+		name      string
+		opts      Options
+		wantErr   string
+		wantLease time.Duration
+	}{
+		{name: "zero means defaults", opts: Options{}, wantLease: DefaultLease},
+		{name: "explicit lease", opts: Options{DefaultLease: time.Minute}, wantLease: time.Minute},
+		{name: "negative lease", opts: Options{DefaultLease: -time.Second}, wantErr: "DefaultLease -1s is negative"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := New(tc.opts)
+			if tc.wantErr != "" {
+				require.ErrorIs(t, err, ErrInvalidOptions)
+				require.ErrorContains(t, err, "reservation: invalid options")
+				require.ErrorContains(t, err, tc.wantErr)
+				require.Nil(t, l)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.wantLease, l.defaultLease)
+			require.NotNil(t, l.clock)
+		})
+	}
+}
+
+func TestDefaultClockAndLease(t *testing.T) {
+	l := newLedger(t, Options{})
+	before := time.Now()
+	require.NoError(t, l.Book(Booking{ID: "a", Worker: wr("w", 0)}))
+	after := time.Now()
+	r, ok := l.Get("a")
+	require.True(t, ok)
+	require.False(t, r.BookedAt.Before(before))
+	require.False(t, r.BookedAt.After(after))
+	require.Equal(t, DefaultLease, r.Lease)
+	require.Equal(t, r.BookedAt.Add(DefaultLease), r.Deadline)
+}
+
+func TestBookValidation(t *testing.T) {
+	good := Booking{ID: "r1", Worker: wr("w", 0), SeqHashes: []uint64{1}, PrefillTokens: 5}
+	tests := []struct {
+		name  string
+		edit  func(*Booking)
+		wants []string
+	}{
+		{name: "empty id", edit: func(b *Booking) { b.ID = "" }, wants: []string{"ID is empty"}},
+		{name: "empty worker", edit: func(b *Booking) { b.Worker.Worker = "" }, wants: []string{"Worker.Worker is empty"}},
+		{name: "negative rank", edit: func(b *Booking) { b.Worker.Rank = -1 }, wants: []string{"Worker.Rank -1 is negative"}},
+		{name: "negative prefill", edit: func(b *Booking) { b.PrefillTokens = -3 }, wants: []string{"PrefillTokens -3 is negative"}},
+		{name: "negative output", edit: func(b *Booking) { b.ExpectedOutputTokens = -1 }, wants: []string{"ExpectedOutputTokens -1 is negative"}},
+		{name: "negative lease", edit: func(b *Booking) { b.Lease = -time.Second }, wants: []string{"Lease -1s is negative"}},
+		{
+			name: "every problem reported",
+			edit: func(b *Booking) {
+				*b = Booking{Worker: wr("", -2), PrefillTokens: -1, ExpectedOutputTokens: -1, Lease: -1}
+			},
+			wants: []string{
+				"ID is empty", "Worker.Worker is empty", "Worker.Rank -2 is negative", "PrefillTokens -1 is negative",
+				"ExpectedOutputTokens -1 is negative", "Lease -1ns is negative",
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLedger(t, Options{Clock: newFakeClock()})
+			b := good
+			tc.edit(&b)
+			err := l.Book(b)
+			require.ErrorIs(t, err, ErrInvalid)
+			require.ErrorContains(t, err, "reservation: invalid booking")
+			for _, w := range tc.wants {
+				require.ErrorContains(t, err, w)
+			}
+			require.Empty(t, l.Loads())
+			require.Equal(t, Stats{Invalid: 1}, l.Stats())
+			checkInvariants(t, l)
+		})
+	}
+	t.Run("valid edge values", func(t *testing.T) {
+		l := newLedger(t, Options{Clock: newFakeClock()})
+		require.NoError(t, l.Book(Booking{ID: "x", Worker: wr("w", 0)}))
+		require.Equal(t, Load{ActiveRequests: 1}, l.Load(wr("w", 0)))
+		checkInvariants(t, l)
+	})
+}
+
+func TestLifecycle(t *testing.T) {
+	clk := newFakeClock()
+	var changes []kvindex.WorkerRank
+	l := newLedger(t, Options{Clock: clk, OnChange: func(w kvindex.WorkerRank) { changes = append(changes, w) }})
+	w := wr("pod-a", 1)
+
+	require.NoError(t, l.Book(Booking{ID: "req-1", Worker: w, SeqHashes: []uint64{11, 12, 13, 14}, PrefillTokens: 100, ExpectedOutputTokens: 20, Lease: time.Minute}))
+	require.Equal(t, Load{ActivePrefillTokens: 100, ActiveBlocks: 4, ActiveRequests: 1}, l.Load(w))
+	require.Equal(t, map[kvindex.WorkerRank]Load{w: {100, 4, 1}}, l.Loads())
+	r, ok := l.Get("req-1")
+	require.True(t, ok)
+	require.Equal(t, Reservation{
+		ID: "req-1", Worker: w, PrefillTokens: 100, ExpectedOutputTokens: 20, Blocks: 4,
+		Lease: time.Minute, BookedAt: epoch, Deadline: epoch.Add(time.Minute),
+	}, r)
+	require.Empty(t, changes, "booking raises load and notifies nobody")
+	checkInvariants(t, l)
+
+	require.NoError(t, l.PrefillComplete("req-1"))
+	require.Equal(t, Load{ActiveBlocks: 4, ActiveRequests: 1}, l.Load(w))
+	r, _ = l.Get("req-1")
+	require.True(t, r.PrefillDone)
+	require.Equal(t, []kvindex.WorkerRank{w}, changes)
+
+	require.NoError(t, l.PrefillComplete("req-1"), "second prefill complete is a no-op")
+	require.Equal(t, Load{ActiveBlocks: 4, ActiveRequests: 1}, l.Load(w))
+	require.Len(t, changes, 1)
+	checkInvariants(t, l)
+
+	require.NoError(t, l.Free("req-1"))
+	require.Equal(t, Load{}, l.Load(w))
+	require.Empty(t, l.Loads())
+	_, ok = l.Get("req-1")
+	require.False(t, ok)
+	_, ok = l.NextExpiry()
+	require.False(t, ok)
+	require.Equal(t, []kvindex.WorkerRank{w, w}, changes)
+	require.Equal(t, Stats{Booked: 1, PrefillCompleted: 1, Freed: 1}, l.Stats())
+	checkInvariants(t, l)
+
+	// The id can be booked again once freed.
+	require.NoError(t, l.Book(Booking{ID: "req-1", Worker: w, PrefillTokens: 7}))
+	require.Equal(t, Load{ActivePrefillTokens: 7, ActiveRequests: 1}, l.Load(w))
+}
+
+func TestFreeWithoutPrefillComplete(t *testing.T) {
+	l := newLedger(t, Options{Clock: newFakeClock()})
+	w := wr("w", 0)
+	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: []uint64{1, 2}, PrefillTokens: 30}))
+	require.NoError(t, l.Book(Booking{ID: "b", Worker: w, SeqHashes: []uint64{3}, PrefillTokens: 12}))
+	require.Equal(t, Load{ActivePrefillTokens: 42, ActiveBlocks: 3, ActiveRequests: 2}, l.Load(w))
+	require.NoError(t, l.Free("a"))
+	require.Equal(t, Load{ActivePrefillTokens: 12, ActiveBlocks: 1, ActiveRequests: 1}, l.Load(w))
+	checkInvariants(t, l)
+}
+
+func TestUnknownIDsChangeNothing(t *testing.T) {
+	clk := newFakeClock()
+	notified := 0
+	l := newLedger(t, Options{Clock: clk, OnChange: func(kvindex.WorkerRank) { notified++ }})
+	require.NoError(t, l.Book(Booking{ID: "live", Worker: wr("w", 0), SeqHashes: []uint64{1, 2}, PrefillTokens: 9}))
+	require.NoError(t, l.Book(Booking{ID: "freed", Worker: wr("w", 0), SeqHashes: []uint64{2, 3}, PrefillTokens: 4}))
+	require.NoError(t, l.Free("freed"))
+	require.NoError(t, l.Book(Booking{ID: "expired", Worker: wr("v", 0), SeqHashes: []uint64{5}, Lease: time.Second}))
+	require.Equal(t, 1, l.Expire(clk.Advance(time.Second)))
+	require.NoError(t, l.Book(Booking{ID: "removed", Worker: wr("gone", 0), SeqHashes: []uint64{5}}))
+	require.Equal(t, 1, l.RemoveWorker("gone"))
+
+	before := l.Loads()
+	beforeStats := l.Stats()
+	beforeNotified := notified
+	calls := []struct {
+		name string
+		call func(string) error
+		verb string
+	}{
+		{"Free", l.Free, "free"},
+		{"PrefillComplete", l.PrefillComplete, "prefill complete for"},
+		{"Touch", l.Touch, "touch"},
+	}
+	unknown := 0
+	for _, c := range calls {
+		for _, id := range []string{"freed", "expired", "removed", "never", ""} {
+			t.Run(c.name+"/"+id, func(t *testing.T) {
+				err := c.call(id)
+				unknown++
+				require.ErrorIs(t, err, ErrUnknownReservation)
+				require.ErrorContains(t, err, fmt.Sprintf("reservation: unknown reservation id: %s %q", c.verb, id))
+				require.Equal(t, before, l.Loads())
+				checkInvariants(t, l)
+			})
+		}
+	}
+	want := beforeStats
+	want.UnknownIDs += int64(unknown)
+	require.Equal(t, want, l.Stats())
+	require.Equal(t, beforeNotified, notified)
+	r, ok := l.Get("live")
+	require.True(t, ok)
+	require.False(t, r.PrefillDone)
+}
+
+func TestConflict(t *testing.T) {
+	l := newLedger(t, Options{Clock: newFakeClock()})
+	a, b := wr("a", 0), wr("b", 2)
+	require.NoError(t, l.Book(Booking{ID: "dup", Worker: a, SeqHashes: []uint64{1, 2}, PrefillTokens: 10}))
+	before := l.Loads()
+	for _, w := range []kvindex.WorkerRank{a, b} {
+		err := l.Book(Booking{ID: "dup", Worker: w, SeqHashes: []uint64{7, 8, 9}, PrefillTokens: 99})
+		require.ErrorIs(t, err, ErrConflict)
+		require.ErrorContains(t, err, `reservation: id already booked: id "dup" is held on a/0 (asked for `+w.String()+")")
+		require.Equal(t, before, l.Loads())
+		checkInvariants(t, l)
+	}
+	r, _ := l.Get("dup")
+	require.Equal(t, a, r.Worker)
+	require.Equal(t, 10, r.PrefillTokens)
+	st := l.Stats()
+	require.Equal(t, int64(2), st.Conflicts)
+	require.Equal(t, int64(1), st.Booked)
+	require.Equal(t, int64(1), st.Active)
+}
+
+func TestSharedPrefixesAreRefCounted(t *testing.T) {
+	l := newLedger(t, Options{Clock: newFakeClock()})
+	w, v := wr("w", 0), wr("v", 0)
+	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: []uint64{1, 2, 3}}))
+	require.NoError(t, l.Book(Booking{ID: "b", Worker: w, SeqHashes: []uint64{1, 2, 4}}))
+	require.NoError(t, l.Book(Booking{ID: "c", Worker: v, SeqHashes: []uint64{1, 2, 3}}))
+	require.Equal(t, 4, l.Load(w).ActiveBlocks, "1 and 2 are shared on w")
+	require.Equal(t, 3, l.Load(v).ActiveBlocks, "other workers' blocks do not count")
+	require.Equal(t, 1, l.NewBlocks(w, []uint64{1, 2, 5}))
+	require.Equal(t, 1, l.NewBlocks(v, []uint64{1, 2, 4}))
+	checkInvariants(t, l)
+
+	require.NoError(t, l.Free("a"))
+	require.Equal(t, 3, l.Load(w).ActiveBlocks, "1 and 2 still held by b")
+	require.Equal(t, 1, l.NewBlocks(w, []uint64{1, 2, 3}))
+	require.Equal(t, 0, l.NewBlocks(v, []uint64{1, 2, 3}))
+	checkInvariants(t, l)
+
+	require.NoError(t, l.Free("c"))
+	require.NoError(t, l.Free("b"))
+	require.Empty(t, l.Loads())
+	require.Zero(t, l.blocks.index.len())
+	checkInvariants(t, l)
+}
+
+func TestDuplicateHashesInOneBooking(t *testing.T) {
+	l := newLedger(t, Options{Clock: newFakeClock()})
+	w := wr("w", 0)
+	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: []uint64{5, 5, 6}}))
+	require.Equal(t, 2, l.Load(w).ActiveBlocks)
+	r, _ := l.Get("a")
+	require.Equal(t, 3, r.Blocks)
+	require.NoError(t, l.Book(Booking{ID: "b", Worker: w, SeqHashes: []uint64{5}}))
+	require.NoError(t, l.Free("a"))
+	require.Equal(t, 1, l.Load(w).ActiveBlocks, "b's reference on 5 survives a's two")
+	require.NoError(t, l.Free("b"))
+	require.Empty(t, l.Loads())
+	checkInvariants(t, l)
+}
+
+func TestNewBlocks(t *testing.T) {
+	l := newLedger(t, Options{Clock: newFakeClock()})
+	w := wr("w", 0)
+	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: []uint64{10, 20, 30}}))
+	tests := []struct {
+		name   string
+		worker kvindex.WorkerRank
+		seqs   []uint64
+		want   int
+	}{
+		{"nil request", w, nil, 0},
+		{"all active", w, []uint64{10, 20, 30}, 0},
+		{"some new", w, []uint64{10, 20, 40, 50}, 2},
+		{"all new", w, []uint64{1, 2}, 2},
+		{"duplicates count once", w, []uint64{40, 40, 10, 10, 50}, 2},
+		{"zero hash", w, []uint64{0, 0, 10}, 1},
+		{"idle worker", wr("idle", 0), []uint64{10, 10, 20}, 2},
+		{"other rank of the same worker", wr("w", 1), []uint64{10, 20}, 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, l.NewBlocks(tc.worker, tc.seqs))
+			got := l.AppendLoads(nil, []kvindex.WorkerRank{tc.worker}, tc.seqs)
+			require.Len(t, got, 1)
+			require.Equal(t, tc.want, got[0].NewBlocks)
+		})
+	}
+}
+
+func TestNewBlocksLargeRequest(t *testing.T) {
+	// Larger than any earlier request: the scratch set must grow.
+	l := newLedger(t, Options{Clock: newFakeClock()})
+	w := wr("w", 0)
+	require.Equal(t, 0, l.NewBlocks(w, nil))
+	seqs := make([]uint64, 5000)
+	for i := range seqs {
+		seqs[i] = uint64(i / 2) // every hash twice
+	}
+	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: seqs[:1000]}))
+	require.Equal(t, 2500-500, l.NewBlocks(w, seqs))
+}
+
+func TestAppendLoads(t *testing.T) {
+	l := newLedger(t, Options{Clock: newFakeClock()})
+	a, b, c := wr("a", 0), wr("b", 0), wr("c", 3)
+	require.NoError(t, l.Book(Booking{ID: "1", Worker: a, SeqHashes: []uint64{1, 2, 3}, PrefillTokens: 50}))
+	require.NoError(t, l.Book(Booking{ID: "2", Worker: b, SeqHashes: []uint64{1, 9}, PrefillTokens: 8}))
+	require.NoError(t, l.Book(Booking{ID: "3", Worker: b, SeqHashes: []uint64{1, 2}}))
+	require.NoError(t, l.PrefillComplete("2"))
+
+	prefix := []CandidateLoad{{Worker: wr("keep", 0)}}
+	got := l.AppendLoads(prefix, []kvindex.WorkerRank{a, b, c, a}, []uint64{1, 2, 3, 4})
+	require.Equal(t, []CandidateLoad{
+		{Worker: wr("keep", 0)},
+		{Worker: a, Load: Load{ActivePrefillTokens: 50, ActiveBlocks: 3, ActiveRequests: 1}, NewBlocks: 1},
+		{Worker: b, Load: Load{ActivePrefillTokens: 0, ActiveBlocks: 3, ActiveRequests: 2}, NewBlocks: 2},
+		{Worker: c, NewBlocks: 4},
+		{Worker: a, Load: Load{ActivePrefillTokens: 50, ActiveBlocks: 3, ActiveRequests: 1}, NewBlocks: 1},
+	}, got)
+	for _, cl := range got[1:] {
+		require.Equal(t, l.Load(cl.Worker), cl.Load)
+		require.Equal(t, l.NewBlocks(cl.Worker, []uint64{1, 2, 3, 4}), cl.NewBlocks)
+	}
+	require.Equal(t, prefix, l.AppendLoads(prefix, nil, []uint64{1}))
+	require.Equal(t, []CandidateLoad{{Worker: a, Load: l.Load(a)}}, l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil))
+}
+
+func TestExpire(t *testing.T) {
+	clk := newFakeClock()
+	var order []kvindex.WorkerRank
+	l := newLedger(t, Options{Clock: clk, DefaultLease: 30 * time.Second, OnChange: func(w kvindex.WorkerRank) { order = append(order, w) }})
+	// Booked out of deadline order; each on its own worker so OnChange shows the
+	// order in which Expire settles them.
+	require.NoError(t, l.Book(Booking{ID: "late", Worker: wr("late", 0), SeqHashes: []uint64{1}, PrefillTokens: 3, Lease: 50 * time.Second}))
+	require.NoError(t, l.Book(Booking{ID: "default", Worker: wr("default", 0), SeqHashes: []uint64{1}}))
+	require.NoError(t, l.Book(Booking{ID: "early", Worker: wr("early", 0), SeqHashes: []uint64{2}, Lease: 10 * time.Second}))
+	clk.Advance(5 * time.Second)
+	require.NoError(t, l.Book(Booking{ID: "mid", Worker: wr("mid", 0), Lease: 5 * time.Second})) // deadline epoch+10s, ties with early
+	require.NoError(t, l.Book(Booking{ID: "keep", Worker: wr("keep", 0), Lease: time.Hour}))
+
+	next, ok := l.NextExpiry()
+	require.True(t, ok)
+	require.Equal(t, epoch.Add(10*time.Second), next)
+
+	require.Equal(t, 0, l.Expire(epoch.Add(10*time.Second-time.Nanosecond)), "nothing before its deadline")
+	require.Len(t, l.Loads(), 5)
+	require.Equal(t, 2, l.Expire(epoch.Add(10*time.Second)), "a deadline equal to now expires")
+	require.Equal(t, []kvindex.WorkerRank{wr("early", 0), wr("mid", 0)}, order, "ties settle in booking order")
+	next, _ = l.NextExpiry()
+	require.Equal(t, epoch.Add(30*time.Second), next, "the default lease applies")
+	checkInvariants(t, l)
+
+	require.Equal(t, 2, l.Expire(epoch.Add(time.Minute)))
+	require.Equal(t, []kvindex.WorkerRank{wr("early", 0), wr("mid", 0), wr("default", 0), wr("late", 0)}, order)
+	require.Equal(t, map[kvindex.WorkerRank]Load{wr("keep", 0): {ActiveRequests: 1}}, l.Loads())
+	require.Equal(t, int64(4), l.Stats().Expired)
+	checkInvariants(t, l)
+
+	for _, id := range []string{"early", "mid", "default", "late"} {
+		require.ErrorIs(t, l.Free(id), ErrUnknownReservation, "free after expiry is harmless")
+	}
+	require.Equal(t, 0, l.Expire(epoch.Add(time.Minute)), "expiry is not repeated")
+	require.Equal(t, Stats{Booked: 5, Expired: 4, UnknownIDs: 4, Active: 1}, l.Stats())
+	checkInvariants(t, l)
+}
+
+func TestExpireNotifiesEachWorkerOnce(t *testing.T) {
+	clk := newFakeClock()
+	counts := map[kvindex.WorkerRank]int{}
+	l := newLedger(t, Options{Clock: clk, OnChange: func(w kvindex.WorkerRank) { counts[w]++ }})
+	for i := range 100 {
+		require.NoError(t, l.Book(Booking{ID: fmt.Sprint(i), Worker: wr(fmt.Sprint("w", i%20), i%3), Lease: time.Second}))
+	}
+	require.Equal(t, 100, l.Expire(clk.Advance(time.Second)))
+	require.Len(t, counts, 60) // (i%20, i%3) repeats every 60 ids, so all 60 pairs occur
+	for w, n := range counts {
+		require.Equal(t, 1, n, "%s notified %d times", w, n)
+	}
+	require.Empty(t, l.Loads())
+	checkInvariants(t, l)
+}
+
+func TestTouch(t *testing.T) {
+	clk := newFakeClock()
+	l := newLedger(t, Options{Clock: clk})
+	require.NoError(t, l.Book(Booking{ID: "a", Worker: wr("w", 0), Lease: 10 * time.Second}))
+	require.NoError(t, l.Book(Booking{ID: "b", Worker: wr("w", 0), Lease: 15 * time.Second}))
+
+	clk.Advance(8 * time.Second)
+	require.NoError(t, l.Touch("a"))
+	r, _ := l.Get("a")
+	require.Equal(t, epoch.Add(18*time.Second), r.Deadline)
+	require.Equal(t, epoch, r.BookedAt)
+	next, _ := l.NextExpiry()
+	require.Equal(t, epoch.Add(15*time.Second), next, "b is now first")
+	checkInvariants(t, l)
+
+	require.Equal(t, 0, l.Expire(epoch.Add(10*time.Second)), "a's old deadline no longer applies")
+	require.Equal(t, 1, l.Expire(epoch.Add(17*time.Second)))
+	_, ok := l.Get("b")
+	require.False(t, ok)
+	require.Equal(t, 1, l.Expire(epoch.Add(18*time.Second)))
+	require.Empty(t, l.Loads())
+	checkInvariants(t, l)
+}
+
+func TestTouchNeverShortens(t *testing.T) {
+	clk := newFakeClock()
+	l := newLedger(t, Options{Clock: clk})
+	require.NoError(t, l.Book(Booking{ID: "a", Worker: wr("w", 0), Lease: 10 * time.Second}))
+	clk.Advance(5 * time.Second)
+	require.NoError(t, l.Touch("a")) // epoch+15s
+	clk.Advance(-4 * time.Second)    // a clock that stepped back
+	require.NoError(t, l.Touch("a"))
+	r, _ := l.Get("a")
+	require.Equal(t, epoch.Add(15*time.Second), r.Deadline)
+	checkInvariants(t, l)
+}
+
+func TestRemoveWorker(t *testing.T) {
+	clk := newFakeClock()
+	var changed []kvindex.WorkerRank
+	l := newLedger(t, Options{Clock: clk, OnChange: func(w kvindex.WorkerRank) { changed = append(changed, w) }})
+	require.NoError(t, l.Book(Booking{ID: "1", Worker: wr("gone", 0), SeqHashes: []uint64{1, 2}, PrefillTokens: 5}))
+	require.NoError(t, l.Book(Booking{ID: "2", Worker: wr("gone", 0), SeqHashes: []uint64{1, 3}}))
+	require.NoError(t, l.Book(Booking{ID: "3", Worker: wr("gone", 1), SeqHashes: []uint64{1}}))
+	require.NoError(t, l.Book(Booking{ID: "4", Worker: wr("stay", 0), SeqHashes: []uint64{1, 2}, PrefillTokens: 6}))
+	require.NoError(t, l.Book(Booking{ID: "5", Worker: wr("gone-too", 0), SeqHashes: []uint64{1}}))
+
+	require.Equal(t, 0, l.RemoveWorker("unknown"))
+	require.Empty(t, changed)
+	require.Equal(t, 3, l.RemoveWorker("gone"))
+	require.ElementsMatch(t, []kvindex.WorkerRank{wr("gone", 0), wr("gone", 1)}, changed)
+	require.Equal(t, map[kvindex.WorkerRank]Load{
+		wr("stay", 0):     {ActivePrefillTokens: 6, ActiveBlocks: 2, ActiveRequests: 1},
+		wr("gone-too", 0): {ActiveBlocks: 1, ActiveRequests: 1},
+	}, l.Loads())
+	for _, id := range []string{"1", "2", "3"} {
+		require.ErrorIs(t, l.Free(id), ErrUnknownReservation)
+		_, ok := l.Get(id)
+		require.False(t, ok)
+	}
+	next, _ := l.NextExpiry()
+	require.Equal(t, epoch.Add(DefaultLease), next)
+	require.Equal(t, 2, l.Expire(epoch.Add(DefaultLease)), "removed bookings left the lease tree")
+	st := l.Stats()
+	require.Equal(t, int64(3), st.Removed)
+	require.Equal(t, int64(2), st.Expired)
+	require.Equal(t, st.Booked, st.Active+st.Freed+st.Expired+st.Removed)
+	checkInvariants(t, l)
+}
+
+func TestOnChange(t *testing.T) {
+	clk := newFakeClock()
+	var l *Ledger
+	var seen []Load
+	l = newLedger(t, Options{Clock: clk, OnChange: func(w kvindex.WorkerRank) {
+		// Runs after the lock is released: calling back must not deadlock, and
+		// it sees the lowered load.
+		seen = append(seen, l.Load(w))
+	}})
+	w := wr("w", 0)
+	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: []uint64{1}, PrefillTokens: 10}))
+	require.NoError(t, l.Book(Booking{ID: "zero", Worker: w}))
+	require.Empty(t, seen)
+	require.NoError(t, l.PrefillComplete("zero"))
+	require.Empty(t, seen, "no prefill tokens, no lower load")
+	require.NoError(t, l.PrefillComplete("a"))
+	require.NoError(t, l.PrefillComplete("a"))
+	require.Equal(t, []Load{{ActiveBlocks: 1, ActiveRequests: 2}}, seen)
+	require.ErrorIs(t, l.Free("nope"), ErrUnknownReservation)
+	require.NoError(t, l.Free("a"))
+	require.NoError(t, l.Free("zero"))
+	require.Equal(t, []Load{{ActiveBlocks: 1, ActiveRequests: 2}, {ActiveRequests: 1}, {}}, seen)
+}
+
+func TestLoadsIsASnapshot(t *testing.T) {
+	l := newLedger(t, Options{Clock: newFakeClock()})
+	require.NoError(t, l.Book(Booking{ID: "a", Worker: wr("w", 0), PrefillTokens: 1}))
+	snap := l.Loads()
+	require.NoError(t, l.Free("a"))
+	require.Equal(t, map[kvindex.WorkerRank]Load{wr("w", 0): {ActivePrefillTokens: 1, ActiveRequests: 1}}, snap)
+	snap[wr("x", 0)] = Load{ActiveRequests: 5}
+	require.Empty(t, l.Loads())
+}
+
+func TestSeqHashesAreCopied(t *testing.T) {
+	l := newLedger(t, Options{Clock: newFakeClock()})
+	seqs := []uint64{1, 2, 3}
+	require.NoError(t, l.Book(Booking{ID: "a", Worker: wr("w", 0), SeqHashes: seqs}))
+	seqs[0], seqs[1], seqs[2] = 7, 8, 9
+	require.Equal(t, 3, l.NewBlocks(wr("w", 0), seqs))
+	require.NoError(t, l.Free("a"))
+	checkInvariants(t, l)
+}
+
+// TestChurnDoesNotGrow books and frees many requests with fresh ids and hashes and
+// checks that the ledger's structures return to empty and stay bounded by the
+// peak number of live bookings, not the number ever made.
+func TestChurnDoesNotGrow(t *testing.T) {
+	l := newLedger(t, Options{Clock: newFakeClock()})
+	const live, hashes = 8, 32
+	next := uint64(1)
+	for round := range 2000 {
+		id := fmt.Sprint("r", round)
+		seqs := make([]uint64, hashes)
+		for i := range seqs {
+			seqs[i] = next
+			next++
+		}
+		require.NoError(t, l.Book(Booking{ID: id, Worker: wr(fmt.Sprint("w", round%5), round%2), SeqHashes: seqs, PrefillTokens: 3}))
+		if round >= live {
+			require.NoError(t, l.Free(fmt.Sprint("r", round-live)))
+		}
+	}
+	require.LessOrEqual(t, len(l.blocks.slab), (live+1)*hashes)
+	require.LessOrEqual(t, int(l.nextSlot), live+1)
+	checkInvariants(t, l)
+	for round := 2000 - live; round < 2000; round++ {
+		require.NoError(t, l.Free(fmt.Sprint("r", round)))
+	}
+	require.Empty(t, l.workers)
+	require.Empty(t, l.bookings)
+	require.Zero(t, l.blocks.index.len())
+	require.Equal(t, 0, l.leases.Len())
+	checkInvariants(t, l)
+}

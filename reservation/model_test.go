@@ -1,0 +1,297 @@
+package reservation
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/kvindex"
+)
+
+// modelBooking is the naive model's record of one live booking.
+type modelBooking struct {
+	worker   kvindex.WorkerRank
+	seqs     []uint64
+	prefill  int
+	done     bool
+	lease    time.Duration
+	deadline time.Time
+	order    int
+}
+
+// model is the obviously correct ledger: a map of live bookings, from which every
+// load is recomputed from scratch.
+type model struct {
+	live  map[string]*modelBooking
+	order int
+	stats Stats
+}
+
+func (m *model) loads() map[kvindex.WorkerRank]Load {
+	out := map[kvindex.WorkerRank]Load{}
+	sets := map[kvindex.WorkerRank]map[uint64]bool{}
+	for _, b := range m.live {
+		ld := out[b.worker]
+		ld.ActiveRequests++
+		if !b.done {
+			ld.ActivePrefillTokens += int64(b.prefill)
+		}
+		if sets[b.worker] == nil {
+			sets[b.worker] = map[uint64]bool{}
+		}
+		for _, h := range b.seqs {
+			sets[b.worker][h] = true
+		}
+		out[b.worker] = ld
+	}
+	for w, s := range sets {
+		ld := out[w]
+		ld.ActiveBlocks = len(s)
+		out[w] = ld
+	}
+	return out
+}
+
+func (m *model) newBlocks(w kvindex.WorkerRank, seqs []uint64) int {
+	active := map[uint64]bool{}
+	for _, b := range m.live {
+		if b.worker == w {
+			for _, h := range b.seqs {
+				active[h] = true
+			}
+		}
+	}
+	seen := map[uint64]bool{}
+	n := 0
+	for _, h := range seqs {
+		if !seen[h] && !active[h] {
+			n++
+		}
+		seen[h] = true
+	}
+	return n
+}
+
+// expiring returns the ids the model expires at now, in settle order.
+func (m *model) expiring(now time.Time) []string {
+	var ids []string
+	for id, b := range m.live {
+		if !b.deadline.After(now) {
+			ids = append(ids, id)
+		}
+	}
+	slices.SortFunc(ids, func(a, b string) int {
+		x, y := m.live[a], m.live[b]
+		if c := x.deadline.Compare(y.deadline); c != 0 {
+			return c
+		}
+		return x.order - y.order
+	})
+	return ids
+}
+
+// TestModel drives a Ledger and the naive model with the same random operations
+// and compares them, and the ledger's internal structures, after every one.
+func TestModel(t *testing.T) {
+	for seed := range uint64(16) {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			runModel(t, seed, 300)
+		})
+	}
+}
+
+func runModel(t *testing.T, seed uint64, steps int) {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	clk := newFakeClock()
+	var notified []kvindex.WorkerRank
+	l := newLedger(t, Options{Clock: clk, DefaultLease: 20 * time.Second, OnChange: func(w kvindex.WorkerRank) { notified = append(notified, w) }})
+	m := &model{live: map[string]*modelBooking{}}
+	workers := []kvindex.WorkerRank{wr("a", 0), wr("a", 1), wr("b", 0), wr("c", 0), wr("c", 2)}
+	names := []string{"a", "b", "c", "zz"}
+	randID := func() string { return fmt.Sprint("id", rng.IntN(24)) }
+	randSeqs := func() []uint64 {
+		// A small alphabet so bookings overlap; sometimes a chained prefix of a
+		// common root, sometimes arbitrary values with duplicates.
+		n := rng.IntN(7)
+		s := make([]uint64, n)
+		if rng.IntN(2) == 0 {
+			root := uint64(rng.IntN(3)) * 100
+			for i := range s {
+				s[i] = root + uint64(i)
+			}
+			return s
+		}
+		for i := range s {
+			s[i] = uint64(rng.IntN(12))
+		}
+		return s
+	}
+
+	for step := range steps {
+		notified = notified[:0]
+		before := m.loads()
+		var op string
+		switch k := rng.IntN(100); {
+		case k < 35:
+			op = "book"
+			b := Booking{
+				ID: randID(), Worker: workers[rng.IntN(len(workers))], SeqHashes: randSeqs(),
+				PrefillTokens: rng.IntN(300), ExpectedOutputTokens: rng.IntN(50),
+				Lease: time.Duration(rng.IntN(4)) * 5 * time.Second,
+			}
+			if rng.IntN(25) == 0 {
+				b.PrefillTokens = -1
+			}
+			err := l.Book(b)
+			switch {
+			case b.PrefillTokens < 0:
+				require.ErrorIs(t, err, ErrInvalid)
+				m.stats.Invalid++
+			case m.live[b.ID] != nil:
+				require.ErrorIs(t, err, ErrConflict)
+				m.stats.Conflicts++
+			default:
+				require.NoError(t, err)
+				lease := b.Lease
+				if lease == 0 {
+					lease = 20 * time.Second
+				}
+				m.order++
+				m.live[b.ID] = &modelBooking{
+					worker: b.Worker, seqs: slices.Clone(b.SeqHashes), prefill: b.PrefillTokens,
+					lease: lease, deadline: clk.Now().Add(lease), order: m.order,
+				}
+				m.stats.Booked++
+			}
+			require.Empty(t, notified)
+		case k < 52:
+			op = "prefill"
+			id := randID()
+			err := l.PrefillComplete(id)
+			b := m.live[id]
+			switch {
+			case b == nil:
+				require.ErrorIs(t, err, ErrUnknownReservation)
+				m.stats.UnknownIDs++
+				require.Empty(t, notified)
+			case b.done:
+				require.NoError(t, err)
+				require.Empty(t, notified)
+			default:
+				require.NoError(t, err)
+				b.done = true
+				m.stats.PrefillCompleted++
+				if b.prefill > 0 {
+					require.Equal(t, []kvindex.WorkerRank{b.worker}, notified)
+				} else {
+					require.Empty(t, notified)
+				}
+			}
+		case k < 72:
+			op = "free"
+			id := randID()
+			err := l.Free(id)
+			if b := m.live[id]; b != nil {
+				require.NoError(t, err)
+				require.Equal(t, []kvindex.WorkerRank{b.worker}, notified)
+				delete(m.live, id)
+				m.stats.Freed++
+			} else {
+				require.ErrorIs(t, err, ErrUnknownReservation)
+				m.stats.UnknownIDs++
+				require.Empty(t, notified)
+			}
+		case k < 82:
+			op = "advance+expire"
+			now := clk.Advance(time.Duration(rng.IntN(8)) * time.Second)
+			ids := m.expiring(now)
+			want := []kvindex.WorkerRank{}
+			for _, id := range ids {
+				if w := m.live[id].worker; !slices.Contains(want, w) {
+					want = append(want, w)
+				}
+			}
+			require.Equal(t, len(ids), l.Expire(now))
+			require.Equal(t, want, append([]kvindex.WorkerRank{}, notified...), "one notification per worker rank, in deadline order")
+			for _, id := range ids {
+				delete(m.live, id)
+			}
+			m.stats.Expired += int64(len(ids))
+		case k < 86:
+			op = "remove worker"
+			name := names[rng.IntN(len(names))]
+			var want []kvindex.WorkerRank
+			n := 0
+			for id, b := range m.live {
+				if b.worker.Worker == name {
+					if !slices.Contains(want, b.worker) {
+						want = append(want, b.worker)
+					}
+					delete(m.live, id)
+					n++
+				}
+			}
+			require.Equal(t, n, l.RemoveWorker(name))
+			require.ElementsMatch(t, want, notified)
+			m.stats.Removed += int64(n)
+		case k < 94:
+			op = "touch"
+			id := randID()
+			now := clk.Advance(time.Duration(rng.IntN(3)) * time.Second)
+			err := l.Touch(id)
+			if b := m.live[id]; b != nil {
+				require.NoError(t, err)
+				if d := now.Add(b.lease); d.After(b.deadline) {
+					b.deadline = d
+				}
+			} else {
+				require.ErrorIs(t, err, ErrUnknownReservation)
+				m.stats.UnknownIDs++
+			}
+			require.Empty(t, notified)
+		default:
+			op = "read"
+		}
+
+		// Compare everything observable after every operation.
+		want := m.loads()
+		require.Equal(t, want, l.Loads(), "step %d (%s)", step, op)
+		for w, ld := range before {
+			if after := want[w]; after.ActiveRequests < ld.ActiveRequests || after.ActivePrefillTokens < ld.ActivePrefillTokens {
+				require.Contains(t, notified, w, "step %d (%s): load of %s went down unnoticed", step, op, w)
+			}
+		}
+		probe := randSeqs()
+		cands := append(slices.Clone(workers), wr("idle", 0))
+		got := l.AppendLoads(nil, cands, probe)
+		for i, w := range cands {
+			require.Equal(t, want[w], l.Load(w))
+			require.Equal(t, want[w], got[i].Load)
+			nb := m.newBlocks(w, probe)
+			require.Equal(t, nb, got[i].NewBlocks, "step %d (%s): new blocks of %v on %s", step, op, probe, w)
+			require.Equal(t, nb, l.NewBlocks(w, probe))
+		}
+		for id, b := range m.live {
+			r, ok := l.Get(id)
+			require.True(t, ok)
+			require.Equal(t, b.worker, r.Worker)
+			require.Equal(t, b.done, r.PrefillDone)
+			require.Equal(t, b.deadline, r.Deadline)
+			require.Equal(t, len(b.seqs), r.Blocks)
+		}
+		next, ok := l.NextExpiry()
+		if ids := m.expiring(epoch.Add(100 * time.Hour)); len(ids) > 0 {
+			require.True(t, ok)
+			require.Equal(t, m.live[ids[0]].deadline, next)
+		} else {
+			require.False(t, ok)
+		}
+		m.stats.Active = int64(len(m.live))
+		require.Equal(t, m.stats, l.Stats(), "step %d (%s)", step, op)
+		checkInvariants(t, l)
+	}
+}

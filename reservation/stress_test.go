@@ -1,0 +1,135 @@
+package reservation
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/kvindex"
+)
+
+// TestConcurrentBookAndFree has many goroutines book, complete prefill, touch and
+// free requests with overlapping prefixes on shared workers, while others read
+// loads, expire leases and remove a worker. At the end every load must be exactly
+// zero and every booking settled exactly once.
+func TestConcurrentBookAndFree(t *testing.T) {
+	const (
+		goroutines = 16
+		perG       = 300
+	)
+	clk := newFakeClock()
+	var lowered atomic.Int64
+	l := newLedger(t, Options{Clock: clk, DefaultLease: time.Minute, OnChange: func(kvindex.WorkerRank) { lowered.Add(1) }})
+	workers := make([]kvindex.WorkerRank, 8)
+	for i := range workers {
+		workers[i] = wr(fmt.Sprint("w", i%4), i/4)
+	}
+	prefix := make([]uint64, 64)
+	for i := range prefix {
+		prefix[i] = uint64(1000 + i)
+	}
+
+	var bookers, others sync.WaitGroup
+	stop := make(chan struct{})
+	var freedByMe, lostToExpiry, lostToRemoval atomic.Int64
+	halfway := make(chan struct{}) // booker 0 closes it half way through
+
+	for g := range goroutines {
+		bookers.Add(1)
+		go func() {
+			defer bookers.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			for i := range perG {
+				if g == 0 && i == perG/2 {
+					close(halfway)
+				}
+				id := fmt.Sprintf("g%d-%d", g, i)
+				seqs := append([]uint64(nil), prefix[:rng.IntN(len(prefix))]...)
+				for range rng.IntN(8) {
+					seqs = append(seqs, rng.Uint64())
+				}
+				w := workers[rng.IntN(len(workers))]
+				lease := time.Duration(0)
+				if rng.IntN(10) == 0 {
+					lease = time.Second // some bookings will be expired by the sweeper
+				}
+				if err := l.Book(Booking{ID: id, Worker: w, SeqHashes: seqs, PrefillTokens: 1 + rng.IntN(500), Lease: lease}); err != nil {
+					t.Errorf("book %s: %v", id, err)
+					return
+				}
+				_ = l.AppendLoads(nil, workers, seqs)
+				if rng.IntN(2) == 0 {
+					_ = l.PrefillComplete(id) // may already be expired or removed
+				}
+				if rng.IntN(4) == 0 {
+					_ = l.Touch(id)
+				}
+				switch err := l.Free(id); {
+				case err == nil:
+					freedByMe.Add(1)
+				case errors.Is(err, ErrUnknownReservation):
+					// Settled by the sweeper or the worker removal first.
+				default:
+					t.Errorf("free %s: %v", id, err)
+				}
+			}
+		}()
+	}
+
+	// The sweeper: moves the fake clock and expires, as a selection service's
+	// sweeper goroutine would.
+	others.Add(1)
+	go func() {
+		defer others.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			lostToExpiry.Add(int64(l.Expire(clk.Advance(100 * time.Millisecond))))
+			_ = l.Loads()
+			_ = l.Stats()
+		}
+	}()
+	// A worker deleted mid-run.
+	others.Add(1)
+	go func() {
+		defer others.Done()
+		<-halfway
+		for range 3 {
+			lostToRemoval.Add(int64(l.RemoveWorker("w3")))
+		}
+	}()
+
+	// Wait for the bookers, then stop the sweeper and wait for it too.
+	bookers.Wait()
+	close(stop)
+	others.Wait()
+
+	// Every booker freed its own booking unless the sweeper or the removal
+	// settled it first, so nothing should be live; a final sweep far in the
+	// future must find nothing either.
+	require.Equal(t, 0, l.Expire(clk.Advance(time.Hour)))
+	require.Empty(t, l.Loads())
+	for _, w := range workers {
+		require.Equal(t, Load{}, l.Load(w))
+	}
+	st := l.Stats()
+	require.Equal(t, int64(goroutines*perG), st.Booked)
+	require.Equal(t, int64(0), st.Active)
+	require.Equal(t, freedByMe.Load(), st.Freed)
+	require.Equal(t, lostToExpiry.Load(), st.Expired)
+	require.Equal(t, lostToRemoval.Load(), st.Removed)
+	require.Equal(t, st.Booked, st.Freed+st.Expired+st.Removed, "every booking settled exactly once")
+	require.Positive(t, lowered.Load())
+	checkInvariants(t, l)
+	require.Zero(t, l.blocks.index.len())
+	t.Logf("freed %d, expired %d, removed %d, conflicts %d", st.Freed, st.Expired, st.Removed, st.Conflicts)
+}

@@ -1,0 +1,120 @@
+package selection
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/kvindex"
+)
+
+// benchService builds a service with an exact index fed directly: n workers of
+// 16-token blocks, each holding 32 cached prompts of 2k tokens from 8 shared
+// system prompts, so lookups walk real shared prefixes.
+func benchService(b *testing.B, n int) (*SelectionService, [][]uint32) {
+	cfg := DefaultConfig(16)
+	s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().SweepInterval(-1).Rand(rand.NewPCG(1, 1)).Build(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	r := rand.New(rand.NewPCG(5, 5))
+	system := make([][]uint32, 8)
+	for i := range system {
+		system[i] = make([]uint32, 1024)
+		for j := range system[i] {
+			system[i][j] = uint32(r.IntN(32000))
+		}
+	}
+	prompt := func(g, k int) []uint32 {
+		p := append([]uint32(nil), system[g]...)
+		rr := rand.New(rand.NewPCG(uint64(g), uint64(k)))
+		for len(p) < 2048 {
+			p = append(p, uint32(rr.IntN(32000)))
+		}
+		return p
+	}
+	var prompts [][]uint32
+	for w := range n {
+		id := fmt.Sprintf("w%03d", w)
+		if _, err := s.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.%d.%d:8000", w/250, w%250+1), DPSize: 1, BlockSize: 16}); err != nil {
+			b.Fatal(err)
+		}
+		for k := range 32 {
+			p := prompt(k%8, w*32+k)
+			hs := make([]uint64, len(p)/16)
+			for i := range hs {
+				hs[i] = uint64(w*32+k)<<16 | uint64(i) + 1
+			}
+			if err := s.ApplyEvent(kvindex.WorkerRank{Worker: id}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: p}); err != nil {
+				b.Fatal(err)
+			}
+			if k == 0 {
+				prompts = append(prompts, p)
+			}
+		}
+	}
+	for k := range 64 { // new conversations on known system prompts
+		prompts = append(prompts, prompt(k%8, 1<<20+k))
+	}
+	return s, prompts
+}
+
+// BenchmarkSelectAndReserve books and frees a 2k-token prompt against n workers
+// with a warm index; p50-ns is the median of one SelectAndReserve + Free.
+func BenchmarkSelectAndReserve(b *testing.B) {
+	for _, n := range []int{8, 64, 512} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			s, prompts := benchService(b, n)
+			ctx := context.Background()
+			ids := make([]string, 4096)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("r%d", i)
+			}
+			durs := make([]time.Duration, 0, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				start := time.Now()
+				res, err := s.SelectAndReserve(ctx, Request{ReservationID: ids[i%len(ids)], Tokens: prompts[i%len(prompts)]})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := s.FreeReservation(res.ReservationID); err != nil {
+					b.Fatal(err)
+				}
+				durs = append(durs, time.Since(start))
+				i++
+			}
+			slices.Sort(durs)
+			b.ReportMetric(float64(durs[len(durs)/2].Nanoseconds()), "p50-ns")
+		})
+	}
+}
+
+// BenchmarkSelectAndReserveParallel runs the same with RunParallel: throughput
+// should grow with GOMAXPROCS (compare -cpu 1,2).
+func BenchmarkSelectAndReserveParallel(b *testing.B) {
+	s, prompts := benchService(b, 64)
+	ctx := context.Background()
+	var next atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := next.Add(1)
+			res, err := s.SelectAndReserve(ctx, Request{ReservationID: fmt.Sprint(i), Tokens: prompts[int(i)%len(prompts)]})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			_ = s.FreeReservation(res.ReservationID)
+		}
+	})
+}

@@ -1,0 +1,160 @@
+package selection
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+)
+
+// Clock tells the service the time; inject a fake one in tests.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Recorder receives decision events for metrics. Implementations must be safe for
+// concurrent use and must not block; the service calls them outside its locks.
+// The zero-cost default records nothing.
+type Recorder interface {
+	// Selected is called for every successful Select or SelectAndReserve.
+	Selected(model string, d Decision)
+	// Rejected is called when a request fails with err (see HTTPStatus).
+	Rejected(model string, err error)
+}
+
+// Decision describes one pick for metrics and logs.
+type Decision struct {
+	Worker                string
+	Rank                  int
+	Candidates            int
+	ChosenOverlapBlocks   int // device blocks of the chosen worker
+	BestOverlapBlocks     int // best device overlap any eligible worker had
+	RequestBlocks         int
+	EffectivePrefill      int
+	QueueWait             time.Duration
+	Reserved              bool
+	Cost                  float64
+	PotentialDecodeBlocks int
+}
+
+type nopRecorder struct{}
+
+func (nopRecorder) Selected(string, Decision) {}
+func (nopRecorder) Rejected(string, error)    {}
+
+// SelectionServiceBuilder builds a SelectionService from a Config and a few
+// options. It is not safe for concurrent use; Build may be called more than once,
+// each call building an independent service.
+type SelectionServiceBuilder struct {
+	cfg       Config
+	clock     Clock
+	rng       rand.Source
+	logger    *slog.Logger
+	recorder  Recorder
+	sweep     time.Duration
+	feedOpts  FeedOptions
+	feedIsSet bool
+	external  bool
+}
+
+// FeedOptions tune the KV-event feed the service runs when Config.UseKVEvents is
+// true. Zero values take the kvevents defaults.
+type FeedOptions struct {
+	// QueueLen bounds each source's queue of received batches.
+	QueueLen int
+	// ReconnectMin and ReconnectMax bound the dial backoff.
+	ReconnectMin, ReconnectMax time.Duration
+}
+
+// NewSelectionServiceBuilder starts a builder for cfg (see DefaultConfig).
+func NewSelectionServiceBuilder(cfg Config) *SelectionServiceBuilder {
+	return &SelectionServiceBuilder{cfg: cfg}
+}
+
+// Clock sets the clock (default: the system clock).
+func (b *SelectionServiceBuilder) Clock(c Clock) *SelectionServiceBuilder { b.clock = c; return b }
+
+// Rand sets the random source used for tie-breaks and softmax sampling (default:
+// a randomly seeded PCG). Each model partition derives its own generator from it
+// at creation, under the service's lock.
+func (b *SelectionServiceBuilder) Rand(src rand.Source) *SelectionServiceBuilder {
+	b.rng = src
+	return b
+}
+
+// Logger sets the logger (default: discard).
+func (b *SelectionServiceBuilder) Logger(l *slog.Logger) *SelectionServiceBuilder {
+	b.logger = l
+	return b
+}
+
+// Recorder sets the metrics hooks (default: none).
+func (b *SelectionServiceBuilder) Recorder(r Recorder) *SelectionServiceBuilder {
+	b.recorder = r
+	return b
+}
+
+// SweepInterval sets how often expired reservations are released by the
+// service's own sweeper goroutine (default 1 s; negative disables it, leaving
+// ExpireReservations to the caller).
+func (b *SelectionServiceBuilder) SweepInterval(d time.Duration) *SelectionServiceBuilder {
+	b.sweep = d
+	return b
+}
+
+// EventFeed tunes the KV-event feed.
+func (b *SelectionServiceBuilder) EventFeed(o FeedOptions) *SelectionServiceBuilder {
+	b.feedOpts, b.feedIsSet = o, true
+	return b
+}
+
+// ExternalEvents makes the service take KV events from the caller
+// (SelectionService.ApplyEvent) instead of running its own ZeroMQ feed: for
+// embedders with their own event transport, simulators and tests. Workers then
+// need no KV-event endpoints to be schedulable. Meaningful only with
+// Config.UseKVEvents.
+func (b *SelectionServiceBuilder) ExternalEvents() *SelectionServiceBuilder {
+	b.external = true
+	return b
+}
+
+// Build validates the configuration, reporting every problem at once (wrapped
+// ErrInvalidConfig), and returns a running service: its event feed and expiry
+// sweeper run until Close. ctx bounds only the start.
+func (b *SelectionServiceBuilder) Build(ctx context.Context) (*SelectionService, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := b.cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if b.feedOpts.QueueLen < 0 || b.feedOpts.ReconnectMin < 0 || b.feedOpts.ReconnectMax < 0 {
+		return nil, fmt.Errorf("%w: negative event feed option %+v", ErrInvalidConfig, b.feedOpts)
+	}
+	clock := b.clock
+	if clock == nil {
+		clock = systemClock{}
+	}
+	src := b.rng
+	if src == nil {
+		src = rand.NewPCG(rand.Uint64(), rand.Uint64())
+	}
+	logger := b.logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	rec := b.recorder
+	if rec == nil {
+		rec = nopRecorder{}
+	}
+	sweep := b.sweep
+	if sweep == 0 {
+		sweep = time.Second
+	}
+	return newService(b.cfg.normalized(), clock, rand.New(src), logger, rec, sweep, b.feedOpts, b.external)
+}

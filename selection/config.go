@@ -1,0 +1,302 @@
+package selection
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// QueuePolicy orders requests that wait in the admission queue within one strict
+// priority tier.
+type QueuePolicy uint8
+
+// Queue policies (Dynamo's router_queue_policy).
+const (
+	// QueueFCFS serves the earliest arrival first (priority jump moves a request
+	// ahead by that many seconds). Optimises tail TTFT. The default.
+	QueueFCFS QueuePolicy = iota
+	// QueueLCFS serves the latest arrival first. For experiments.
+	QueueLCFS
+	// QueueWSPT serves the request with the best (1+jump)/prefill-tokens ratio
+	// first (weighted shortest processing time). Optimises mean TTFT.
+	QueueWSPT
+)
+
+// String returns "fcfs", "lcfs" or "wspt".
+func (p QueuePolicy) String() string {
+	switch p {
+	case QueueFCFS:
+		return "fcfs"
+	case QueueLCFS:
+		return "lcfs"
+	case QueueWSPT:
+		return "wspt"
+	default:
+		return fmt.Sprintf("QueuePolicy(%d)", uint8(p))
+	}
+}
+
+// ParseQueuePolicy parses "fcfs", "lcfs" or "wspt" (case-insensitive).
+func ParseQueuePolicy(s string) (QueuePolicy, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "fcfs":
+		return QueueFCFS, nil
+	case "lcfs":
+		return QueueLCFS, nil
+	case "wspt":
+		return QueueWSPT, nil
+	}
+	return 0, fmt.Errorf("%w: queue policy %q, want fcfs, lcfs or wspt", ErrInvalidConfig, s)
+}
+
+// Config holds the router settings (Dynamo's KvRouterConfig fields that kvselect
+// supports). Start from DefaultConfig: several defaults are true or non-zero, so
+// the zero Config is not the default one (Build reports what is missing).
+type Config struct {
+	// BlockSize is the KV-cache block size in tokens shared by the engines and
+	// the index. Required, > 0.
+	BlockSize int
+
+	// OverlapScoreCredit is how many prefill blocks one device-tier cached block
+	// saves. Finite, >= 0 (values above 1 give extra credit). Default 1.
+	OverlapScoreCredit float64
+	// PrefillLoadScale multiplies the prefill term after the credits. Finite,
+	// >= 0. Default 1.
+	PrefillLoadScale float64
+	// DecodeActiveRequestWeight is the block-equivalent cost of each active
+	// request. Finite, >= 0. Default 0.
+	DecodeActiveRequestWeight float64
+	// OverlapScoreWeight is the deprecated alias of the old single weight. When
+	// set it wins: PrefillLoadScale = w, and w == 0 also sets
+	// OverlapScoreCredit = 0. Nil when unset.
+	OverlapScoreWeight *float64
+	// HostCacheHitWeight and DiskCacheHitWeight credit lower-tier cache hits, in
+	// [0, 1]. Defaults 0.75 and 0.25.
+	HostCacheHitWeight float64
+	DiskCacheHitWeight float64
+	// Temperature 0 picks the cheapest worker (ties at random); > 0 samples a
+	// softmax over range-normalised costs. Finite, >= 0. Default 0.
+	Temperature float64
+
+	// UseKVEvents subscribes to the engines' KV events (exact index). False
+	// uses the approximate index fed by the router's own decisions. Default true.
+	UseKVEvents bool
+	// TrackActiveBlocks counts booked requests' blocks as decode load. Default
+	// true.
+	TrackActiveBlocks bool
+	// AssumeKVReuse makes requests sharing a prefix share active blocks; false
+	// counts every request's blocks as new. Default true.
+	AssumeKVReuse bool
+	// TrackPrefillTokens counts the uncached prompt tokens of booked requests as
+	// prefill load until PrefillComplete. Default true.
+	TrackPrefillTokens bool
+
+	// RouterTTL is how long the approximate index assumes a routed prefix stays
+	// cached (router_ttl_secs). Used only without KV events. >= 0; 0 means the
+	// default 120 s.
+	RouterTTL time.Duration
+	// ApproxMaxBlocks caps the approximate index. 0 means 2^20.
+	ApproxMaxBlocks int
+
+	// QueueThreshold enables queueing when non-nil: a worker is busy when its
+	// active prefill tokens exceed QueueThreshold x its max_num_batched_tokens,
+	// and a request waits while every eligible worker is busy. Finite, >= 0.
+	// Default nil (never queue).
+	QueueThreshold *float64
+	// QueuePolicy orders waiting requests within a priority tier. Default FCFS.
+	QueuePolicy QueuePolicy
+	// QueueLimit is the most requests one model may have waiting; one more is
+	// ErrOverloaded. >= 0; 0 means 1024.
+	QueueLimit int
+
+	// ActiveRequestExpiry is the lease of a booking: one not freed by then is an
+	// orphan and its load is released. > 0; 0 means 300 s.
+	ActiveRequestExpiry time.Duration
+	// IndexerThreads is accepted for compatibility with Dynamo's builder; every
+	// event source applies on its own goroutine, so it only bounds nothing
+	// today. >= 0; 0 means 4.
+	IndexerThreads int
+}
+
+// Defaults that are not zero values.
+const (
+	DefaultQueueLimit          = 1024
+	DefaultActiveRequestExpiry = 300 * time.Second
+	DefaultRouterTTL           = 120 * time.Second
+	DefaultIndexerThreads      = 4
+	// DefaultMaxNumBatchedTokens is the busy base of a worker that does not
+	// report max_num_batched_tokens: large enough that it is never busy.
+	DefaultMaxNumBatchedTokens = 10_000_000
+)
+
+// DefaultConfig returns Dynamo's defaults for a block size.
+func DefaultConfig(blockSize int) Config {
+	return Config{
+		BlockSize:          blockSize,
+		OverlapScoreCredit: 1,
+		PrefillLoadScale:   1,
+		HostCacheHitWeight: 0.75,
+		DiskCacheHitWeight: 0.25,
+		UseKVEvents:        true,
+		TrackActiveBlocks:  true,
+		AssumeKVReuse:      true,
+		TrackPrefillTokens: true,
+	}
+}
+
+// Validate reports every problem with c, each naming its field, joined into one
+// error that wraps ErrInvalidConfig.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.BlockSize <= 0 {
+		bad("BlockSize is %d, want > 0", c.BlockSize)
+	}
+	nonNeg := func(name string, v float64) {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			bad("%s is %v, want a finite value >= 0", name, v)
+		}
+	}
+	unit := func(name string, v float64) {
+		if math.IsNaN(v) || v < 0 || v > 1 {
+			bad("%s is %v, want a value in [0, 1]", name, v)
+		}
+	}
+	nonNeg("OverlapScoreCredit", c.OverlapScoreCredit)
+	nonNeg("PrefillLoadScale", c.PrefillLoadScale)
+	nonNeg("DecodeActiveRequestWeight", c.DecodeActiveRequestWeight)
+	if c.OverlapScoreWeight != nil {
+		nonNeg("OverlapScoreWeight", *c.OverlapScoreWeight)
+	}
+	unit("HostCacheHitWeight", c.HostCacheHitWeight)
+	unit("DiskCacheHitWeight", c.DiskCacheHitWeight)
+	nonNeg("Temperature", c.Temperature)
+	if c.RouterTTL < 0 {
+		bad("RouterTTL is %v, want >= 0", c.RouterTTL)
+	}
+	if c.ApproxMaxBlocks < 0 {
+		bad("ApproxMaxBlocks is %d, want >= 0", c.ApproxMaxBlocks)
+	}
+	if c.QueueThreshold != nil {
+		nonNeg("QueueThreshold", *c.QueueThreshold)
+	}
+	if c.QueuePolicy > QueueWSPT {
+		bad("QueuePolicy is %v, want fcfs, lcfs or wspt", c.QueuePolicy)
+	}
+	if c.QueueLimit < 0 {
+		bad("QueueLimit is %d, want >= 0", c.QueueLimit)
+	}
+	if c.ActiveRequestExpiry < 0 {
+		bad("ActiveRequestExpiry is %v, want > 0 (or 0 for the default)", c.ActiveRequestExpiry)
+	}
+	if c.IndexerThreads < 0 {
+		bad("IndexerThreads is %d, want >= 0", c.IndexerThreads)
+	}
+	if !c.TrackActiveBlocks && !c.AssumeKVReuse {
+		// Harmless but meaningless: without active blocks there is no reuse to
+		// assume. Not an error.
+		_ = 0
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
+}
+
+// normalized returns c with the deprecated alias applied and zero defaults
+// filled. c must be valid.
+func (c Config) normalized() Config {
+	if c.OverlapScoreWeight != nil {
+		w := *c.OverlapScoreWeight
+		c.PrefillLoadScale = w
+		if w == 0 {
+			c.OverlapScoreCredit = 0
+		}
+		c.OverlapScoreWeight = nil
+	}
+	if c.RouterTTL == 0 {
+		c.RouterTTL = DefaultRouterTTL
+	}
+	if c.QueueLimit == 0 {
+		c.QueueLimit = DefaultQueueLimit
+	}
+	if c.ActiveRequestExpiry == 0 {
+		c.ActiveRequestExpiry = DefaultActiveRequestExpiry
+	}
+	if c.IndexerThreads == 0 {
+		c.IndexerThreads = DefaultIndexerThreads
+	}
+	return c
+}
+
+// Override changes some weights for one request. Nil fields keep the service's
+// values.
+type Override struct {
+	OverlapScoreCredit *float64
+	PrefillLoadScale   *float64
+	Temperature        *float64
+	AssumeKVReuse      *bool
+	TrackPrefillTokens *bool
+	// OverlapScoreWeight is the deprecated alias, applied as in Config (it wins
+	// over OverlapScoreCredit and PrefillLoadScale).
+	OverlapScoreWeight *float64
+}
+
+// weights are the effective per-request scoring parameters.
+type weights struct {
+	credit, scale, activeReqWeight, hostW, diskW, temperature float64
+	assumeReuse, trackPrefill, trackActive                    bool
+}
+
+func (c Config) weights() weights {
+	return weights{
+		credit: c.OverlapScoreCredit, scale: c.PrefillLoadScale, activeReqWeight: c.DecodeActiveRequestWeight,
+		hostW: c.HostCacheHitWeight, diskW: c.DiskCacheHitWeight, temperature: c.Temperature,
+		assumeReuse: c.AssumeKVReuse, trackPrefill: c.TrackPrefillTokens, trackActive: c.TrackActiveBlocks,
+	}
+}
+
+// apply returns w changed by o, or ErrBadRequest naming the bad field.
+func (o *Override) apply(w weights) (weights, error) {
+	if o == nil {
+		return w, nil
+	}
+	check := func(name string, p *float64) error {
+		if p != nil && (math.IsNaN(*p) || math.IsInf(*p, 0) || *p < 0) {
+			return fmt.Errorf("%w: override %s is %v, want a finite value >= 0", ErrBadRequest, name, *p)
+		}
+		return nil
+	}
+	for _, f := range []struct {
+		name string
+		p    *float64
+	}{{"OverlapScoreCredit", o.OverlapScoreCredit}, {"PrefillLoadScale", o.PrefillLoadScale}, {"Temperature", o.Temperature}, {"OverlapScoreWeight", o.OverlapScoreWeight}} {
+		if err := check(f.name, f.p); err != nil {
+			return w, err
+		}
+	}
+	if o.OverlapScoreCredit != nil {
+		w.credit = *o.OverlapScoreCredit
+	}
+	if o.PrefillLoadScale != nil {
+		w.scale = *o.PrefillLoadScale
+	}
+	if o.OverlapScoreWeight != nil {
+		w.scale = *o.OverlapScoreWeight
+		if *o.OverlapScoreWeight == 0 {
+			w.credit = 0
+		}
+	}
+	if o.Temperature != nil {
+		w.temperature = *o.Temperature
+	}
+	if o.AssumeKVReuse != nil {
+		w.assumeReuse = *o.AssumeKVReuse
+	}
+	if o.TrackPrefillTokens != nil {
+		w.trackPrefill = *o.TrackPrefillTokens
+	}
+	return w, nil
+}

@@ -1,0 +1,116 @@
+package selection
+
+import (
+	"math"
+	"math/rand/v2"
+)
+
+// candidate is one eligible (worker, rank) with everything its cost needs.
+type candidate struct {
+	idx int // position in the partition's candidate list
+
+	// overlap, in blocks
+	device, host, disk int
+	// load
+	activePrefill  int64
+	activeBlocks   int
+	newBlocks      int // this request's blocks not already active on the worker
+	activeRequests int
+	maxBatched     int
+
+	cost float64
+}
+
+// costInput is the request side of the cost.
+type costInput struct {
+	isl       int // prompt tokens
+	blockSize int
+}
+
+// effectiveOverlap returns device + hostW*host + diskW*disk blocks.
+func effectiveOverlap(c *candidate, w *weights) float64 {
+	e := float64(c.device)
+	if w.hostW > 0 {
+		e += w.hostW * float64(c.host)
+	}
+	if w.diskW > 0 {
+		e += w.diskW * float64(c.disk)
+	}
+	return e
+}
+
+// cachedTokens returns round(effective overlap x block size).
+func cachedTokens(c *candidate, w *weights, bs int) int {
+	return int(math.Round(effectiveOverlap(c, w) * float64(bs)))
+}
+
+// logit is the cost of sending the request to c; lower is better:
+//
+//	raw_prefill_tokens = A + max(0, T - min(cached, T)) + cached   (0 when prefill is not tracked)
+//	credit_blocks      = credit*device + hostW*host + diskW*disk
+//	logit = scale * max(0, raw_prefill_tokens/bs - credit_blocks)
+//	      + (active blocks + new blocks)
+//	      + decodeActiveRequestWeight * active requests
+func logit(c *candidate, in costInput, w *weights) float64 {
+	bs := float64(in.blockSize)
+	var rawPrefillBlocks float64
+	if w.trackPrefill {
+		t := in.isl
+		cached := cachedTokens(c, w, in.blockSize)
+		raw := c.activePrefill + int64(max(0, t-min(cached, t))) + int64(cached)
+		rawPrefillBlocks = float64(raw) / bs
+	}
+	credit := w.credit * float64(c.device)
+	if w.hostW > 0 {
+		credit += w.hostW * float64(c.host)
+	}
+	if w.diskW > 0 {
+		credit += w.diskW * float64(c.disk)
+	}
+	decode := float64(c.activeBlocks + c.newBlocks)
+	return w.scale*math.Max(0, rawPrefillBlocks-credit) + decode + w.activeReqWeight*float64(c.activeRequests)
+}
+
+// pick returns the index in cands of the chosen candidate: the cheapest with ties
+// broken uniformly at random when temperature is 0, else a softmax draw over
+// costs normalised by their range. cands must not be empty.
+func pick(cands []candidate, temperature float64, rng *rand.Rand) int {
+	if temperature <= 0 {
+		best, ties := 0, 1
+		for i := 1; i < len(cands); i++ {
+			switch c := cands[i].cost; {
+			case c < cands[best].cost:
+				best, ties = i, 1
+			case c == cands[best].cost:
+				ties++
+				if rng.IntN(ties) == 0 { // reservoir: keep each tie with prob 1/ties
+					best = i
+				}
+			}
+		}
+		return best
+	}
+	lo, hi := cands[0].cost, cands[0].cost
+	for _, c := range cands[1:] {
+		lo, hi = math.Min(lo, c.cost), math.Max(hi, c.cost)
+	}
+	span := hi - lo
+	if span == 0 || math.IsInf(span, 0) || math.IsNaN(span) {
+		return rng.IntN(len(cands))
+	}
+	var sum float64
+	for i := range cands {
+		p := math.Exp(-(cands[i].cost - lo) / (span * temperature))
+		cands[i].cost = p // reuse the field for the weight
+		sum += p
+	}
+	u := rng.Float64() * sum
+	acc := 0.0
+	for i := range cands {
+		acc += cands[i].cost
+		if u <= acc {
+			return i
+		}
+	}
+	return len(cands) - 1
+}

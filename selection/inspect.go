@@ -1,0 +1,201 @@
+package selection
+
+import (
+	"context"
+	"sort"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/reservation"
+)
+
+// WorkerLoad is the active load of one schedulable (worker, rank).
+type WorkerLoad struct {
+	WorkerID             string
+	DPRank               int
+	ActivePrefillTokens  int64
+	ActiveBlocks         int
+	ActiveRequests       int
+	MaxNumBatchedTokens  int
+	Busy                 bool
+	PotentialPrefill     int64 // PotentialLoads only: prefill tokens if this request went here
+	PotentialDecodeBlock int   // PotentialLoads only: active blocks if this request went here
+}
+
+// Loads returns the load of every schedulable rank of model ("" = DefaultModel),
+// sorted by worker and rank. Unknown model: nil.
+func (s *SelectionService) Loads(model string) []WorkerLoad {
+	p := s.partition(model)
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	ranks := p.ranks
+	p.mu.Unlock()
+	keys := make([]kvindex.WorkerRank, len(ranks))
+	for i, r := range ranks {
+		keys[i] = r.key
+	}
+	loads := s.ledger.AppendLoads(nil, keys, nil)
+	out := make([]WorkerLoad, len(ranks))
+	for i, r := range ranks {
+		out[i] = s.workerLoad(r, loads[i].Load)
+	}
+	sortLoads(out)
+	return out
+}
+
+func (s *SelectionService) workerLoad(r rankInfo, l reservation.Load) WorkerLoad {
+	c := candidate{activePrefill: l.ActivePrefillTokens, maxBatched: r.maxBatched}
+	return WorkerLoad{
+		WorkerID: r.key.Worker, DPRank: r.key.Rank,
+		ActivePrefillTokens: l.ActivePrefillTokens, ActiveBlocks: l.ActiveBlocks, ActiveRequests: l.ActiveRequests,
+		MaxNumBatchedTokens: r.maxBatched, Busy: s.busy(&c),
+	}
+}
+
+func sortLoads(ls []WorkerLoad) {
+	sort.Slice(ls, func(i, j int) bool {
+		if ls[i].WorkerID != ls[j].WorkerID {
+			return ls[i].WorkerID < ls[j].WorkerID
+		}
+		return ls[i].DPRank < ls[j].DPRank
+	})
+}
+
+func (s *SelectionService) partition(model string) *partition {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.partitions[modelOf(model)]
+}
+
+// Scored is one eligible rank's view of a request: its overlap, its load if the
+// request went there, and its cost.
+type Scored struct {
+	WorkerLoad
+	Overlap Overlap
+	// EffectivePrefillTokens is the prompt length minus weighted cached tokens.
+	EffectivePrefillTokens int
+	Cost                   float64
+}
+
+// PotentialLoads scores req against every eligible rank without picking or
+// booking: overlap, the load each would have with the request, and the cost.
+// Errors as Select.
+func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Scored, error) {
+	pr, err := s.prepare(&req)
+	if err != nil {
+		return nil, err
+	}
+	defer pr.release()
+	p := s.partition(pr.model)
+	if p == nil {
+		return nil, errNoModel(pr.model)
+	}
+	var matches []kvindex.Match
+	if p.index != nil {
+		matches = p.index.FindMatches(pr.seqs, kvindex.MatchOptions{})
+	} else {
+		matches = p.approx.FindMatches(pr.seqs, kvindex.MatchOptions{})
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ev, err := s.evaluate(p, pr, matches)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Scored, len(ev.cands))
+	for i := range ev.cands {
+		c := &ev.cands[i]
+		r := p.ranks[c.idx]
+		wl := s.workerLoad(r, reservation.Load{ActivePrefillTokens: c.activePrefill, ActiveBlocks: c.activeBlocks, ActiveRequests: c.activeRequests})
+		eff := effectivePrefill(c, pr, &pr.w, s.cfg.BlockSize)
+		wl.PotentialPrefill = c.activePrefill
+		if pr.w.trackPrefill {
+			wl.PotentialPrefill += int64(eff)
+		}
+		wl.PotentialDecodeBlock = c.activeBlocks + c.newBlocks
+		out[i] = Scored{WorkerLoad: wl, Overlap: Overlap{c.device, c.host, c.disk}, EffectivePrefillTokens: eff, Cost: c.cost}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].WorkerID != out[j].WorkerID {
+			return out[i].WorkerID < out[j].WorkerID
+		}
+		return out[i].DPRank < out[j].DPRank
+	})
+	return out, nil
+}
+
+// OverlapScores returns the overlap of req with every eligible rank (a row for
+// each, zero when it holds nothing). It is PotentialLoads reduced to overlap.
+func (s *SelectionService) OverlapScores(ctx context.Context, req Request) (map[kvindex.WorkerRank]Overlap, error) {
+	sc, err := s.PotentialLoads(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[kvindex.WorkerRank]Overlap, len(sc))
+	for _, x := range sc {
+		out[kvindex.WorkerRank{Worker: x.WorkerID, Rank: x.DPRank}] = x.Overlap
+	}
+	return out, nil
+}
+
+// ReadyStatus tells whether the service can route.
+type ReadyStatus struct {
+	// Ready is true when at least one worker is schedulable.
+	Ready bool
+	// Schedulable and Workers count schedulable workers and all workers.
+	Schedulable, Workers int
+}
+
+// Ready reports whether any worker is schedulable.
+func (s *SelectionService) Ready() ReadyStatus {
+	recs := s.cat.List()
+	st := ReadyStatus{Workers: len(recs)}
+	for _, r := range recs {
+		if r.Lifecycle == catalog.Schedulable {
+			st.Schedulable++
+		}
+	}
+	st.Ready = st.Schedulable > 0 && !s.closed.Load()
+	return st
+}
+
+// Stats is a snapshot of the service's counters.
+type Stats struct {
+	Selections, Bookings, PrefillCompleted, Frees uint64
+	// UnknownReservations counts PrefillComplete and FreeReservation calls for
+	// ids that were not booked.
+	UnknownReservations uint64
+	// Rejected counts failed Select and SelectAndReserve calls; Conflicts the
+	// duplicate reservation ids among them.
+	Rejected, Conflicts uint64
+	// Queued counts requests that waited; QueueRejected those refused because
+	// the queue was full; QueueCanceled those withdrawn by their context.
+	Queued, QueueRejected, QueueCanceled uint64
+	// QueueWaitTotal is the time requests spent waiting, summed.
+	QueueWaitTotal int64
+	// ChosenOverlapBlocks and BestOverlapBlocks sum, over decisions, the device
+	// overlap of the chosen worker and the best overlap any eligible worker had;
+	// RequestBlocks sums the requests' blocks. Chosen/Request is the hit rate the
+	// router achieved, Best/Request the hit rate it could have reached.
+	ChosenOverlapBlocks, BestOverlapBlocks, RequestBlocks uint64
+	// Expired counts bookings released because their lease passed.
+	Expired uint64
+	// Ledger is the reservation ledger's own snapshot.
+	Ledger reservation.Stats
+}
+
+// Stats returns the counters.
+func (s *SelectionService) Stats() Stats {
+	ls := s.ledger.Stats()
+	return Stats{
+		Selections: s.st.selections.Load(), Bookings: s.st.bookings.Load(),
+		PrefillCompleted: s.st.prefillDone.Load(), Frees: s.st.frees.Load(),
+		UnknownReservations: s.st.unknownIDs.Load(), Rejected: s.st.rejected.Load(), Conflicts: s.st.conflicts.Load(),
+		Queued: s.st.queued.Load(), QueueRejected: s.st.queueRejected.Load(), QueueCanceled: s.st.queueCanceled.Load(),
+		QueueWaitTotal:      s.st.queueWaitNanos.Load(),
+		ChosenOverlapBlocks: s.st.chosenOverlap.Load(), BestOverlapBlocks: s.st.bestOverlap.Load(), RequestBlocks: s.st.requestBlocks.Load(),
+		Expired: uint64(ls.Expired), Ledger: ls,
+	}
+}

@@ -1,0 +1,148 @@
+package selection
+
+import (
+	"container/heap"
+	mrand "math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/reservation"
+)
+
+// rankInfo is one schedulable (worker, rank) of a partition.
+type rankInfo struct {
+	key        kvindex.WorkerRank
+	endpoint   string
+	blockSize  int
+	maxBatched int
+}
+
+// partition is everything one model needs. Pick and book happen under mu, so two
+// requests of one model never both decide on the same stale load.
+type partition struct {
+	model  string
+	index  *kvindex.Index  // with KV events
+	approx *kvindex.Approx // without
+
+	mu    sync.Mutex
+	ranks []rankInfo
+	pos   map[kvindex.WorkerRank]int
+	rng   *mrand.Rand
+	queue waitQueue
+	seq   uint64
+	epoch time.Time
+	// scratch, under mu
+	cands []candidate
+	keys  []kvindex.WorkerRank
+	loads []reservation.CandidateLoad
+	byIdx []int32
+
+	sigMu   sync.Mutex
+	changed chan struct{} // closed and replaced when capacity may have freed
+	// inflight counts SelectAndReserve calls in progress: a load drop needs to
+	// wake someone only when one may be waiting.
+	inflight atomic.Int64
+}
+
+// rebuild replaces the candidate list with the schedulable records of the model.
+func (p *partition) rebuild(recs []catalog.Record) {
+	var ranks []rankInfo
+	for _, r := range recs {
+		w := r.Worker
+		for _, rank := range w.Ranks() {
+			ranks = append(ranks, rankInfo{
+				key:        kvindex.WorkerRank{Worker: w.ID, Rank: rank},
+				endpoint:   w.Endpoint,
+				blockSize:  w.BlockSize,
+				maxBatched: w.MaxNumBatchedTokens,
+			})
+		}
+	}
+	pos := make(map[kvindex.WorkerRank]int, len(ranks))
+	for i, r := range ranks {
+		pos[r.key] = i
+	}
+	p.mu.Lock()
+	p.ranks, p.pos = ranks, pos
+	p.mu.Unlock()
+}
+
+// signal wakes every waiter so the head of the queue re-checks capacity.
+func (p *partition) signal() {
+	p.sigMu.Lock()
+	close(p.changed)
+	p.changed = make(chan struct{})
+	p.sigMu.Unlock()
+}
+
+// signalIfWaiting is signal for the hot path (every Free): it does nothing when
+// no request of the model is in flight. A request counts itself in flight before
+// it takes its wake-up channel, so no wake-up it needs can be skipped.
+func (p *partition) signalIfWaiting() {
+	if p.inflight.Load() > 0 {
+		p.signal()
+	}
+}
+
+func (p *partition) waitChan() <-chan struct{} {
+	p.sigMu.Lock()
+	defer p.sigMu.Unlock()
+	return p.changed
+}
+
+// waiter is a request in the admission queue.
+type waiter struct {
+	tier  int
+	score float64
+	seq   uint64
+	index int // position in the heap, -1 when not queued
+}
+
+// waitQueue is a max-heap: higher strict tier first, then higher score, then
+// earlier enqueue.
+type waitQueue []*waiter
+
+func (q waitQueue) Len() int { return len(q) }
+func (q waitQueue) Less(i, j int) bool {
+	a, b := q[i], q[j]
+	if a.tier != b.tier {
+		return a.tier > b.tier
+	}
+	if a.score != b.score {
+		return a.score > b.score
+	}
+	return a.seq < b.seq
+}
+func (q waitQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index, q[j].index = i, j
+}
+func (q *waitQueue) Push(x any) {
+	w := x.(*waiter)
+	w.index = len(*q)
+	*q = append(*q, w)
+}
+func (q *waitQueue) Pop() any {
+	old := *q
+	w := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	w.index = -1
+	return w
+}
+
+func (q *waitQueue) remove(w *waiter) {
+	if w.index >= 0 {
+		heap.Remove(q, w.index)
+	}
+}
+
+func (q waitQueue) head() *waiter {
+	if len(q) == 0 {
+		return nil
+	}
+	return q[0]
+}

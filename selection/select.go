@@ -1,0 +1,507 @@
+package selection
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/reservation"
+)
+
+// Priority orders a request in the admission queue.
+type Priority struct {
+	// Tier is a strict priority: every waiting request of a higher tier is
+	// admitted before any of a lower tier. Default 0.
+	Tier int
+	// Jump moves the request ahead within its tier: by that many seconds of
+	// arrival time (FCFS, LCFS), or as the weight of WSPT. >= 0.
+	Jump float64
+}
+
+// Request is one routing request.
+type Request struct {
+	// Model selects the partition; "" means DefaultModel.
+	Model string
+	// ReservationID names the booking (SelectAndReserve). Empty: a random id is
+	// minted and returned in the Result.
+	ReservationID string
+	// Tokens are the prompt's token ids exactly as the engine will see them.
+	// Alternatively give SeqHashes and ISL.
+	Tokens []uint32
+	// SeqHashes are precomputed sequence hashes (kvindex.Hasher with this
+	// request's LoRA name and salt), used when Tokens is empty; ISL is then the
+	// prompt length in tokens and must be > 0 and cover every hash.
+	SeqHashes []uint64
+	ISL       int
+	// LoRAName and CacheSalt isolate adapters and tenants.
+	LoRAName, CacheSalt string
+	// Allowed, when non-nil, restricts the pick to these worker ids (the
+	// gateway's subset hint).
+	Allowed []string
+	// Override changes scoring weights for this request.
+	Override *Override
+	// Priority orders the request while it waits for capacity.
+	Priority Priority
+	// ExpectedOutputTokens is recorded with the booking. >= 0.
+	ExpectedOutputTokens int
+}
+
+// Overlap is how many of the request's leading blocks the chosen worker holds:
+// Device on the accelerator, and Host and Disk extending that prefix from lower
+// tiers.
+type Overlap struct {
+	Device, Host, Disk int
+}
+
+// Result is the outcome of Select or SelectAndReserve.
+type Result struct {
+	// ReservationID is the booking's id (empty for Select).
+	ReservationID string
+	WorkerID      string
+	DPRank        int
+	// Endpoint is the worker's host:port.
+	Endpoint  string
+	BlockSize int
+	Overlap   Overlap
+	// RequestBlocks is the number of complete blocks of the prompt.
+	RequestBlocks int
+	// EffectivePrefillTokens is the prompt length minus the weighted cached
+	// tokens: what the worker must still compute.
+	EffectivePrefillTokens int
+	// PotentialDecodeBlocks is the worker's active blocks after this request.
+	PotentialDecodeBlocks int
+	// Cost is the chosen worker's cost (lower is better).
+	Cost float64
+	// QueueWait is how long the request waited for capacity.
+	QueueWait time.Duration
+	// Busy is set by Select when every eligible worker was busy: the pick is
+	// advisory, a SelectAndReserve would have waited.
+	Busy bool
+}
+
+// prepared is a validated request.
+type prepared struct {
+	model    string
+	seqs     []uint64
+	active   []uint64 // hashes booked as active blocks
+	isl      int
+	w        weights
+	allowed  map[string]struct{}
+	priority Priority
+	req      *Request
+}
+
+var matchPool = sync.Pool{New: func() any { m := make([]kvindex.Match, 0, 64); return &m }}
+
+var seqPool = sync.Pool{New: func() any { s := make([]uint64, 0, 512); return &s }}
+
+func (s *SelectionService) prepare(req *Request) (*prepared, error) {
+	pr := &prepared{model: modelOf(req.Model), req: req, priority: req.Priority}
+	var err error
+	if pr.w, err = req.Override.apply(s.base); err != nil {
+		return nil, err
+	}
+	if req.ExpectedOutputTokens < 0 {
+		return nil, fmt.Errorf("%w: ExpectedOutputTokens %d is negative", ErrBadRequest, req.ExpectedOutputTokens)
+	}
+	if math.IsNaN(req.Priority.Jump) || math.IsInf(req.Priority.Jump, 0) || req.Priority.Jump < 0 {
+		return nil, fmt.Errorf("%w: Priority.Jump %v, want a finite value >= 0", ErrBadRequest, req.Priority.Jump)
+	}
+	bs := s.cfg.BlockSize
+	buf := seqPool.Get().(*[]uint64)
+	switch {
+	case len(req.Tokens) > 0:
+		h, _ := kvindex.NewHasher(bs, kvindex.HashOptions{LoRAName: req.LoRAName, CacheSalt: req.CacheSalt})
+		pr.seqs = h.AppendSeqHashes((*buf)[:0], req.Tokens)
+		pr.isl = len(req.Tokens)
+	case len(req.SeqHashes) > 0:
+		if req.ISL <= 0 || req.ISL < len(req.SeqHashes)*bs {
+			seqPool.Put(buf)
+			return nil, fmt.Errorf("%w: ISL %d does not cover %d hashed blocks of %d tokens", ErrBadRequest, req.ISL, len(req.SeqHashes), bs)
+		}
+		pr.seqs = append((*buf)[:0], req.SeqHashes...)
+		pr.isl = req.ISL
+	default:
+		seqPool.Put(buf)
+		return nil, fmt.Errorf("%w: request has neither tokens nor sequence hashes", ErrBadRequest)
+	}
+	*buf = pr.seqs
+	if req.Allowed != nil {
+		pr.allowed = make(map[string]struct{}, len(req.Allowed))
+		for _, id := range req.Allowed {
+			pr.allowed[id] = struct{}{}
+		}
+	}
+	if pr.w.trackActive {
+		if pr.w.assumeReuse {
+			pr.active = pr.seqs
+			if pr.isl%bs != 0 { // the partial tail block is private to the request
+				pr.active = append(pr.active[:len(pr.active):len(pr.active)], s.randomHash())
+			}
+		} else {
+			n := (pr.isl + bs - 1) / bs
+			pr.active = make([]uint64, n)
+			for i := range pr.active {
+				pr.active[i] = s.randomHash()
+			}
+		}
+	}
+	return pr, nil
+}
+
+func (pr *prepared) release() {
+	s := pr.seqs[:0]
+	seqPool.Put(&s)
+}
+
+var hashMu sync.Mutex
+
+func (s *SelectionService) randomHash() uint64 {
+	hashMu.Lock()
+	defer hashMu.Unlock()
+	return s.seeds.Uint64()
+}
+
+// Select picks a worker for req without booking it and without waiting: when
+// every eligible worker is busy it still answers, with Result.Busy set. Errors:
+// ErrBadRequest, ErrNotReady, ErrNoEndpoints, ErrClosed.
+func (s *SelectionService) Select(ctx context.Context, req Request) (Result, error) {
+	return s.decide(ctx, &req, false)
+}
+
+// SelectAndReserve picks a worker for req and books it atomically: the pick and
+// the booking happen under the model's lock, so two concurrent calls never both
+// see the load from before the other's booking. When queueing is on and every
+// eligible worker is busy it waits in the model's admission queue until capacity
+// frees, ctx is done (nothing is booked; ctx's error is returned) or the service
+// closes. Errors: ErrBadRequest, ErrNotReady, ErrNoEndpoints, ErrConflict (the
+// reservation id is booked), ErrOverloaded (queue full), ErrClosed, ctx errors.
+func (s *SelectionService) SelectAndReserve(ctx context.Context, req Request) (Result, error) {
+	return s.decide(ctx, &req, true)
+}
+
+func (s *SelectionService) decide(ctx context.Context, req *Request, reserve bool) (res Result, err error) {
+	model := modelOf(req.Model)
+	defer func() {
+		if err != nil {
+			s.st.rejected.Add(1)
+			s.rec.Rejected(model, err)
+		}
+	}()
+	if s.closed.Load() {
+		return Result{}, ErrClosed
+	}
+	if reserve && req.ReservationID == "" {
+		req.ReservationID = newReservationID()
+	}
+	pr, err := s.prepare(req)
+	if err != nil {
+		return Result{}, err
+	}
+	defer pr.release()
+	s.mu.RLock()
+	p := s.partitions[pr.model]
+	s.mu.RUnlock()
+	if p == nil {
+		return Result{}, fmt.Errorf("%w: no worker serves model %q", ErrNotReady, pr.model)
+	}
+	// Overlap lookups run outside the partition lock; the index has its own.
+	mbuf := matchPool.Get().(*[]kvindex.Match)
+	defer func() { *mbuf = (*mbuf)[:0]; matchPool.Put(mbuf) }()
+	if p.index != nil {
+		*mbuf = p.index.AppendMatches((*mbuf)[:0], pr.seqs, kvindex.MatchOptions{})
+	} else {
+		*mbuf = p.approx.AppendMatches((*mbuf)[:0], pr.seqs, kvindex.MatchOptions{})
+	}
+	matches := *mbuf
+
+	p.inflight.Add(1)
+	defer p.inflight.Add(-1)
+	start := s.clock.Now()
+	var w *waiter
+	for {
+		wake := p.waitChan() // taken before evaluating: no wake-up can be lost
+		p.mu.Lock()
+		if s.closed.Load() {
+			s.leaveQueueLocked(p, w)
+			p.mu.Unlock()
+			return Result{}, ErrClosed
+		}
+		ev, err := s.evaluate(p, pr, matches)
+		if err != nil {
+			s.leaveQueueLocked(p, w)
+			p.mu.Unlock()
+			return Result{}, err
+		}
+		mayGo := !ev.allBusy && (p.queue.Len() == 0 || p.queue.head() == w)
+		if !reserve || mayGo {
+			res, err := s.commit(p, pr, ev, reserve)
+			if err == nil {
+				s.leaveQueueLocked(p, w)
+			}
+			p.mu.Unlock()
+			if err != nil {
+				return Result{}, err
+			}
+			res.QueueWait = s.clock.Now().Sub(start)
+			if w != nil {
+				s.st.queueWaitNanos.Add(int64(res.QueueWait))
+			}
+			if p.queue.Len() > 0 {
+				p.signal() // the next head may fit too
+			}
+			s.rec.Selected(pr.model, Decision{
+				Worker: res.WorkerID, Rank: res.DPRank, Candidates: len(ev.cands),
+				ChosenOverlapBlocks: res.Overlap.Device, BestOverlapBlocks: ev.bestOverlap,
+				RequestBlocks: res.RequestBlocks, EffectivePrefill: res.EffectivePrefillTokens,
+				QueueWait: res.QueueWait, Reserved: reserve, Cost: res.Cost,
+				PotentialDecodeBlocks: res.PotentialDecodeBlocks,
+			})
+			return res, nil
+		}
+		if w == nil {
+			if p.queue.Len() >= s.cfg.QueueLimit {
+				p.mu.Unlock()
+				s.st.queueRejected.Add(1)
+				return Result{}, fmt.Errorf("%w: model %q has %d requests waiting", ErrOverloaded, pr.model, p.queue.Len())
+			}
+			p.seq++
+			w = &waiter{tier: pr.priority.Tier, score: s.queueScore(p, pr, ev, start), seq: p.seq}
+			heap.Push(&p.queue, w)
+			s.st.queued.Add(1)
+			if !ev.allBusy {
+				// Capacity exists but others wait ahead: make sure the head looks.
+				defer p.signal()
+			}
+		}
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			p.mu.Lock()
+			wasHead := p.queue.head() == w
+			s.leaveQueueLocked(p, w)
+			p.mu.Unlock()
+			if wasHead {
+				p.signal()
+			}
+			s.st.queueCanceled.Add(1)
+			return Result{}, fmt.Errorf("selection: request withdrawn from the queue of model %q: %w", pr.model, ctx.Err())
+		case <-wake:
+		}
+	}
+}
+
+func (s *SelectionService) leaveQueueLocked(p *partition, w *waiter) {
+	if w != nil {
+		p.queue.remove(w)
+	}
+}
+
+// queueScore is the waiter's order within its tier (higher first).
+func (s *SelectionService) queueScore(p *partition, pr *prepared, ev *evaluation, arrival time.Time) float64 {
+	jump := pr.priority.Jump
+	offset := arrival.Sub(p.epoch).Seconds()
+	switch s.cfg.QueuePolicy {
+	case QueueLCFS:
+		return jump + offset
+	case QueueWSPT:
+		return (1 + jump) / math.Max(1, float64(ev.bestPrefill))
+	default:
+		return jump - offset
+	}
+}
+
+// evaluation is one look at a partition's candidates for a request.
+type evaluation struct {
+	cands       []candidate
+	allBusy     bool
+	bestOverlap int
+	bestPrefill int
+}
+
+// evaluate scores every eligible candidate. p.mu is held.
+func (s *SelectionService) evaluate(p *partition, pr *prepared, matches []kvindex.Match) (*evaluation, error) {
+	if len(p.ranks) == 0 {
+		return nil, fmt.Errorf("%w: model %q has no schedulable worker", ErrNotReady, pr.model)
+	}
+	if cap(p.byIdx) < len(p.ranks) {
+		p.byIdx = make([]int32, len(p.ranks))
+	}
+	byIdx := p.byIdx[:len(p.ranks)]
+	cands, keys := p.cands[:0], p.keys[:0]
+	for i, r := range p.ranks {
+		byIdx[i] = -1
+		if pr.allowed != nil {
+			if _, ok := pr.allowed[r.key.Worker]; !ok {
+				continue
+			}
+		}
+		byIdx[i] = int32(len(cands))
+		cands = append(cands, candidate{idx: i, maxBatched: r.maxBatched})
+		keys = append(keys, r.key)
+	}
+	p.cands, p.keys = cands, keys
+	if len(cands) == 0 {
+		return nil, fmt.Errorf("%w: none of the %d allowed workers serves model %q", ErrNoEndpoints, len(pr.allowed), pr.model)
+	}
+	p.loads = s.ledger.AppendLoads(p.loads[:0], keys, pr.active)
+	for i := range cands {
+		l := p.loads[i]
+		cands[i].activePrefill = l.Load.ActivePrefillTokens
+		cands[i].activeBlocks = l.Load.ActiveBlocks
+		cands[i].activeRequests = l.Load.ActiveRequests
+		cands[i].newBlocks = l.NewBlocks
+	}
+	for _, m := range matches {
+		if i, ok := p.pos[m.Worker]; ok && byIdx[i] >= 0 {
+			c := &cands[byIdx[i]]
+			c.device, c.host, c.disk = m.Device, m.Host, m.Disk
+		}
+	}
+	ev := &evaluation{cands: cands, bestPrefill: math.MaxInt}
+	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
+	busy := 0
+	for i := range cands {
+		c := &cands[i]
+		c.cost = logit(c, in, &pr.w)
+		ev.bestOverlap = max(ev.bestOverlap, c.device)
+		ev.bestPrefill = min(ev.bestPrefill, effectivePrefill(c, pr, &pr.w, s.cfg.BlockSize))
+		if s.busy(c) {
+			busy++
+		}
+	}
+	ev.allBusy = busy == len(cands)
+	return ev, nil
+}
+
+// busy reports whether c's active prefill exceeds the queue threshold times its
+// max_num_batched_tokens. Always false when queueing is off.
+func (s *SelectionService) busy(c *candidate) bool {
+	if s.cfg.QueueThreshold == nil {
+		return false
+	}
+	base := c.maxBatched
+	if base <= 0 {
+		base = DefaultMaxNumBatchedTokens
+	}
+	return float64(c.activePrefill) > *s.cfg.QueueThreshold*float64(base)
+}
+
+func effectivePrefill(c *candidate, pr *prepared, w *weights, bs int) int {
+	cached := min(cachedTokens(c, w, bs), pr.isl)
+	return pr.isl - cached
+}
+
+// commit picks among the candidates that are not busy (all of them when every one
+// is busy, which only Select reaches) and books the pick when reserve is set.
+// p.mu is held.
+func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, reserve bool) (Result, error) {
+	pool := ev.cands
+	if !ev.allBusy && s.cfg.QueueThreshold != nil {
+		n := 0
+		for _, c := range ev.cands {
+			if !s.busy(&c) {
+				pool[n] = c
+				n++
+			}
+		}
+		pool = pool[:n]
+	}
+	c := pool[pick(pool, pr.w.temperature, p.rng)]
+	// pick may reuse cost for softmax weights: recompute for the result.
+	c.cost = logit(&c, costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}, &pr.w)
+	r := p.ranks[c.idx]
+	eff := effectivePrefill(&c, pr, &pr.w, s.cfg.BlockSize)
+	res := Result{
+		WorkerID: r.key.Worker, DPRank: r.key.Rank, Endpoint: r.endpoint, BlockSize: s.cfg.BlockSize,
+		Overlap:                Overlap{Device: c.device, Host: c.host, Disk: c.disk},
+		RequestBlocks:          len(pr.seqs),
+		EffectivePrefillTokens: eff,
+		PotentialDecodeBlocks:  c.activeBlocks + c.newBlocks,
+		Cost:                   c.cost,
+		Busy:                   ev.allBusy,
+	}
+	s.st.selections.Add(1)
+	s.st.chosenOverlap.Add(uint64(c.device))
+	s.st.bestOverlap.Add(uint64(ev.bestOverlap))
+	s.st.requestBlocks.Add(uint64(len(pr.seqs)))
+	if !reserve {
+		return res, nil
+	}
+	prefill := 0
+	if pr.w.trackPrefill {
+		prefill = eff
+	}
+	err := s.ledger.Book(reservation.Booking{
+		ID: pr.req.ReservationID, Worker: r.key, SeqHashes: pr.active,
+		PrefillTokens: prefill, ExpectedOutputTokens: pr.req.ExpectedOutputTokens,
+	})
+	if err != nil {
+		if errors.Is(err, reservation.ErrConflict) {
+			s.st.conflicts.Add(1)
+			return Result{}, fmt.Errorf("%w: %w", ErrConflict, err)
+		}
+		return Result{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	if p.approx != nil {
+		p.approx.Record(r.key, pr.seqs)
+	}
+	s.st.bookings.Add(1)
+	res.ReservationID = pr.req.ReservationID
+	return res, nil
+}
+
+// PrefillComplete marks the end of a booking's prefill (its first output): the
+// prompt tokens stop counting as prefill load; its blocks stay active. Calling it
+// again is a no-op. Unknown id: ErrUnknownReservation (harmless).
+func (s *SelectionService) PrefillComplete(id string) error {
+	if err := s.ledger.PrefillComplete(id); err != nil {
+		if errors.Is(err, reservation.ErrUnknownReservation) {
+			s.st.unknownIDs.Add(1)
+			return fmt.Errorf("%w: %w", ErrUnknownReservation, err)
+		}
+		return err
+	}
+	s.st.prefillDone.Add(1)
+	return nil
+}
+
+// FreeReservation releases everything a booking added (end of stream, cancel,
+// error). Freeing twice, or an unknown or expired id, is ErrUnknownReservation and
+// changes nothing.
+func (s *SelectionService) FreeReservation(id string) error {
+	if err := s.ledger.Free(id); err != nil {
+		if errors.Is(err, reservation.ErrUnknownReservation) {
+			s.st.unknownIDs.Add(1)
+			return fmt.Errorf("%w: %w", ErrUnknownReservation, err)
+		}
+		return err
+	}
+	s.st.frees.Add(1)
+	return nil
+}
+
+// ExpireReservations frees every booking whose lease has passed by the clock and
+// returns how many. The service's sweeper calls it periodically; call it yourself
+// with a fake clock or a disabled sweeper.
+func (s *SelectionService) ExpireReservations() int {
+	return s.ledger.Expire(s.clock.Now())
+}
+
+// loadDropped is the ledger's hook: some worker's load went down, so a waiting
+// request may now fit. It runs outside the ledger's lock and takes no service lock
+// that a ledger caller might hold.
+func (s *SelectionService) loadDropped(w kvindex.WorkerRank) {
+	if p, ok := s.partOf.Load(w.Worker); ok {
+		p.(*partition).signalIfWaiting()
+	}
+}
+
+func errNoModel(model string) error {
+	return fmt.Errorf("%w: no worker serves model %q", ErrNotReady, model)
+}

@@ -1,0 +1,396 @@
+package selection
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/kvindex/kvevents"
+	"github.com/kvselect/kvselect/reservation"
+)
+
+// DefaultModel is the partition of workers and requests that name no model.
+const DefaultModel = "default"
+
+// SelectionService picks and books workers for requests. It is safe for concurrent
+// use. Build it with SelectionServiceBuilder; Close it to stop its goroutines.
+//
+// Workers and requests are partitioned by model: each model has its own index,
+// candidate list, admission queue and lock, so a request is only ever routed to a
+// worker of its model, and models never contend with each other.
+type SelectionService struct {
+	cfg    Config
+	base   weights
+	clock  Clock
+	logger *slog.Logger
+	rec    Recorder
+
+	cat    *catalog.Catalog
+	ledger *reservation.Ledger
+
+	// mu guards partitions and workerPart, and is held for reading while an
+	// event is applied, so a deleted worker's late events cannot reach an index.
+	mu         sync.RWMutex
+	partitions map[string]*partition
+	workerPart map[string]*partition
+	seeds      *mrand.Rand
+	// partOf mirrors workerPart for readers that must not take mu (the ledger's
+	// hook runs on goroutines that may hold it).
+	partOf sync.Map
+
+	feed    *kvevents.Feed // nil without KV events
+	handler *kvevents.IndexHandler
+
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closed    atomic.Bool
+	closeOnce sync.Once
+
+	st serviceCounters
+}
+
+type serviceCounters struct {
+	selections, bookings, prefillDone, frees, unknownIDs, rejected atomic.Uint64
+	queued, queueRejected, queueCanceled, conflicts                atomic.Uint64
+	chosenOverlap, bestOverlap, requestBlocks                      atomic.Uint64
+	queueWaitNanos                                                 atomic.Int64
+}
+
+func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, rec Recorder, sweep time.Duration, fo FeedOptions, external bool) (*SelectionService, error) {
+	s := &SelectionService{
+		cfg: cfg, base: cfg.weights(), clock: clock, logger: logger, rec: rec,
+		partitions: make(map[string]*partition),
+		workerPart: make(map[string]*partition),
+		seeds:      rng,
+	}
+	var err error
+	s.cat, err = catalog.New(catalog.Options{
+		Requirements: catalog.Requirements{KVEvents: cfg.UseKVEvents && !external, Queueing: cfg.QueueThreshold != nil},
+		Now:          clock.Now,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("selection: catalog: %w", err)
+	}
+	s.ledger, err = reservation.New(reservation.Options{
+		Clock:        clock,
+		DefaultLease: cfg.ActiveRequestExpiry,
+		OnChange:     s.loadDropped,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("selection: ledger: %w", err)
+	}
+	if cfg.UseKVEvents && !external {
+		s.handler, err = kvevents.NewIndexHandler(routingApplier{s}, kvevents.HandlerOptions{BlockSize: cfg.BlockSize, Logger: logger})
+		if err != nil {
+			return nil, fmt.Errorf("selection: event handler: %w", err)
+		}
+		s.feed, err = kvevents.NewFeed(kvevents.FeedOptions{
+			Handler: s.handler, QueueLen: fo.QueueLen,
+			ReconnectMin: fo.ReconnectMin, ReconnectMax: fo.ReconnectMax, Logger: logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: event feed: %w", ErrInvalidConfig, err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	if s.feed != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			_ = s.feed.Run(ctx)
+		}()
+	}
+	if sweep > 0 {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			t := time.NewTicker(sweep)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					s.ExpireReservations()
+				}
+			}
+		}()
+	}
+	return s, nil
+}
+
+// Close stops the event feed and the expiry sweeper and waits for them; requests
+// waiting in admission queues return ErrClosed. Later calls return ErrClosed.
+// Close is idempotent and safe to call concurrently.
+func (s *SelectionService) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.cancel()
+		s.wg.Wait()
+		s.mu.RLock()
+		for _, p := range s.partitions {
+			p.signal()
+		}
+		s.mu.RUnlock()
+	})
+	return nil
+}
+
+// routingApplier sends each event to the index of its worker's partition. Events of
+// unknown workers (deleted, or never added) are refused.
+type routingApplier struct{ s *SelectionService }
+
+var errUnroutable = errors.New("selection: event for a worker not in the catalog")
+
+func (r routingApplier) Apply(w kvindex.WorkerRank, ev kvindex.Event) error {
+	r.s.mu.RLock()
+	defer r.s.mu.RUnlock()
+	p := r.s.workerPart[w.Worker]
+	if p == nil || p.index == nil {
+		return errUnroutable
+	}
+	return p.index.Apply(w, ev)
+}
+
+// ApplyEvent applies one KV event of a worker rank to its model's index, for
+// services built with ExternalEvents (it works with the built-in feed too, but
+// then competes with it). Events of workers not in the catalog are refused
+// (ErrNotFound); the index's own errors (kvindex.ErrUnknownParent, ...) are
+// returned as they are. Without KV events it returns ErrBadRequest.
+func (s *SelectionService) ApplyEvent(w kvindex.WorkerRank, ev kvindex.Event) error {
+	if !s.cfg.UseKVEvents {
+		return fmt.Errorf("%w: KV events are off (approximate mode)", ErrBadRequest)
+	}
+	err := routingApplier{s}.Apply(w, ev)
+	if errors.Is(err, errUnroutable) {
+		return fmt.Errorf("%w: worker %q", ErrNotFound, w.Worker)
+	}
+	return err
+}
+
+func (r routingApplier) ClearRank(w kvindex.WorkerRank) {
+	r.s.mu.RLock()
+	defer r.s.mu.RUnlock()
+	if p := r.s.workerPart[w.Worker]; p != nil && p.index != nil {
+		p.index.ClearRank(w)
+	}
+}
+
+func modelOf(m string) string {
+	if m == "" {
+		return DefaultModel
+	}
+	return m
+}
+
+// partitionLocked returns the partition of model, creating it. s.mu is held.
+func (s *SelectionService) partitionLocked(model string) *partition {
+	if p := s.partitions[model]; p != nil {
+		return p
+	}
+	p := &partition{
+		model:   model,
+		rng:     mrand.New(mrand.NewPCG(s.seeds.Uint64(), s.seeds.Uint64())),
+		changed: make(chan struct{}),
+		epoch:   s.clock.Now(),
+		pos:     map[kvindex.WorkerRank]int{},
+	}
+	if s.cfg.UseKVEvents {
+		p.index, _ = kvindex.New(kvindex.Options{BlockSize: s.cfg.BlockSize})
+	} else {
+		p.approx, _ = kvindex.NewApprox(kvindex.ApproxOptions{TTL: s.cfg.RouterTTL, MaxBlocks: s.cfg.ApproxMaxBlocks, Now: s.clock.Now})
+	}
+	s.partitions[model] = p
+	return p
+}
+
+// UpsertWorker adds or replaces a worker. The returned record says whether it is
+// schedulable and, if not, why. With KV events on, it starts the event sources of
+// the worker's ranks, and restarts (and clears) only those whose endpoints changed.
+// A worker whose model changed moves to the new model's partition with a clean
+// slate. Errors: ErrBadRequest (wrapping the catalog's validation error, or a block
+// size that is not a multiple of the service's), ErrClosed.
+func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error) {
+	if s.closed.Load() {
+		return catalog.Record{}, ErrClosed
+	}
+	w.Model = modelOf(w.Model)
+	if w.BlockSize > 0 && w.BlockSize%s.cfg.BlockSize != 0 {
+		return catalog.Record{}, fmt.Errorf("%w: worker %q block size %d is not a multiple of the router block size %d", ErrBadRequest, w.ID, w.BlockSize, s.cfg.BlockSize)
+	}
+	s.mu.Lock()
+	prevRec, hadPrev := s.cat.Get(w.ID)
+	rec, _, err := s.cat.Upsert(w)
+	if err != nil {
+		s.mu.Unlock()
+		return catalog.Record{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	var oldP *partition
+	if hadPrev {
+		oldP = s.workerPart[w.ID]
+	}
+	p := s.partitionLocked(w.Model)
+	var stale []kvindex.WorkerRank // event sources to stop
+	var clearRanks []kvindex.WorkerRank
+	if oldP != nil && oldP != p {
+		// Model changed: drop everything the old partition knew.
+		s.forgetWorkerLocked(oldP, w.ID)
+		stale = append(stale, ranksOf(prevRec.Worker)...)
+	} else if hadPrev {
+		oldSrc := sourcesOf(prevRec.Worker)
+		newSrc := sourcesOf(w)
+		for wr, oc := range oldSrc {
+			if nc, ok := newSrc[wr]; !ok || nc != oc {
+				stale = append(stale, wr)
+				clearRanks = append(clearRanks, wr)
+			}
+		}
+	}
+	for _, wr := range clearRanks {
+		if p.index != nil {
+			p.index.ClearRank(wr)
+		}
+	}
+	s.workerPart[w.ID] = p
+	s.partOf.Store(w.ID, p)
+	p.rebuild(s.cat.Schedulable(p.model))
+	var add []kvevents.SourceConfig
+	if s.feed != nil {
+		for wr, c := range sourcesOf(w) {
+			add = append(add, kvevents.SourceConfig{Worker: wr, Endpoint: c.endpoint, ReplayEndpoint: c.replay})
+		}
+	}
+	s.mu.Unlock()
+
+	// Outside s.mu: stopping a source waits for its handler calls, which take
+	// s.mu for reading.
+	if s.feed != nil {
+		for _, wr := range stale {
+			_ = s.feed.RemoveSource(wr)
+			s.handler.Forget(wr)
+		}
+		for _, c := range add {
+			if err := s.feed.AddSource(c); err != nil && !errors.Is(err, kvevents.ErrFeedStopped) {
+				s.logger.Warn("kv event source not started", "worker", c.Worker.String(), "err", err)
+			}
+		}
+	}
+	p.signal()
+	if oldP != nil && oldP != p {
+		oldP.signal()
+	}
+	return rec, nil
+}
+
+// forgetWorkerLocked removes a worker's index state, bookings and candidacy from
+// p. s.mu is held.
+func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
+	if p.index != nil {
+		p.index.RemoveWorker(id)
+	}
+	if p.approx != nil {
+		p.approx.RemoveWorker(id)
+	}
+	delete(s.workerPart, id)
+	s.partOf.Delete(id)
+	s.ledger.RemoveWorker(id)
+	p.rebuild(s.cat.Schedulable(p.model))
+}
+
+// DeleteWorker removes a worker: nothing routes to it any more, its event sources
+// stop, and its index blocks and active load are dropped (its bookings are freed).
+// The returned record is the final one (Unschedulable, deleted). Unknown id:
+// ErrNotFound.
+func (s *SelectionService) DeleteWorker(id string) (catalog.Record, error) {
+	s.mu.Lock()
+	rec, err := s.cat.Delete(id)
+	if err != nil {
+		s.mu.Unlock()
+		return catalog.Record{}, fmt.Errorf("%w: worker %q: %w", ErrNotFound, id, err)
+	}
+	p := s.workerPart[id]
+	if p != nil {
+		s.forgetWorkerLocked(p, id)
+	}
+	s.mu.Unlock()
+	if s.feed != nil {
+		for _, wr := range ranksOf(rec.Worker) {
+			_ = s.feed.RemoveSource(wr)
+			s.handler.Forget(wr)
+		}
+		// A batch applied between the catalog delete and the source stop was
+		// refused by the routing applier, so nothing of the worker is left.
+	}
+	if p != nil {
+		p.signal()
+	}
+	return rec, nil
+}
+
+// Workers lists every worker record, sorted by id.
+func (s *SelectionService) Workers() []catalog.Record { return s.cat.List() }
+
+type sourceCfg struct{ endpoint, replay string }
+
+func ranksOf(w catalog.Worker) []kvindex.WorkerRank {
+	var out []kvindex.WorkerRank
+	for _, r := range w.Ranks() {
+		out = append(out, kvindex.WorkerRank{Worker: w.ID, Rank: r})
+	}
+	return out
+}
+
+// sourcesOf returns the event endpoints of each rank. A replay endpoint is given
+// per worker; rank r uses its port plus the rank's offset from DPStart, as vLLM
+// offsets every data-parallel rank's ports.
+func sourcesOf(w catalog.Worker) map[kvindex.WorkerRank]sourceCfg {
+	out := map[kvindex.WorkerRank]sourceCfg{}
+	for _, r := range w.Ranks() {
+		ep, ok := w.EventEndpoint(r)
+		if !ok || ep == "" {
+			continue
+		}
+		out[kvindex.WorkerRank{Worker: w.ID, Rank: r}] = sourceCfg{endpoint: ep, replay: offsetPort(w.ReplayEndpoint, r-w.DPStart)}
+	}
+	return out
+}
+
+// offsetPort adds off to the port of a tcp://host:port endpoint; other endpoints
+// are returned unchanged for offset 0 and dropped otherwise.
+func offsetPort(ep string, off int) string {
+	if ep == "" || off == 0 {
+		return ep
+	}
+	const scheme = "tcp://"
+	if len(ep) <= len(scheme) || ep[:len(scheme)] != scheme {
+		return ""
+	}
+	host, port, err := net.SplitHostPort(ep[len(scheme):])
+	if err != nil {
+		return ""
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n+off > 65535 {
+		return ""
+	}
+	return scheme + net.JoinHostPort(host, strconv.Itoa(n+off))
+}
+
+// newReservationID returns a random 128-bit id in hex.
+func newReservationID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
