@@ -1,0 +1,94 @@
+// Package tokenize obtains, for an OpenAI request, the exact token ids the
+// engine will compute for it, by asking a tokenizer service that belongs to the
+// backend (the engine itself or a renderer running the same tokenizer and chat
+// template). KV-aware routing hashes these ids into blocks; ids that differ from
+// the engine's by a single template token give block hashes that never match.
+//
+// # Protocols
+//
+// A Client speaks one protocol, chosen by name:
+//
+//	vllm-render    POST {base}/v1/chat/completions/render or {base}/v1/completions/render,
+//	               the body forwarded unchanged; the answer is one vLLM GenerateRequest
+//	               (chat) or a list of them, one per prompt (completions); token_ids
+//	               are the ids, features (multimodal hashes and placeholders),
+//	               cache_salt and sampling_params.max_tokens are kept as extras.
+//	vllm-tokenize  POST {base}/tokenize with the chat fields the template reads
+//	               (messages, add_generation_prompt, continue_final_message,
+//	               add_special_tokens, chat_template, chat_template_kwargs, tools,
+//	               mm_processor_kwargs) or with the prompt; answer {"tokens": [...]}.
+//	sglang         POST {base}/tokenize with messages (+ tools, tool_choice,
+//	               reasoning_effort, continue_final_message, chat_template_kwargs)
+//	               or prompt; answer {"tokens": [...] or [[...], ...]}.
+//
+// vllm-render is the exact choice: the service runs generation's own
+// preprocessing. The tokenize endpoints reproduce it from the fields listed, with
+// the same add_special_tokens and add_generation_prompt defaults as the OpenAI
+// endpoints. A completions prompt that already is token ids is returned without
+// calling the service on those two. A completions request with several prompts
+// yields the first prompt's ids (Result.PromptCount tells how many there were).
+//
+// # Errors
+//
+// Every failure wraps one sentinel, which HTTPStatus maps to the status a gateway
+// answers with: ErrBadRequest 400 (unsupported path, a body that is not a JSON
+// object or is too large, a 4xx from the service), ErrUnavailable 503 (connection
+// refused or reset, DNS failure, 429), ErrTimeout 504 (per-call timeout, the
+// caller's deadline, 408), ErrUpstream 502 (5xx, a refused redirect, an answer
+// that is truncated, too large, not JSON, of the wrong shape, or holds an id
+// outside [0, 2^32-1]) and ErrCanceled 499 (the caller went away). Errors quote
+// the service's error message (at most 200 bytes), never the request body.
+//
+// # Caching
+//
+// NewCache wraps any Tokenizer with a ristretto cache bounded by bytes (4 per
+// token, the entry's copy of the request, a fixed per-entry overhead) and
+// singleflight: concurrent callers
+// with the same request share one upstream call, and each stops waiting when its
+// own context ends. The shared call runs detached from the cancellation of the
+// caller that started it, bounded by CacheOptions.CallTimeout, and is canceled
+// by Close. Errors are never cached. Ristretto stores asynchronously and admits
+// by a frequency estimate, so the first repeat of a request may still miss.
+//
+// The cache is safe, i.e. a hit returns what the service would answer now, as
+// long as the service's answer is a function of what the key covers. The key
+// covers the protocol, the model, the request's model, the path and the full body
+// byte for byte: the messages, the tools, chat_template, chat_template_kwargs,
+// add_generation_prompt, continue_final_message, add_special_tokens, multimodal
+// content and every other field a chat template or a renderer can read are all
+// in the body. What the key does not cover is the service's own configuration
+// (tokenizer files, default chat template); a Cache therefore serves one backend
+// deployment, and a new model revision needs a new Cache (or a TTL). The
+// xxhash64 key only locates a candidate entry: each entry keeps its own copy of
+// the request (model, path, body) and a hit requires them to be byte-equal to
+// the caller's, so no hash collision, accidental or crafted, can return another
+// request's ids. Entries are charged for that copy.
+//
+// Hits return a copy: callers may modify the Result without affecting the cache
+// or other callers. The copy is one allocation of 4 bytes per token. With
+// CacheOptions.ShareResults, hits return the cached slices themselves (no
+// allocation), and the caller promises to treat them as read-only; a gateway
+// that only hashes the ids should set it. See BenchmarkCachedTokenize for the
+// cost of both.
+//
+// # Concurrency
+//
+// Client and Cache are safe for concurrent use. A Client starts no goroutine of
+// its own; the transport it owns keeps idle keep-alive connections, which Close
+// releases. NewCache starts ristretto's maintenance goroutine, and each upstream
+// call a miss starts runs on a goroutine the Cache tracks; Cache.Close cancels
+// the calls in progress, waits for them and stops the maintenance goroutine.
+// Nothing outlives Close. Tokenize never blocks longer than its caller's context
+// allows, whoever started the call it waits for.
+//
+// # Invariants
+//
+//   - A Result returned without error holds only ids in [0, 2^32-1] decoded from
+//     a JSON integer; no response body, however malformed, makes this package
+//     panic (FuzzParseResponse).
+//   - A request's body is sent only to the configured base URL, with
+//     Content-Type and Accept as the only headers besides the transport's own
+//     (Host, Content-Length, User-Agent); redirects are never followed.
+//   - A Result served from the cache answers a request byte-equal to the
+//     caller's, and (unless ShareResults) never aliases the cached one.
+package tokenize
