@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	mrand "math/rand/v2"
 	"sync"
 	"time"
 
@@ -159,13 +160,9 @@ func (pr *prepared) release() {
 	seqPool.Put(&s)
 }
 
-var hashMu sync.Mutex
-
-func (s *SelectionService) randomHash() uint64 {
-	hashMu.Lock()
-	defer hashMu.Unlock()
-	return s.seeds.Uint64()
-}
+// randomHash returns an active-block identity no other request shares (the
+// process-wide generator is safe for concurrent use).
+func (s *SelectionService) randomHash() uint64 { return mrand.Uint64() }
 
 // Select picks a worker for req without booking it and without waiting: when
 // every eligible worker is busy it still answers, with Result.Busy set. Errors:

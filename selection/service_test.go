@@ -552,3 +552,41 @@ func TestPotentialLoadsAndOverlap(t *testing.T) {
 	require.Equal(t, 5, ov[kvindex.WorkerRank{Worker: res.WorkerID}].Device)
 	require.NoError(t, s.FreeReservation("r"))
 }
+
+func TestActiveBlockTracking(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		mod  func(*Config)
+		want int // active blocks after two bookings of the same 10-token prompt
+	}{
+		{"reuse shares blocks, tail private", nil, 2 + 1 + 1},
+		{"no reuse: every block private", func(c *Config) { c.AssumeKVReuse = false }, 3 + 3},
+		{"not tracked", func(c *Config) { c.TrackActiveBlocks = false }, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, _ := newTestService(t, c.mod)
+			addWorkers(t, s, "a")
+			for _, id := range []string{"x", "y"} {
+				_, err := s.SelectAndReserve(ctx, Request{ReservationID: id, Tokens: toks(10, 1)})
+				require.NoError(t, err)
+			}
+			require.Equal(t, c.want, s.Loads("")[0].ActiveBlocks)
+			require.NoError(t, s.FreeReservation("x"))
+			require.NoError(t, s.FreeReservation("y"))
+			requireIdle(t, s)
+		})
+	}
+	// Prefill tracking off: bookings add no prefill load.
+	s, _ := newTestService(t, func(c *Config) { c.TrackPrefillTokens = false })
+	addWorkers(t, s, "a")
+	off := false
+	_, err := s.SelectAndReserve(ctx, Request{ReservationID: "p", Tokens: toks(40, 1)})
+	require.NoError(t, err)
+	require.Zero(t, s.Loads("")[0].ActivePrefillTokens)
+	on := true
+	_, err = s.SelectAndReserve(ctx, Request{ReservationID: "q", Tokens: toks(40, 2), Override: &Override{TrackPrefillTokens: &on, AssumeKVReuse: &off}})
+	require.NoError(t, err)
+	require.EqualValues(t, 40, s.Loads("")[0].ActivePrefillTokens)
+}

@@ -1,0 +1,51 @@
+package selection_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/selection"
+)
+
+// A full request lifecycle: register workers, feed one worker's cached prefix,
+// route a request to it, and settle the booking.
+func ExampleSelectionServiceBuilder() {
+	cfg := selection.DefaultConfig(4)
+	// This example feeds KV events by hand; a real deployment lets the service
+	// subscribe to each engine's ZeroMQ publisher (catalog.Worker.KVEventEndpoints).
+	svc, err := selection.NewSelectionServiceBuilder(cfg).ExternalEvents().Build(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	defer svc.Close()
+
+	for _, id := range []string{"pod-a", "pod-b"} {
+		rec, err := svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: id + ":8000", DPSize: 1, BlockSize: 4})
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(id, rec.Lifecycle)
+	}
+	prompt := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	// pod-b's engine reports it cached the first two blocks of the prompt.
+	_ = svc.ApplyEvent(kvindex.WorkerRank{Worker: "pod-b"}, kvindex.Event{
+		Kind: kvindex.EventStored, BlockHashes: []uint64{901, 902}, Tokens: prompt[:8],
+	})
+
+	res, err := svc.SelectAndReserve(context.Background(), selection.Request{ReservationID: "req-1", Tokens: prompt})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(res.Endpoint, "cached blocks:", res.Overlap.Device, "to prefill:", res.EffectivePrefillTokens)
+
+	_ = svc.PrefillComplete("req-1") // first response bytes
+	_ = svc.FreeReservation("req-1") // end of stream
+	fmt.Println(svc.FreeReservation("req-1") != nil, selection.HTTPStatus(svc.FreeReservation("req-1")))
+	// Output:
+	// pod-a schedulable
+	// pod-b schedulable
+	// pod-b:8000 cached blocks: 2 to prefill: 4
+	// true 404
+}
