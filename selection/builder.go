@@ -60,6 +60,7 @@ type SelectionServiceBuilder struct {
 	feedOpts  FeedOptions
 	feedIsSet bool
 	external  bool
+	bindAddr  string
 }
 
 // FeedOptions tune the KV-event feed the service runs when Config.UseKVEvents is
@@ -123,6 +124,17 @@ func (b *SelectionServiceBuilder) ExternalEvents() *SelectionServiceBuilder {
 	return b
 }
 
+// BindEvents makes the feed also bind a SUB socket at endpoint
+// (tcp://host:port) for engines that dial in instead of binding their PUB.
+// Messages are attributed by topic (kv@<host>[:port]@<model>) to the worker whose
+// endpoint has that host (and port, when the topic names one); workers then need
+// no per-rank event endpoint to be schedulable. SelectionService.EventBindAddr
+// returns the bound address.
+func (b *SelectionServiceBuilder) BindEvents(endpoint string) *SelectionServiceBuilder {
+	b.bindAddr = endpoint
+	return b
+}
+
 // Build validates the configuration, reporting every problem at once (wrapped
 // ErrInvalidConfig), and returns a running service: its event feed and expiry
 // sweeper run until Close. ctx bounds only the start.
@@ -156,5 +168,8 @@ func (b *SelectionServiceBuilder) Build(ctx context.Context) (*SelectionService,
 	if sweep == 0 {
 		sweep = time.Second
 	}
-	return newService(b.cfg.normalized(), clock, rand.New(src), logger, rec, sweep, b.feedOpts, b.external)
+	if b.bindAddr != "" && (b.external || !b.cfg.UseKVEvents) {
+		return nil, fmt.Errorf("%w: BindEvents needs UseKVEvents and the built-in feed (not ExternalEvents)", ErrInvalidConfig)
+	}
+	return newService(b.cfg.normalized(), clock, rand.New(src), logger, rec, sweep, b.feedOpts, b.external, b.bindAddr)
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"net"
+	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -51,6 +52,10 @@ type SelectionService struct {
 
 	feed    *kvevents.Feed // nil without KV events
 	handler *kvevents.IndexHandler
+	bound   net.Addr // the bind listener's address, when BindEvents was used
+	// byHost maps a worker endpoint's host and host:port to its id, for
+	// attributing topics of engines that dial in. Guarded by mu.
+	byHost map[string]string
 
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -67,16 +72,17 @@ type serviceCounters struct {
 	queueWaitNanos                                                 atomic.Int64
 }
 
-func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, rec Recorder, sweep time.Duration, fo FeedOptions, external bool) (*SelectionService, error) {
+func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, rec Recorder, sweep time.Duration, fo FeedOptions, external bool, bind string) (*SelectionService, error) {
 	s := &SelectionService{
 		cfg: cfg, base: cfg.weights(), clock: clock, logger: logger, rec: rec,
 		partitions: make(map[string]*partition),
 		workerPart: make(map[string]*partition),
+		byHost:     make(map[string]string),
 		seeds:      rng,
 	}
 	var err error
 	s.cat, err = catalog.New(catalog.Options{
-		Requirements: catalog.Requirements{KVEvents: cfg.UseKVEvents && !external, Queueing: cfg.QueueThreshold != nil},
+		Requirements: catalog.Requirements{KVEvents: cfg.UseKVEvents && !external && bind == "", Queueing: cfg.QueueThreshold != nil},
 		Now:          clock.Now,
 	})
 	if err != nil {
@@ -101,6 +107,12 @@ func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, r
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%w: event feed: %w", ErrInvalidConfig, err)
+		}
+		if bind != "" {
+			s.bound, err = s.feed.Bind(kvevents.BindConfig{Endpoint: bind, Attribute: s.attributeTopic})
+			if err != nil {
+				return nil, fmt.Errorf("%w: binding the event feed at %q: %w", ErrInvalidConfig, bind, err)
+			}
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -265,6 +277,13 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 	}
 	s.workerPart[w.ID] = p
 	s.partOf.Store(w.ID, p)
+	if hadPrev {
+		s.unmapHostLocked(prevRec.Worker)
+	}
+	if host, _, err := net.SplitHostPort(w.Endpoint); err == nil {
+		s.byHost[host] = w.ID
+		s.byHost[w.Endpoint] = w.ID
+	}
 	p.rebuild(s.cat.Schedulable(p.model))
 	var add []kvevents.SourceConfig
 	if s.feed != nil {
@@ -305,6 +324,9 @@ func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
 	}
 	delete(s.workerPart, id)
 	s.partOf.Delete(id)
+	if rec, ok := s.cat.Get(id); ok {
+		s.unmapHostLocked(rec.Worker)
+	}
 	s.ledger.RemoveWorker(id)
 	p.rebuild(s.cat.Schedulable(p.model))
 }
@@ -321,6 +343,7 @@ func (s *SelectionService) DeleteWorker(id string) (catalog.Record, error) {
 		return catalog.Record{}, fmt.Errorf("%w: worker %q: %w", ErrNotFound, id, err)
 	}
 	p := s.workerPart[id]
+	s.unmapHostLocked(rec.Worker)
 	if p != nil {
 		s.forgetWorkerLocked(p, id)
 	}
@@ -393,4 +416,61 @@ func newReservationID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+func (s *SelectionService) unmapHostLocked(w catalog.Worker) {
+	if host, _, err := net.SplitHostPort(w.Endpoint); err == nil {
+		if s.byHost[host] == w.ID {
+			delete(s.byHost, host)
+		}
+		if s.byHost[w.Endpoint] == w.ID {
+			delete(s.byHost, w.Endpoint)
+		}
+	}
+}
+
+// attributeTopic maps a topic kv@<host>[:port]@<model> to the worker serving at
+// that host (and port). Unknown hosts are refused (counted by the feed).
+func (s *SelectionService) attributeTopic(topic string) (kvindex.WorkerRank, bool) {
+	wr, ok := kvevents.TopicWorker(topic)
+	if !ok {
+		return kvindex.WorkerRank{}, false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if id, ok := s.byHost[wr.Worker]; ok {
+		return kvindex.WorkerRank{Worker: id}, true
+	}
+	return kvindex.WorkerRank{}, false
+}
+
+// EventBindAddr returns the address of the bound event listener (BindEvents), or
+// nil.
+func (s *SelectionService) EventBindAddr() net.Addr { return s.bound }
+
+// EventSourceStats is one KV-event source's transport and decoding counters.
+type EventSourceStats struct {
+	kvevents.SourceStats
+	Handler kvevents.HandlerStats
+}
+
+// EventStats returns the counters of every KV-event source, sorted by worker
+// rank (nil without the built-in feed).
+func (s *SelectionService) EventStats() []EventSourceStats {
+	if s.feed == nil {
+		return nil
+	}
+	src := s.feed.Stats()
+	out := make([]EventSourceStats, len(src))
+	for i, st := range src {
+		out[i] = EventSourceStats{SourceStats: st, Handler: s.handler.Stats(st.Worker)}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i].Worker, out[j].Worker
+		if a.Worker != b.Worker {
+			return a.Worker < b.Worker
+		}
+		return a.Rank < b.Rank
+	})
+	return out
 }

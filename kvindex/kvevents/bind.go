@@ -197,7 +197,7 @@ func (b *binding) recvLoop(ctx context.Context) {
 				cache[string(fr.Topic)] = s
 			}
 		}
-		s.deliver(fr)
+		s.deliver(ctx, fr) // may wait up to OverflowWait for a slow source
 	}
 }
 

@@ -3,7 +3,7 @@
 // ZeroMQ (vLLM, SGLang, and TensorRT-LLM through a vLLM-compatible publisher).
 //
 // The package has two layers. The decoder (Decoder, Batch) is pure: payload bytes
-// in, kvindex.Event values out, no I/O. The transport (see "# Transport") owns the
+// in, kvindex.Event values out, no I/O. The transport (see Transport below) owns the
 // sockets, sequence numbers and replay, and hands each source's payloads, in order,
 // to a Handler. IndexHandler is the Handler that decodes them and applies the events
 // to an Applier (a *kvindex.Index).
@@ -65,11 +65,13 @@
 //
 // Payloads come from the network. A malformed event (wrong field type, missing
 // block hashes, token ids out of range) is skipped and counted; it never spoils
-// the other events of its batch, because each event's extent is found before it is
-// parsed. A malformed envelope fails the whole batch with ErrMalformed. Declared
-// lengths are checked against the remaining bytes before anything is reserved, so
-// a few hostile bytes cannot make the decoder allocate; nesting depth costs no
-// stack; DecoderOptions bounds events per batch, blocks and tokens per event.
+// the other events of its batch, because the decoder then finds the event's end
+// from the msgpack structure alone and carries on with the next one. A malformed
+// envelope, or an event whose structure itself is broken (truncated), fails the
+// whole batch with ErrMalformed. Declared lengths are checked against the
+// remaining bytes before anything is reserved, so a few hostile bytes cannot make
+// the decoder allocate; nesting depth costs no stack; DecoderOptions bounds events
+// per batch, blocks and tokens per event.
 //
 // # Concurrency
 //
@@ -89,8 +91,51 @@
 //
 // # Transport
 //
-// TODO(lead): the transport helper's description goes here: SUB dial and bind
-// modes, the [topic, seq, payload] framing, per-source sequence watermarks, replay
-// through the engine's ROUTER, restart detection, bounded queues and resync, and
-// the lifecycle of the goroutines it owns.
+// A Feed carries batches from engine publishers to a Handler. Each source is one
+// (worker, data-parallel rank): the Feed dials its PUB endpoint with a SUB socket
+// subscribed to every topic, or (Bind) engines dial a SUB socket the Feed binds and
+// messages are attributed to worker ranks by topic ("kv@<host>[:port]@<model>" by
+// default, see TopicWorker) or by a caller's function. A live message is exactly
+// [topic, seq (8 bytes, big-endian), payload]; anything else is counted and skipped.
+// go-zeromq gives up dialing on its own, so every source redials in its own loop
+// with jittered exponential backoff (FeedOptions.ReconnectMin..ReconnectMax).
+//
+// # Ownership and concurrency
+//
+// NewFeed starts nothing. Run starts every source and listener, including those
+// added later, and returns only after every goroutine it started has exited and
+// every socket is closed. Per source, one goroutine reads the socket into a bounded
+// queue and one goroutine calls the Handler, so calls for one source never overlap
+// and arrive in sequence order, while different sources run in parallel.
+// AddSource, RemoveSource, ForgetSource, Bind and Stats are safe from any
+// goroutine, before and during Run (not from inside a Handler call). RemoveSource
+// returns once the source's goroutines have exited; it leaves the index untouched.
+// ForgetSource also calls Handler.ResetSource, the one-call cleanup for a worker
+// that goes away. Stats reads atomics only. A Handler must not keep a payload after
+// its call returns.
+//
+// # Sequence semantics
+//
+// Per source the Feed keeps a watermark, the last seq applied. A first batch with
+// seq > 0, or a batch beyond watermark+1, opens a gap: with a replay endpoint the
+// Feed asks the engine's ROUTER, through a DEALER, for every buffered batch from
+// the first missing seq (["", start]; replies with or without the topic frame; the
+// stream ends at seq -1 or an empty payload), applies those it lacks in order, then
+// drains the live batches that queued meanwhile, dropping any at or below the
+// watermark: no seq is applied twice, and a replayed batch is never applied after a
+// later live one. A replay that starts late, skips, stops short, fails or times out
+// (ReplayIdleTimeout between replies, ReplayTimeout in total) counts the missing
+// batches as lost and marks the source degraded; so does a gap without a replay
+// endpoint, including a start in the middle of a stream, since the history before
+// it is unknown. A degraded source keeps being applied; the flag says its index
+// entries may be stale or incomplete (a lost removal is not undone: clearing would
+// orphan every later store, whose parent would be unknown). A seq lower than the
+// previous live seq means the engine restarted: the Feed calls Handler.ResetSource
+// and starts over from that batch (replaying from 0 when it is > 0 and a replay
+// endpoint is known). When a source's queue stays full for OverflowWait, its
+// queued batches are dropped, Handler.ResetSource is called and the source
+// resynchronises: a replay from 0 when possible, otherwise from the next live
+// batch, degraded. A reset clears the degraded flag. ResetSource is called only for
+// a restart, an overflow, an endpoint change (AddSource with a new config) and
+// ForgetSource.
 package kvevents

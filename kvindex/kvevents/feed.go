@@ -38,6 +38,7 @@ const (
 	DefaultReplayTimeout        = 2 * time.Minute
 	DefaultMaxConcurrentReplays = 8
 	DefaultMaxBoundSources      = 4096
+	DefaultOverflowWait         = 100 * time.Millisecond
 )
 
 // FeedOptions configures a Feed. The zero value of every field except Handler means
@@ -49,6 +50,13 @@ type FeedOptions struct {
 	// Handler calls (live batches also wait there while a replay runs). When it is
 	// full the queue is dropped and the source resynchronised. Default 4096.
 	QueueLen int
+	// OverflowWait is how long a source's receiver waits for room in a full queue
+	// before dropping it and resynchronising, so a consumer that was briefly starved
+	// of CPU does not cost a resync (while it waits, the engine's socket buffers
+	// absorb the burst). It is not waited again until the resync has been handled.
+	// A bind listener waits on behalf of one source, delaying the others. Default
+	// 100 ms.
+	OverflowWait time.Duration
 	// ReconnectMin and ReconnectMax bound the exponential backoff between dial
 	// attempts of a source (jittered in [d/2, d]). Defaults 100 ms and 5 s;
 	// ReconnectMin must not exceed ReconnectMax.
@@ -104,6 +112,7 @@ func (o *FeedOptions) withDefaults() (FeedOptions, error) {
 	defDur("ReconnectMin", &out.ReconnectMin, DefaultReconnectMin)
 	defDur("ReconnectMax", &out.ReconnectMax, DefaultReconnectMax)
 	defDur("DialTimeout", &out.DialTimeout, DefaultDialTimeout)
+	defDur("OverflowWait", &out.OverflowWait, DefaultOverflowWait)
 	defDur("ReplayIdleTimeout", &out.ReplayIdleTimeout, DefaultReplayIdleTimeout)
 	defDur("ReplayTimeout", &out.ReplayTimeout, DefaultReplayTimeout)
 	if out.ReconnectMin > 0 && out.ReconnectMax > 0 && out.ReconnectMin > out.ReconnectMax {
@@ -160,6 +169,7 @@ func NewFeed(opts FeedOptions) (*Feed, error) {
 	if err != nil {
 		return nil, err
 	}
+	registerDialTransport()
 	return &Feed{
 		opts:      o,
 		replaySem: make(chan struct{}, o.MaxConcurrentReplays),

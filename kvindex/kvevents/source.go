@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 
@@ -62,9 +63,10 @@ type source struct {
 	// source replaced one with another endpoint, whose state must not survive.
 	resetFirst bool
 
-	stopped atomic.Bool        // set before cancel: producers stop using the source
-	cancel  context.CancelFunc // nil until started
-	wg      sync.WaitGroup     // this source's goroutines
+	stopped       atomic.Bool        // set before cancel: producers stop using the source
+	resyncPending atomic.Bool        // a resync marker is queued and not yet handled
+	cancel        context.CancelFunc // nil until started
+	wg            sync.WaitGroup     // this source's goroutines
 }
 
 func newSource(f *Feed, cfg SourceConfig, bound bool) *source {
@@ -120,16 +122,31 @@ func (s *source) stop() {
 	s.st.connected.Store(false)
 }
 
-// push hands one item to the apply goroutine without ever blocking the receiver. When
-// the queue is full, everything queued is dropped and a resync marker takes its place,
-// followed by the incoming batch: memory stays bounded and the apply goroutine resets
-// the source before applying anything newer.
-func (s *source) push(it item) {
+// push hands one item to the apply goroutine. When the queue is full it waits up to
+// FeedOptions.OverflowWait for room (the apply goroutine may merely be waiting for a
+// CPU), unless an overflow is already pending (the apply goroutine has not even reached
+// the last resync marker: it is stuck). Then everything queued is dropped and a resync
+// marker takes its place, followed by the incoming batch: memory stays bounded and the
+// apply goroutine resets the source before applying anything newer.
+func (s *source) push(ctx context.Context, it item) {
 	select {
 	case s.queue <- it:
 		return
 	default:
 	}
+	if !s.resyncPending.Load() {
+		t := time.NewTimer(s.feed.opts.OverflowWait)
+		select {
+		case s.queue <- it:
+			t.Stop()
+			return
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+	s.resyncPending.Store(true)
 	var dropped uint64
 drain:
 	for {
@@ -167,6 +184,9 @@ func (s *source) applyLoop(ctx context.Context, seq *sequencer) {
 		case <-ctx.Done():
 			return
 		case it := <-s.queue:
+			if it.kind == itemResync {
+				s.resyncPending.Store(false)
+			}
 			seq.handle(ctx, it)
 		}
 	}
@@ -181,7 +201,7 @@ func (s *source) recvLoop(ctx context.Context) {
 	for ctx.Err() == nil {
 		sctx, scancel := context.WithCancel(ctx)
 		sock := zmq4.NewSub(sctx, s.feed.socketOptions()...)
-		err := sock.Dial(s.cfg.Endpoint)
+		err := sock.Dial(dialEndpoint(s.cfg.Endpoint))
 		if err == nil {
 			err = sock.SetOption(zmq4.OptionSubscribe, "")
 		}
@@ -193,7 +213,7 @@ func (s *source) recvLoop(ctx context.Context) {
 			bo.reset()
 			s.st.connected.Store(true)
 			s.feed.logf("kvevents: %v: connected to %s", s.wr, s.cfg.Endpoint)
-			err = s.readLoop(sock)
+			err = s.readLoop(ctx, sock)
 			s.st.connected.Store(false)
 		}
 		closeSocket(sock)
@@ -210,7 +230,7 @@ func (s *source) recvLoop(ctx context.Context) {
 }
 
 // readLoop reads live messages until the socket reports an error.
-func (s *source) readLoop(sock zmq4.Socket) error {
+func (s *source) readLoop(ctx context.Context, sock zmq4.Socket) error {
 	for {
 		msg, err := sock.Recv()
 		if err != nil {
@@ -224,16 +244,16 @@ func (s *source) readLoop(sock zmq4.Socket) error {
 			s.st.framesSkipped.Add(1)
 			continue
 		}
-		s.deliver(f)
+		s.deliver(ctx, f)
 	}
 }
 
 // deliver queues one live batch. zmq4 allocates a fresh buffer for every frame it
 // reads, so the payload is handed over without a copy.
-func (s *source) deliver(f Frame) {
+func (s *source) deliver(ctx context.Context, f Frame) {
 	s.st.received.Add(1)
 	s.st.lastSeq.Store(f.Seq)
-	s.push(item{seq: f.Seq, payload: f.Payload})
+	s.push(ctx, item{seq: f.Seq, payload: f.Payload})
 }
 
 func (s *source) stats() SourceStats {

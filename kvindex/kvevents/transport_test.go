@@ -148,6 +148,7 @@ type testEngine struct {
 
 	router     zmq4.Socket
 	replayAddr string
+	stopReplay context.CancelFunc
 	wg         sync.WaitGroup
 
 	mu  sync.Mutex
@@ -186,6 +187,7 @@ func newTestEngine(t *testing.T, o engineOpts) *testEngine {
 	}
 	if o.replay {
 		ctx, cancel := context.WithCancel(context.Background())
+		e.stopReplay = cancel
 		e.router = zmq4.NewRouter(ctx, zmq4.WithLogger(discardLog))
 		require.NoError(t, e.router.Listen("tcp://127.0.0.1:0"))
 		e.replayAddr = "tcp://" + e.router.Addr().String()
@@ -194,7 +196,6 @@ func newTestEngine(t *testing.T, o engineOpts) *testEngine {
 			defer e.wg.Done()
 			e.serveReplay(ctx)
 		}()
-		t.Cleanup(cancel)
 	}
 	t.Cleanup(e.close)
 	return e
@@ -209,6 +210,7 @@ func (e *testEngine) close() {
 		_ = pub.Close()
 	}
 	if e.router != nil {
+		e.stopReplay()
 		closeSocket(e.router)
 		e.wg.Wait()
 	}
@@ -315,6 +317,7 @@ func testOpts(h Handler) FeedOptions {
 		ReconnectMin:      5 * time.Millisecond,
 		ReconnectMax:      50 * time.Millisecond,
 		DialTimeout:       time.Second,
+		OverflowWait:      time.Millisecond,
 		ReplayIdleTimeout: time.Second,
 		ReplayTimeout:     5 * time.Second,
 	}
