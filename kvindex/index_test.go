@@ -259,6 +259,10 @@ func TestConcurrentLookupsNeverOvercount(t *testing.T) {
 	var wg sync.WaitGroup
 	done := make(chan struct{})
 	var violations, nonEmpty atomic.Int64
+	// Writers hold their first full chain until a reader has seen a match, so the
+	// test cannot pass with readers that never overlapped a stored chain.
+	saw := make(chan struct{})
+	var sawOnce sync.Once
 	for r := range readers {
 		wg.Add(1)
 		go func() {
@@ -287,6 +291,7 @@ func TestConcurrentLookupsNeverOvercount(t *testing.T) {
 					}
 					if m.Device > 0 {
 						nonEmpty.Add(1)
+						sawOnce.Do(func() { close(saw) })
 					}
 				}
 			}
@@ -298,7 +303,7 @@ func TestConcurrentLookupsNeverOvercount(t *testing.T) {
 		go func() {
 			defer wwg.Done()
 			wr := WorkerRank{Worker: fmt.Sprintf("w%d", w)}
-			for range rounds {
+			for round := range rounds {
 				for i := range depth {
 					ev := Event{Kind: EventStored, BlockHashes: []uint64{uint64(i + 1)}, Tokens: toks[i*bs : (i+1)*bs]}
 					if i > 0 {
@@ -307,6 +312,14 @@ func TestConcurrentLookupsNeverOvercount(t *testing.T) {
 					publish(w, int64(i+1))
 					if err := ix.Apply(wr, ev); err != nil {
 						t.Error(err)
+						return
+					}
+				}
+				if round == 0 {
+					select {
+					case <-saw:
+					case <-time.After(10 * time.Second):
+						t.Error("no reader saw a stored chain")
 						return
 					}
 				}
