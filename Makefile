@@ -19,7 +19,7 @@ lint: ## formatting and vet
 fuzz-smoke: ## run every fuzz target briefly
 	./scripts/fuzz-smoke.sh $(FUZZTIME)
 
-bench: ## benchmarks with enough repetitions for a stable median
-	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) $(PKGS) | tee bench.out
+bench: ## run the benchmarks and regenerate docs/BENCHMARKS.md
+	$(GO) run ./internal/benchreport -count $(BENCHCOUNT)
 
 ci: lint race fuzz-smoke

@@ -1,0 +1,421 @@
+// Command replay compares routing policies by replaying a request trace against
+// simulated workers with LRU prefix caches: kvselect (the real SelectionService
+// fed by the simulated engines' KV events), kvselect without events, and the
+// baselines round-robin, random, least-loaded and max-overlap-only.
+//
+// Replay a Mooncake-format JSONL trace:
+//
+//	go run ./examples/replay --trace FILE --workers 8 --capacity 10000
+//
+// or, without --trace, a synthetic shared-prefix workload (--groups,
+// --prompts-per-group, --system-blocks, --question-blocks, --output-tokens,
+// --rate). --common-blocks N puts N blocks shared by every request in front of
+// every prompt. --sweep replays kvselect over a grid of overlap credit, prefill
+// load scale and temperature. --csv writes every row to a file.
+//
+// See internal/replay for the simulation model.
+package main
+
+import (
+	"context"
+	"encoding/csv"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvselect/kvselect/internal/replay"
+	"github.com/kvselect/kvselect/internal/trace"
+	"github.com/kvselect/kvselect/selection"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "replay:", err)
+		os.Exit(2)
+	}
+}
+
+// config is the parsed command line.
+type config struct {
+	tracePath  string
+	blockSize  int
+	skipBad    bool
+	workers    int
+	capacity   int
+	policies   []replay.Policy
+	speedup    float64
+	prefill    float64
+	tpot       time.Duration
+	maxRunning int
+	seed       uint64
+	csvPath    string
+	sweep      bool
+	sweepGrid  [3][]float64 // credit, scale, temperature
+	explain    bool
+	parallel   int
+	common     int
+
+	synth trace.SharedPrefixConfig
+
+	credit, scale, temperature, reqWeight float64
+}
+
+func parse(args []string, stderr io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var policies, sweepCredit, sweepScale, sweepTemp string
+	var seed int64
+	fs.StringVar(&c.tracePath, "trace", "", "Mooncake-format JSONL trace (default: a synthetic shared-prefix workload)")
+	fs.IntVar(&c.blockSize, "block-size", trace.DefaultBlockSize, "tokens per trace block")
+	fs.BoolVar(&c.skipBad, "skip-bad", false, "skip malformed trace lines instead of failing")
+	fs.IntVar(&c.workers, "workers", 8, "simulated workers")
+	fs.IntVar(&c.capacity, "capacity", 10_000, "prefix-cache capacity per worker, in trace blocks")
+	fs.StringVar(&policies, "policies", "all", "comma-separated policies, or all: "+policyNames())
+	fs.Float64Var(&c.speedup, "speedup", 1, "divide arrival times by this factor")
+	fs.Float64Var(&c.prefill, "prefill-rate", replay.DefaultPrefillTokensPerSecond, "prefill speed per worker, uncached tokens per second")
+	fs.DurationVar(&c.tpot, "tpot", replay.DefaultDecodeTokenTime, "decode time per output token (0s for none)")
+	fs.IntVar(&c.maxRunning, "max-running", replay.DefaultMaxRunning, "requests a worker runs at once; more wait at the worker")
+	fs.Int64Var(&seed, "seed", 1, "seed of every random choice")
+	fs.StringVar(&c.csvPath, "csv", "", "also write the results as CSV to this file")
+	fs.BoolVar(&c.explain, "explain", false, "break down which kvselect cost terms pulled requests away from their cached prefix")
+	fs.BoolVar(&c.sweep, "sweep", false, "replay kvselect over a grid of overlap credit x prefill load scale x temperature")
+	fs.StringVar(&sweepCredit, "sweep-credit", "0.5,1,2,4", "--sweep: overlap credits")
+	fs.StringVar(&sweepScale, "sweep-scale", "0.5,1,2,4", "--sweep: prefill load scales")
+	fs.StringVar(&sweepTemp, "sweep-temperature", "0,0.1", "--sweep: temperatures")
+	fs.IntVar(&c.parallel, "parallel", runtime.GOMAXPROCS(0), "replays to run at once")
+	fs.IntVar(&c.common, "common-blocks", 0, "prepend this many blocks shared by every request (every request shares block 0)")
+
+	fs.IntVar(&c.synth.Groups, "groups", 64, "synthetic: prefix groups")
+	fs.IntVar(&c.synth.PromptsPerGroup, "prompts-per-group", 16, "synthetic: prompts per group")
+	fs.IntVar(&c.synth.SystemBlocks, "system-blocks", 16, "synthetic: blocks of each group's system prompt")
+	fs.IntVar(&c.synth.QuestionBlocks, "question-blocks", 2, "synthetic: blocks of each prompt's own question")
+	fs.IntVar(&c.synth.OutputTokens, "output-tokens", 200, "synthetic: output tokens per request")
+	fs.Float64Var(&c.synth.Rate, "rate", 4, "synthetic: mean arrivals per second (Poisson); 0 = all at once")
+
+	def := selection.DefaultConfig(1)
+	fs.Float64Var(&c.credit, "overlap-credit", def.OverlapScoreCredit, "kvselect: prefill blocks saved per cached block")
+	fs.Float64Var(&c.scale, "prefill-scale", def.PrefillLoadScale, "kvselect: weight of the prefill term")
+	fs.Float64Var(&c.temperature, "temperature", def.Temperature, "kvselect: softmax temperature (0 = argmin)")
+	fs.Float64Var(&c.reqWeight, "active-request-weight", def.DecodeActiveRequestWeight, "kvselect: block-equivalent cost per active request")
+
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if c.blockSize <= 0 {
+		bad("--block-size %d: want > 0", c.blockSize)
+	}
+	if c.workers <= 0 {
+		bad("--workers %d: want > 0", c.workers)
+	}
+	if c.capacity <= 0 {
+		bad("--capacity %d: want > 0", c.capacity)
+	}
+	if !(c.speedup > 0) || c.speedup > 1e9 {
+		bad("--speedup %v: want a value > 0", c.speedup)
+	}
+	if !(c.prefill > 0) || c.prefill > 1e15 {
+		bad("--prefill-rate %v: want a value > 0", c.prefill)
+	}
+	if c.tpot < 0 {
+		bad("--tpot %v: want >= 0", c.tpot)
+	}
+	if c.maxRunning <= 0 {
+		bad("--max-running %d: want > 0", c.maxRunning)
+	}
+	if c.parallel <= 0 {
+		bad("--parallel %d: want > 0", c.parallel)
+	}
+	if c.common < 0 {
+		bad("--common-blocks %d: want >= 0", c.common)
+	}
+	if seed < 0 {
+		bad("--seed %d: want >= 0", seed)
+	}
+	c.seed = uint64(seed)
+	c.synth.Seed = c.seed
+	c.synth.BlockSize = c.blockSize
+	if c.tracePath != "" {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		for _, n := range []string{"groups", "prompts-per-group", "system-blocks", "question-blocks", "output-tokens", "rate"} {
+			if set[n] {
+				bad("--%s applies to synthetic mode only (drop --trace or the flag)", n)
+			}
+		}
+	}
+	if policies == "all" || policies == "" {
+		c.policies = replay.Policies()
+	} else {
+		for _, name := range strings.Split(policies, ",") {
+			p, err := replay.ParsePolicy(strings.TrimSpace(name))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--policies: %w", err))
+				continue
+			}
+			c.policies = append(c.policies, p)
+		}
+	}
+	cfg := c.selectionConfig(c.credit, c.scale, c.temperature)
+	if err := cfg.Validate(); err != nil {
+		bad("kvselect knobs: %w", err)
+	}
+	for i, l := range []struct{ name, list string }{{"sweep-credit", sweepCredit}, {"sweep-scale", sweepScale}, {"sweep-temperature", sweepTemp}} {
+		vals, err := parseFloats(l.list)
+		if err != nil {
+			bad("--%s: %w", l.name, err)
+		}
+		c.sweepGrid[i] = vals
+	}
+	return c, errors.Join(errs...)
+}
+
+// parseFloats parses a comma-separated list of finite values >= 0.
+func parseFloats(list string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(list, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return nil, fmt.Errorf("%q is not a finite number >= 0", strings.TrimSpace(f))
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func policyNames() string {
+	var names []string
+	for _, p := range replay.Policies() {
+		names = append(names, string(p))
+	}
+	return strings.Join(names, ",")
+}
+
+func (c config) selectionConfig(credit, scale, temperature float64) selection.Config {
+	cfg := selection.DefaultConfig(1)
+	cfg.OverlapScoreCredit, cfg.PrefillLoadScale, cfg.Temperature = credit, scale, temperature
+	cfg.DecodeActiveRequestWeight = c.reqWeight
+	return cfg
+}
+
+// job is one replay: a policy with its kvselect knobs.
+type job struct {
+	label                      string
+	policy                     replay.Policy
+	credit, scale, temperature float64
+	res                        replay.Result
+	err                        error
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c, err := parse(args, stderr)
+	if err != nil {
+		return err
+	}
+	reqs, source, err := c.load()
+	if err != nil {
+		return err
+	}
+	sum := trace.Summarize(reqs)
+	fmt.Fprintf(stdout, "trace: %s\n", source)
+	fmt.Fprintf(stdout, "  %d requests over %v, %d block refs (%d distinct), mean input %.0f tokens, mean output %.0f tokens, reachable hit rate %.3f\n",
+		sum.Requests, sum.Span.Round(time.Millisecond), sum.Blocks, sum.DistinctBlocks,
+		float64(sum.InputTokens)/float64(max(1, sum.Requests)), float64(sum.OutputTokens)/float64(max(1, sum.Requests)), sum.ReachableHitRate)
+	fmt.Fprintf(stdout, "model: %d workers x %d blocks, prefill %.0f tok/s per worker, tpot %v, max running %d, speedup %g, seed %d\n\n",
+		c.workers, c.capacity, c.prefill, c.tpot, c.maxRunning, c.speedup, c.seed)
+
+	var jobs []*job
+	for _, p := range c.policies {
+		jobs = append(jobs, &job{label: string(p), policy: p, credit: c.credit, scale: c.scale, temperature: c.temperature})
+	}
+	if c.sweep {
+		for _, t := range c.sweepGrid[2] {
+			for _, cr := range c.sweepGrid[0] {
+				for _, sc := range c.sweepGrid[1] {
+					jobs = append(jobs, &job{
+						label:  fmt.Sprintf("kvselect c=%g s=%g t=%g", cr, sc, t),
+						policy: replay.KVSelect, credit: cr, scale: sc, temperature: t,
+					})
+				}
+			}
+		}
+	}
+	start := time.Now()
+	c.runAll(ctx, reqs, jobs)
+	total := time.Since(start)
+	for _, j := range jobs {
+		if j.err != nil {
+			return fmt.Errorf("%s: %w", j.label, j.err)
+		}
+	}
+	printTable(stdout, jobs)
+	if c.explain {
+		printExplain(stdout, jobs)
+	}
+	fmt.Fprintf(stdout, "\n%d replays in %v wall (parallel %d)\n", len(jobs), total.Round(time.Millisecond), c.parallel)
+	if c.csvPath != "" {
+		if err := writeCSV(c.csvPath, jobs); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s\n", c.csvPath)
+	}
+	return nil
+}
+
+func (c config) load() ([]trace.Request, string, error) {
+	var reqs []trace.Request
+	var source string
+	if c.tracePath != "" {
+		f, err := os.Open(c.tracePath)
+		if err != nil {
+			return nil, "", err
+		}
+		defer f.Close()
+		rd, err := trace.NewReader(f, trace.ReaderOptions{BlockSize: c.blockSize, SkipBad: c.skipBad})
+		if err != nil {
+			return nil, "", err
+		}
+		for {
+			r, err := rd.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return nil, "", fmt.Errorf("%s: %w", c.tracePath, err)
+			}
+			reqs = append(reqs, r)
+		}
+		source = c.tracePath
+		if n := rd.Skipped(); n > 0 {
+			source += fmt.Sprintf(" (%d bad lines skipped, first: %v)", n, rd.SkippedErrors()[0])
+		}
+	} else {
+		var err error
+		if reqs, err = trace.SharedPrefix(c.synth); err != nil {
+			return nil, "", err
+		}
+		s := c.synth
+		source = fmt.Sprintf("synthetic shared prefix: %d groups x %d prompts, %d system + %d question blocks, %d output tokens, %g req/s",
+			s.Groups, s.PromptsPerGroup, s.SystemBlocks, s.QuestionBlocks, s.OutputTokens, s.Rate)
+	}
+	if len(reqs) == 0 {
+		return nil, "", errors.New("the trace has no requests")
+	}
+	if c.common > 0 {
+		var err error
+		if reqs, err = trace.PrependCommon(reqs, c.common, c.blockSize); err != nil {
+			return nil, "", err
+		}
+		source += fmt.Sprintf(", %d common leading block(s) prepended", c.common)
+	}
+	return reqs, source, nil
+}
+
+func (c config) runAll(ctx context.Context, reqs []trace.Request, jobs []*job) {
+	ch := make(chan *job)
+	var wg sync.WaitGroup
+	for range min(c.parallel, len(jobs)) {
+		wg.Go(func() {
+			for j := range ch {
+				cfg := c.selectionConfig(j.credit, j.scale, j.temperature)
+				j.res, j.err = replay.Run(ctx, reqs, j.policy, replay.Options{
+					Workers: c.workers, CapacityBlocks: c.capacity, BlockSize: c.blockSize,
+					Speedup: c.speedup, PrefillTokensPerSecond: c.prefill, DecodeTokenTime: tpotOption(c.tpot),
+					MaxRunning: c.maxRunning, Seed: c.seed, Selection: &cfg, Explain: c.explain,
+				})
+			}
+		})
+	}
+	for _, j := range jobs {
+		ch <- j
+	}
+	close(ch)
+	wg.Wait()
+}
+
+// tpotOption maps the flag (0 = no decode time) onto Options (0 = default).
+func tpotOption(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+func printTable(w io.Writer, jobs []*job) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\thit\treachable\thit/reach\tbelieved\timbalance\tTTFT p50\tp90\tp99\tmakespan\twall\t")
+	for _, j := range jobs {
+		r := j.res
+		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%s\t%s\t%s\t%s\t%s\t\n",
+			j.label, r.HitRate, r.ReachableHitRate, r.HitRate/r.ReachableHitRate, r.BelievedHitRate, r.Imbalance,
+			secs(r.TTFTP50), secs(r.TTFTP90), secs(r.TTFTP99), secs(r.Makespan), r.Wall.Round(time.Millisecond))
+	}
+	_ = tw.Flush()
+}
+
+func printExplain(w io.Writer, jobs []*job) {
+	fmt.Fprintln(w, "\nkvselect decisions that chose a shorter cached prefix than the best worker had;")
+	fmt.Fprintln(w, "mean cost-term difference chosen - best, in weighted blocks (negative pulled the request away):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy	missed	of	blocks lost	prefill load	overlap credit	active blocks	new blocks	active reqs	")
+	for _, j := range jobs {
+		e := j.res.Explain
+		if e == nil {
+			continue
+		}
+		fmt.Fprintf(tw, "%s	%d	%d	%d	%+.1f	%+.1f	%+.1f	%+.1f	%+.1f	\n", j.label, e.Missed, e.Decisions, e.MissedBlocks,
+			e.PrefillLoad, e.OverlapCredit, e.ActiveBlocks, e.NewBlocks, e.ActiveRequests)
+	}
+	_ = tw.Flush()
+}
+
+func secs(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', 3, 64) + "s" }
+
+func writeCSV(path string, jobs []*job) (err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, f.Close()) }()
+	cw := csv.NewWriter(f)
+	_ = cw.Write([]string{"label", "policy", "overlap_credit", "prefill_scale", "temperature", "requests", "blocks", "hit_blocks",
+		"hit_rate", "reachable_hit_rate", "believed_hit_rate", "imbalance", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+		"makespan_s", "stored_blocks", "evicted_blocks", "events", "wall_s", "per_worker"})
+	ff := func(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
+	for _, j := range jobs {
+		r := j.res
+		per := make([]string, len(r.PerWorker))
+		for i, n := range r.PerWorker {
+			per[i] = strconv.Itoa(n)
+		}
+		_ = cw.Write([]string{j.label, string(j.policy), ff(j.credit), ff(j.scale), ff(j.temperature),
+			strconv.Itoa(r.Requests), strconv.FormatInt(r.Blocks, 10), strconv.FormatInt(r.HitBlocks, 10),
+			ff(r.HitRate), ff(r.ReachableHitRate), ff(r.BelievedHitRate), ff(r.Imbalance),
+			ff(r.TTFTMean.Seconds()), ff(r.TTFTP50.Seconds()), ff(r.TTFTP90.Seconds()), ff(r.TTFTP99.Seconds()),
+			ff(r.Makespan.Seconds()), strconv.FormatInt(r.StoredBlocks, 10), strconv.FormatInt(r.EvictedBlocks, 10),
+			strconv.FormatInt(r.Events, 10), ff(r.Wall.Seconds()), strings.Join(per, " ")})
+	}
+	cw.Flush()
+	return cw.Error()
+}

@@ -1,0 +1,242 @@
+// Command benchreport runs the repository's benchmarks and writes
+// docs/BENCHMARKS.md: every figure next to its budget from DESIGN.md section 5,
+// its in-run baseline ratio where one exists, and the machine it ran on.
+//
+//	go run ./internal/benchreport [-count 5] [-out docs/BENCHMARKS.md]
+//
+// It is what `make bench` runs. Each benchmark runs -count times on one core
+// (-cpu 1) unless its row says otherwise; the table shows the median.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// job is one `go test -bench` invocation.
+type job struct {
+	pkg, pattern, benchtime, cpu string
+}
+
+// row is one line of the report.
+type row struct {
+	what      string
+	bench     string // benchmark name without the -GOMAXPROCS suffix
+	metric    string
+	budget    string
+	ok        func(v float64) bool // nil: informational
+	baseline  string               // benchmark whose same metric is the baseline
+	higherBtr bool                 // higher values are better (throughputs)
+	jobIndex  int
+}
+
+var jobs = []job{
+	{pkg: "./kvindex", pattern: "^(BenchmarkHashPrompt|BenchmarkFindMatches|BenchmarkApplyStored|BenchmarkBlockHash)$", benchtime: "3000x", cpu: "1"},
+	{pkg: "./kvindex", pattern: "^BenchmarkIndexMemory$", benchtime: "1x", cpu: "1"},
+	{pkg: "./kvindex/kvevents", pattern: "^(BenchmarkDecodeBatch|BenchmarkDecodeApply)$", benchtime: "20000x", cpu: "1"},
+	{pkg: "./kvindex/kvevents", pattern: "^BenchmarkFeedThroughput$", benchtime: "100000x", cpu: "2"},
+	{pkg: "./selection", pattern: "^BenchmarkSelectAndReserve$", benchtime: "3000x", cpu: "1"},
+	{pkg: "./selection", pattern: "^BenchmarkSelectAndReserveParallel$", benchtime: "20000x", cpu: "1,2"},
+	{pkg: "./reservation", pattern: "^(BenchmarkAppendLoads|BenchmarkBookFree|BenchmarkNaiveNewBlocks)$", benchtime: "5000x", cpu: "1"},
+	{pkg: "./tokenize", pattern: "^BenchmarkCachedTokenize$", benchtime: "20000x", cpu: "1"},
+	{pkg: "./roles", pattern: "^(BenchmarkPairBook|BenchmarkSingleSelectAndReserve)$", benchtime: "3000x", cpu: "1"},
+	{pkg: "./examples/epp/extproc", pattern: "^BenchmarkExtProcAddedLatency$", benchtime: "3000x", cpu: "2"},
+}
+
+func le(limit float64) func(float64) bool { return func(v float64) bool { return v <= limit } }
+func ge(limit float64) func(float64) bool { return func(v float64) bool { return v >= limit } }
+
+var rows = []row{
+	{what: "hash an 8k-token prompt (512 blocks of 16)", bench: "BenchmarkHashPrompt", metric: "ns/op", budget: "<= 20 us", ok: le(20_000), jobIndex: 0},
+	{what: "hash an 8k-token prompt: allocations", bench: "BenchmarkHashPrompt", metric: "allocs/op", budget: "0", ok: le(0), jobIndex: 0},
+	{what: "one 16-token block: one-shot XXH64 vs streaming digest", bench: "BenchmarkBlockHash/oneshot", metric: "ns/op", baseline: "BenchmarkBlockHash/digest", jobIndex: 0},
+	{what: "FindMatches p50, 512 blocks, 128 workers, 1M entries", bench: "BenchmarkFindMatches/index", metric: "p50-ns", budget: "<= 30 us", ok: le(30_000), baseline: "BenchmarkFindMatches/naive", jobIndex: 0},
+	{what: "FindMatches p99", bench: "BenchmarkFindMatches/index", metric: "p99-ns", baseline: "BenchmarkFindMatches/naive", jobIndex: 0},
+	{what: "FindMatches allocations", bench: "BenchmarkFindMatches/index", metric: "allocs/op", budget: "0", ok: le(0), jobIndex: 0},
+	{what: "apply BlockStored (16 blocks x 16 tokens) into the index", bench: "BenchmarkApplyStored", metric: "blocks/s", higherBtr: true, jobIndex: 0},
+	{what: "memory per (block, worker) entry, shared-prefix fleet", bench: "BenchmarkIndexMemory/fleet", metric: "heap-B/entry", budget: "<= 100 B", ok: le(100), jobIndex: 1},
+	{what: "memory per entry, worst case (no sharing)", bench: "BenchmarkIndexMemory/unshared", metric: "heap-B/entry", budget: "<= 100 B", ok: le(100), jobIndex: 1},
+	{what: "decode one BlockStored batch (16x16), array form: allocations", bench: "BenchmarkDecodeBatch/array", metric: "allocs/op", budget: "0", ok: le(0), jobIndex: 2},
+	{what: "decode one batch, map form (vLLM >= 0.26)", bench: "BenchmarkDecodeBatch/map", metric: "blocks/s", higherBtr: true, jobIndex: 2},
+	{what: "decode + apply into the real index", bench: "BenchmarkDecodeApply/index", metric: "blocks/s", budget: ">= 1M blocks/s", ok: ge(1e6), higherBtr: true, jobIndex: 2},
+	{what: "ZMQ feed end to end (1 KiB batches, loopback)", bench: "BenchmarkFeedThroughput", metric: "batches/s", budget: ">= 50k batches/s", ok: ge(50_000), higherBtr: true, jobIndex: 3},
+	{what: "SelectAndReserve + Free p50, 8 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=8", metric: "p50-ns", jobIndex: 4},
+	{what: "SelectAndReserve + Free p50, 64 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=64", metric: "p50-ns", budget: "<= 20 us", ok: le(20_000), jobIndex: 4},
+	{what: "SelectAndReserve + Free p50, 512 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=512", metric: "p50-ns", jobIndex: 4},
+	{what: "SelectAndReserve + Free, 64 workers, parallel, 2 cores vs 1", bench: "BenchmarkSelectAndReserveParallel@2", metric: "ns/op", budget: "scales with GOMAXPROCS", baseline: "BenchmarkSelectAndReserveParallel@1", jobIndex: 5},
+	{what: "ledger AppendLoads, 64 workers x 128 hashes (vs per-worker maps)", bench: "BenchmarkAppendLoads/64workers", metric: "ns/op", baseline: "BenchmarkNaiveNewBlocks", jobIndex: 6},
+	{what: "tokenizer cache hit (2k tokens, shared results)", bench: "BenchmarkCachedTokenize/shared-2048", metric: "ns/op", budget: "<= 2 us", ok: le(2000), jobIndex: 7},
+	{what: "prefill/decode pair booking vs one SelectAndReserve", bench: "BenchmarkPairBook", metric: "ns/op", budget: "<= 2x single", baseline: "BenchmarkSingleSelectAndReserve", jobIndex: 8},
+	{what: "EPP ext_proc added latency p50 (loopback, tokenizer stubbed)", bench: "BenchmarkExtProcAddedLatency", metric: "p50-added-us", budget: "<= 250 us", ok: le(250), jobIndex: 9},
+	{what: "EPP ext_proc added latency p99", bench: "BenchmarkExtProcAddedLatency", metric: "p99-added-us", budget: "<= 1000 us", ok: le(1000), jobIndex: 9},
+}
+
+// results maps benchmark name (with @cpu when -cpu lists several) -> metric -> values.
+type results map[string]map[string][]float64
+
+func parse(out []byte, multiCPU bool, into results) {
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
+			continue
+		}
+		name := f[0]
+		procs := ""
+		if i := strings.LastIndex(name, "-"); i > 0 {
+			if _, err := strconv.Atoi(name[i+1:]); err == nil {
+				procs = name[i+1:]
+				name = name[:i]
+			}
+		}
+		if multiCPU {
+			if procs == "" {
+				procs = "1"
+			}
+			name += "@" + procs
+		}
+		if into[name] == nil {
+			into[name] = map[string][]float64{}
+		}
+		for i := 2; i+1 < len(f); i += 2 {
+			v, err := strconv.ParseFloat(f[i], 64)
+			if err != nil {
+				continue
+			}
+			into[name][f[i+1]] = append(into[name][f[i+1]], v)
+		}
+	}
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
+
+func human(v float64, metric string) string {
+	switch {
+	case strings.HasSuffix(metric, "ns/op") || strings.HasSuffix(metric, "-ns"):
+		switch {
+		case v >= 1e6:
+			return fmt.Sprintf("%.2f ms", v/1e6)
+		case v >= 1e3:
+			return fmt.Sprintf("%.2f us", v/1e3)
+		}
+		return fmt.Sprintf("%.0f ns", v)
+	case strings.HasSuffix(metric, "/s"):
+		switch {
+		case v >= 1e6:
+			return fmt.Sprintf("%.2fM %s", v/1e6, metric)
+		case v >= 1e3:
+			return fmt.Sprintf("%.1fk %s", v/1e3, metric)
+		}
+	case strings.HasSuffix(metric, "-us"):
+		return fmt.Sprintf("%.0f us", v)
+	}
+	return fmt.Sprintf("%.4g %s", v, metric)
+}
+
+func machine() string {
+	cpu := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				cpu = strings.TrimSpace(l[strings.Index(l, ":")+1:])
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%s, %d cores, %s %s/%s", cpu, runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
+
+func main() {
+	count := flag.Int("count", 5, "runs of each benchmark; the table shows the median")
+	out := flag.String("out", "docs/BENCHMARKS.md", "report path")
+	flag.Parse()
+	res := make([]results, len(jobs))
+	var cmds []string
+	for i, j := range jobs {
+		args := []string{"test", "-run", "^$", "-bench", j.pattern, "-benchmem", "-count", strconv.Itoa(*count), "-benchtime", j.benchtime, "-cpu", j.cpu, j.pkg}
+		cmds = append(cmds, "go "+strings.Join(quoteArgs(args), " "))
+		fmt.Fprintln(os.Stderr, "==", cmds[len(cmds)-1])
+		cmd := exec.Command("go", args...)
+		cmd.Stderr = os.Stderr
+		o, err := cmd.Output()
+		os.Stderr.Write(o)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "benchreport: %s: %v\n", j.pkg, err)
+		}
+		res[i] = results{}
+		parse(o, strings.Contains(j.cpu, ","), res[i])
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Benchmarks\n\nGenerated by `make bench` (`go run ./internal/benchreport -count %d`) on %s, %s.\n", *count, time.Now().UTC().Format("2006-01-02"), machine())
+	b.WriteString("Each figure is the median of the runs; budgets are DESIGN.md section 5. Baseline ratios compare with a baseline measured in the same run (higher is better for us).\n\n")
+	b.WriteString("| What | Benchmark | Median | Budget | Verdict | vs baseline |\n|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		vals := res[r.jobIndex][r.bench][r.metric]
+		if len(vals) == 0 {
+			fmt.Fprintf(&b, "| %s | `%s` | not run | %s | - | |\n", r.what, r.bench, dash(r.budget))
+			continue
+		}
+		v := median(vals)
+		verdict := "-"
+		if r.ok != nil {
+			verdict = "met"
+			if !r.ok(v) {
+				verdict = "**missed**"
+			}
+		}
+		ratio := ""
+		if base := res[r.jobIndex][r.baseline][r.metric]; r.baseline != "" && len(base) > 0 && v > 0 {
+			bv := median(base)
+			x := bv / v
+			if r.higherBtr {
+				x = v / bv
+			}
+			ratio = fmt.Sprintf("%.1fx (`%s` %s)", x, r.baseline, human(bv, r.metric))
+		}
+		fmt.Fprintf(&b, "| %s | `%s` | %s | %s | %s | %s |\n", r.what, r.bench, human(v, r.metric), dash(r.budget), verdict, ratio)
+	}
+	b.WriteString("\n## Reproduce\n\n```sh\n")
+	for _, c := range cmds {
+		b.WriteString(c + "\n")
+	}
+	b.WriteString("```\n")
+	if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "benchreport:", err)
+		os.Exit(1)
+	}
+	fmt.Fprintln(os.Stderr, "wrote", *out)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func quoteArgs(a []string) []string {
+	out := make([]string, len(a))
+	for i, s := range a {
+		if strings.ContainsAny(s, "^$|()* ") {
+			s = "'" + s + "'"
+		}
+		out[i] = s
+	}
+	return out
+}

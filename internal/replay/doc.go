@@ -1,0 +1,63 @@
+// Package replay measures routing policies by replaying a request trace against
+// simulated workers: how much prefix cache each policy reuses, how evenly it
+// spreads requests, and what that does to time to first token.
+//
+// One job: given a []trace.Request, a Policy and Options, Run returns a Result
+// (block-weighted hit rate, the reachable hit rate of one infinite shared
+// cache, request imbalance max/mean, TTFT p50/p90/p99, makespan, wall time).
+//
+// # Workers
+//
+// Each of Options.Workers simulated engines holds an LRU prefix cache of
+// CapacityBlocks trace blocks. A request's blocks are touched from the last to
+// the first, so a block is always more recent than its cached descendants and
+// eviction takes sequence tails before their prefixes (vLLM's order); what a
+// worker holds of any sequence is therefore a leading run. When a prefill ends
+// the worker stores the request's blocks and, for the kvselect policy, emits
+// exactly what an engine would: a BlockRemoved event for the blocks it evicted
+// to make room, then a BlockStored event for the new run with its parent's
+// block hash and its tokens. The router's kvindex.Index is built from nothing
+// else.
+//
+// # Granularity
+//
+// The simulation runs at the trace's granularity: one trace block (512 tokens
+// in the Mooncake traces) is one router token, and the router's block size is 1.
+// Each block's token is its dense prefix id (trace.PrefixTree), so equal prefixes
+// give equal tokens and the index's chained hashes identify prefixes exactly,
+// with no per-token work: the full Mooncake synthetic trace replays in well under
+// a second per policy. Every term of kvselect's cost is then in trace blocks,
+// which is the same cost a 512-token-block deployment computes (its prefill
+// term divides tokens by the block size), except that a partial last block
+// counts as a whole one. Time uses real token counts: a prefill computes
+// InputTokens minus 512 per cached block.
+//
+// # Time model
+//
+// A discrete-event simulation in simulated time. Arrivals come from the trace
+// (divided by Speedup). The router decides at arrival (for kvselect,
+// SelectAndReserve with the service's clock set to simulated time). At the
+// chosen worker a request waits FIFO for one of MaxRunning slots; admitted
+// requests prefill one at a time per worker, each taking max(1, uncached
+// tokens) / PrefillTokensPerSecond, where the cached prefix is read from the
+// worker's cache when its prefill starts; the first token (TTFT, queueing
+// included) comes when the prefill ends, which is also when the blocks are
+// stored and the router hears PrefillComplete; decoding then takes
+// (OutputTokens-1) x DecodeTokenTime, with no interference between requests,
+// after which the slot frees and the router hears FreeReservation. Events at
+// equal times run in the order they were scheduled, so replays are
+// deterministic for a seed.
+//
+// # Policies
+//
+// kvselect and kvselect-approx drive the real selection.SelectionService;
+// round-robin, random, least-loaded and max-overlap-only are implemented here
+// (max-overlap-only reads the simulated caches directly: the best a policy
+// without a load term can do).
+//
+// # Concurrency
+//
+// Run is safe to call concurrently with independent arguments; one replay runs
+// on the calling goroutine and closes the SelectionService it builds before
+// returning.
+package replay

@@ -1,0 +1,190 @@
+package replay
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/kvselect/kvselect/internal/trace"
+	"github.com/kvselect/kvselect/selection"
+)
+
+// Errors of this package.
+var (
+	// ErrInvalidOptions: Options (or a policy name) failed validation.
+	ErrInvalidOptions = errors.New("replay: invalid options")
+	// ErrInvalidTrace: the trace cannot be replayed (a request without blocks,
+	// or one that fails trace.Request.Validate).
+	ErrInvalidTrace = errors.New("replay: invalid trace")
+)
+
+// Policy names a routing policy.
+type Policy string
+
+// The policies Run knows.
+const (
+	// KVSelect is the real selection.SelectionService with KV events: the
+	// simulated engines' stores and evictions feed its kvindex.Index.
+	KVSelect Policy = "kvselect"
+	// KVSelectApprox is the SelectionService without KV events
+	// (Config.UseKVEvents false): it predicts caches from its own decisions.
+	KVSelectApprox Policy = "kvselect-approx"
+	// RoundRobin sends request i to worker i mod W.
+	RoundRobin Policy = "round-robin"
+	// Random picks a worker uniformly (seeded).
+	Random Policy = "random"
+	// LeastLoaded picks the worker with the fewest unfinished requests (queued
+	// or running), ties at random.
+	LeastLoaded Policy = "least-loaded"
+	// MaxOverlap picks the worker whose cache holds the longest prefix of the
+	// request, read from the simulated caches themselves (a perfect view); ties go
+	// to the fewest unfinished requests, then at random. It has no load term.
+	MaxOverlap Policy = "max-overlap-only"
+)
+
+// Policies returns every policy in a stable order.
+func Policies() []Policy {
+	return []Policy{KVSelect, KVSelectApprox, RoundRobin, Random, LeastLoaded, MaxOverlap}
+}
+
+// ParsePolicy returns the policy named s (case-insensitive). Errors:
+// ErrInvalidOptions.
+func ParsePolicy(s string) (Policy, error) {
+	for _, p := range Policies() {
+		if strings.EqualFold(s, string(p)) {
+			return p, nil
+		}
+	}
+	names := make([]string, 0, 6)
+	for _, p := range Policies() {
+		names = append(names, string(p))
+	}
+	return "", fmt.Errorf("%w: unknown policy %q (want one of %s)", ErrInvalidOptions, s, strings.Join(names, ", "))
+}
+
+// Defaults of the time model.
+const (
+	DefaultPrefillTokensPerSecond = 10_000
+	DefaultDecodeTokenTime        = 20 * time.Millisecond
+	DefaultMaxRunning             = 32
+)
+
+// replayLease is the booking lease the simulator gives the SelectionService:
+// long enough that no booking expires during a replay.
+const replayLease = 1000 * time.Hour
+
+// Options configure a replay. The zero value is invalid (Workers and
+// CapacityBlocks are required); other zero fields mean their defaults.
+type Options struct {
+	// Workers is the number of simulated workers. > 0.
+	Workers int
+	// CapacityBlocks is each worker's prefix cache, in trace blocks. > 0.
+	CapacityBlocks int
+	// BlockSize is the trace's tokens per block. 0 means trace.DefaultBlockSize.
+	BlockSize int
+	// Speedup divides the trace's arrival times. 0 means 1; otherwise finite
+	// and > 0.
+	Speedup float64
+	// PrefillTokensPerSecond is each worker's prefill speed: prefills run one
+	// at a time per worker and take uncached tokens / this. 0 means
+	// DefaultPrefillTokensPerSecond; otherwise finite and > 0.
+	PrefillTokensPerSecond float64
+	// DecodeTokenTime is the time per output token after the first. 0 means
+	// DefaultDecodeTokenTime; negative means no decode time at all.
+	DecodeTokenTime time.Duration
+	// MaxRunning is how many requests a worker admits at once (prefilling,
+	// waiting to prefill or decoding); more wait FIFO at the worker. 0 means
+	// DefaultMaxRunning; negative is invalid.
+	MaxRunning int
+	// Seed makes random choices (the random policy, tie-breaks, kvselect's
+	// sampling) reproducible.
+	Seed uint64
+	// Selection is the kvselect policies' configuration. Nil means
+	// selection.DefaultConfig. The simulator overrides BlockSize (1: one router
+	// token per trace block, see the package doc), UseKVEvents (per policy) and
+	// ActiveRequestExpiry (no lease expires), and refuses QueueThreshold (the
+	// replay calls the service from one goroutine and cannot wait in its queue).
+	Selection *selection.Config
+	// Explain makes the kvselect policies score every request with
+	// SelectionService.PotentialLoads before routing it, and report in
+	// Result.Explain which cost terms pulled decisions away from the worker with
+	// the longest cached prefix. It roughly doubles the routing cost.
+	Explain bool
+	// Now is the wall clock used only to measure Result.Wall. Nil means
+	// time.Now.
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() (Options, error) {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
+	}
+	if o.Workers <= 0 {
+		bad("Workers %d, want > 0", o.Workers)
+	}
+	if o.CapacityBlocks <= 0 {
+		bad("CapacityBlocks %d, want > 0", o.CapacityBlocks)
+	}
+	if o.BlockSize < 0 {
+		bad("BlockSize %d is negative", o.BlockSize)
+	}
+	if math.IsNaN(o.Speedup) || math.IsInf(o.Speedup, 0) || o.Speedup < 0 {
+		bad("Speedup %v, want a finite value > 0", o.Speedup)
+	}
+	if math.IsNaN(o.PrefillTokensPerSecond) || math.IsInf(o.PrefillTokensPerSecond, 0) || o.PrefillTokensPerSecond < 0 {
+		bad("PrefillTokensPerSecond %v, want a finite value > 0", o.PrefillTokensPerSecond)
+	}
+	if o.MaxRunning < 0 {
+		bad("MaxRunning %d is negative", o.MaxRunning)
+	}
+	if o.Selection != nil {
+		if o.Selection.QueueThreshold != nil {
+			bad("Selection.QueueThreshold must be nil: the replay cannot wait in the admission queue")
+		}
+		c := o.selectionConfig(true)
+		if err := c.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("%w: Selection: %w", ErrInvalidOptions, err))
+		}
+	}
+	if len(errs) > 0 {
+		return o, errors.Join(errs...)
+	}
+	if o.BlockSize == 0 {
+		o.BlockSize = trace.DefaultBlockSize
+	}
+	if o.Speedup == 0 {
+		o.Speedup = 1
+	}
+	if o.PrefillTokensPerSecond == 0 {
+		o.PrefillTokensPerSecond = DefaultPrefillTokensPerSecond
+	}
+	if o.DecodeTokenTime == 0 {
+		o.DecodeTokenTime = DefaultDecodeTokenTime
+	} else if o.DecodeTokenTime < 0 {
+		o.DecodeTokenTime = 0
+	}
+	if o.MaxRunning == 0 {
+		o.MaxRunning = DefaultMaxRunning
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o, nil
+}
+
+// selectionConfig returns the service configuration for a kvselect policy.
+func (o Options) selectionConfig(events bool) selection.Config {
+	var c selection.Config
+	if o.Selection != nil {
+		c = *o.Selection
+	} else {
+		c = selection.DefaultConfig(1)
+	}
+	c.BlockSize = 1
+	c.UseKVEvents = events
+	c.ActiveRequestExpiry = replayLease
+	return c
+}

@@ -1,0 +1,286 @@
+package replay
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/kvselect/kvselect/internal/trace"
+	"github.com/kvselect/kvselect/selection"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func workload(t testing.TB, cfg trace.SharedPrefixConfig) []trace.Request {
+	t.Helper()
+	reqs, err := trace.SharedPrefix(cfg)
+	require.NoError(t, err)
+	return reqs
+}
+
+// loaded is a shared-prefix workload that keeps 8 workers busy.
+func loaded(t testing.TB) []trace.Request {
+	return workload(t, trace.SharedPrefixConfig{Groups: 24, PromptsPerGroup: 12, SystemBlocks: 12, QuestionBlocks: 2,
+		OutputTokens: 100, Rate: 12, Seed: 3})
+}
+
+func fixedNow() time.Time { return time.Unix(0, 0) }
+
+func TestRunInvariantsEveryPolicy(t *testing.T) {
+	reqs := loaded(t)
+	sum := trace.Summarize(reqs)
+	for _, p := range Policies() {
+		t.Run(string(p), func(t *testing.T) {
+			opts := Options{Workers: 8, CapacityBlocks: 200, Seed: 1, Now: fixedNow}
+			res, err := Run(context.Background(), reqs, p, opts)
+			require.NoError(t, err)
+			require.Equal(t, p, res.Policy)
+			require.Equal(t, len(reqs), res.Requests)
+			total := 0
+			for _, n := range res.PerWorker {
+				total += n
+			}
+			require.Equal(t, len(reqs), total, "every request routed once")
+			require.EqualValues(t, sum.Blocks, res.Blocks)
+			require.InDelta(t, sum.ReachableHitRate, res.ReachableHitRate, 1e-12)
+			require.LessOrEqual(t, res.HitRate, res.ReachableHitRate+1e-12)
+			require.GreaterOrEqual(t, res.Imbalance, 1.0)
+			require.LessOrEqual(t, res.TTFTP50, res.TTFTP90)
+			require.LessOrEqual(t, res.TTFTP90, res.TTFTP99)
+			require.Greater(t, res.TTFTP50, time.Duration(0))
+			require.GreaterOrEqual(t, res.Makespan, reqs[len(reqs)-1].Arrival)
+			require.Zero(t, res.Wall)
+			require.GreaterOrEqual(t, res.StoredBlocks, res.EvictedBlocks)
+			require.LessOrEqual(t, res.StoredBlocks-res.EvictedBlocks, int64(8*200))
+			if p == KVSelect {
+				require.Positive(t, res.Events)
+			} else {
+				require.Zero(t, res.Events)
+			}
+			again, err := Run(context.Background(), reqs, p, opts)
+			require.NoError(t, err)
+			require.Equal(t, res, again, "a replay is deterministic")
+		})
+	}
+}
+
+func TestRoundRobinIsBalanced(t *testing.T) {
+	reqs := loaded(t) // 288 requests
+	res, err := Run(context.Background(), reqs, RoundRobin, Options{Workers: 8, CapacityBlocks: 100})
+	require.NoError(t, err)
+	require.Equal(t, 1.0, res.Imbalance)
+	for _, n := range res.PerWorker {
+		require.Equal(t, 36, n)
+	}
+}
+
+// The index the service builds from the simulated engines' events matches the
+// caches exactly: with arrivals far apart (no queueing, so the cache does not
+// change between routing and prefill) the router's overlap is the hit, and at
+// the end the index's overlap of every request on every worker is the worker's
+// cached prefix.
+func TestKVSelectIndexMatchesCaches(t *testing.T) {
+	reqs := workload(t, trace.SharedPrefixConfig{Groups: 6, PromptsPerGroup: 10, SystemBlocks: 6, QuestionBlocks: 3,
+		OutputTokens: 20, Seed: 5})
+	for i := range reqs {
+		reqs[i].Arrival = time.Duration(i) * 10 * time.Second
+	}
+	ctx := context.Background()
+	o, err := Options{Workers: 4, CapacityBlocks: 25, Seed: 9}.withDefaults()
+	require.NoError(t, err)
+	s, err := prepare(ctx, reqs, KVSelect, o)
+	require.NoError(t, err)
+	require.NoError(t, s.run(ctx))
+	res := s.result()
+	require.Positive(t, res.EvictedBlocks, "the small caches evict")
+	require.Equal(t, res.HitRate, res.BelievedHitRate)
+	for i := range s.reqs {
+		require.Equal(t, s.reqs[i].hit, s.reqs[i].believed)
+	}
+	k := s.router.(*kvRouter)
+	for i := range s.reqs {
+		scores, err := k.svc.OverlapScores(ctx, selection.Request{Tokens: s.reqs[i].tokens})
+		require.NoError(t, err)
+		for w, rank := range k.ranks {
+			require.Equal(t, s.workers[w].cache.Prefix(s.reqs[i].keys), scores[rank].Device, "request %d worker %d", i, w)
+		}
+	}
+	st := k.svc.Stats()
+	require.EqualValues(t, len(reqs), st.Bookings)
+	require.EqualValues(t, len(reqs), st.PrefillCompleted)
+	require.EqualValues(t, len(reqs), st.Frees)
+	require.Zero(t, st.UnknownReservations)
+	require.NoError(t, k.close())
+}
+
+func TestKVSelectBeatsBaselines(t *testing.T) {
+	reqs := loaded(t)
+	opts := Options{Workers: 8, CapacityBlocks: 200, Seed: 1, PrefillTokensPerSecond: 12_000}
+	results := map[Policy]Result{}
+	for _, p := range []Policy{KVSelect, RoundRobin, LeastLoaded} {
+		res, err := Run(context.Background(), reqs, p, opts)
+		require.NoError(t, err)
+		results[p] = res
+		t.Logf("%-14s hit %.3f (reachable %.3f) imbalance %.3f TTFT p90 %v", p, res.HitRate, res.ReachableHitRate, res.Imbalance, res.TTFTP90)
+	}
+	kv, rr, ll := results[KVSelect], results[RoundRobin], results[LeastLoaded]
+	require.Greater(t, kv.HitRate, 1.5*rr.HitRate)
+	require.Greater(t, kv.HitRate, 0.7*kv.ReachableHitRate)
+	require.Less(t, kv.TTFTP90, rr.TTFTP90)
+	require.Less(t, kv.TTFTP90, ll.TTFTP90)
+	require.LessOrEqual(t, kv.Imbalance, 1.25)
+}
+
+// When every request shares its first block, every worker soon holds it, and
+// kvselect must keep spreading the load rather than pile onto one worker.
+func TestSharedFirstBlockDoesNotCollapse(t *testing.T) {
+	reqs := workload(t, trace.SharedPrefixConfig{Groups: 48, PromptsPerGroup: 6, CommonBlocks: 1, SystemBlocks: 8,
+		QuestionBlocks: 2, OutputTokens: 100, Rate: 12, Seed: 11})
+	for _, p := range []Policy{KVSelect, KVSelectApprox} {
+		res, err := Run(context.Background(), reqs, p, Options{Workers: 8, CapacityBlocks: 200, Seed: 1, PrefillTokensPerSecond: 20_000})
+		require.NoError(t, err)
+		t.Logf("%s: imbalance %.3f per worker %v hit %.3f", p, res.Imbalance, res.PerWorker, res.HitRate)
+		require.LessOrEqual(t, res.Imbalance, 1.25, p)
+		for _, n := range res.PerWorker {
+			require.Positive(t, n)
+		}
+	}
+}
+
+// The time model, by hand: one worker, prefill 512 tokens/s (1 block/s),
+// 100 ms per output token after the first.
+func TestTimeModel(t *testing.T) {
+	reqs := []trace.Request{
+		{Arrival: 0, InputTokens: 1024, OutputTokens: 3, Blocks: []uint64{1, 2}},
+		{Arrival: 0, InputTokens: 1024, OutputTokens: 3, Blocks: []uint64{1, 3}},
+	}
+	base := Options{Workers: 1, CapacityBlocks: 10, PrefillTokensPerSecond: 512, DecodeTokenTime: 100 * time.Millisecond}
+	for _, tc := range []struct {
+		running        int
+		p50, p99, span time.Duration
+	}{
+		// One slot: B waits for A to finish (2 s prefill + 0.2 s decode), then
+		// prefills its one uncached block.
+		{1, 2 * time.Second, 3200 * time.Millisecond, 3400 * time.Millisecond},
+		// Two slots: B's prefill still waits for A's (one prefill at a time).
+		{2, 2 * time.Second, 3 * time.Second, 3200 * time.Millisecond},
+	} {
+		o := base
+		o.MaxRunning = tc.running
+		for _, p := range []Policy{RoundRobin, KVSelect} {
+			res, err := Run(context.Background(), reqs, p, o)
+			require.NoError(t, err)
+			require.Equal(t, tc.p50, res.TTFTP50, "running %d %s", tc.running, p)
+			require.Equal(t, tc.p99, res.TTFTP99)
+			require.Equal(t, tc.span, res.Makespan)
+			require.EqualValues(t, 1, res.HitBlocks)
+			require.InDelta(t, 0.25, res.HitRate, 1e-12)
+			require.InDelta(t, 0.25, res.ReachableHitRate, 1e-12)
+		}
+	}
+	// Speedup divides arrivals.
+	late := []trace.Request{reqs[0], reqs[1]}
+	late[1].Arrival = 10 * time.Second
+	res, err := Run(context.Background(), late, RoundRobin, Options{Workers: 1, CapacityBlocks: 10, PrefillTokensPerSecond: 512, DecodeTokenTime: -1, Speedup: 4})
+	require.NoError(t, err)
+	require.Equal(t, 2500*time.Millisecond+time.Second, res.Makespan)
+}
+
+func TestRunErrors(t *testing.T) {
+	ctx := context.Background()
+	reqs := []trace.Request{{InputTokens: 512, Blocks: []uint64{1}}}
+	_, err := Run(ctx, reqs, RoundRobin, Options{})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.ErrorContains(t, err, "Workers 0")
+	require.ErrorContains(t, err, "CapacityBlocks 0")
+
+	_, err = Run(ctx, reqs, RoundRobin, Options{Workers: 1, CapacityBlocks: 1, Speedup: -1, PrefillTokensPerSecond: -2, MaxRunning: -1, BlockSize: -1})
+	for _, want := range []string{"Speedup -1", "PrefillTokensPerSecond -2", "MaxRunning -1", "BlockSize -1"} {
+		require.ErrorContains(t, err, want)
+	}
+	thr := 1.0
+	cfg := selection.DefaultConfig(1)
+	cfg.QueueThreshold = &thr
+	cfg.Temperature = -1
+	_, err = Run(ctx, reqs, KVSelect, Options{Workers: 1, CapacityBlocks: 1, Selection: &cfg})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.ErrorContains(t, err, "QueueThreshold")
+	require.ErrorContains(t, err, "Temperature")
+
+	_, err = Run(ctx, reqs, "fastest", Options{Workers: 1, CapacityBlocks: 1})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	p, err := ParsePolicy("KVSelect-Approx")
+	require.NoError(t, err)
+	require.Equal(t, KVSelectApprox, p)
+
+	_, err = Run(ctx, []trace.Request{{}}, RoundRobin, Options{Workers: 1, CapacityBlocks: 1})
+	require.ErrorIs(t, err, ErrInvalidTrace)
+	_, err = Run(ctx, []trace.Request{{InputTokens: 5000, Blocks: []uint64{1}}}, RoundRobin, Options{Workers: 1, CapacityBlocks: 1})
+	require.ErrorIs(t, err, ErrInvalidTrace)
+
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = Run(canceled, loaded(t), KVSelect, Options{Workers: 2, CapacityBlocks: 10})
+	require.ErrorIs(t, err, context.Canceled)
+
+	res, err := Run(ctx, nil, KVSelect, Options{Workers: 2, CapacityBlocks: 10})
+	require.NoError(t, err)
+	require.Zero(t, res.Requests)
+}
+
+func TestExplain(t *testing.T) {
+	res, err := Run(context.Background(), loaded(t), KVSelect, Options{Workers: 8, CapacityBlocks: 200, Seed: 1, Explain: true})
+	require.NoError(t, err)
+	e := res.Explain
+	require.NotNil(t, e)
+	require.Equal(t, res.Requests, e.Decisions)
+	if e.Missed > 0 {
+		require.Positive(t, e.MissedBlocks)
+		require.Positive(t, e.OverlapCredit)
+		require.LessOrEqual(t, e.PrefillLoad+e.OverlapCredit+e.ActiveBlocks+e.NewBlocks+e.ActiveRequests, 1e-9)
+	}
+	res, err = Run(context.Background(), loaded(t), RoundRobin, Options{Workers: 8, CapacityBlocks: 200, Explain: true})
+	require.NoError(t, err)
+	require.Nil(t, res.Explain)
+}
+
+// sharedTracePath finds the public Mooncake synthetic trace (see the trace
+// package's tests); the test skips when it is absent.
+func sharedTracePath(t testing.TB) string {
+	if p := os.Getenv("KVSELECT_MOONCAKE_TRACE"); p != "" {
+		return p
+	}
+	p := filepath.Join("..", "..", "..", "shared", "data", "mooncake_synthetic_trace.jsonl")
+	if _, err := os.Stat(p); err != nil {
+		t.Skip("Mooncake synthetic trace not found; set KVSELECT_MOONCAKE_TRACE to run")
+	}
+	return p
+}
+
+// The full synthetic Mooncake trace, 8 workers x 10,000 blocks: numbers are
+// logged; the assertions are the targets the default configuration meets.
+func TestMooncakeSyntheticReplay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("full trace replay")
+	}
+	reqs, err := trace.ReadFile(sharedTracePath(t), trace.ReaderOptions{})
+	require.NoError(t, err)
+	results := map[Policy]Result{}
+	for _, p := range []Policy{KVSelect, RoundRobin, LeastLoaded} {
+		res, err := Run(context.Background(), reqs, p, Options{Workers: 8, CapacityBlocks: 10_000, Seed: 1})
+		require.NoError(t, err)
+		results[p] = res
+		t.Logf("%-14s hit %.3f reachable %.3f imbalance %.3f TTFT p90 %v wall %v", p, res.HitRate, res.ReachableHitRate,
+			res.Imbalance, res.TTFTP90, res.Wall)
+		require.Less(t, res.Wall, 60*time.Second)
+	}
+	kv, rr, ll := results[KVSelect], results[RoundRobin], results[LeastLoaded]
+	require.Greater(t, kv.HitRate, 2*rr.HitRate)
+	require.Less(t, kv.TTFTP90, rr.TTFTP90)
+	require.Less(t, kv.TTFTP90, ll.TTFTP90)
+}

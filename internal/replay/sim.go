@@ -1,0 +1,435 @@
+package replay
+
+import (
+	"cmp"
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvselect/kvselect/internal/trace"
+	"github.com/kvselect/kvselect/kvindex"
+)
+
+// Result is what one policy achieved on one trace.
+type Result struct {
+	Policy   Policy
+	Requests int
+	// Blocks is the number of prompt blocks; HitBlocks those found in the
+	// serving worker's cache when its prefill started.
+	Blocks, HitBlocks int64
+	// HitRate is HitBlocks / Blocks (block-weighted).
+	HitRate float64
+	// ReachableHitRate is the hit rate of one infinite cache shared by all
+	// workers: the best any policy could do (trace.Summary.ReachableHitRate).
+	ReachableHitRate float64
+	// BelievedHitRate is the overlap the policy believed the chosen worker had
+	// when it routed, over Blocks (for kvselect: the index's answer).
+	BelievedHitRate float64
+	// PerWorker counts the requests routed to each worker; Imbalance is their
+	// max / mean.
+	PerWorker []int
+	Imbalance float64
+	// TTFT is arrival to the end of prefill (queueing at the worker included).
+	TTFTMean, TTFTP50, TTFTP90, TTFTP99 time.Duration
+	// Makespan is the first arrival to the last completion, in simulated time.
+	Makespan time.Duration
+	// StoredBlocks and EvictedBlocks count cache changes over all workers;
+	// Events the KV events the router received (kvselect only).
+	StoredBlocks, EvictedBlocks, Events int64
+	// Wall is the real time the replay took (Options.Now).
+	Wall time.Duration
+	// Explain is set for the kvselect policies when Options.Explain is.
+	Explain *Explanation
+}
+
+// Explanation breaks down the kvselect decisions that gave up cache hits: those
+// whose chosen worker had a shorter cached prefix (device overlap, as the router
+// saw it) than the best worker. For each, it compares the chosen worker with the
+// cheapest of the workers that had the longest prefix, term by term of the cost
+// (see package selection), each term weighted as in the cost and in blocks:
+//
+//	cost = scale*(active prefill + prompt - credit*overlap) + active blocks + new blocks
+//	     + request weight*active requests
+//
+// The fields are means over the missed decisions of chosen minus best; their sum
+// is <= 0 (the chosen worker was cheaper). The most negative term is the one that
+// pulled requests away from their cached prefix; OverlapCredit is the positive
+// price the chosen worker paid for its shorter prefix.
+type Explanation struct {
+	Decisions, Missed int
+	// MissedBlocks sums best minus chosen overlap over the missed decisions.
+	MissedBlocks int64
+	// Term deltas, chosen minus best, averaged over the missed decisions.
+	PrefillLoad, OverlapCredit, ActiveBlocks, NewBlocks, ActiveRequests float64
+}
+
+// simRequest is one request during the replay.
+type simRequest struct {
+	id       string
+	idx      int // position in sim.reqs
+	arrival  time.Duration
+	in, out  int
+	keys     []uint64 // dense prefix ids: cache keys and engine block hashes
+	tokens   []uint32 // the same ids as router tokens (block size 1)
+	worker   int
+	hit      int
+	believed int
+	ttft     time.Duration
+	state    uint8
+}
+
+const (
+	stateNew uint8 = iota
+	stateRouted
+	statePrefilled
+	stateDone
+)
+
+type simWorker struct {
+	cache      *lruCache
+	waiting    fifo // routed, waiting for a running slot
+	prefillQ   fifo // admitted, waiting for the prefill engine
+	running    int  // admitted and not finished
+	prefilling bool
+	active     int // routed and not finished
+	routed     int
+}
+
+type fifo struct {
+	items []int
+	head  int
+}
+
+func (f *fifo) push(i int) { f.items = append(f.items, i) }
+func (f *fifo) len() int   { return len(f.items) - f.head }
+func (f *fifo) pop() int {
+	i := f.items[f.head]
+	f.head++
+	if f.head == len(f.items) {
+		f.items, f.head = f.items[:0], 0
+	}
+	return i
+}
+
+type evKind uint8
+
+const (
+	evArrive evKind = iota
+	evPrefillDone
+	evFinish
+)
+
+type simEvent struct {
+	at   time.Duration
+	seq  uint64
+	kind evKind
+	req  int
+}
+
+type eventHeap []simEvent
+
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].seq < h[j].seq
+}
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(simEvent)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// sim is one replay. Not safe for concurrent use; the SelectionService it drives
+// is called from the replay's goroutine only.
+type sim struct {
+	opts      Options
+	policy    Policy
+	reqs      []simRequest
+	workers   []*simWorker
+	router    router
+	now       time.Duration
+	events    eventHeap
+	seq       uint64
+	reachable float64
+	evicted   []uint64
+	evBuf     kvindex.Event
+	stored    int64
+	evictedN  int64
+}
+
+// Run replays reqs (in arrival order; ties keep slice order) against policy and
+// returns what it achieved. ctx bounds the replay. Errors: ErrInvalidOptions,
+// ErrInvalidTrace, ctx's error, and any error of the SelectionService (wrapped).
+func Run(ctx context.Context, reqs []trace.Request, policy Policy, opts Options) (Result, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return Result{}, err
+	}
+	if _, err := ParsePolicy(string(policy)); err != nil {
+		return Result{}, err
+	}
+	start := o.Now()
+	s, err := prepare(ctx, reqs, policy, o)
+	if err != nil {
+		return Result{}, err
+	}
+	err = s.run(ctx)
+	err = errors.Join(err, s.router.close())
+	if err != nil {
+		return Result{}, err
+	}
+	res := s.result()
+	res.Wall = o.Now().Sub(start)
+	return res, nil
+}
+
+// prepare builds the simulation and its router; the caller must close the
+// router.
+func prepare(ctx context.Context, reqs []trace.Request, policy Policy, o Options) (*sim, error) {
+	s, err := newSim(reqs, policy, o)
+	if err != nil {
+		return nil, err
+	}
+	switch policy {
+	case KVSelect, KVSelectApprox:
+		s.router, err = newKVRouter(ctx, s, policy == KVSelect)
+		if err != nil {
+			return nil, err
+		}
+	default:
+		s.router = &baseline{policy: policy, sim: s, rng: rand.New(rand.NewPCG(o.Seed, o.Seed^0x2545f4914f6cdd1d))}
+	}
+	return s, nil
+}
+
+func newSim(reqs []trace.Request, policy Policy, o Options) (*sim, error) {
+	order := make([]int, len(reqs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].Arrival, reqs[b].Arrival) })
+	s := &sim{opts: o, policy: policy, reqs: make([]simRequest, len(reqs))}
+	var tree trace.PrefixTree
+	var ids []int32
+	total, seen := 0, 0
+	for pos, i := range order {
+		r := &reqs[i]
+		if err := r.Validate(o.BlockSize); err != nil {
+			return nil, fmt.Errorf("%w: request %d: %w", ErrInvalidTrace, i, err)
+		}
+		if len(r.Blocks) == 0 {
+			return nil, fmt.Errorf("%w: request %d has no prompt blocks", ErrInvalidTrace, i)
+		}
+		before := tree.Len()
+		ids = tree.Append(ids[:0], r.Blocks)
+		if tree.Len() > math.MaxUint32 {
+			return nil, fmt.Errorf("%w: more than 2^32 distinct prefix blocks", ErrInvalidTrace)
+		}
+		total += len(r.Blocks)
+		seen += len(r.Blocks) - (tree.Len() - before)
+		sr := &s.reqs[pos]
+		*sr = simRequest{
+			id: strconv.Itoa(i), idx: pos, arrival: time.Duration(float64(r.Arrival) / o.Speedup),
+			in: r.InputTokens, out: r.OutputTokens,
+			keys: make([]uint64, len(ids)), tokens: make([]uint32, len(ids)),
+		}
+		for j, id := range ids {
+			sr.keys[j], sr.tokens[j] = uint64(id), uint32(id)
+		}
+	}
+	if total > 0 {
+		s.reachable = float64(seen) / float64(total)
+	}
+	s.workers = make([]*simWorker, o.Workers)
+	for i := range s.workers {
+		s.workers[i] = &simWorker{cache: newLRUCache(o.CapacityBlocks)}
+	}
+	s.events = make(eventHeap, 0, len(reqs))
+	for i := range s.reqs {
+		s.push(s.reqs[i].arrival, evArrive, i)
+	}
+	return s, nil
+}
+
+func (s *sim) push(at time.Duration, kind evKind, req int) {
+	s.seq++
+	heap.Push(&s.events, simEvent{at: at, seq: s.seq, kind: kind, req: req})
+}
+
+func (s *sim) run(ctx context.Context) error {
+	for n := 0; s.events.Len() > 0; n++ {
+		if n%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("replay: %w", err)
+			}
+		}
+		e := heap.Pop(&s.events).(simEvent)
+		s.now = e.at
+		r := &s.reqs[e.req]
+		var err error
+		switch e.kind {
+		case evArrive:
+			err = s.arrive(ctx, e.req, r)
+		case evPrefillDone:
+			err = s.prefillDone(r)
+		case evFinish:
+			err = s.finish(r)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for i := range s.reqs {
+		if s.reqs[i].state != stateDone {
+			return fmt.Errorf("replay: internal error: request %s never finished", s.reqs[i].id)
+		}
+	}
+	return nil
+}
+
+func (s *sim) arrive(ctx context.Context, idx int, r *simRequest) error {
+	w, believed, err := s.router.route(ctx, r)
+	if err != nil {
+		return err
+	}
+	r.worker, r.believed, r.state = w, believed, stateRouted
+	wk := s.workers[w]
+	wk.routed++
+	wk.active++
+	wk.waiting.push(idx)
+	s.admit(wk)
+	return nil
+}
+
+// admit moves waiting requests into running slots, then starts a prefill if
+// the worker's prefill engine is idle.
+func (s *sim) admit(wk *simWorker) {
+	for wk.running < s.opts.MaxRunning && wk.waiting.len() > 0 {
+		wk.running++
+		wk.prefillQ.push(wk.waiting.pop())
+	}
+	if wk.prefilling || wk.prefillQ.len() == 0 {
+		return
+	}
+	idx := wk.prefillQ.pop()
+	r := &s.reqs[idx]
+	r.hit = wk.cache.Prefix(r.keys)
+	wk.cache.Touch(r.keys[:r.hit])
+	uncached := max(1, r.in-r.hit*s.opts.BlockSize)
+	d := time.Duration(float64(uncached) / s.opts.PrefillTokensPerSecond * float64(time.Second))
+	wk.prefilling = true
+	s.push(s.now+d, evPrefillDone, idx)
+}
+
+func (s *sim) prefillDone(r *simRequest) error {
+	wk := s.workers[r.worker]
+	wk.prefilling = false
+	r.ttft = s.now - r.arrival
+	r.state = statePrefilled
+	cached, added, evicted := wk.cache.Store(r.keys, s.evicted[:0])
+	s.evicted = evicted
+	s.stored += int64(added)
+	s.evictedN += int64(len(evicted))
+	if s.router.wantsEvents() {
+		if len(evicted) > 0 {
+			s.evBuf = kvindex.Event{Kind: kvindex.EventRemoved, BlockHashes: evicted}
+			if err := s.router.apply(r.worker, s.evBuf); err != nil {
+				return err
+			}
+		}
+		if added > 0 {
+			ev := kvindex.Event{
+				Kind: kvindex.EventStored, BlockSize: 1,
+				BlockHashes: r.keys[cached : cached+added], Tokens: r.tokens[cached : cached+added],
+			}
+			if cached > 0 {
+				ev.HasParent, ev.ParentHash = true, r.keys[cached-1]
+			}
+			if err := s.router.apply(r.worker, ev); err != nil {
+				return err
+			}
+		}
+	}
+	if err := s.router.prefillDone(r); err != nil {
+		return fmt.Errorf("replay: prefill of request %s: %w", r.id, err)
+	}
+	decode := time.Duration(max(0, r.out-1)) * s.opts.DecodeTokenTime
+	s.push(s.now+decode, evFinish, r.idx)
+	s.admit(wk)
+	return nil
+}
+
+func (s *sim) finish(r *simRequest) error {
+	wk := s.workers[r.worker]
+	wk.running--
+	wk.active--
+	r.state = stateDone
+	if err := s.router.finished(r); err != nil {
+		return fmt.Errorf("replay: completion of request %s: %w", r.id, err)
+	}
+	s.admit(wk)
+	return nil
+}
+
+func (s *sim) result() Result {
+	res := Result{Policy: s.policy, Requests: len(s.reqs), ReachableHitRate: s.reachable,
+		StoredBlocks: s.stored, EvictedBlocks: s.evictedN}
+	if k, ok := s.router.(*kvRouter); ok {
+		res.Events = k.ev
+		if k.explain != nil {
+			e := *k.explain
+			if e.Missed > 0 {
+				n := float64(e.Missed)
+				e.PrefillLoad, e.OverlapCredit, e.ActiveBlocks, e.NewBlocks, e.ActiveRequests =
+					e.PrefillLoad/n, e.OverlapCredit/n, e.ActiveBlocks/n, e.NewBlocks/n, e.ActiveRequests/n
+			}
+			res.Explain = &e
+		}
+	}
+	var believed int64
+	ttfts := make([]time.Duration, 0, len(s.reqs))
+	var sum time.Duration
+	for i := range s.reqs {
+		r := &s.reqs[i]
+		res.Blocks += int64(len(r.keys))
+		res.HitBlocks += int64(r.hit)
+		believed += int64(r.believed)
+		ttfts = append(ttfts, r.ttft)
+		sum += r.ttft
+	}
+	if res.Blocks > 0 {
+		res.HitRate = float64(res.HitBlocks) / float64(res.Blocks)
+		res.BelievedHitRate = float64(believed) / float64(res.Blocks)
+	}
+	res.PerWorker = make([]int, len(s.workers))
+	maxN := 0
+	for i, w := range s.workers {
+		res.PerWorker[i] = w.routed
+		maxN = max(maxN, w.routed)
+	}
+	if len(s.reqs) > 0 {
+		res.Imbalance = float64(maxN) / (float64(len(s.reqs)) / float64(len(s.workers)))
+		slices.Sort(ttfts)
+		res.TTFTMean = sum / time.Duration(len(ttfts))
+		res.TTFTP50, res.TTFTP90, res.TTFTP99 = percentile(ttfts, 0.50), percentile(ttfts, 0.90), percentile(ttfts, 0.99)
+		res.Makespan = s.now - s.reqs[0].arrival
+	}
+	return res
+}
+
+// percentile is the nearest-rank percentile of sorted values.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
