@@ -74,7 +74,7 @@ var rows = []row{
 	{what: "SelectAndReserve + Free p50, 512 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=512", metric: "p50-ns", jobIndex: 4},
 	{what: "SelectAndReserve + Free, 64 workers, parallel, 2 cores vs 1", bench: "BenchmarkSelectAndReserveParallel@2", metric: "ns/op", budget: "scales with GOMAXPROCS", baseline: "BenchmarkSelectAndReserveParallel@1", jobIndex: 5},
 	{what: "ledger AppendLoads, 64 workers x 128 hashes (vs per-worker maps)", bench: "BenchmarkAppendLoads/64workers", metric: "ns/op", baseline: "BenchmarkNaiveNewBlocks", jobIndex: 6},
-	{what: "tokenizer cache hit (2k tokens, shared results)", bench: "BenchmarkCachedTokenize/shared-2048", metric: "ns/op", budget: "<= 2 us", ok: le(2000), jobIndex: 7},
+	{what: "tokenizer cache hit (2k tokens, shared results)", bench: "BenchmarkCachedTokenize/shared/tokens=2048/body=8KiB", metric: "ns/op", budget: "<= 2 us", ok: le(2000), jobIndex: 7},
 	{what: "prefill/decode pair booking vs one SelectAndReserve", bench: "BenchmarkPairBook", metric: "ns/op", budget: "<= 2x single", baseline: "BenchmarkSingleSelectAndReserve", jobIndex: 8},
 	{what: "EPP ext_proc added latency p50 (loopback, tokenizer stubbed)", bench: "BenchmarkExtProcAddedLatency", metric: "p50-added-us", budget: "<= 250 us", ok: le(250), jobIndex: 9},
 	{what: "EPP ext_proc added latency p99", bench: "BenchmarkExtProcAddedLatency", metric: "p99-added-us", budget: "<= 1000 us", ok: le(1000), jobIndex: 9},

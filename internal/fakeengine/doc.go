@@ -34,8 +34,10 @@
 // counter, the replay buffer, the faults and the counters; Serve and the Publish
 // methods number a batch and hand it to the PUB socket while holding it, so
 // sequence order equals publish order. Start and Close are serialised with each
-// other. The only goroutine the engine starts is the replay server (when
-// EnableReplay is set); Close stops it and waits for it. go-zeromq v0.17.0 itself
+// other. The only goroutines the engine starts are the replay server (when
+// EnableReplay is set) and the HTTP server with its connections (when
+// EnableHTTP is set); Close stops them and waits for them, and for every HTTP
+// handler in flight. The HTTP counters have their own mutex. go-zeromq v0.17.0 itself
 // leaves one goroutine per PUB socket after Close (see LeakyZMQFunction), which
 // goleak-based tests must ignore.
 //
@@ -56,11 +58,42 @@
 //     (uint64 as is, int64 reinterpreted, bytes: last 8 bytes big-endian) yields
 //     the engine's 64-bit hash, as returned by BlockHashes.
 //
-// # Later: HTTP
+// # HTTP
 //
-// The engine will also serve HTTP (OpenAI-compatible completions, vLLM render and
-// tokenize endpoints, a time-to-first-token model) for end-to-end EPP tests. That
-// belongs in separate files (an http.Handler method and options added to Options
-// with zero-value defaults) and reuses Serve for the cache effect of a request, so
-// the API above does not change.
+// With EnableHTTP, Start also serves an OpenAI-compatible API on HTTPAddr
+// (HTTPEndpoint reports the bound host:port; Handler is the same API for a
+// caller's own server):
+//
+//   - POST /v1/chat/completions and /v1/completions, JSON or SSE ("stream":
+//     true: one chunk per generated token, the chat role chunk first, a usage
+//     chunk with stream_options.include_usage, then "data: [DONE]"). Each prompt
+//     goes through Serve, so the cache changes and KV events are exactly those of
+//     a direct Serve call. The answer carries usage.prompt_tokens_details.
+//     cached_tokens (the leading complete cached blocks times the block size)
+//     and the simulated TTFT (usage.simulated_ttft_ms and the x-fake-ttft-ms
+//     header): TTFTBase + PerTokenPrefill * uncached prompt tokens. The TTFT is
+//     only reported unless SleepTTFT is set. The output is max_tokens (default
+//     OutputTokens) words of dummy text, finish_reason "length".
+//   - POST /v1/chat/completions/render (one vLLM GenerateRequest) and
+//     /v1/completions/render (a list, one per prompt), POST /tokenize ({count,
+//     max_model_len, tokens, token_strs}), in vLLM's shapes; they never touch the
+//     cache.
+//   - GET /health, GET /v1/models, GET /metrics. The metrics are counters in the
+//     Prometheus text format, labelled model_name: fake_prefix_cache_queries_total
+//     and fake_prefix_cache_hits_total count prompt tokens (as vLLM's
+//     prefix_cache_queries and prefix_cache_hits do), fake_requests_total,
+//     fake_requests_running, fake_generation_tokens_total,
+//     fake_request_errors_total, fake_kv_cache_blocks,
+//     fake_kv_cache_capacity_blocks and the fake_simulated_ttft_seconds summary
+//     (sum and count). HTTPStats returns the same counters.
+//   - Errors are vLLM's ErrorResponse {"error": {message, type, param, code}}: 404
+//     for a "model" other than Options.Model, 400 for a malformed body, 413 for a
+//     body over 16 MiB, 503 after Close.
+//
+// Prompts are tokenized by a deterministic toy tokenizer that the package
+// exports (Tokenize, CompletionTokens, ApplyChatTemplate), so tests can compute
+// the ids the server uses: words and punctuation hash into [FirstWordToken,
+// VocabSize), and the chat template is TokenBOS, then per message a role token,
+// the content's tokens and TokenEndOfTurn, then TokenAssistant. Messages that
+// are equal give equal leading ids, so a shared system prompt is a shared prefix.
 package fakeengine

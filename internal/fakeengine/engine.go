@@ -143,6 +143,10 @@ type Engine struct {
 	cancel      context.CancelFunc
 	pubEP       string
 	replayEP    string
+	httpSrv     *httpServer // nil unless started with EnableHTTP
+	httpEP      string
+
+	web httpState // the HTTP API's handler and counters; see http.go
 }
 
 // New validates opts, applies defaults and returns an engine that has not started:
@@ -153,19 +157,22 @@ func New(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{
+	e := &Engine{
 		opts:   o,
 		format: o.format(),
 		topic:  []byte(o.Topic),
 		hasher: blockHasher{seed: o.HashSeed, blockSize: o.BlockSize},
 		cache:  newLRUCache(o.CapacityBlocks),
 		ring:   replayRing{capacity: o.ReplayBuffer},
-	}, nil
+	}
+	e.web.handler = e.newHandler()
+	return e, nil
 }
 
 // Start creates the sockets: it binds (or dials, in PubDial mode, retrying up to
 // DialAttempts times) the PUB socket, binds the ROUTER when EnableReplay is set,
-// and starts the replay goroutine. ctx bounds the start only (the dial retries);
+// listens on HTTPAddr when EnableHTTP is set, and starts the replay and HTTP
+// goroutines. ctx bounds the start only (the dial retries);
 // the engine runs until Close. A failed Start releases what it created and may be
 // retried. It returns ErrAlreadyStarted, ErrClosed or an error wrapping ErrSocket.
 func (e *Engine) Start(ctx context.Context) error {
@@ -216,11 +223,34 @@ func (e *Engine) Start(ctx context.Context) error {
 		replayEP = boundEndpoint(e.opts.ReplayEndpoint, router)
 	}
 
+	var hs *httpServer
+	if e.opts.EnableHTTP {
+		var err error
+		if hs, err = listenHTTP(ctx, e.opts.HTTPAddr, e.web.handler); err != nil {
+			if router != nil {
+				return fail(err, router, pub)
+			}
+			return fail(err, pub)
+		}
+	}
+
 	e.mu.Lock()
 	e.state = stateStarted
 	e.pub, e.router, e.cancel = pub, router, cancel
 	e.pubEP, e.replayEP = pubEP, replayEP
+	e.httpSrv = hs
+	if hs != nil {
+		e.httpEP = hs.addr
+	}
 	e.mu.Unlock()
+
+	if hs != nil {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			hs.serve()
+		}()
+	}
 
 	if router != nil {
 		e.wg.Add(1)
@@ -262,7 +292,9 @@ func boundEndpoint(configured string, s zmq4.Socket) string {
 	return configured
 }
 
-// Close stops the engine: it closes the sockets and waits for the replay goroutine.
+// Close stops the engine: it stops the HTTP server (in-flight requests are
+// answered 503 or cut short), closes the sockets and waits for the replay and HTTP
+// goroutines.
 // It is idempotent; calls after the first return nil. After Close, Serve and the
 // Publish methods return ErrClosed; the cache and truth methods keep working.
 func (e *Engine) Close() error {
@@ -275,15 +307,20 @@ func (e *Engine) Close() error {
 	}
 	wasStarted := e.state == stateStarted
 	e.state = stateClosed
-	pub, router, cancel := e.pub, e.router, e.cancel
-	e.pub, e.router, e.cancel = nil, nil, nil
+	pub, router, cancel, hs := e.pub, e.router, e.cancel, e.httpSrv
+	e.pub, e.router, e.cancel, e.httpSrv = nil, nil, nil, nil
 	e.mu.Unlock()
 	if !wasStarted {
 		return nil
 	}
+	var errs []error
+	if hs != nil {
+		if err := hs.close(); err != nil {
+			errs = append(errs, fmt.Errorf("close HTTP server: %w", err))
+		}
+	}
 	// A connection the peer already closed reports net.ErrClosed when go-zeromq
 	// closes it again; that is not a failure to shut down.
-	var errs []error
 	if router != nil {
 		if err := router.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, fmt.Errorf("close ROUTER: %w", err))

@@ -3,6 +3,7 @@ package fakeengine
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 )
@@ -144,6 +145,14 @@ const (
 	DefaultHashSeed uint64 = 0x6661_6b65_656e_6731
 	// MediumGPU is the medium Serve writes on its events.
 	MediumGPU = "GPU"
+
+	// Defaults of the HTTP server (see Options.EnableHTTP).
+	DefaultHTTPAddr        = "127.0.0.1:0"
+	DefaultModel           = "fake-model"
+	DefaultMaxModelLen     = 32768
+	DefaultOutputTokens    = 16
+	DefaultTTFTBase        = time.Millisecond
+	DefaultPerTokenPrefill = 20 * time.Microsecond
 )
 
 // Options configures an Engine. The zero value is valid and means every default.
@@ -214,8 +223,37 @@ type Options struct {
 	// worker.
 	HashSeed uint64
 
-	// Now is the clock for batch timestamps. Default time.Now.
+	// Now is the clock for batch timestamps and the "created" field of HTTP
+	// answers. Default time.Now.
 	Now func() time.Time
+
+	// EnableHTTP makes Start serve the OpenAI-compatible HTTP API (see Handler)
+	// on HTTPAddr, and Close stop it. Handler works without it.
+	EnableHTTP bool
+	// HTTPAddr is the host:port the HTTP server listens on. Default
+	// "127.0.0.1:0", an ephemeral loopback port (see HTTPEndpoint). Only
+	// meaningful with EnableHTTP.
+	HTTPAddr string
+	// Model is the served model name. A request whose "model" is set to
+	// anything else is answered 404, as vLLM does. Default "fake-model".
+	Model string
+	// MaxModelLen is the context length: a request whose prompt plus output
+	// budget exceeds it is answered 400. /tokenize reports it. Default 32768;
+	// must be > OutputTokens.
+	MaxModelLen int
+	// OutputTokens is the number of tokens generated for a request without
+	// max_tokens (or max_completion_tokens). Default 16; must be >= 1.
+	OutputTokens int
+	// TTFTBase and PerTokenPrefill model the time to first token of a request:
+	// TTFTBase + PerTokenPrefill * (prompt tokens not served from the prefix
+	// cache). Defaults 1ms and 20us; must be >= 0 (0 means the default).
+	TTFTBase        time.Duration
+	PerTokenPrefill time.Duration
+	// SleepTTFT makes each completion request actually wait its simulated TTFT
+	// before the first output token. By default the TTFT is only reported (in
+	// the x-fake-ttft-ms header and the usage block), so tests and demos run at
+	// full speed.
+	SleepTTFT bool
 }
 
 // withDefaults returns a validated copy of o with defaults applied.
@@ -290,6 +328,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	problems = o.httpDefaults(problems)
 	if len(problems) > 0 {
 		return Options{}, fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
 	}
@@ -299,4 +338,38 @@ func (o Options) withDefaults() (Options, error) {
 // format returns the wire format the options describe.
 func (o Options) format() Format {
 	return Format{Events: o.Encoding, BatchAsMap: o.BatchAsMap, Hashes: o.HashFormat, ExtraFields: o.ExtraFields}
+}
+
+// httpDefaults applies the defaults of the HTTP fields and appends their problems.
+func (o *Options) httpDefaults(problems []string) []string {
+	if o.HTTPAddr == "" {
+		o.HTTPAddr = DefaultHTTPAddr
+	} else if _, _, err := net.SplitHostPort(o.HTTPAddr); err != nil {
+		problems = append(problems, fmt.Sprintf("HTTPAddr %q is not host:port", o.HTTPAddr))
+	}
+	if o.Model == "" {
+		o.Model = DefaultModel
+	}
+	if o.OutputTokens == 0 {
+		o.OutputTokens = DefaultOutputTokens
+	} else if o.OutputTokens < 0 {
+		problems = append(problems, fmt.Sprintf("OutputTokens %d < 1", o.OutputTokens))
+	}
+	if o.MaxModelLen == 0 {
+		o.MaxModelLen = DefaultMaxModelLen
+	}
+	if o.MaxModelLen <= o.OutputTokens {
+		problems = append(problems, fmt.Sprintf("MaxModelLen %d <= OutputTokens %d", o.MaxModelLen, o.OutputTokens))
+	}
+	if o.TTFTBase == 0 {
+		o.TTFTBase = DefaultTTFTBase
+	} else if o.TTFTBase < 0 {
+		problems = append(problems, fmt.Sprintf("TTFTBase %v < 0", o.TTFTBase))
+	}
+	if o.PerTokenPrefill == 0 {
+		o.PerTokenPrefill = DefaultPerTokenPrefill
+	} else if o.PerTokenPrefill < 0 {
+		problems = append(problems, fmt.Sprintf("PerTokenPrefill %v < 0", o.PerTokenPrefill))
+	}
+	return problems
 }
