@@ -71,7 +71,8 @@
 //     a direct Serve call. The answer carries usage.prompt_tokens_details.
 //     cached_tokens (the leading complete cached blocks times the block size)
 //     and the simulated TTFT (usage.simulated_ttft_ms and the x-fake-ttft-ms
-//     header): TTFTBase + PerTokenPrefill * uncached prompt tokens. The TTFT is
+//     header, next to x-fake-prompt-tokens and x-fake-cached-tokens):
+//     TTFTBase + PerTokenPrefill * uncached prompt tokens. The TTFT is
 //     only reported unless SleepTTFT is set. The output is max_tokens (default
 //     OutputTokens) words of dummy text, finish_reason "length".
 //   - POST /v1/chat/completions/render (one vLLM GenerateRequest) and

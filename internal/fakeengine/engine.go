@@ -115,7 +115,8 @@ type Stats struct {
 
 // Engine is a vLLM-like test engine: an LRU prefix cache whose changes are
 // published as KV-cache event batches over a ZMQ PUB socket, with an optional
-// ROUTER replay server and fault injection.
+// ROUTER replay server, fault injection and an optional OpenAI-compatible HTTP
+// API (see Handler).
 //
 // Engine is safe for concurrent use. Its state is guarded by one mutex; batches
 // are numbered and handed to the PUB socket under it, so sequence order equals
