@@ -1,0 +1,352 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"net"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvselect/kvselect/selection"
+)
+
+// config is the EPP's whole configuration, read from the environment contract
+// of Dynamo's standalone EPP (so its users can switch) and overridable by flags.
+type config struct {
+	Mode              string
+	Topology          string // aggregated | disaggregated
+	RoleLabel         string
+	PoolName          string
+	Namespace         string
+	PodIP             string
+	Model             string
+	TokenizerURL      string
+	TokenizerProtocol string
+	TokenizerTimeout  time.Duration
+	TokenizerMaxResp  int
+	BlockSize         int
+	KVEventPort       int
+	KVReplayPort      int
+	KVEventBind       string
+	TotalKVBlocks     int
+	MaxBatched        int
+	PrefillMaxBatched int
+	DecodeMaxBatched  int
+	MaxInflight       int
+	IndexerThreads    int
+	SecureServing     bool
+	ExtProcAddr       string
+	HealthAddr        string
+	MetricsAddr       string
+	WorkersFile       string
+	Kubeconfig        string
+	MaxBodyBytes      int
+	Router            selection.Config
+}
+
+// setting is one variable of the contract: its environment name, its flag, its
+// default and how it is parsed into config.
+type setting struct {
+	env      string
+	aliases  []string // older names, read when env is unset
+	flag     string
+	def      string
+	required string // "" optional; else when it is required
+	help     string
+	parse    func(c *config, v string) error
+}
+
+func intIn(dst *int, lo, hi int) func(*config, string) error {
+	return func(_ *config, v string) error {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("%q is not an integer", v)
+		}
+		if n < lo || n > hi {
+			return fmt.Errorf("%d is out of range [%d, %d]", n, lo, hi)
+		}
+		*dst = n
+		return nil
+	}
+}
+
+func floatMin(dst *float64, lo float64) func(*config, string) error {
+	return func(_ *config, v string) error {
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+			return fmt.Errorf("%q is not a finite number", v)
+		}
+		if f < lo {
+			return fmt.Errorf("%v is below %v", f, lo)
+		}
+		*dst = f
+		return nil
+	}
+}
+
+func boolean(dst *bool) func(*config, string) error {
+	return func(_ *config, v string) error {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("%q is not a boolean (true/false)", v)
+		}
+		*dst = b
+		return nil
+	}
+}
+
+func str(dst *string) func(*config, string) error {
+	return func(_ *config, v string) error { *dst = strings.TrimSpace(v); return nil }
+}
+
+func listenAddr(dst *string) func(*config, string) error {
+	return func(_ *config, v string) error {
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			return fmt.Errorf("%q is not host:port", v)
+		}
+		*dst = v
+		return nil
+	}
+}
+
+const maxPort = 65535
+
+// settings returns the contract bound to c. The order is the README table's.
+func (c *config) settings() []setting {
+	r := &c.Router
+	return []setting{
+		{env: "DYN_EPP_MODE", flag: "mode", def: "standalone", help: "EPP mode; only `standalone` (the embedded kvselect service) exists here",
+			parse: func(c *config, v string) error {
+				if strings.TrimSpace(v) != "standalone" {
+					return fmt.Errorf("%q: only standalone is supported", v)
+				}
+				c.Mode = "standalone"
+				return nil
+			}},
+		{env: "DYN_EPP_TOPOLOGY_MODE", flag: "topology", def: "aggregated", help: "`aggregated` or `disaggregated` (prefill/decode split by the role label)",
+			parse: func(c *config, v string) error {
+				switch s := strings.ToLower(strings.TrimSpace(v)); s {
+				case "aggregated", "disaggregated":
+					c.Topology = s
+					return nil
+				}
+				return fmt.Errorf("%q: want aggregated or disaggregated", v)
+			}},
+		{env: "DYN_EPP_WORKER_ROLE_LABEL", flag: "role-label", def: "nvidia.com/dynamo-worker-role", help: "pod label that carries `prefill` or `decode` (disaggregated mode)", parse: str(&c.RoleLabel)},
+		{env: "DYN_EPP_INFERENCE_POOL_NAME", flag: "inference-pool", required: "with Kubernetes discovery", help: "the InferencePool this EPP serves", parse: str(&c.PoolName)},
+		{env: "POD_NAMESPACE", flag: "namespace", required: "with Kubernetes discovery", help: "namespace of the pool and its pods (downward API)", parse: str(&c.Namespace)},
+		{env: "POD_IP", flag: "pod-ip", help: "this EPP's own IP (informational)", parse: str(&c.PodIP)},
+		{env: "DYN_MODEL_NAME", flag: "model", def: "default", help: "model name: the selection partition of every worker and request", parse: str(&c.Model)},
+		{env: "DYN_EPP_TOKENIZER_SERVICE_URL", flag: "tokenizer-url", required: "always (the demo sets it)", help: "absolute http(s) base URL of the engine's tokenizer/render service",
+			parse: func(c *config, v string) error {
+				u, err := url.Parse(strings.TrimSpace(v))
+				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+					return fmt.Errorf("%q is not an absolute http(s) URL", v)
+				}
+				c.TokenizerURL = strings.TrimSpace(v)
+				return nil
+			}},
+		{env: "DYN_EPP_TOKENIZER_PROTOCOL", flag: "tokenizer-protocol", def: "vllm-render", help: "`vllm-render`, `vllm-tokenize` or `sglang`", parse: str(&c.TokenizerProtocol)},
+		{env: "DYN_EPP_TOKENIZATION_TIMEOUT_MS", flag: "tokenization-timeout-ms", def: "5000", help: "per-call tokenizer timeout in ms (>= 1)",
+			parse: func(c *config, v string) error {
+				var ms int
+				if err := intIn(&ms, 1, 600_000)(c, v); err != nil {
+					return err
+				}
+				c.TokenizerTimeout = time.Duration(ms) * time.Millisecond
+				return nil
+			}},
+		{env: "DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES", flag: "tokenizer-max-response-bytes", def: "16777216", help: "largest tokenizer response accepted", parse: intIn(&c.TokenizerMaxResp, 1024, 1<<30)},
+		{env: "DYN_KV_CACHE_BLOCK_SIZE", flag: "block-size", def: "16", help: "KV block size in tokens; must equal the engines' block size", parse: intIn(&c.BlockSize, 1, 1<<16)},
+		{env: "DYN_EPP_KV_EVENT_PORT", flag: "kv-event-port", def: "5557", help: "engines' ZMQ PUB port (0: no KV events, approximate mode)", parse: intIn(&c.KVEventPort, 0, maxPort)},
+		{env: "DYN_EPP_KV_EVENT_REPLAY_PORT", flag: "kv-event-replay-port", def: "0", help: "engines' ZMQ replay ROUTER port (0: none)", parse: intIn(&c.KVReplayPort, 0, maxPort)},
+		{env: "DYN_EPP_KV_EVENT_BIND", flag: "kv-event-bind", help: "bind a SUB here (tcp://host:port) for engines that dial in, instead of dialing each engine", parse: str(&c.KVEventBind)},
+		{env: "DYN_EPP_TOTAL_KV_BLOCKS", flag: "total-kv-blocks", def: "0", help: "per-worker KV capacity in blocks (0: unknown)", parse: intIn(&c.TotalKVBlocks, 0, math.MaxInt32)},
+		{env: "DYN_EPP_MAX_NUM_BATCHED_TOKENS", flag: "max-num-batched-tokens", def: "0", required: "when DYN_ROUTER_QUEUE_THRESHOLD is set", help: "engines' max_num_batched_tokens, the busy base of queueing", parse: intIn(&c.MaxBatched, 0, math.MaxInt32)},
+		{env: "DYN_EPP_PREFILL_MAX_NUM_BATCHED_TOKENS", flag: "prefill-max-num-batched-tokens", def: "0", help: "prefill workers' value (0: the shared one)", parse: intIn(&c.PrefillMaxBatched, 0, math.MaxInt32)},
+		{env: "DYN_EPP_DECODE_MAX_NUM_BATCHED_TOKENS", flag: "decode-max-num-batched-tokens", def: "0", help: "decode workers' value (0: the shared one)", parse: intIn(&c.DecodeMaxBatched, 0, math.MaxInt32)},
+		{env: "DYN_EPP_MAX_INFLIGHT_REQUESTS", flag: "max-inflight", def: "1024", help: "concurrent picks; more are shed with 503", parse: intIn(&c.MaxInflight, 1, 1<<20)},
+		{env: "DYN_EPP_SELECTION_INDEXER_THREADS", flag: "indexer-threads", def: "4", help: "accepted for compatibility (each event source applies on its own goroutine)", parse: intIn(&c.IndexerThreads, 1, 1024)},
+		{env: "DYN_SECURE_SERVING", flag: "secure-serving", def: "true", help: "TLS with a self-signed certificate on the ext_proc port (false: plaintext h2c)", parse: boolean(&c.SecureServing)},
+		{env: "DYN_EPP_EXTPROC_ADDR", flag: "extproc-addr", def: ":9002", help: "ext_proc gRPC listen address", parse: listenAddr(&c.ExtProcAddr)},
+		{env: "DYN_EPP_HEALTH_ADDR", flag: "health-addr", def: ":9003", help: "gRPC health listen address", parse: listenAddr(&c.HealthAddr)},
+		{env: "DYN_EPP_METRICS_ADDR", flag: "metrics-addr", def: ":9090", help: "Prometheus /metrics listen address", parse: listenAddr(&c.MetricsAddr)},
+		{env: "DYN_EPP_WORKERS_FILE", flag: "workers-file", help: "static discovery: a JSON/YAML file of workers, watched (no Kubernetes)", parse: str(&c.WorkersFile)},
+		{env: "KUBECONFIG", flag: "kubeconfig", help: "kubeconfig path (default: in-cluster config)", parse: str(&c.Kubeconfig)},
+		{env: "DYN_EPP_MAX_BODY_BYTES", flag: "max-body-bytes", def: "8388608", help: "largest request body buffered (excess: 413)", parse: intIn(&c.MaxBodyBytes, 1024, 1<<30)},
+		// Selection (Dynamo's KvRouterConfig environment).
+		{env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", flag: "overlap-score-credit", def: "1", help: "prefill blocks saved per cached device block (>= 0)", parse: floatMin(&r.OverlapScoreCredit, 0)},
+		{env: "DYN_ROUTER_PREFILL_LOAD_SCALE", flag: "prefill-load-scale", def: "1", help: "weight of the prefill term (>= 0)", parse: floatMin(&r.PrefillLoadScale, 0)},
+		{env: "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT", flag: "decode-active-request-weight", def: "0", help: "block-equivalent cost per active request (>= 0)", parse: floatMin(&r.DecodeActiveRequestWeight, 0)},
+		{env: "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT", aliases: []string{"DYN_OVERLAP_SCORE_WEIGHT"}, flag: "overlap-score-weight", help: "deprecated: sets prefill-load-scale (and credit 0 when 0)",
+			parse: func(c *config, v string) error {
+				var w float64
+				if err := floatMin(&w, 0)(c, v); err != nil {
+					return err
+				}
+				c.Router.OverlapScoreWeight = &w
+				return nil
+			}},
+		{env: "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT", flag: "host-cache-hit-weight", def: "0.75", help: "credit of host-tier hits [0, 1]", parse: floatMin(&r.HostCacheHitWeight, 0)},
+		{env: "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", flag: "disk-cache-hit-weight", def: "0.25", help: "credit of disk-tier hits [0, 1]", parse: floatMin(&r.DiskCacheHitWeight, 0)},
+		{env: "DYN_ROUTER_TEMPERATURE", flag: "router-temperature", def: "0", help: "0: cheapest worker; > 0: softmax sampling", parse: floatMin(&r.Temperature, 0)},
+		{env: "DYN_ROUTER_USE_KV_EVENTS", aliases: []string{"DYN_USE_KV_EVENTS"}, flag: "use-kv-events", def: "true", help: "subscribe to engine KV events (false: approximate index)", parse: boolean(&r.UseKVEvents)},
+		{env: "DYN_ROUTER_TRACK_ACTIVE_BLOCKS", flag: "track-active-blocks", def: "true", help: "count booked requests' blocks as decode load", parse: boolean(&r.TrackActiveBlocks)},
+		{env: "DYN_ROUTER_ASSUME_KV_REUSE", flag: "assume-kv-reuse", def: "true", help: "requests sharing a prefix share active blocks", parse: boolean(&r.AssumeKVReuse)},
+		{env: "DYN_ROUTER_TRACK_PREFILL_TOKENS", flag: "track-prefill-tokens", def: "true", help: "count uncached prompt tokens as prefill load", parse: boolean(&r.TrackPrefillTokens)},
+		{env: "DYN_ROUTER_TTL_SECS", flag: "router-ttl-secs", def: "120", help: "approximate-index TTL in seconds",
+			parse: func(c *config, v string) error {
+				var s float64
+				if err := floatMin(&s, 0)(c, v); err != nil {
+					return err
+				}
+				c.Router.RouterTTL = time.Duration(s * float64(time.Second))
+				return nil
+			}},
+		{env: "DYN_ROUTER_QUEUE_THRESHOLD", flag: "queue-threshold", help: "enable queueing: busy above threshold x max_num_batched_tokens",
+			parse: func(c *config, v string) error {
+				var th float64
+				if err := floatMin(&th, 0)(c, v); err != nil {
+					return err
+				}
+				c.Router.QueueThreshold = &th
+				return nil
+			}},
+		{env: "DYN_ROUTER_QUEUE_POLICY", flag: "queue-policy", def: "fcfs", help: "`fcfs`, `lcfs` or `wspt`",
+			parse: func(c *config, v string) error {
+				p, err := selection.ParseQueuePolicy(v)
+				if err != nil {
+					return fmt.Errorf("%q: want fcfs, lcfs or wspt", v)
+				}
+				c.Router.QueuePolicy = p
+				return nil
+			}},
+		{env: "DYN_ROUTER_QUEUE_LIMIT", flag: "queue-limit", def: "1024", help: "most requests waiting per model; more get 429", parse: intIn(&r.QueueLimit, 1, 1<<20)},
+		{env: "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", flag: "active-request-expiry-secs", def: "300", help: "lease of a booking never freed",
+			parse: func(c *config, v string) error {
+				var s int
+				if err := intIn(&s, 1, 86400)(c, v); err != nil {
+					return err
+				}
+				c.Router.ActiveRequestExpiry = time.Duration(s) * time.Second
+				return nil
+			}},
+	}
+}
+
+// errConfig wraps every startup configuration problem.
+var errConfig = errors.New("epp: invalid configuration")
+
+// loadConfig reads the environment (through getenv), lets flags override it, and
+// returns the configuration or one error naming every bad variable.
+func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (*config, error) {
+	c := &config{Router: selection.DefaultConfig(16)}
+	sets := c.settings()
+	flagVals := make(map[string]*string, len(sets))
+	for _, s := range sets {
+		flagVals[s.flag] = fs.String(s.flag, "", fmt.Sprintf("%s (env %s)", s.help, s.env))
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	setFlags := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { setFlags[f.Name] = true })
+	var errs []error
+	raw := map[string]string{}
+	for _, s := range sets {
+		v, src := s.def, "default"
+		if e := getenv(s.env); e != "" {
+			v, src = e, s.env
+		} else {
+			for _, a := range s.aliases {
+				if e := getenv(a); e != "" {
+					v, src = e, a
+					break
+				}
+			}
+		}
+		if setFlags[s.flag] {
+			v, src = *flagVals[s.flag], "--"+s.flag
+		}
+		raw[s.env] = v
+		if v == "" {
+			continue
+		}
+		if err := s.parse(c, v); err != nil {
+			errs = append(errs, fmt.Errorf("%s (from %s): %w", s.env, src, err))
+		}
+	}
+	c.Router.BlockSize = c.BlockSize
+	if c.KVEventPort == 0 && c.KVEventBind == "" {
+		c.Router.UseKVEvents = false
+	}
+	if c.Router.QueueThreshold != nil && c.MaxBatched == 0 && c.PrefillMaxBatched == 0 && c.DecodeMaxBatched == 0 {
+		errs = append(errs, errors.New("DYN_EPP_MAX_NUM_BATCHED_TOKENS: required (> 0) when DYN_ROUTER_QUEUE_THRESHOLD enables queueing"))
+	}
+	if err := c.Router.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("%w:\n  %w", errConfig, errors.Join(errs...))
+	}
+	return c, nil
+}
+
+// requireForServing checks what only a real (non-demo) run needs.
+func (c *config) requireForServing() error {
+	var errs []error
+	if c.TokenizerURL == "" {
+		errs = append(errs, errors.New("DYN_EPP_TOKENIZER_SERVICE_URL: required"))
+	}
+	if c.WorkersFile == "" {
+		if c.PoolName == "" {
+			errs = append(errs, errors.New("DYN_EPP_INFERENCE_POOL_NAME: required with Kubernetes discovery (or set DYN_EPP_WORKERS_FILE)"))
+		}
+		if c.Namespace == "" {
+			errs = append(errs, errors.New("POD_NAMESPACE: required with Kubernetes discovery"))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w:\n  %w", errConfig, errors.Join(errs...))
+	}
+	return nil
+}
+
+// envTable renders the contract as a Markdown table (for the README).
+func envTable() string {
+	var c config
+	sets := c.settings()
+	var b strings.Builder
+	b.WriteString("| Variable | Flag | Default | Meaning |\n|---|---|---|---|\n")
+	for _, s := range sets {
+		def := s.def
+		if def == "" {
+			def = "(unset)"
+		}
+		if s.required != "" {
+			def += ", required " + s.required
+		}
+		name := "`" + s.env + "`"
+		for _, a := range s.aliases {
+			name += " (alias `" + a + "`)"
+		}
+		fmt.Fprintf(&b, "| %s | `--%s` | %s | %s |\n", name, s.flag, def, s.help)
+	}
+	return b.String()
+}
+
+// sortedEnv lists the variables of the contract, for tests.
+func sortedEnv() []string {
+	var c config
+	var out []string
+	for _, s := range c.settings() {
+		out = append(out, s.env)
+	}
+	sort.Strings(out)
+	return out
+}

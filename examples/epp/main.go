@@ -1,0 +1,353 @@
+// Command epp is kvselect's reference Endpoint Picker: the ext_proc server an
+// Envoy-based Gateway (Gateway API Inference Extension) calls for every request.
+// It discovers workers (Kubernetes InferencePool + Pods, or a static file),
+// tokenizes each request with the engines' own tokenizer, books the best worker
+// with kvselect, and tells Envoy where to send the request.
+//
+//	go run ./examples/epp --demo            # fake engines, a workload, kvselect vs round-robin
+//	go run ./examples/epp --print-env-table # the environment contract as Markdown
+//
+// Configuration follows the environment contract of Dynamo's standalone EPP;
+// every variable also has a flag, and flags win. See the README for the table.
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/examples/epp/discovery"
+	"github.com/kvselect/kvselect/examples/epp/extproc"
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/tokenize"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("epp", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	demo := fs.Bool("demo", false, "run the self-contained demo: fake engines, a shared-prefix workload, kvselect vs round-robin")
+	demoEngines := fs.Int("demo-engines", 4, "demo: number of fake engines")
+	demoRequests := fs.Int("demo-requests", 480, "demo: requests per policy")
+	demoWorkers := fs.String("demo-workers-file", "", "demo: drive engines you already run (static workers file) instead of fake ones")
+	printEnv := fs.Bool("print-env-table", false, "print the environment contract as a Markdown table and exit")
+	cfg, err := loadConfig(fs, args, getenv)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	if *printEnv {
+		fmt.Fprint(stdout, envTable())
+		return 0
+	}
+	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if *demo {
+		opts := demoOptions{engines: *demoEngines, requests: *demoRequests, workersFile: *demoWorkers}
+		if err := runDemo(ctx, cfg, opts, stdout); err != nil {
+			fmt.Fprintln(stderr, "demo:", err)
+			return 1
+		}
+		return 0
+	}
+	if err := cfg.requireForServing(); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	if err := serve(ctx, cfg, logger); err != nil && !errors.Is(err, context.Canceled) {
+		logger.Error("epp stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// epp is one assembled Endpoint Picker: tokenizer, selection, ext_proc server.
+type epp struct {
+	cfg    *config
+	logger *slog.Logger
+	client *tokenize.Client
+	cache  *tokenize.Cache
+	svc    *selection.SelectionService
+	router *router
+	server *extproc.Server
+	reg    *prometheus.Registry
+}
+
+// newEPP builds everything that does not listen yet.
+func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, b *selection.SelectionServiceBuilder) (*epp, error) {
+	if cfg.Topology != "aggregated" {
+		return nil, fmt.Errorf("%w: DYN_EPP_TOPOLOGY_MODE %q is not available in this build yet", errConfig, cfg.Topology)
+	}
+	client, err := tokenize.New(tokenize.Options{
+		Protocol: cfg.TokenizerProtocol, BaseURL: cfg.TokenizerURL, Timeout: cfg.TokenizerTimeout,
+		MaxResponseBytes: int64(cfg.TokenizerMaxResp), Logger: logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	cache, err := tokenize.NewCache(client, tokenize.CacheOptions{ShareResults: true, Protocol: cfg.TokenizerProtocol, Model: cfg.Model, Logger: logger})
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	if b == nil {
+		b = selection.NewSelectionServiceBuilder(cfg.Router).Logger(logger)
+		if cfg.KVEventBind != "" {
+			b.BindEvents(cfg.KVEventBind)
+		}
+	}
+	svc, err := b.Build(ctx)
+	if err != nil {
+		cache.Close()
+		client.Close()
+		return nil, err
+	}
+	e := &epp{cfg: cfg, logger: logger, client: client, cache: cache, svc: svc, reg: prometheus.NewRegistry()}
+	e.router = newRouter(cfg.Model, cache, svc)
+	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	e.reg.MustRegister(&statsCollector{
+		services: func() map[string]*selection.SelectionService {
+			return map[string]*selection.SelectionService{"aggregated": svc}
+		},
+		cache: cache,
+	})
+	e.server, err = extproc.NewServer(extproc.Options{
+		Picker: e.router, Status: statusOf, MaxBodyBytes: cfg.MaxBodyBytes, MaxInflight: cfg.MaxInflight,
+		Logger: logger, Metrics: newServerMetrics(e.reg),
+	})
+	if err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *epp) close() {
+	_ = e.svc.Close()
+	e.cache.Close()
+	e.client.Close()
+}
+
+// apply reconciles the selection service with a discovery snapshot.
+func (e *epp) apply(s discovery.Snapshot) {
+	desired := make([]catalog.Worker, 0, len(s.Workers))
+	for _, w := range s.Workers {
+		if w.MaxNumBatchedTokens == 0 {
+			w.MaxNumBatchedTokens = e.cfg.MaxBatched
+		}
+		if w.TotalKVBlocks == 0 {
+			w.TotalKVBlocks = e.cfg.TotalKVBlocks
+		}
+		if w.BlockSize == 0 {
+			w.BlockSize = e.cfg.BlockSize
+		}
+		desired = append(desired, w)
+	}
+	plan, err := catalog.Reconcile(e.svc.Workers(), desired)
+	if err != nil {
+		e.logger.Error("discovery snapshot rejected", "err", err)
+		return
+	}
+	for _, id := range plan.Deletes {
+		if _, err := e.svc.DeleteWorker(id); err != nil && !errors.Is(err, selection.ErrNotFound) {
+			e.logger.Warn("delete worker", "id", id, "err", err)
+		}
+	}
+	for _, w := range plan.Upserts {
+		rec, err := e.svc.UpsertWorker(w)
+		if err != nil {
+			e.logger.Warn("worker rejected", "id", w.ID, "err", err)
+			continue
+		}
+		if rec.Lifecycle != catalog.Schedulable {
+			e.logger.Info("worker not schedulable", "id", w.ID, "identity", w.Identity, "reasons", fmt.Sprint(rec.Reasons))
+		}
+	}
+	for _, inv := range plan.Invalid {
+		e.logger.Warn("invalid worker", "id", inv.ID, "err", inv.Err)
+	}
+	e.router.setWorkers(desired)
+	if s.Synced && !e.server.Ready() {
+		e.server.SetReady(true)
+		e.logger.Info("discovery synced; serving", "workers", len(desired))
+	}
+}
+
+// newSource builds the discovery source the configuration names.
+func newSource(cfg *config, logger *slog.Logger) (discovery.Source, error) {
+	if cfg.WorkersFile != "" {
+		return discovery.NewStatic(discovery.StaticOptions{
+			Path:      cfg.WorkersFile,
+			Defaults:  discovery.Defaults{Model: cfg.Model, BlockSize: cfg.BlockSize, TotalKVBlocks: cfg.TotalKVBlocks, MaxNumBatchedTokens: cfg.MaxBatched},
+			RoleLabel: cfg.RoleLabel, Logger: logger,
+		})
+	}
+	var rc *rest.Config
+	var err error
+	if cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	port := cfg.KVEventPort
+	if !cfg.Router.UseKVEvents || cfg.KVEventBind != "" {
+		port = 0
+	}
+	return discovery.NewKubernetes(discovery.KubeOptions{
+		Dynamic: dyn, Clientset: cs, Namespace: cfg.Namespace, PoolName: cfg.PoolName, Model: cfg.Model,
+		BlockSize: cfg.BlockSize, TotalKVBlocks: cfg.TotalKVBlocks, MaxNumBatchedTokens: cfg.MaxBatched,
+		KVEventPort: port, ReplayPort: cfg.KVReplayPort, RoleLabel: cfg.RoleLabel, Logger: logger,
+	})
+}
+
+// serve runs the EPP until ctx is done.
+func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
+	e, err := newEPP(ctx, cfg, logger, nil)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	src, err := newSource(cfg, logger)
+	if err != nil {
+		return err
+	}
+	var lc net.ListenConfig
+	extLis, err := lc.Listen(ctx, "tcp", cfg.ExtProcAddr)
+	if err != nil {
+		return err
+	}
+	healthLis, err := lc.Listen(ctx, "tcp", cfg.HealthAddr)
+	if err != nil {
+		_ = extLis.Close()
+		return err
+	}
+	metricsLis, err := lc.Listen(ctx, "tcp", cfg.MetricsAddr)
+	if err != nil {
+		_ = extLis.Close()
+		_ = healthLis.Close()
+		return err
+	}
+	gopts := e.server.GRPCServerOptions()
+	if cfg.SecureServing {
+		cert, err := selfSignedCert()
+		if err != nil {
+			return err
+		}
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	}
+	gs := grpc.NewServer(gopts...)
+	e.server.Register(gs)
+	hs := grpc.NewServer()
+	e.server.RegisterHealth(hs)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{}))
+	ms := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	logger.Info("epp listening", "extproc", extLis.Addr().String(), "health", healthLis.Addr().String(),
+		"metrics", metricsLis.Addr().String(), "tls", cfg.SecureServing, "model", cfg.Model)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return gs.Serve(extLis) })
+	g.Go(func() error { return hs.Serve(healthLis) })
+	g.Go(func() error {
+		if err := ms.Serve(metricsLis); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error { return src.Run(gctx, e.apply) })
+	g.Go(func() error {
+		<-gctx.Done()
+		e.server.SetReady(false)
+		stopped := make(chan struct{})
+		go func() { gs.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(10 * time.Second):
+			gs.Stop()
+			<-stopped
+		}
+		hs.Stop()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return ms.Shutdown(sctx)
+	})
+	err = g.Wait()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// selfSignedCert makes the certificate the ext_proc port serves with when secure
+// serving is on (Envoy is configured not to verify it, as with Dynamo's EPP).
+func selfSignedCert() (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: "kvselect-epp"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().AddDate(10, 0, 0),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:     []string{"localhost", "kvselect-epp"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/examples/epp/extproc"
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/tokenize"
+)
+
+// serverMetrics backs the ext_proc server's Recorder with Prometheus.
+type serverMetrics struct {
+	requests *prometheus.CounterVec
+	pick     prometheus.Histogram
+	mismatch prometheus.Counter
+	inflight prometheus.Gauge
+}
+
+var _ extproc.Recorder = (*serverMetrics)(nil)
+
+func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
+	m := &serverMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvselect_epp_requests_total", Help: "Requests by outcome status (200 routed, else the immediate response; 0 stream ended first).",
+		}, []string{"status"}),
+		pick: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "kvselect_epp_pick_duration_seconds", Help: "Time to tokenize and select, per request.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
+		}),
+		mismatch: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvselect_epp_served_endpoint_mismatch_total", Help: "Responses served by another endpoint than the one picked.",
+		}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvselect_epp_inflight_requests", Help: "Requests between headers and routing decision.",
+		}),
+	}
+	reg.MustRegister(m.requests, m.pick, m.mismatch, m.inflight)
+	return m
+}
+
+func (m *serverMetrics) Outcome(status int)          { m.requests.WithLabelValues(strconv.Itoa(status)).Inc() }
+func (m *serverMetrics) PickLatency(d time.Duration) { m.pick.Observe(d.Seconds()) }
+func (m *serverMetrics) ServedMismatch()             { m.mismatch.Inc() }
+func (m *serverMetrics) Inflight(n int)              { m.inflight.Set(float64(n)) }
+
+// statsCollector reads the selection services, the tokenizer cache and the event
+// feed on every scrape: their counters are the source of truth, nothing is
+// double-counted here.
+type statsCollector struct {
+	services func() map[string]*selection.SelectionService // role -> service
+	cache    *tokenize.Cache                               // may be nil
+}
+
+var (
+	descSel = func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc("kvselect_"+name, help, []string{"role"}, nil)
+	}
+	dSelections = descSel("selections_total", "Workers picked.")
+	dBookings   = descSel("bookings_total", "Reservations booked.")
+	dFrees      = descSel("frees_total", "Reservations freed by the caller.")
+	dExpired    = descSel("reservations_expired_total", "Reservations released by lease expiry (orphans).")
+	dActive     = descSel("reservations_active", "Reservations currently booked.")
+	dQueued     = descSel("queue_waits_total", "Requests that waited for capacity.")
+	dQueueRej   = descSel("queue_rejections_total", "Requests refused because the queue was full.")
+	dRejected   = descSel("selection_errors_total", "Select calls that failed.")
+	dChosen     = descSel("overlap_chosen_blocks_total", "Device blocks the chosen worker already held, summed over decisions.")
+	dBest       = descSel("overlap_best_blocks_total", "Best device overlap any eligible worker had, summed over decisions.")
+	dReqBlocks  = descSel("request_blocks_total", "Complete blocks of routed requests.")
+	dWorkers    = prometheus.NewDesc("kvselect_workers", "Workers by role and lifecycle.", []string{"role", "lifecycle"}, nil)
+
+	evLabels    = []string{"role", "worker", "rank"}
+	dEvApplied  = prometheus.NewDesc("kvselect_kv_events_applied_total", "KV events applied to the index.", evLabels, nil)
+	dEvSkipped  = prometheus.NewDesc("kvselect_kv_events_skipped_total", "KV events skipped (filtered, malformed, unknown parent...).", evLabels, nil)
+	dEvBatches  = prometheus.NewDesc("kvselect_kv_event_batches_total", "KV event batches received live.", evLabels, nil)
+	dEvGaps     = prometheus.NewDesc("kvselect_kv_event_gaps_total", "Sequence gaps detected.", evLabels, nil)
+	dEvReplays  = prometheus.NewDesc("kvselect_kv_event_replays_total", "Replays by result.", append(evLabels, "result"), nil)
+	dEvRestarts = prometheus.NewDesc("kvselect_kv_event_restarts_total", "Engine restarts detected (sequence went back).", evLabels, nil)
+	dEvOverflow = prometheus.NewDesc("kvselect_kv_event_overflows_total", "Queue overflows (source cleared and resynchronised).", evLabels, nil)
+	dEvDegraded = prometheus.NewDesc("kvselect_kv_event_source_degraded", "1 when batches of the source are known to be missing.", evLabels, nil)
+
+	dTokHits      = prometheus.NewDesc("kvselect_tokenizer_cache_hits_total", "Tokenizer cache hits.", nil, nil)
+	dTokMisses    = prometheus.NewDesc("kvselect_tokenizer_cache_misses_total", "Tokenizer cache misses.", nil, nil)
+	dTokCoalesced = prometheus.NewDesc("kvselect_tokenizer_coalesced_total", "Tokenizer calls shared with an identical in-flight call.", nil, nil)
+	dTokErrors    = prometheus.NewDesc("kvselect_tokenizer_errors_total", "Tokenizer errors by kind.", []string{"kind"}, nil)
+	dTokLatency   = prometheus.NewDesc("kvselect_tokenizer_upstream_seconds", "Tokenizer upstream call latency.", nil, nil)
+)
+
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
+
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for role, s := range c.services() {
+		st := s.Stats()
+		counter(dSelections, float64(st.Selections), role)
+		counter(dBookings, float64(st.Bookings), role)
+		counter(dFrees, float64(st.Frees), role)
+		counter(dExpired, float64(st.Expired), role)
+		gauge(dActive, float64(st.Ledger.Active), role)
+		counter(dQueued, float64(st.Queued), role)
+		counter(dQueueRej, float64(st.QueueRejected), role)
+		counter(dRejected, float64(st.Rejected), role)
+		counter(dChosen, float64(st.ChosenOverlapBlocks), role)
+		counter(dBest, float64(st.BestOverlapBlocks), role)
+		counter(dReqBlocks, float64(st.RequestBlocks), role)
+		byLife := map[catalog.Lifecycle]int{}
+		for _, r := range s.Workers() {
+			byLife[r.Lifecycle]++
+		}
+		for _, l := range []catalog.Lifecycle{catalog.Incomplete, catalog.Schedulable, catalog.Draining} {
+			gauge(dWorkers, float64(byLife[l]), role, l.String())
+		}
+		for _, e := range s.EventStats() {
+			lv := []string{role, e.Worker.Worker, strconv.Itoa(e.Worker.Rank)}
+			counter(dEvApplied, float64(e.Handler.EventsApplied), lv...)
+			counter(dEvSkipped, float64(e.Handler.SkippedTotal()), lv...)
+			counter(dEvBatches, float64(e.Received), lv...)
+			counter(dEvGaps, float64(e.Gaps), lv...)
+			counter(dEvReplays, float64(e.ReplaysOK), append(lv, "ok")...)
+			counter(dEvReplays, float64(e.ReplaysFailed), append(lv, "failed")...)
+			counter(dEvRestarts, float64(e.Restarts), lv...)
+			counter(dEvOverflow, float64(e.Overflows), lv...)
+			d := 0.0
+			if e.Degraded {
+				d = 1
+			}
+			gauge(dEvDegraded, d, lv...)
+		}
+	}
+	if c.cache != nil {
+		st := c.cache.Stats()
+		counter(dTokHits, float64(st.Hits))
+		counter(dTokMisses, float64(st.Misses))
+		counter(dTokCoalesced, float64(st.Coalesced))
+		for kind, v := range map[string]uint64{
+			"bad_request": st.Errors.BadRequest, "unavailable": st.Errors.Unavailable, "timeout": st.Errors.Timeout,
+			"upstream": st.Errors.Upstream, "canceled": st.Errors.Canceled, "other": st.Errors.Other,
+		} {
+			counter(dTokErrors, float64(v), kind)
+		}
+		bounds := tokenize.LatencyBounds()
+		buckets := make(map[float64]uint64, len(bounds))
+		var cum uint64
+		for i, b := range bounds {
+			cum += st.Latency.Buckets[i]
+			buckets[b.Seconds()] = cum
+		}
+		ch <- prometheus.MustNewConstHistogram(dTokLatency, st.Latency.Count, st.Latency.Sum.Seconds(), buckets)
+	}
+}

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/examples/epp/extproc"
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/tokenize"
+)
+
+// Priority headers (Dynamo's EPP contract).
+const (
+	headerPriority       = "x-dynamo-request-priority"        // queue jump, seconds (>= 0)
+	headerStrictPriority = "x-dynamo-request-strict-priority" // strict tier (integer)
+)
+
+// booker is what the router needs from an aggregated selection service.
+type booker interface {
+	SelectAndReserve(ctx context.Context, req selection.Request) (selection.Result, error)
+	PrefillComplete(id string) error
+	FreeReservation(id string) error
+	Loads(model string) []selection.WorkerLoad
+}
+
+// router is the extproc.Picker of the aggregated EPP: it tokenizes the request
+// with the engine's own tokenizer and books a worker with the selection service.
+// It is safe for concurrent use.
+type router struct {
+	model string
+	tok   tokenize.Tokenizer
+	svc   booker
+
+	mu       sync.RWMutex
+	byAddr   map[string]string   // canonical ip:port -> worker id
+	byIP     map[string][]string // ip -> worker ids
+	endpoint map[string]string   // worker id -> canonical ip:port
+}
+
+var _ extproc.Picker = (*router)(nil)
+
+func newRouter(model string, tok tokenize.Tokenizer, svc booker) *router {
+	return &router{model: model, tok: tok, svc: svc}
+}
+
+// setWorkers replaces the endpoint maps used to honour subset hints.
+func (r *router) setWorkers(ws []catalog.Worker) {
+	byAddr := make(map[string]string, len(ws))
+	byIP := make(map[string][]string, len(ws))
+	endpoint := make(map[string]string, len(ws))
+	for _, w := range ws {
+		ep, err := extproc.CanonicalEndpoint(w.Endpoint)
+		if err != nil {
+			continue // not routable through Envoy (no IP literal); discovery reports it
+		}
+		byAddr[ep] = w.ID
+		ip := strings.Trim(ep[:strings.LastIndex(ep, ":")], "[]")
+		byIP[ip] = append(byIP[ip], w.ID)
+		endpoint[w.ID] = ep
+	}
+	r.mu.Lock()
+	r.byAddr, r.byIP, r.endpoint = byAddr, byIP, endpoint
+	r.mu.Unlock()
+}
+
+// allowed maps a subset hint to worker ids; nil means no restriction.
+func (r *router) allowed(subset []string) ([]string, error) {
+	if subset == nil {
+		return nil, nil
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var ids []string
+	for _, e := range subset {
+		if id, ok := r.byAddr[e]; ok {
+			ids = append(ids, id)
+			continue
+		}
+		ids = append(ids, r.byIP[strings.Trim(e, "[]")]...)
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("%w: the subset hint names no known worker", selection.ErrNoEndpoints)
+	}
+	return ids, nil
+}
+
+func parsePriority(h map[string]string) (selection.Priority, error) {
+	var p selection.Priority
+	if v, ok := h[headerPriority]; ok {
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || f < 0 || math.IsNaN(f) || math.IsInf(f, 0) {
+			return p, fmt.Errorf("%w: %s %q", selection.ErrBadRequest, headerPriority, v)
+		}
+		p.Jump = f
+	}
+	if v, ok := h[headerStrictPriority]; ok {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil {
+			return p, fmt.Errorf("%w: %s %q", selection.ErrBadRequest, headerStrictPriority, v)
+		}
+		p.Tier = n
+	}
+	return p, nil
+}
+
+// Pick tokenizes and books. Body-less requests go to the least-loaded eligible
+// worker without a booking.
+func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pick, error) {
+	allowed, err := r.allowed(req.Subset)
+	if err != nil {
+		return extproc.Pick{}, err
+	}
+	if len(req.Body) == 0 {
+		return r.leastLoaded(allowed)
+	}
+	prio, err := parsePriority(req.Headers)
+	if err != nil {
+		return extproc.Pick{}, err
+	}
+	tr, err := r.tok.Tokenize(ctx, tokenize.Request{Path: req.Path, Body: req.Body, Model: r.model})
+	if err != nil {
+		return extproc.Pick{}, err
+	}
+	res, err := r.svc.SelectAndReserve(ctx, selection.Request{
+		Model: r.model, Tokens: tr.Tokens, CacheSalt: tr.CacheSalt, Allowed: allowed, Priority: prio,
+		ExpectedOutputTokens: int(min(max(tr.MaxTokens, 0), math.MaxInt32)),
+	})
+	if err != nil {
+		return extproc.Pick{}, err
+	}
+	return extproc.Pick{Destination: res.Endpoint, Settle: &booking{svc: r.svc, id: res.ReservationID}}, nil
+}
+
+func (r *router) leastLoaded(allowed []string) (extproc.Pick, error) {
+	ok := func(id string) bool {
+		if allowed == nil {
+			return true
+		}
+		for _, a := range allowed {
+			if a == id {
+				return true
+			}
+		}
+		return false
+	}
+	best, bestLoad := "", math.MaxInt
+	for _, l := range r.svc.Loads(r.model) {
+		if ok(l.WorkerID) && l.ActiveRequests < bestLoad {
+			best, bestLoad = l.WorkerID, l.ActiveRequests
+		}
+	}
+	r.mu.RLock()
+	ep := r.endpoint[best]
+	r.mu.RUnlock()
+	if best == "" || ep == "" {
+		return extproc.Pick{}, fmt.Errorf("%w: no schedulable worker for a body-less request", selection.ErrNoEndpoints)
+	}
+	return extproc.Pick{Destination: ep, Settle: extproc.NopSettler{}}, nil
+}
+
+// booking settles one reservation: FirstByte marks prefill complete, Done frees
+// it; each at most once.
+type booking struct {
+	svc        booker
+	id         string
+	first, end sync.Once
+}
+
+func (b *booking) FirstByte() { b.first.Do(func() { _ = b.svc.PrefillComplete(b.id) }) }
+func (b *booking) Done()      { b.end.Do(func() { _ = b.svc.FreeReservation(b.id) }) }
+
+// statusOf maps any error of the request path to the HTTP status the client
+// gets: the tokenizer's classes first, then the selection service's.
+func statusOf(err error) int {
+	for _, e := range []error{tokenize.ErrBadRequest, tokenize.ErrUnavailable, tokenize.ErrTimeout,
+		tokenize.ErrUpstream, tokenize.ErrCanceled, tokenize.ErrClosed} {
+		if errors.Is(err, e) {
+			return tokenize.HTTPStatus(err)
+		}
+	}
+	return selection.HTTPStatus(err)
+}

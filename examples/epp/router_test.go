@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/examples/epp/extproc"
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/tokenize"
+)
+
+type fakeTok struct {
+	err error
+}
+
+func (f fakeTok) Tokenize(_ context.Context, req tokenize.Request) (tokenize.Result, error) {
+	if f.err != nil {
+		return tokenize.Result{}, f.err
+	}
+	toks := make([]uint32, len(req.Body))
+	for i, b := range req.Body {
+		toks[i] = uint32(b)
+	}
+	return tokenize.Result{Tokens: toks}, nil
+}
+
+type fakeSvc struct {
+	mu       sync.Mutex
+	last     selection.Request
+	err      error
+	prefill  map[string]int
+	freed    map[string]int
+	loads    []selection.WorkerLoad
+	endpoint string
+}
+
+func (f *fakeSvc) SelectAndReserve(_ context.Context, req selection.Request) (selection.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.last = req
+	if f.err != nil {
+		return selection.Result{}, f.err
+	}
+	return selection.Result{ReservationID: "r1", Endpoint: f.endpoint}, nil
+}
+func (f *fakeSvc) PrefillComplete(id string) error {
+	f.mu.Lock()
+	f.prefill[id]++
+	f.mu.Unlock()
+	return nil
+}
+func (f *fakeSvc) FreeReservation(id string) error {
+	f.mu.Lock()
+	f.freed[id]++
+	f.mu.Unlock()
+	return nil
+}
+func (f *fakeSvc) Loads(string) []selection.WorkerLoad { return f.loads }
+
+func newTestRouter(svc *fakeSvc, tok tokenize.Tokenizer) *router {
+	r := newRouter("m", tok, svc)
+	r.setWorkers([]catalog.Worker{
+		{ID: "a", Endpoint: "10.0.0.1:8000"}, {ID: "b", Endpoint: "10.0.0.2:8000"}, {ID: "c", Endpoint: "10.0.0.2:9000"},
+		{ID: "v6", Endpoint: "[fd00::1]:8000"}, {ID: "named", Endpoint: "pod.example:8000"},
+	})
+	return r
+}
+
+func TestRouterPickAndSettle(t *testing.T) {
+	svc := &fakeSvc{endpoint: "10.0.0.1:8000", prefill: map[string]int{}, freed: map[string]int{}}
+	r := newTestRouter(svc, fakeTok{})
+	p, err := r.Pick(context.Background(), extproc.PickRequest{Path: "/v1/completions", Body: []byte("hello"),
+		Headers: map[string]string{headerPriority: "2.5", headerStrictPriority: "1"}})
+	require.NoError(t, err)
+	require.Equal(t, "10.0.0.1:8000", p.Destination)
+	require.Equal(t, selection.Priority{Tier: 1, Jump: 2.5}, svc.last.Priority)
+	require.Len(t, svc.last.Tokens, 5)
+	require.Nil(t, svc.last.Allowed)
+	// Settling is idempotent and concurrent-safe.
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.Settle.FirstByte(); p.Settle.Done() }()
+	}
+	wg.Wait()
+	require.Equal(t, 1, svc.prefill["r1"])
+	require.Equal(t, 1, svc.freed["r1"])
+}
+
+func TestRouterSubsetHint(t *testing.T) {
+	svc := &fakeSvc{endpoint: "10.0.0.2:8000", prefill: map[string]int{}, freed: map[string]int{}}
+	r := newTestRouter(svc, fakeTok{})
+	cases := []struct {
+		subset []string
+		want   []string
+	}{
+		{[]string{"10.0.0.2:8000"}, []string{"b"}},
+		{[]string{"10.0.0.2"}, []string{"b", "c"}}, // a bare IP means any port
+		{[]string{"[fd00::1]:8000", "10.0.0.1:8000"}, []string{"v6", "a"}},
+		{[]string{"fd00::1"}, []string{"v6"}},
+	}
+	for _, c := range cases {
+		_, err := r.Pick(context.Background(), extproc.PickRequest{Body: []byte("x"), Subset: c.subset})
+		require.NoError(t, err)
+		require.ElementsMatch(t, c.want, svc.last.Allowed, "%v", c.subset)
+	}
+	_, err := r.Pick(context.Background(), extproc.PickRequest{Body: []byte("x"), Subset: []string{"10.9.9.9:1"}})
+	require.ErrorIs(t, err, selection.ErrNoEndpoints)
+	require.Equal(t, http.StatusServiceUnavailable, statusOf(err))
+}
+
+func TestRouterBodylessGoesToLeastLoaded(t *testing.T) {
+	svc := &fakeSvc{loads: []selection.WorkerLoad{{WorkerID: "a", ActiveRequests: 3}, {WorkerID: "b", ActiveRequests: 1}, {WorkerID: "c", ActiveRequests: 0}}}
+	r := newTestRouter(svc, fakeTok{})
+	p, err := r.Pick(context.Background(), extproc.PickRequest{})
+	require.NoError(t, err)
+	require.Equal(t, "10.0.0.2:9000", p.Destination)
+	p, err = r.Pick(context.Background(), extproc.PickRequest{Subset: []string{"10.0.0.1:8000", "10.0.0.2:8000"}})
+	require.NoError(t, err)
+	require.Equal(t, "10.0.0.2:8000", p.Destination)
+	svc.loads = nil
+	_, err = r.Pick(context.Background(), extproc.PickRequest{})
+	require.ErrorIs(t, err, selection.ErrNoEndpoints)
+}
+
+func TestStatusOf(t *testing.T) {
+	cases := map[error]int{
+		fmt.Errorf("x: %w", tokenize.ErrBadRequest):  400,
+		fmt.Errorf("x: %w", tokenize.ErrUpstream):    502,
+		fmt.Errorf("x: %w", tokenize.ErrTimeout):     504,
+		fmt.Errorf("x: %w", tokenize.ErrUnavailable): 503,
+		fmt.Errorf("x: %w", selection.ErrOverloaded): 429,
+		fmt.Errorf("x: %w", selection.ErrNotReady):   503,
+		fmt.Errorf("x: %w", selection.ErrBadRequest): 400,
+		errors.New("boom"):                           500,
+	}
+	for err, want := range cases {
+		require.Equal(t, want, statusOf(err), err.Error())
+	}
+	// Errors flow from the tokenizer and the service through Pick unchanged.
+	svc := &fakeSvc{err: fmt.Errorf("busy: %w", selection.ErrOverloaded), prefill: map[string]int{}, freed: map[string]int{}}
+	r := newTestRouter(svc, fakeTok{})
+	_, err := r.Pick(context.Background(), extproc.PickRequest{Body: []byte("x")})
+	require.Equal(t, 429, statusOf(err))
+	r = newTestRouter(svc, fakeTok{err: fmt.Errorf("t: %w", tokenize.ErrTimeout)})
+	_, err = r.Pick(context.Background(), extproc.PickRequest{Body: []byte("x")})
+	require.Equal(t, 504, statusOf(err))
+	_, err = r.Pick(context.Background(), extproc.PickRequest{Body: []byte("x"), Headers: map[string]string{headerPriority: "-1"}})
+	require.Equal(t, 400, statusOf(err))
+}
