@@ -134,6 +134,9 @@ func (a *Approx) Record(w WorkerRank, seqs []uint64) {
 			t.mapEntries++
 			t.hold(ws, cur, TierDevice)
 		}
+		if a.exp[k] == at {
+			continue // already recorded at this instant: nothing to refresh
+		}
 		a.exp[k] = at
 		heap.Push(&a.heap, expiryItem{at: at, depth: int32(i), key: k})
 	}

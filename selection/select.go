@@ -241,6 +241,7 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 			if err == nil {
 				s.leaveQueueLocked(p, w)
 			}
+			more := p.queue.Len() > 0
 			p.mu.Unlock()
 			if err != nil {
 				return Result{}, err
@@ -249,7 +250,7 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 			if w != nil {
 				s.st.queueWaitNanos.Add(int64(res.QueueWait))
 			}
-			if p.queue.Len() > 0 {
+			if more {
 				p.signal() // the next head may fit too
 			}
 			s.rec.Selected(pr.model, Decision{

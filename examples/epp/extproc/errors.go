@@ -1,0 +1,80 @@
+package extproc
+
+import (
+	"errors"
+	"net/http"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+)
+
+// Errors of this package. The server answers its own failures with fixed
+// statuses (noted on each); Picker errors go through Options.Status.
+var (
+	// ErrInvalidOptions is wrapped by NewServer for every invalid option.
+	ErrInvalidOptions = errors.New("extproc: invalid options")
+	// ErrBodyTooLarge: the request body exceeds Options.MaxBodyBytes (413).
+	ErrBodyTooLarge = errors.New("extproc: request body too large")
+	// ErrTooManyInflight: Options.MaxInflight requests are already in their
+	// request phase (503).
+	ErrTooManyInflight = errors.New("extproc: too many requests in flight")
+	// ErrEmptySubset: the subset hint is present but names no usable
+	// endpoint (503, the Picker is not called).
+	ErrEmptySubset = errors.New("extproc: empty subset hint")
+	// ErrInvalidEndpoint: a host:port is not an IP literal with a port in
+	// 1-65535; a Pick carrying one fails with 500.
+	ErrInvalidEndpoint = errors.New("extproc: invalid endpoint")
+	// ErrUnsupportedMode: the request body mode is neither
+	// FULL_DUPLEX_STREAMED nor BUFFERED, or observability mode is on; the
+	// stream fails with FAILED_PRECONDITION.
+	ErrUnsupportedMode = errors.New("extproc: unsupported processing mode")
+	// ErrProtocol: a message arrived out of order; the stream fails with
+	// INVALID_ARGUMENT.
+	ErrProtocol = errors.New("extproc: protocol violation")
+)
+
+// clientBody is the short fixed body sent with an ImmediateResponse. It never
+// carries error details.
+func clientBody(status int) []byte {
+	switch status {
+	case http.StatusBadRequest:
+		return []byte("bad request\n")
+	case http.StatusRequestEntityTooLarge:
+		return []byte("request body too large\n")
+	case http.StatusTooManyRequests:
+		return []byte("overloaded, retry later\n")
+	case http.StatusBadGateway:
+		return []byte("upstream error\n")
+	case http.StatusServiceUnavailable:
+		return []byte("no endpoint available\n")
+	case http.StatusGatewayTimeout:
+		return []byte("upstream timeout\n")
+	case http.StatusInternalServerError:
+		return []byte("internal error\n")
+	}
+	if t := http.StatusText(status); t != "" {
+		return []byte(t + "\n")
+	}
+	return []byte("error\n")
+}
+
+// immediate builds the ImmediateResponse for an HTTP status.
+func immediate(status int) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+			ImmediateResponse: &extprocv3.ImmediateResponse{
+				Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},
+				Body:    clientBody(status),
+				Details: "kvselect_epp_rejected",
+			},
+		},
+	}
+}
+
+// clampStatus keeps a mapped status inside 400-599; anything else is 500.
+func clampStatus(s int) int {
+	if s < 400 || s > 599 {
+		return http.StatusInternalServerError
+	}
+	return s
+}

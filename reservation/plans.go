@@ -1,0 +1,289 @@
+package reservation
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/btree"
+)
+
+// ErrUnknownPlan reports a plan id that is not registered: never registered,
+// or already completed or expired. The call changed nothing.
+var ErrUnknownPlan = errors.New("reservation: unknown plan")
+
+// PlanLegs names the reservations of one disaggregated plan. Each id is booked
+// on a different service (the prefill and the decode selector), which is why
+// Plans only names them and never frees them itself.
+type PlanLegs struct {
+	// Prefill is the reservation on the prefill selector, or "" for a plan
+	// whose decode worker prefills locally (nothing to free at hand-off).
+	Prefill string
+	// Decode is the reservation on the decode selector: the request's
+	// destination. Required.
+	Decode string
+}
+
+// PlanInfo is a snapshot of one registered plan, as returned by Get.
+type PlanInfo struct {
+	ID   string
+	Legs PlanLegs
+	// HandedOff is set once Handoff has run: the prefill leg was released.
+	HandedOff    bool
+	RegisteredAt time.Time
+	// Deadline is when Expire settles the plan if nobody completed it.
+	Deadline time.Time
+}
+
+// Settlement is what the owner of a plan must do to the two services after a
+// Plans call: each non-empty field names a reservation and the action to take.
+// Plans has already recorded the step, so the owner acts on every field and
+// treats an unknown-reservation answer from a service as done (its own lease
+// may have released the booking first).
+type Settlement struct {
+	// Plan is the plan the actions belong to.
+	Plan string
+	// FreePrefill is a reservation to free on the prefill service.
+	FreePrefill string
+	// DecodePrefillComplete is a reservation to mark prefill-complete on the
+	// decode service.
+	DecodePrefillComplete string
+	// FreeDecode is a reservation to free on the decode service.
+	FreeDecode string
+}
+
+// Empty reports whether the settlement asks for nothing.
+func (s Settlement) Empty() bool {
+	return s.FreePrefill == "" && s.DecodePrefillComplete == "" && s.FreeDecode == ""
+}
+
+// PlansOptions configure Plans. The zero value means the defaults.
+type PlansOptions struct {
+	// Clock gives the time plans are registered at. Default: the system clock.
+	Clock Clock
+	// Lease is how long a plan may live before Expire settles it. Default
+	// DefaultLease (300 s, the lease of the reservations it names); must not be
+	// negative.
+	Lease time.Duration
+}
+
+// PlanStats are the counters of a Plans since NewPlans. Each is read
+// atomically, but the set is not one snapshot while calls are in flight.
+type PlanStats struct {
+	Registered int64 // successful Register calls
+	HandedOff  int64 // plans handed off (first Handoff only)
+	Completed  int64 // plans settled by Complete
+	Expired    int64 // plans settled by Expire
+	Active     int64 // registered plans not yet settled
+}
+
+type plan struct {
+	id        string
+	legs      PlanLegs
+	handedOff bool
+	at        time.Time
+	deadline  time.Time
+	order     uint64
+}
+
+func planLess(a, b *plan) bool {
+	if c := a.deadline.Compare(b.deadline); c != 0 {
+		return c < 0
+	}
+	return a.order < b.order
+}
+
+// settle is the settlement that finishes p: its prefill leg unless already
+// handed off, and its decode leg.
+func (p *plan) settle() Settlement {
+	s := Settlement{Plan: p.id, FreeDecode: p.legs.Decode}
+	if !p.handedOff {
+		s.FreePrefill = p.legs.Prefill
+	}
+	return s
+}
+
+// Plans ties the role reservations of disaggregated requests together: plan id
+// -> prefill reservation id, decode reservation id, hand-off state and a lease.
+// It is the bookkeeping half of a pair booking (see package roles): it never
+// calls a service; every state change returns a Settlement that tells the owner
+// which reservations to free or mark prefill-complete, so the state machine is
+// testable on its own and the owner keeps the only references to the services.
+//
+//	Register  plan live, both legs booked (or decode only)
+//	Handoff   prefill done: free the prefill leg, mark the decode leg prefill-complete (once)
+//	Complete  request over: free the decode leg, and the prefill leg if not handed off; plan gone
+//	Expire    Complete for every plan whose lease ran out (an owner that died mid-plan)
+//
+// Create one with NewPlans; the zero value is not usable. A Plans is safe for
+// concurrent use: one mutex guards its map and its lease B-tree, every method
+// holds it for a bounded critical section (Expire for the plans it settles), and
+// nothing in it starts a goroutine or reads the wall clock except through the
+// injected Clock.
+type Plans struct {
+	clock Clock
+	lease time.Duration
+
+	mu     sync.Mutex
+	plans  map[string]*plan
+	leases *btree.BTreeG[*plan]
+	order  uint64
+
+	registered, handedOff, completed, expired, active atomic.Int64
+}
+
+// NewPlans returns an empty Plans. Invalid options are reported wrapped in
+// ErrInvalidOptions.
+func NewPlans(opts PlansOptions) (*Plans, error) {
+	if opts.Lease < 0 {
+		return nil, fmt.Errorf("%w: plan Lease %v is negative", ErrInvalidOptions, opts.Lease)
+	}
+	if opts.Clock == nil {
+		opts.Clock = systemClock{}
+	}
+	if opts.Lease == 0 {
+		opts.Lease = DefaultLease
+	}
+	return &Plans{
+		clock:  opts.Clock,
+		lease:  opts.Lease,
+		plans:  make(map[string]*plan),
+		leases: btree.NewG(16, planLess),
+	}, nil
+}
+
+// Register records a plan whose legs are booked, with a lease ending at the
+// clock's now plus the Plans' lease. It returns a wrapped ErrInvalid for an
+// empty plan id, an empty decode id or legs that share an id, and ErrConflict
+// when id is registered already; either way nothing changed.
+func (p *Plans) Register(id string, legs PlanLegs) error {
+	var errs []error
+	if id == "" {
+		errs = append(errs, errors.New("plan id is empty"))
+	}
+	if legs.Decode == "" {
+		errs = append(errs, errors.New("decode reservation id is empty"))
+	}
+	if legs.Prefill != "" && legs.Prefill == legs.Decode {
+		errs = append(errs, fmt.Errorf("prefill and decode share the reservation id %q", legs.Decode))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: plan %q: %w", ErrInvalid, id, errors.Join(errs...))
+	}
+	now := p.clock.Now()
+	pl := &plan{id: id, legs: legs, at: now, deadline: now.Add(p.lease)}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.plans[id]; ok {
+		return fmt.Errorf("%w: plan %q is registered", ErrConflict, id)
+	}
+	p.order++
+	pl.order = p.order
+	p.plans[id] = pl
+	p.leases.ReplaceOrInsert(pl)
+	p.registered.Add(1)
+	p.active.Add(1)
+	return nil
+}
+
+// Handoff records that the plan's prefill is done. The first call returns the
+// settlement {FreePrefill: prefill leg, DecodePrefillComplete: decode leg};
+// later calls return an empty settlement and nil (idempotent). An unknown plan
+// returns a wrapped ErrUnknownPlan.
+func (p *Plans) Handoff(id string) (Settlement, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.plans[id]
+	if pl == nil {
+		return Settlement{}, fmt.Errorf("%w: hand-off of %q", ErrUnknownPlan, id)
+	}
+	if pl.handedOff {
+		return Settlement{Plan: id}, nil
+	}
+	pl.handedOff = true
+	p.handedOff.Add(1)
+	return Settlement{Plan: id, FreePrefill: pl.legs.Prefill, DecodePrefillComplete: pl.legs.Decode}, nil
+}
+
+// Complete settles the plan (its request ended, failed or was cancelled) and
+// forgets it. It returns {FreeDecode: decode leg} plus FreePrefill when the plan
+// was never handed off. Like the ledger's Free, a second call, or a call for a
+// plan that expired, returns a wrapped ErrUnknownPlan and changes nothing, so a
+// repeated Complete is harmless.
+func (p *Plans) Complete(id string) (Settlement, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.plans[id]
+	if pl == nil {
+		return Settlement{}, fmt.Errorf("%w: complete %q", ErrUnknownPlan, id)
+	}
+	p.removeLocked(pl)
+	p.completed.Add(1)
+	return pl.settle(), nil
+}
+
+// Expire settles and forgets every plan whose deadline is at or before now,
+// earliest deadline first, and returns their settlements (nil when none). Its
+// cost is the number it settles times log of the number of live plans.
+func (p *Plans) Expire(now time.Time) []Settlement {
+	var out []Settlement
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for {
+		pl, ok := p.leases.Min()
+		if !ok || pl.deadline.After(now) {
+			break
+		}
+		p.removeLocked(pl)
+		out = append(out, pl.settle())
+	}
+	p.expired.Add(int64(len(out)))
+	return out
+}
+
+// removeLocked forgets pl. p.mu is held.
+func (p *Plans) removeLocked(pl *plan) {
+	delete(p.plans, pl.id)
+	p.leases.Delete(pl)
+	p.active.Add(-1)
+}
+
+// NextExpiry returns the earliest deadline among the live plans, and false when
+// there are none.
+func (p *Plans) NextExpiry() (time.Time, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl, ok := p.leases.Min()
+	if !ok {
+		return time.Time{}, false
+	}
+	return pl.deadline, true
+}
+
+// Get returns a snapshot of a live plan.
+func (p *Plans) Get(id string) (PlanInfo, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.plans[id]
+	if pl == nil {
+		return PlanInfo{}, false
+	}
+	return PlanInfo{ID: pl.id, Legs: pl.legs, HandedOff: pl.handedOff, RegisteredAt: pl.at, Deadline: pl.deadline}, true
+}
+
+// Len returns the number of live plans.
+func (p *Plans) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.plans)
+}
+
+// Stats returns the counters.
+func (p *Plans) Stats() PlanStats {
+	return PlanStats{
+		Registered: p.registered.Load(), HandedOff: p.handedOff.Load(),
+		Completed: p.completed.Load(), Expired: p.expired.Load(), Active: p.active.Load(),
+	}
+}

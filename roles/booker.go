@@ -1,0 +1,540 @@
+package roles
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/kvselect/kvselect/reservation"
+	"github.com/kvselect/kvselect/selection"
+)
+
+// DefaultPlanningTimeout bounds one Book when BookerOptions.Timeout is zero:
+// 30 s, Dynamo's planning deadline.
+const DefaultPlanningTimeout = 30 * time.Second
+
+// Reservation id suffixes: a plan p books "p/prefill" on the prefill selector
+// and "p/decode" on the decode selector, or "p/aggregated" alone when the
+// destination prefills locally.
+const (
+	SuffixPrefill    = "/prefill"
+	SuffixDecode     = "/decode"
+	SuffixAggregated = "/aggregated"
+)
+
+// PrefillFallback says what Book does when the prefill role cannot take the
+// request: it has no ready worker for the model, none of the allowed workers,
+// or its admission queue is full. The zero value is PrefillFail.
+type PrefillFallback uint8
+
+// Prefill fallbacks.
+const (
+	// PrefillFail fails the request with the prefill error
+	// (ErrRoleCatalogEmpty for an empty prefill role). The default.
+	PrefillFail PrefillFallback = iota
+	// PrefillDecodeOnly books a decode worker alone, as an aggregated worker
+	// that prefills the prompt itself (no prefill hint), with prefill tracking
+	// on so its prefill load is counted.
+	PrefillDecodeOnly
+)
+
+// String returns "fail" or "decode-only".
+func (f PrefillFallback) String() string {
+	switch f {
+	case PrefillFail:
+		return "fail"
+	case PrefillDecodeOnly:
+		return "decode-only"
+	default:
+		return fmt.Sprintf("PrefillFallback(%d)", uint8(f))
+	}
+}
+
+// ParsePrefillFallback parses "fail" or "decode-only" ("decode_only" too),
+// ignoring ASCII case and surrounding white space.
+func ParsePrefillFallback(s string) (PrefillFallback, error) {
+	v := strings.TrimSpace(s)
+	switch {
+	case asciiEqualFold(v, "fail"):
+		return PrefillFail, nil
+	case asciiEqualFold(v, "decode-only"), asciiEqualFold(v, "decode_only"):
+		return PrefillDecodeOnly, nil
+	}
+	return 0, fmt.Errorf("%w: prefill fallback %q, want fail or decode-only", ErrInvalidOptions, s)
+}
+
+// BookerOptions configure a PairBooker. The zero value means the defaults.
+type BookerOptions struct {
+	// PrefillFallback: what to do when the prefill role cannot take a request.
+	// Default PrefillFail.
+	PrefillFallback PrefillFallback
+	// Timeout bounds each Book while a leg waits in an admission queue. 0
+	// means DefaultPlanningTimeout; negative means only the caller's context
+	// bounds it. Services without queueing (Config.QueueThreshold nil) never
+	// wait, so no timer is set for them.
+	Timeout time.Duration
+	// Clock times plan leases. Default: the system clock. Use the clock given
+	// to the services (a selection.Clock is a reservation.Clock).
+	Clock reservation.Clock
+	// PlanLease is how long a plan may live before Expire settles it. >= 0; 0
+	// means the destination role's Config.ActiveRequestExpiry (300 s by
+	// default), the lease of the reservations the plan holds.
+	PlanLease time.Duration
+	// DecodePrefixHashes sends the decode leg of a pair the whole prompt, so
+	// that the decode service's approximate index learns which prefixes each
+	// decode worker holds (it receives them from its prefill worker); only
+	// PrefillDecodeOnly fallbacks, which restore the overlap credit on decode,
+	// read that. Default false: the decode leg carries the prompt's length and
+	// no hash of it. Decode scoring ignores the prefix (no credit, no prefill
+	// tokens, no assumed reuse), so the pick is the same either way, without
+	// hashing, matching and indexing every block of every request.
+	DecodePrefixHashes bool
+}
+
+// Plan is a booked request: where it goes and, in disaggregated mode, which
+// prefill worker computes its prompt. Settle it with Handoff and Complete.
+type Plan struct {
+	// ID names the plan (the request's ReservationID, or a minted one).
+	ID string
+	// Prefill is the prefill worker, a hint only (the EPP's
+	// x-prefiller-host-port); the zero Result when LocalPrefill.
+	Prefill selection.Result
+	// Decode is the destination: always a worker of the destination role
+	// (Decode, or Aggregated in aggregated mode). For the decode leg of a pair
+	// its Overlap, RequestBlocks and EffectivePrefillTokens say nothing (decode
+	// scoring ignores the prompt's prefix; see
+	// BookerOptions.DecodePrefixHashes).
+	Decode selection.Result
+	// LocalPrefill is set when the destination prefills the prompt itself:
+	// aggregated mode, or the PrefillDecodeOnly fallback.
+	LocalPrefill bool
+}
+
+// Destination returns the endpoint the request is sent to.
+func (p Plan) Destination() string { return p.Decode.Endpoint }
+
+// PrefillHint returns the prefill worker's endpoint, and false when the
+// destination prefills locally.
+func (p Plan) PrefillHint() (string, bool) {
+	if p.LocalPrefill || p.Prefill.ReservationID == "" {
+		return "", false
+	}
+	return p.Prefill.Endpoint, true
+}
+
+// BookerStats are a PairBooker's counters. Each is read atomically; the set is
+// not one snapshot while calls are in flight.
+type BookerStats struct {
+	// Booked counts plans returned by Book, LocalPrefill the ones among them
+	// whose destination prefills locally, Fallbacks the ones booked that way
+	// because the prefill role could not take them.
+	Booked, LocalPrefill, Fallbacks int64
+	// Failed counts Book calls that returned an error; Compensated the legs
+	// such calls (and fallbacks) booked and then freed.
+	Failed, Compensated int64
+	// Plans is the Plans' own snapshot.
+	Plans reservation.PlanStats
+}
+
+// leg is what the booker needs of a role's service. *selection.SelectionService
+// implements it; tests put a fake behind it to inject failures and blocks.
+type leg interface {
+	SelectAndReserve(ctx context.Context, req selection.Request) (selection.Result, error)
+	FreeReservation(id string) error
+	PrefillComplete(id string) error
+}
+
+var _ leg = (*selection.SelectionService)(nil)
+
+// PairBooker books requests across the role selectors: in disaggregated mode a
+// (prefill, decode) pair per request, in aggregated mode one aggregated worker,
+// and settles each plan at hand-off and completion.
+//
+// A PairBooker is safe for concurrent use. Book runs the decode leg on an
+// errgroup goroutine and the prefill leg on the caller's, and waits for both
+// before it returns, so it leaves no goroutine behind; the rest is
+// synchronous. The plans live in a
+// reservation.Plans with its own lock. A PairBooker does not own the
+// RoleSelectors it books on: close those after the last call.
+type PairBooker struct {
+	destRole   Role
+	prefill    leg // nil in aggregated mode
+	dest       leg
+	destOver   *selection.Override // merged over every request to dest
+	localOver  *selection.Override // merged over a PrefillDecodeOnly fallback
+	fallback   PrefillFallback
+	fullHashes bool // BookerOptions.DecodePrefixHashes
+	legsWait   bool // a leg may wait in an admission queue
+	blockSize  int  // the destination service's block size
+	timeout    time.Duration
+	clock      reservation.Clock
+	plans      *reservation.Plans
+	readyCheck func() bool
+
+	booked, local, fallbacks, failed, compensated atomic.Int64
+}
+
+// NewPairBooker returns a booker over rs. It validates opts (wrapped
+// ErrInvalidOptions).
+func NewPairBooker(rs *RoleSelectors, opts BookerOptions) (*PairBooker, error) {
+	if rs == nil {
+		return nil, fmt.Errorf("%w: nil RoleSelectors", ErrInvalidOptions)
+	}
+	dr := rs.mode.Destination()
+	dp := rs.profiles[dr]
+	var pre leg
+	if rs.mode == ModeDisaggregated {
+		pre = rs.services[Prefill]
+	}
+	if opts.PlanLease == 0 {
+		opts.PlanLease = dp.Config.ActiveRequestExpiry
+		if opts.PlanLease == 0 {
+			opts.PlanLease = selection.DefaultActiveRequestExpiry
+		}
+	}
+	b, err := newPairBooker(dr, pre, rs.services[dr], dp, opts)
+	if err != nil {
+		return nil, err
+	}
+	b.legsWait = false
+	for _, r := range rs.mode.Roles() {
+		if rs.profiles[r].Config.QueueThreshold != nil {
+			b.legsWait = true
+		}
+	}
+	fallback := opts.PrefillFallback
+	b.readyCheck = func() bool {
+		if rs.closed.Load() || !rs.roleReady(dr) {
+			return false
+		}
+		return rs.mode == ModeAggregated || fallback == PrefillDecodeOnly || rs.roleReady(Prefill)
+	}
+	return b, nil
+}
+
+// newPairBooker builds a booker over any legs; pre is nil in aggregated mode.
+func newPairBooker(destRole Role, pre, dest leg, destProfile Profile, opts BookerOptions) (*PairBooker, error) {
+	var errs []error
+	if opts.PrefillFallback > PrefillDecodeOnly {
+		errs = append(errs, fmt.Errorf("PrefillFallback is %v", opts.PrefillFallback))
+	}
+	if opts.PlanLease < 0 {
+		errs = append(errs, fmt.Errorf("PlanLease is %v, want >= 0", opts.PlanLease))
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, errors.Join(errs...))
+	}
+	timeout := opts.Timeout
+	if timeout == 0 {
+		timeout = DefaultPlanningTimeout
+	}
+	plans, err := reservation.NewPlans(reservation.PlansOptions{Clock: opts.Clock, Lease: opts.PlanLease})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	clock := opts.Clock
+	if clock == nil {
+		clock = systemClock{}
+	}
+	return &PairBooker{
+		destRole: destRole, prefill: pre, dest: dest,
+		destOver: destProfile.Override, localOver: destProfile.LocalPrefillOverride,
+		fallback: opts.PrefillFallback, fullHashes: opts.DecodePrefixHashes, blockSize: destProfile.Config.BlockSize,
+		legsWait: true, timeout: timeout, clock: clock, plans: plans,
+		readyCheck: func() bool { return true },
+	}, nil
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Ready reports whether Book can currently succeed for some request: the
+// destination role has a schedulable worker and, in disaggregated mode without
+// the PrefillDecodeOnly fallback, so does the prefill role.
+func (b *PairBooker) Ready() bool { return b.readyCheck() }
+
+// Book books req and returns its plan. The plan id is req.ReservationID, or a
+// minted random id when it is empty; the reservations are the plan id plus
+// SuffixPrefill and SuffixDecode (or SuffixAggregated).
+//
+// In disaggregated mode the prefill and decode legs run concurrently, each on
+// its own selector with its own queue, the decode leg with the decode Override
+// merged over req.Override. The plan is registered and returned only when both
+// legs booked. If a leg fails, the timeout passes or ctx is done, the pending
+// leg is cancelled, Book waits for it, and every leg that booked (also one that
+// finished after the cancellation) is freed before the error is returned: no
+// half-booked plan survives.
+//
+// The destination is always a worker of the destination role. An empty decode
+// role is ErrRoleCatalogEmpty and never falls back to a prefill worker. When the
+// prefill role has no ready worker (ErrRoleCatalogEmpty), none of the allowed
+// workers (selection.ErrNoEndpoints) or a full queue (selection.ErrOverloaded),
+// PrefillDecodeOnly books the decode role alone as aggregated (LocalPrefill);
+// PrefillFail returns that error.
+//
+// Errors wrap the selection errors of the failing leg (see HTTPStatus);
+// reservation.ErrConflict when the plan id is live; the context's error when ctx
+// ended (also when both legs had booked by then).
+func (b *PairBooker) Book(ctx context.Context, req selection.Request) (Plan, error) {
+	p, err := b.book(ctx, req)
+	if err != nil {
+		b.failed.Add(1)
+		return Plan{}, err
+	}
+	b.booked.Add(1)
+	if p.LocalPrefill {
+		b.local.Add(1)
+	}
+	return p, nil
+}
+
+func (b *PairBooker) book(ctx context.Context, req selection.Request) (Plan, error) {
+	id := req.ReservationID
+	if id == "" {
+		id = newPlanID()
+	}
+	// The legs share lctx: its deadline is the booking timeout, and cancelling
+	// it (a leg failed) withdraws the other leg from its queue. Services that
+	// never queue never wait on a context, so they get the caller's.
+	lctx, cancel := ctx, context.CancelFunc(noCancel)
+	if b.legsWait {
+		if b.timeout > 0 {
+			lctx, cancel = context.WithTimeout(ctx, b.timeout)
+		} else {
+			lctx, cancel = context.WithCancel(ctx)
+		}
+		defer cancel()
+	}
+	if b.prefill == nil {
+		return b.bookLocal(lctx, id, req, b.destOver)
+	}
+
+	preq, dreq := req, req
+	preq.ReservationID = id + SuffixPrefill
+	if !b.fullHashes {
+		dreq = b.decodeRequest(req)
+	}
+	dreq.ReservationID = id + SuffixDecode
+	dreq.Override = mergeOverride(req.Override, b.destOver)
+	var pres, dres selection.Result
+	var perr, derr error
+	// The decode leg runs on the group's goroutine and the prefill leg, the
+	// longer one (it hashes and matches the prompt), on the caller's: a
+	// booking starts one goroutine, and the caller seldom has to sleep in
+	// Wait for it.
+	var g errgroup.Group
+	g.Go(func() error {
+		if dres, derr = b.dest.SelectAndReserve(lctx, dreq); derr != nil {
+			cancel()
+		}
+		return nil
+	})
+	if pres, perr = b.prefill.SelectAndReserve(lctx, preq); perr != nil {
+		cancel()
+	}
+	_ = g.Wait() // both legs have returned: whatever booked is known
+
+	// ended is the caller's cancellation or the timeout; a cancellation by a
+	// failing leg is not one.
+	ended := ctx.Err()
+	if ended == nil && errors.Is(lctx.Err(), context.DeadlineExceeded) {
+		ended = lctx.Err()
+	}
+	if perr == nil && derr == nil && ended == nil {
+		if err := b.plans.Register(id, reservation.PlanLegs{Prefill: preq.ReservationID, Decode: dreq.ReservationID}); err != nil {
+			b.compensate(b.prefill, preq.ReservationID)
+			b.compensate(b.dest, dreq.ReservationID)
+			return Plan{}, fmt.Errorf("roles: plan %q: %w", id, err)
+		}
+		return Plan{ID: id, Prefill: pres, Decode: dres}, nil
+	}
+	if perr == nil {
+		b.compensate(b.prefill, preq.ReservationID)
+	}
+	if derr == nil {
+		b.compensate(b.dest, dreq.ReservationID)
+	}
+	// A leg that failed on its own is the cause; a leg that reports its
+	// context ended was cancelled, by the caller, the timeout or the other
+	// leg's failure.
+	if legFailed(derr) {
+		return Plan{}, roleError(b.destRole, derr)
+	}
+	if legFailed(perr) {
+		if b.fallback == PrefillDecodeOnly && prefillUnavailable(perr) && ended == nil {
+			fctx := ctx
+			if d, ok := lctx.Deadline(); ok {
+				var fcancel context.CancelFunc
+				fctx, fcancel = context.WithDeadline(ctx, d)
+				defer fcancel()
+			}
+			p, err := b.bookLocal(fctx, id, req, b.localOver)
+			if err == nil {
+				b.fallbacks.Add(1)
+			}
+			return p, err
+		}
+		return Plan{}, roleError(Prefill, perr)
+	}
+	if ended != nil {
+		return Plan{}, fmt.Errorf("roles: plan %q abandoned: %w", id, ended)
+	}
+	return Plan{}, roleError(b.destRole, errors.Join(derr, perr)) // not reached: a leg was cancelled for nothing
+}
+
+func noCancel() {}
+
+// legFailed reports a leg error that is not the end of the leg's context.
+func legFailed(err error) bool {
+	return err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// decodeLegHash stands for the prompt in the decode leg of a pair. It names no
+// real block (a prompt's first block hashes to it with probability 2^-64).
+const decodeLegHash uint64 = 0x6b76_7365_6c65_6374
+
+// decodeRequest returns req reduced to what decode scoring reads: the prompt
+// length, with one placeholder block hash instead of the prompt's (a request
+// needs at least one). Under the decode override a worker's cost is its active
+// blocks, the request's blocks (all new, as no reuse is assumed) and its active
+// requests, none of which depends on the prefix, so the pick is unchanged,
+// while the service neither hashes, matches nor indexes the prompt, and its
+// approximate index is never told that a decode leg (perhaps one compensated a
+// moment later) holds the prompt. A prompt shorter than one block carries no
+// hash anyway and is passed as it is.
+func (b *PairBooker) decodeRequest(req selection.Request) selection.Request {
+	isl := len(req.Tokens)
+	if isl == 0 {
+		isl = req.ISL
+	}
+	if b.blockSize <= 0 || isl < b.blockSize || (len(req.Tokens) == 0 && len(req.SeqHashes) == 0) {
+		return req
+	}
+	req.Tokens = nil
+	req.SeqHashes = decodeLegHashes
+	req.ISL = isl
+	return req
+}
+
+// decodeLegHashes is shared by every decode request; the service only reads it.
+var decodeLegHashes = []uint64{decodeLegHash}
+
+// prefillUnavailable reports the prefill failures the PrefillDecodeOnly fallback
+// covers: no ready prefill worker, none allowed, queue full.
+func prefillUnavailable(err error) bool {
+	return errors.Is(err, selection.ErrNotReady) || errors.Is(err, selection.ErrNoEndpoints) ||
+		errors.Is(err, selection.ErrOverloaded)
+}
+
+// bookLocal books the destination role alone, as an aggregated worker that
+// prefills the prompt itself.
+func (b *PairBooker) bookLocal(ctx context.Context, id string, req selection.Request, over *selection.Override) (Plan, error) {
+	r := req
+	r.ReservationID = id + SuffixAggregated
+	r.Override = mergeOverride(req.Override, over)
+	res, err := b.dest.SelectAndReserve(ctx, r)
+	if err != nil {
+		return Plan{}, roleError(b.destRole, err)
+	}
+	if err := ctx.Err(); err != nil {
+		b.compensate(b.dest, r.ReservationID)
+		return Plan{}, fmt.Errorf("roles: plan %q abandoned: %w", id, err)
+	}
+	if err := b.plans.Register(id, reservation.PlanLegs{Decode: r.ReservationID}); err != nil {
+		b.compensate(b.dest, r.ReservationID)
+		return Plan{}, fmt.Errorf("roles: plan %q: %w", id, err)
+	}
+	return Plan{ID: id, Decode: res, LocalPrefill: true}, nil
+}
+
+// compensate frees a leg this booker booked and will not hand out. An unknown
+// reservation (already expired, or dropped with its worker) is fine.
+func (b *PairBooker) compensate(l leg, id string) {
+	if l.FreeReservation(id) == nil {
+		b.compensated.Add(1)
+	}
+}
+
+// Handoff settles the prefill half of a plan (the first response byte
+// arrived): it frees the prefill reservation and marks the decode reservation
+// prefill-complete (for a LocalPrefill plan, only the latter). Calling it again
+// does nothing. An unknown plan (never booked, completed, expired) is
+// reservation.ErrUnknownPlan and changes nothing.
+func (b *PairBooker) Handoff(planID string) error {
+	s, err := b.plans.Handoff(planID)
+	if err != nil {
+		return fmt.Errorf("roles: %w", err)
+	}
+	b.settle(s)
+	return nil
+}
+
+// Complete settles a plan at the end of its request (completion, error or
+// cancellation): it frees the decode reservation, and the prefill one when the
+// plan was never handed off, and forgets the plan. A repeated call is
+// reservation.ErrUnknownPlan and changes nothing.
+func (b *PairBooker) Complete(planID string) error {
+	s, err := b.plans.Complete(planID)
+	if err != nil {
+		return fmt.Errorf("roles: %w", err)
+	}
+	b.settle(s)
+	return nil
+}
+
+// Expire settles every plan whose lease has passed by the clock (an owner
+// that died mid-request) and returns how many. The owner calls it
+// periodically, for example when NextExpiry is due; nothing in the booker runs
+// on its own.
+func (b *PairBooker) Expire() int {
+	ss := b.plans.Expire(b.clock.Now())
+	for _, s := range ss {
+		b.settle(s)
+	}
+	return len(ss)
+}
+
+// NextExpiry returns the earliest plan deadline, and false when no plan is
+// live.
+func (b *PairBooker) NextExpiry() (time.Time, bool) { return b.plans.NextExpiry() }
+
+// Live returns the number of live plans.
+func (b *PairBooker) Live() int { return b.plans.Len() }
+
+// settle carries out a settlement. The services answer unknown-reservation for
+// a booking that is already gone (its lease expired or its worker was
+// deleted); that is the state the settlement wants, so it is not an error.
+func (b *PairBooker) settle(s reservation.Settlement) {
+	if s.FreePrefill != "" && b.prefill != nil {
+		_ = b.prefill.FreeReservation(s.FreePrefill)
+	}
+	if s.DecodePrefillComplete != "" {
+		_ = b.dest.PrefillComplete(s.DecodePrefillComplete)
+	}
+	if s.FreeDecode != "" {
+		_ = b.dest.FreeReservation(s.FreeDecode)
+	}
+}
+
+// Stats returns the counters.
+func (b *PairBooker) Stats() BookerStats {
+	return BookerStats{
+		Booked: b.booked.Load(), LocalPrefill: b.local.Load(), Fallbacks: b.fallbacks.Load(),
+		Failed: b.failed.Load(), Compensated: b.compensated.Load(), Plans: b.plans.Stats(),
+	}
+}
+
+// newPlanID returns a random 128-bit id in hex.
+func newPlanID() string {
+	var x [16]byte
+	_, _ = rand.Read(x[:])
+	return hex.EncodeToString(x[:])
+}

@@ -1,0 +1,5 @@
+//go:build race
+
+package roles
+
+const raceEnabled = true
