@@ -1,0 +1,86 @@
+// Package discovery tells the EPP which inference workers exist: it turns an
+// InferencePool and its pods, or a file, into the complete desired set of
+// catalog.Worker values, and hands that set to a sink every time it changes.
+//
+// A Source's Run calls its sink with a Snapshot: all workers (not a delta), a
+// Synced flag and, when not synced, a Reason. The consumer reconciles its
+// catalog (or its per-role catalogs) to Snapshot.Workers and reports ready
+// after the first Synced Snapshot. Splitting workers into prefill and decode
+// roles is not done here: every pod label is copied into Worker.Labels and the
+// consumer reads the role label from there.
+//
+// # Kubernetes
+//
+// NewKubernetes watches one InferencePool (inference.networking.k8s.io/v1,
+// resource "inferencepools", through the dynamic client) and all pods of its
+// namespace (through a pod informer), and filters the pods in memory, so a
+// selector edit needs no new watch. The pool contributes spec.selector.matchLabels
+// (every label must match, by equality) and spec.targetPorts[0].number; further
+// target ports are ignored. A pod is a worker when all of these hold:
+//
+//   - status.phase is Running and the Ready condition is True;
+//   - it has no deletionTimestamp (it is not terminating);
+//   - status.podIP is a valid IP address;
+//   - its labels include every matchLabels pair.
+//
+// Its worker has:
+//
+//	ID                   WorkerID(namespace, name): 16 hex digits of SHA-256("namespace/name")
+//	Identity             "namespace/name"
+//	Endpoint             podIP:targetPort (IPv6 in brackets)
+//	DPStart, DPSize      0, 1 (one data-parallel rank per pod; no annotation is read)
+//	KVEventEndpoints     {0: "tcp://podIP:KVEventPort"}, none when KVEventPort is 0
+//	ReplayEndpoint       "tcp://podIP:ReplayPort", empty when ReplayPort is 0
+//	Model, BlockSize, TotalKVBlocks, MaxNumBatchedTokens   from KubeOptions
+//	Labels               a copy of the pod's labels
+//
+// Nothing is emitted until both informer caches have synced. From then on a
+// missing pool gives Snapshot{Synced: false, Reason: ReasonPoolNotFound} and a
+// pool without selector labels or a valid first target port gives a Reason
+// starting with ReasonPoolInvalid; neither carries workers. A pod whose IP
+// changes keeps its ID and gets new endpoints.
+//
+// # Workers file
+//
+// NewStatic reads a JSON or YAML file (YAML is converted to JSON; unknown and
+// duplicate keys are errors) of this shape:
+//
+//	workers:                          # required; [] is an empty set
+//	  - id: engine-a                  # required, unique
+//	    endpoint: 10.0.0.5:8000       # required: host:port, no scheme
+//	    identity: pod/engine-a        # optional; default: id
+//	    model: qwen3                  # optional; default: Defaults.Model
+//	    kv_events_endpoint: tcp://10.0.0.5:5557        # rank dp_start's events, or:
+//	    kv_events_endpoints: {0: "tcp://10.0.0.5:5557"} # rank -> endpoint (not both)
+//	    replay_endpoint: tcp://10.0.0.5:5558           # optional
+//	    block_size: 16                # optional; default: Defaults.BlockSize
+//	    total_kv_blocks: 4096         # optional; default: Defaults.TotalKVBlocks
+//	    max_num_batched_tokens: 8192  # optional; default: Defaults.MaxNumBatchedTokens
+//	    labels: {nvidia.com/role: decode}               # optional
+//	    dp_start: 0                   # optional; default 0
+//	    dp_size: 1                    # optional; default 1; at least 1
+//
+// Every worker must also pass catalog.Worker.Validate. A file that cannot be
+// read or parsed at start makes NewStatic fail; later, a broken file is logged
+// and the last good set stays in force. StaticWorkers wraps a fixed set.
+//
+// # Concurrency
+//
+// Sources are safe to share between goroutines and each may be Run once. Run
+// blocks until its context is done and returns only after every goroutine it
+// started has exited. It calls the sink from one goroutine, one call at a
+// time, in order; a slow sink delays later Snapshots but loses no change,
+// because each Snapshot is recomputed from the current state. Snapshot is a
+// plain value owned by whoever receives it.
+//
+// # Invariants
+//
+//   - Every Snapshot is complete: a worker absent from it is to be removed.
+//   - Snapshot.Workers is sorted by ID and its ids are unique; every worker in
+//     it passes catalog.Worker.Validate.
+//   - A Snapshot that is not Synced has no workers.
+//   - Consecutive Snapshots from one Run differ.
+//
+// A census line is logged at the first synced Snapshot and whenever the number
+// of workers, or of workers with one role-label value, goes to or leaves zero.
+package discovery
