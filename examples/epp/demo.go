@@ -229,9 +229,10 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 	if len(workers) == 0 {
 		return demoResult{}, errors.New("no workers")
 	}
-	b := selection.NewSelectionServiceBuilder(cfg.Router).Logger(o.logger).
-		EventFeed(selection.FeedOptions{ReconnectMin: 5 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
-	e, err := newEPP(ctx, &cfg, o.logger, b)
+	cfg.Topology = "aggregated"
+	e, err := newEPP(ctx, &cfg, o.logger, func(b *selection.SelectionServiceBuilder) {
+		b.EventFeed(selection.FeedOptions{ReconnectMin: 5 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
+	})
 	if err != nil {
 		return demoResult{}, err
 	}

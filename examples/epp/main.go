@@ -46,6 +46,7 @@ import (
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/discovery"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
+	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
 )
@@ -103,16 +104,19 @@ type epp struct {
 	logger *slog.Logger
 	client *tokenize.Client
 	cache  *tokenize.Cache
-	svc    *selection.SelectionService
+	svc    *selection.SelectionService // aggregated mode
+	rs     *roles.RoleSelectors        // disaggregated mode
+	pairs  *roles.PairBooker           // disaggregated mode
 	router *router
 	server *extproc.Server
 	reg    *prometheus.Registry
 }
 
-// newEPP builds everything that does not listen yet.
-func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, b *selection.SelectionServiceBuilder) (*epp, error) {
-	if cfg.Topology != "aggregated" {
-		return nil, fmt.Errorf("%w: DYN_EPP_TOPOLOGY_MODE %q is not available in this build yet", errConfig, cfg.Topology)
+// newEPP builds everything that does not listen yet. configure, when set,
+// adjusts every selection service's builder (the demo uses it).
+func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure func(*selection.SelectionServiceBuilder)) (*epp, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
 	}
 	client, err := tokenize.New(tokenize.Options{
 		Protocol: cfg.TokenizerProtocol, BaseURL: cfg.TokenizerURL, Timeout: cfg.TokenizerTimeout,
@@ -126,27 +130,52 @@ func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, b *selection.
 		client.Close()
 		return nil, err
 	}
-	if b == nil {
-		b = selection.NewSelectionServiceBuilder(cfg.Router).Logger(logger)
+	e := &epp{cfg: cfg, logger: logger, client: client, cache: cache, reg: prometheus.NewRegistry()}
+	setup := func(b *selection.SelectionServiceBuilder) {
+		b.Logger(logger)
+		if configure != nil {
+			configure(b)
+		}
+	}
+	services := map[string]*selection.SelectionService{}
+	switch cfg.Topology {
+	case "disaggregated":
+		e.rs, err = roles.New(ctx, roles.RoleOptions{
+			Mode: roles.ModeDisaggregated, LabelKey: cfg.RoleLabel, Base: cfg.Router, Logger: logger,
+			Profile: roles.ProfileOptions{PrefillMaxNumBatchedTokens: cfg.PrefillMaxBatched, DecodeMaxNumBatchedTokens: cfg.DecodeMaxBatched},
+			Configure: func(r roles.Role, b *selection.SelectionServiceBuilder) {
+				setup(b)
+				if r == roles.Prefill && cfg.KVEventBind != "" {
+					b.BindEvents(cfg.KVEventBind)
+				}
+			},
+		})
+		if err == nil {
+			e.pairs, err = roles.NewPairBooker(e.rs, roles.BookerOptions{})
+		}
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		decode := e.rs.Service(roles.Decode)
+		e.router = newRouter(cfg.Model, cache, decode)
+		e.router.pairs = e.pairs
+		services["prefill"], services["decode"] = e.rs.Service(roles.Prefill), decode
+	default:
+		b := selection.NewSelectionServiceBuilder(cfg.Router)
+		setup(b)
 		if cfg.KVEventBind != "" {
 			b.BindEvents(cfg.KVEventBind)
 		}
+		if e.svc, err = b.Build(ctx); err != nil {
+			e.close()
+			return nil, err
+		}
+		e.router = newRouter(cfg.Model, cache, e.svc)
+		services["aggregated"] = e.svc
 	}
-	svc, err := b.Build(ctx)
-	if err != nil {
-		cache.Close()
-		client.Close()
-		return nil, err
-	}
-	e := &epp{cfg: cfg, logger: logger, client: client, cache: cache, svc: svc, reg: prometheus.NewRegistry()}
-	e.router = newRouter(cfg.Model, cache, svc)
 	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	e.reg.MustRegister(&statsCollector{
-		services: func() map[string]*selection.SelectionService {
-			return map[string]*selection.SelectionService{"aggregated": svc}
-		},
-		cache: cache,
-	})
+	e.reg.MustRegister(&statsCollector{services: func() map[string]*selection.SelectionService { return services }, cache: cache})
 	e.server, err = extproc.NewServer(extproc.Options{
 		Picker: e.router, Status: statusOf, MaxBodyBytes: cfg.MaxBodyBytes, MaxInflight: cfg.MaxInflight,
 		Logger: logger, Metrics: newServerMetrics(e.reg),
@@ -159,15 +188,20 @@ func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, b *selection.
 }
 
 func (e *epp) close() {
-	_ = e.svc.Close()
+	if e.svc != nil {
+		_ = e.svc.Close()
+	}
+	if e.rs != nil {
+		_ = e.rs.Close()
+	}
 	e.cache.Close()
 	e.client.Close()
 }
 
-// apply reconciles the selection service with a discovery snapshot.
-func (e *epp) apply(s discovery.Snapshot) {
-	desired := make([]catalog.Worker, 0, len(s.Workers))
-	for _, w := range s.Workers {
+// withDefaults fills what discovery does not know from the configuration.
+func (e *epp) withDefaults(ws []catalog.Worker) []catalog.Worker {
+	desired := make([]catalog.Worker, 0, len(ws))
+	for _, w := range ws {
 		if w.MaxNumBatchedTokens == 0 {
 			w.MaxNumBatchedTokens = e.cfg.MaxBatched
 		}
@@ -179,6 +213,31 @@ func (e *epp) apply(s discovery.Snapshot) {
 		}
 		desired = append(desired, w)
 	}
+	return desired
+}
+
+// apply reconciles the selection service(s) with a discovery snapshot.
+func (e *epp) apply(s discovery.Snapshot) {
+	desired := e.withDefaults(s.Workers)
+	if e.rs != nil {
+		res, err := e.rs.Reconcile(desired)
+		if err != nil {
+			e.logger.Warn("reconcile", "err", err)
+		}
+		for _, x := range res.Excluded {
+			e.logger.Info("worker excluded", "id", x.ID, "reason", x.Reason, "value", x.Value)
+		}
+	} else {
+		e.reconcile(desired)
+	}
+	e.router.setWorkers(desired)
+	if s.Synced && !e.server.Ready() {
+		e.server.SetReady(true)
+		e.logger.Info("discovery synced; serving", "workers", len(desired))
+	}
+}
+
+func (e *epp) reconcile(desired []catalog.Worker) {
 	plan, err := catalog.Reconcile(e.svc.Workers(), desired)
 	if err != nil {
 		e.logger.Error("discovery snapshot rejected", "err", err)
@@ -201,11 +260,6 @@ func (e *epp) apply(s discovery.Snapshot) {
 	}
 	for _, inv := range plan.Invalid {
 		e.logger.Warn("invalid worker", "id", inv.ID, "err", inv.Err)
-	}
-	e.router.setWorkers(desired)
-	if s.Synced && !e.server.Ready() {
-		e.server.SetReady(true)
-		e.logger.Info("discovery synced; serving", "workers", len(desired))
 	}
 }
 
@@ -254,6 +308,9 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		return err
 	}
 	defer e.close()
+	if cfg.Topology == "disaggregated" && cfg.KVEventBind != "" {
+		logger.Warn("DYN_EPP_KV_EVENT_BIND binds the prefill role's feed only")
+	}
 	src, err := newSource(cfg, logger)
 	if err != nil {
 		return err
@@ -302,6 +359,20 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		return nil
 	})
 	g.Go(func() error { return src.Run(gctx, e.apply) })
+	if e.pairs != nil { // plans of requests whose stream never ended expire
+		g.Go(func() error {
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-gctx.Done():
+					return nil
+				case <-t.C:
+					e.pairs.Expire()
+				}
+			}
+		})
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		e.server.SetReady(false)

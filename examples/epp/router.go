@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
+	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
 )
@@ -29,13 +30,22 @@ type booker interface {
 	Loads(model string) []selection.WorkerLoad
 }
 
-// router is the extproc.Picker of the aggregated EPP: it tokenizes the request
-// with the engine's own tokenizer and books a worker with the selection service.
-// It is safe for concurrent use.
+// pairBooker is what the router needs in disaggregated mode (roles.PairBooker).
+type pairBooker interface {
+	Book(ctx context.Context, req selection.Request) (roles.Plan, error)
+	Handoff(planID string) error
+	Complete(planID string) error
+}
+
+// router is the extproc.Picker of the EPP: it tokenizes the request with the
+// engine's own tokenizer and books a worker with the selection service, or a
+// prefill/decode pair with the pair booker in disaggregated mode. It is safe for
+// concurrent use.
 type router struct {
 	model string
 	tok   tokenize.Tokenizer
-	svc   booker
+	svc   booker     // aggregated mode; in disaggregated mode the decode service (loads only)
+	pairs pairBooker // disaggregated mode; nil otherwise
 
 	mu       sync.RWMutex
 	byAddr   map[string]string   // canonical ip:port -> worker id
@@ -127,15 +137,38 @@ func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pic
 	if err != nil {
 		return extproc.Pick{}, err
 	}
-	res, err := r.svc.SelectAndReserve(ctx, selection.Request{
+	sreq := selection.Request{
 		Model: r.model, Tokens: tr.Tokens, CacheSalt: tr.CacheSalt, Allowed: allowed, Priority: prio,
 		ExpectedOutputTokens: int(min(max(tr.MaxTokens, 0), math.MaxInt32)),
-	})
+	}
+	if r.pairs != nil {
+		plan, err := r.pairs.Book(ctx, sreq)
+		if err != nil {
+			return extproc.Pick{}, err
+		}
+		pick := extproc.Pick{Destination: plan.Destination(), Settle: &planSettle{b: r.pairs, id: plan.ID}}
+		if hint, ok := plan.PrefillHint(); ok {
+			pick.Prefiller = hint
+		}
+		return pick, nil
+	}
+	res, err := r.svc.SelectAndReserve(ctx, sreq)
 	if err != nil {
 		return extproc.Pick{}, err
 	}
 	return extproc.Pick{Destination: res.Endpoint, Settle: &booking{svc: r.svc, id: res.ReservationID}}, nil
 }
+
+// planSettle settles a prefill/decode plan: the first output byte hands off
+// (the prefill leg is done), the end completes it; each at most once.
+type planSettle struct {
+	b          pairBooker
+	id         string
+	first, end sync.Once
+}
+
+func (p *planSettle) FirstByte() { p.first.Do(func() { _ = p.b.Handoff(p.id) }) }
+func (p *planSettle) Done()      { p.end.Do(func() { _ = p.b.Complete(p.id) }) }
 
 func (r *router) leastLoaded(allowed []string) (extproc.Pick, error) {
 	ok := func(id string) bool {
@@ -184,5 +217,5 @@ func statusOf(err error) int {
 			return tokenize.HTTPStatus(err)
 		}
 	}
-	return selection.HTTPStatus(err)
+	return roles.HTTPStatus(err)
 }
