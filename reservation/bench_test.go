@@ -63,14 +63,19 @@ func BenchmarkBookFree(b *testing.B) {
 		name              string
 		workers, bookings int
 		groups            int
+		private           bool // book the request's 128 blocks as PrivateBlocks, no hashes
 	}{
-		{"empty", 1, 0, 8},
-		{"64workers", 64, 4, 8},
-		{"512workers/prefix-on-all", 512, 4, 1},
+		{"empty", 1, 0, 8, false},
+		{"64workers", 64, 4, 8, false},
+		{"512workers/prefix-on-all", 512, 4, 1, false},
+		{"64workers/private", 64, 4, 8, true},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			l, workers := benchLedgerShared(b, bc.workers, bc.bookings, bc.groups)
-			seqs := request()
+			seqs, private := request(), 0
+			if bc.private {
+				seqs, private = nil, len(seqs)
+			}
 			ids := make([]string, 1024)
 			for i := range ids {
 				ids[i] = fmt.Sprint("req-", i)
@@ -78,7 +83,7 @@ func BenchmarkBookFree(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				id := ids[i%len(ids)]
-				if err := l.Book(Booking{ID: id, Worker: workers[i%len(workers)], SeqHashes: seqs, PrefillTokens: 2048}); err != nil {
+				if err := l.Book(Booking{ID: id, Worker: workers[i%len(workers)], SeqHashes: seqs, PrivateBlocks: private, PrefillTokens: 2048}); err != nil {
 					b.Fatal(err)
 				}
 				if err := l.Free(id); err != nil {

@@ -2,9 +2,9 @@
 // has already sent each one and not yet seen finish.
 //
 // A Ledger records a Booking for every request the router dispatches: which worker
-// rank got it, the request's block sequence hashes, how many prompt tokens the
-// worker still has to prefill (the prompt length minus what it had cached) and a
-// lease. The selection package reads the resulting Load of each candidate (active
+// rank got it, the request's block sequence hashes, how many blocks it holds
+// privately, how many prompt tokens the worker still has to prefill (the prompt
+// length minus what it had cached) and a lease. The selection package reads the resulting Load of each candidate (active
 // prefill tokens, active blocks, active requests) and the number of the request's
 // blocks a candidate does not already have active, and feeds them to its cost
 // function. The request's life then settles the booking:
@@ -15,9 +15,12 @@
 //	Expire           Free for every booking whose lease ran out (an owner that died mid-request)
 //	RemoveWorker     Free for every booking on a deleted worker
 //
-// Blocks are reference-counted per worker rank, so requests that share a prompt
-// prefix share its blocks: the worker's active block count is the number of
-// distinct sequence hashes over its live bookings.
+// Blocks named by sequence hashes are reference-counted per worker rank, so
+// requests that share a prompt prefix share its blocks. Blocks no other request
+// can share (a partial last block, or every block when the engine does not reuse
+// blocks across requests) are booked as a count, Booking.PrivateBlocks, and never
+// named. A worker rank's active block count is the number of distinct sequence
+// hashes over its live bookings plus the sum of their private blocks.
 //
 // # Time
 //
@@ -43,8 +46,8 @@
 // once, whatever the number of candidates, and credits every holder; answering
 // for 64 candidates costs one pass over the request plus 64 worker lookups. Book
 // and Free cost one index operation per hash (Free reuses the positions Book
-// found), and a hash active on many worker ranks (a shared system prompt) finds
-// its holder by binary search. Leases are ordered in a B-tree by deadline, so
+// found) and nothing per private block, and a hash active on many worker ranks (a
+// shared system prompt) finds its holder by binary search. Leases are ordered in a B-tree by deadline, so
 // Expire and NextExpiry never scan live bookings.
 //
 // Memory follows the live bookings: a worker rank's entry, a booking and an
@@ -72,7 +75,11 @@
 //   - Load(w).ActivePrefillTokens is the sum of PrefillTokens over the live
 //     bookings on w whose prefill is not complete;
 //   - Load(w).ActiveBlocks is the number of distinct sequence hashes over the live
-//     bookings on w;
+//     bookings on w plus the sum of PrivateBlocks over the live bookings on w
+//     (each booking's private blocks are added by Book and removed exactly once,
+//     when Free, Expire or RemoveWorker settles it);
+//   - the shared block index holds exactly the sequence hashes of the live
+//     bookings, never a private block;
 //   - no field is ever negative, and w has an entry (in Loads) only while it has a
 //     live booking, so memory follows the live bookings under any churn.
 //

@@ -57,8 +57,8 @@ type ref struct {
 
 // checkInvariants recomputes every derived quantity of l from its live bookings
 // and compares it with what l maintains: per worker rank loads, the inverted block
-// index with its reference counts, the lease tree, the slots and the Active
-// counter.
+// index with its reference counts (which must hold no private block), the lease
+// tree, the slots and the Active counter.
 func checkInvariants(t testing.TB, l *Ledger) {
 	t.Helper()
 	l.mu.Lock()
@@ -73,8 +73,10 @@ func checkInvariants(t testing.TB, l *Ledger) {
 		require.Equal(t, bk.worker, bk.wl.key)
 		require.Same(t, bk.wl, l.lookup(bk.worker))
 		require.Len(t, bk.idx, len(bk.seqs))
+		require.GreaterOrEqual(t, bk.private, 0, "booking %q", id)
 		ld := wantLoads[bk.worker]
 		ld.ActiveRequests++
+		ld.ActiveBlocks += bk.private // the distinct shared hashes are added below
 		if !bk.prefillDone {
 			ld.ActivePrefillTokens += int64(bk.prefill)
 		}
@@ -90,7 +92,7 @@ func checkInvariants(t testing.TB, l *Ledger) {
 	}
 	for w, set := range distinct {
 		ld := wantLoads[w]
-		ld.ActiveBlocks = len(set)
+		ld.ActiveBlocks += len(set)
 		wantLoads[w] = ld
 	}
 
@@ -120,15 +122,17 @@ func checkWorkerLoad(t testing.TB, wl *workerLoad, slots map[int32]bool) {
 	t.Helper()
 	require.False(t, slots[wl.slot], "slot %d used twice", wl.slot)
 	slots[wl.slot] = true
-	n := 0
+	n, private := 0, 0
 	var prev *booking
 	for bk := wl.head; bk != nil; bk = bk.next {
 		require.Same(t, prev, bk.prev)
 		require.Same(t, wl, bk.wl)
 		prev = bk
 		n++
+		private += bk.private
 	}
 	require.Equal(t, wl.requests, n, "list length of %s", wl.key)
+	require.Equal(t, private, wl.private, "private blocks of %s", wl.key)
 	require.Positive(t, wl.requests)
 	require.GreaterOrEqual(t, wl.prefill, int64(0))
 	require.GreaterOrEqual(t, wl.blocks, 0)

@@ -66,8 +66,17 @@ type Booking struct {
 	// a rank >= 0.
 	Worker kvindex.WorkerRank
 	// SeqHashes are the request's block sequence hashes; they become active
-	// blocks of Worker. Book copies them. May be empty.
+	// blocks of Worker, shared with every other live booking on Worker that
+	// holds the same hash. Book copies them. May be empty.
 	SeqHashes []uint64
+	// PrivateBlocks is how many blocks the request holds that no other request
+	// shares: its partial last block, or every block when the engine does not
+	// reuse blocks across requests. >= 0. They count in Worker's active blocks
+	// while the booking lives but never enter the shared block index, so they
+	// cost Book and Free nothing per block. Being private, they are new on every
+	// worker rank: NewBlocks and AppendLoads count SeqHashes only, and a caller
+	// asking how many blocks a request would add adds its private blocks itself.
+	PrivateBlocks int
 	// PrefillTokens is how many prompt tokens the worker still has to prefill
 	// (prompt length minus cached tokens); >= 0, and 0 when there is nothing to
 	// prefill or prefill is not tracked.
@@ -88,6 +97,7 @@ type Reservation struct {
 	PrefillDone          bool
 	ExpectedOutputTokens int
 	Blocks               int // sequence hashes the booking holds (as given, duplicates included)
+	PrivateBlocks        int // blocks it holds outside the shared block index (Booking.PrivateBlocks)
 	Lease                time.Duration
 	BookedAt             time.Time
 	Deadline             time.Time // Expire frees the booking at or after this time
@@ -98,14 +108,16 @@ type Load struct {
 	// ActivePrefillTokens is the sum of the prefill tokens of live bookings whose
 	// prefill has not completed.
 	ActivePrefillTokens int64
-	// ActiveBlocks is the number of distinct sequence hashes over live bookings.
+	// ActiveBlocks is the number of distinct sequence hashes over live bookings
+	// plus the sum of their private blocks.
 	ActiveBlocks int
 	// ActiveRequests is the number of live bookings.
 	ActiveRequests int
 }
 
 // CandidateLoad is a candidate worker rank's load and the number of the request's
-// blocks that would be new to it, as returned by AppendLoads.
+// sequence hashes that would be new to it, as returned by AppendLoads (the
+// request's private blocks, new everywhere, are the caller's to add).
 type CandidateLoad struct {
 	Worker    kvindex.WorkerRank
 	Load      Load
@@ -133,6 +145,7 @@ type booking struct {
 	wl          *workerLoad
 	seqs        []uint64 // the ledger's own copy
 	idx         []int32  // idx[i] is the active-block entry of seqs[i]
+	private     int      // blocks outside the shared index
 	prefill     int
 	expected    int
 	prefillDone bool
@@ -150,12 +163,13 @@ type workerLoad struct {
 	prefill  int64
 	requests int
 	blocks   int         // distinct active hashes
+	private  int         // sum of the private blocks of the live bookings
 	head     *booking    // the worker rank's live bookings, doubly linked
 	nextRank *workerLoad // the next loaded rank of the same worker
 }
 
 func (w *workerLoad) load() Load {
-	return Load{ActivePrefillTokens: w.prefill, ActiveBlocks: w.blocks, ActiveRequests: w.requests}
+	return Load{ActivePrefillTokens: w.prefill, ActiveBlocks: w.blocks + w.private, ActiveRequests: w.requests}
 }
 
 // maxPooledHashes bounds the hash buffer a recycled booking keeps.
@@ -246,6 +260,9 @@ func validate(b *Booking) error {
 	if b.ExpectedOutputTokens < 0 {
 		errs = append(errs, fmt.Errorf("ExpectedOutputTokens %d is negative", b.ExpectedOutputTokens))
 	}
+	if b.PrivateBlocks < 0 {
+		errs = append(errs, fmt.Errorf("PrivateBlocks %d is negative", b.PrivateBlocks))
+	}
 	if b.Lease < 0 {
 		errs = append(errs, fmt.Errorf("Lease %v is negative", b.Lease))
 	}
@@ -256,8 +273,9 @@ func validate(b *Booking) error {
 }
 
 // Book records a reservation: one more active request on b.Worker, b.PrefillTokens
-// more active prefill tokens and a reference on each of b.SeqHashes, with a lease
-// ending at the clock's now plus the lease. It returns a wrapped ErrInvalid for a
+// more active prefill tokens, a reference on each of b.SeqHashes and
+// b.PrivateBlocks more active blocks, with a lease ending at the clock's now plus
+// the lease. It returns a wrapped ErrInvalid for a
 // bad field or ErrConflict when b.ID is already booked; either way nothing
 // changed.
 func (l *Ledger) Book(b Booking) error {
@@ -274,6 +292,7 @@ func (l *Ledger) Book(b Booking) error {
 	bk.worker = b.Worker
 	bk.seqs = append(bk.seqs[:0], b.SeqHashes...)
 	bk.idx = slices.Grow(bk.idx[:0], len(bk.seqs))
+	bk.private = b.PrivateBlocks
 	bk.prefill = b.PrefillTokens
 	bk.expected = b.ExpectedOutputTokens
 	bk.lease = lease
@@ -300,6 +319,7 @@ func (l *Ledger) Book(b Booking) error {
 			wl.blocks++
 		}
 	}
+	wl.private += bk.private
 	wl.prefill += int64(bk.prefill)
 	wl.requests++
 	bk.next = wl.head
@@ -469,6 +489,7 @@ func (l *Ledger) settle(bk *booking) {
 			wl.blocks--
 		}
 	}
+	wl.private -= bk.private
 	if !bk.prefillDone {
 		wl.prefill -= int64(bk.prefill)
 	}
@@ -485,7 +506,7 @@ func (l *Ledger) settle(bk *booking) {
 	delete(l.bookings, bk.id)
 	l.active.Add(-1)
 	if wl.requests == 0 {
-		if wl.blocks != 0 || wl.prefill != 0 || wl.head != nil {
+		if wl.blocks != 0 || wl.private != 0 || wl.prefill != 0 || wl.head != nil {
 			panic("reservation: internal error: load left on a worker rank without bookings")
 		}
 		l.dropWorkerLoad(wl)
@@ -567,9 +588,10 @@ func (l *Ledger) Load(w kvindex.WorkerRank) Load {
 	return Load{}
 }
 
-// NewBlocks returns how many of seqs are not active on worker rank w: the blocks
-// a request with these sequence hashes would add to w's active blocks. A hash
-// listed twice counts once.
+// NewBlocks returns how many of seqs are not active on worker rank w: the shared
+// blocks a request with these sequence hashes would add to w's active blocks. A
+// hash listed twice counts once. A request's private blocks (Booking.PrivateBlocks)
+// are not counted: they are new everywhere, so the caller adds them.
 func (l *Ledger) NewBlocks(w kvindex.WorkerRank, seqs []uint64) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -643,6 +665,7 @@ func (l *Ledger) Get(id string) (Reservation, bool) {
 		PrefillDone:          bk.prefillDone,
 		ExpectedOutputTokens: bk.expected,
 		Blocks:               len(bk.seqs),
+		PrivateBlocks:        bk.private,
 		Lease:                bk.lease,
 		BookedAt:             bk.bookedAt,
 		Deadline:             bk.deadline,

@@ -64,14 +64,15 @@ func TestBookValidation(t *testing.T) {
 		{name: "negative prefill", edit: func(b *Booking) { b.PrefillTokens = -3 }, wants: []string{"PrefillTokens -3 is negative"}},
 		{name: "negative output", edit: func(b *Booking) { b.ExpectedOutputTokens = -1 }, wants: []string{"ExpectedOutputTokens -1 is negative"}},
 		{name: "negative lease", edit: func(b *Booking) { b.Lease = -time.Second }, wants: []string{"Lease -1s is negative"}},
+		{name: "negative private blocks", edit: func(b *Booking) { b.PrivateBlocks = -2 }, wants: []string{"PrivateBlocks -2 is negative"}},
 		{
 			name: "every problem reported",
 			edit: func(b *Booking) {
-				*b = Booking{Worker: wr("", -2), PrefillTokens: -1, ExpectedOutputTokens: -1, Lease: -1}
+				*b = Booking{Worker: wr("", -2), PrefillTokens: -1, ExpectedOutputTokens: -1, PrivateBlocks: -1, Lease: -1}
 			},
 			wants: []string{
 				"ID is empty", "Worker.Worker is empty", "Worker.Rank -2 is negative", "PrefillTokens -1 is negative",
-				"ExpectedOutputTokens -1 is negative", "Lease -1ns is negative",
+				"ExpectedOutputTokens -1 is negative", "PrivateBlocks -1 is negative", "Lease -1ns is negative",
 			},
 		},
 	}
@@ -244,6 +245,59 @@ func TestSharedPrefixesAreRefCounted(t *testing.T) {
 	require.NoError(t, l.Free("b"))
 	require.Empty(t, l.Loads())
 	require.Zero(t, l.blocks.index.len())
+	checkInvariants(t, l)
+}
+
+func TestPrivateBlocks(t *testing.T) {
+	clk := newFakeClock()
+	l := newLedger(t, Options{Clock: clk})
+	w, v := wr("w", 0), wr("v", 0)
+	// A request with a shared prefix and a private tail, a request with nothing
+	// but private blocks, and another shared prefix on the same worker.
+	require.NoError(t, l.Book(Booking{ID: "tail", Worker: w, SeqHashes: []uint64{1, 2}, PrivateBlocks: 1}))
+	require.NoError(t, l.Book(Booking{ID: "private", Worker: w, PrivateBlocks: 128}))
+	require.NoError(t, l.Book(Booking{ID: "shared", Worker: w, SeqHashes: []uint64{1, 2}, PrivateBlocks: 1}))
+	require.NoError(t, l.Book(Booking{ID: "other", Worker: v, PrivateBlocks: 7, Lease: time.Second}))
+	require.Equal(t, 2+1+128+1, l.Load(w).ActiveBlocks, "hashes shared, private blocks never")
+	require.Equal(t, 7, l.Load(v).ActiveBlocks)
+	require.Equal(t, 2, l.blocks.index.len(), "private blocks never enter the shared index")
+	r, ok := l.Get("private")
+	require.True(t, ok)
+	require.Zero(t, r.Blocks)
+	require.Equal(t, 128, r.PrivateBlocks)
+	r, _ = l.Get("tail")
+	require.Equal(t, 2, r.Blocks)
+	require.Equal(t, 1, r.PrivateBlocks)
+	// New blocks count hashes only: another request's private blocks are not
+	// shareable, and an empty hash list adds nothing the ledger can see.
+	require.Equal(t, 0, l.NewBlocks(w, nil))
+	require.Equal(t, 1, l.NewBlocks(w, []uint64{1, 2, 3}))
+	got := l.AppendLoads(nil, []kvindex.WorkerRank{w, v}, nil)
+	require.Equal(t, []CandidateLoad{
+		{Worker: w, Load: Load{ActiveBlocks: 132, ActiveRequests: 3}},
+		{Worker: v, Load: Load{ActiveBlocks: 7, ActiveRequests: 1}},
+	}, got)
+	checkInvariants(t, l)
+
+	// Each settling call removes a booking's private blocks exactly once.
+	require.NoError(t, l.Free("private"))
+	require.Equal(t, 4, l.Load(w).ActiveBlocks)
+	require.ErrorIs(t, l.Free("private"), ErrUnknownReservation)
+	require.Equal(t, 4, l.Load(w).ActiveBlocks, "a double free removes nothing")
+	require.NoError(t, l.Free("tail"))
+	require.Equal(t, 3, l.Load(w).ActiveBlocks, "the prefix stays with shared, its tail went with tail")
+	require.Equal(t, 1, l.Expire(clk.Advance(time.Second)))
+	require.Equal(t, Load{}, l.Load(v))
+	require.ErrorIs(t, l.Free("other"), ErrUnknownReservation)
+	checkInvariants(t, l)
+	require.Equal(t, 1, l.RemoveWorker("w"))
+	require.Empty(t, l.Loads())
+	require.Zero(t, l.blocks.index.len())
+	checkInvariants(t, l)
+
+	// Worker entries are recycled: a fresh booking starts from zero.
+	require.NoError(t, l.Book(Booking{ID: "again", Worker: w, PrivateBlocks: 2}))
+	require.Equal(t, Load{ActiveBlocks: 2, ActiveRequests: 1}, l.Load(w))
 	checkInvariants(t, l)
 }
 

@@ -16,6 +16,7 @@ import (
 type modelBooking struct {
 	worker   kvindex.WorkerRank
 	seqs     []uint64
+	private  int
 	prefill  int
 	done     bool
 	lease    time.Duration
@@ -37,6 +38,7 @@ func (m *model) loads() map[kvindex.WorkerRank]Load {
 	for _, b := range m.live {
 		ld := out[b.worker]
 		ld.ActiveRequests++
+		ld.ActiveBlocks += b.private
 		if !b.done {
 			ld.ActivePrefillTokens += int64(b.prefill)
 		}
@@ -50,12 +52,14 @@ func (m *model) loads() map[kvindex.WorkerRank]Load {
 	}
 	for w, s := range sets {
 		ld := out[w]
-		ld.ActiveBlocks = len(s)
+		ld.ActiveBlocks += len(s)
 		out[w] = ld
 	}
 	return out
 }
 
+// newBlocks counts the distinct hashes of seqs not active on w; private blocks,
+// which the ledger never names, play no part.
 func (m *model) newBlocks(w kvindex.WorkerRank, seqs []uint64) int {
 	active := map[uint64]bool{}
 	for _, b := range m.live {
@@ -143,12 +147,21 @@ func runModel(t *testing.T, seed uint64, steps int) {
 				PrefillTokens: rng.IntN(300), ExpectedOutputTokens: rng.IntN(50),
 				Lease: time.Duration(rng.IntN(4)) * 5 * time.Second,
 			}
-			if rng.IntN(25) == 0 {
+			switch rng.IntN(3) { // shared hashes only, both, or private blocks only
+			case 1:
+				b.PrivateBlocks = rng.IntN(5)
+			case 2:
+				b.SeqHashes, b.PrivateBlocks = nil, 1+rng.IntN(8)
+			}
+			switch rng.IntN(25) {
+			case 0:
 				b.PrefillTokens = -1
+			case 1:
+				b.PrivateBlocks = -1
 			}
 			err := l.Book(b)
 			switch {
-			case b.PrefillTokens < 0:
+			case b.PrefillTokens < 0 || b.PrivateBlocks < 0:
 				require.ErrorIs(t, err, ErrInvalid)
 				m.stats.Invalid++
 			case m.live[b.ID] != nil:
@@ -162,7 +175,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 				}
 				m.order++
 				m.live[b.ID] = &modelBooking{
-					worker: b.Worker, seqs: slices.Clone(b.SeqHashes), prefill: b.PrefillTokens,
+					worker: b.Worker, seqs: slices.Clone(b.SeqHashes), private: b.PrivateBlocks, prefill: b.PrefillTokens,
 					lease: lease, deadline: clk.Now().Add(lease), order: m.order,
 				}
 				m.stats.Booked++
@@ -282,6 +295,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			require.Equal(t, b.done, r.PrefillDone)
 			require.Equal(t, b.deadline, r.Deadline)
 			require.Equal(t, len(b.seqs), r.Blocks)
+			require.Equal(t, b.private, r.PrivateBlocks)
 		}
 		next, ok := l.NextExpiry()
 		if ids := m.expiring(epoch.Add(100 * time.Hour)); len(ids) > 0 {

@@ -15,9 +15,11 @@ import (
 )
 
 // TestConcurrentBookAndFree has many goroutines book, complete prefill, touch and
-// free requests with overlapping prefixes on shared workers, while others read
-// loads, expire leases and remove a worker. At the end every load must be exactly
-// zero and every booking settled exactly once.
+// free requests with overlapping prefixes on shared workers, some with private
+// blocks and some with nothing but private blocks, while others read loads,
+// expire leases and remove a worker. At the end every load must be exactly zero
+// (private blocks included: each is removed exactly once whichever call settles
+// its booking) and every booking settled exactly once.
 func TestConcurrentBookAndFree(t *testing.T) {
 	const (
 		goroutines = 16
@@ -54,12 +56,19 @@ func TestConcurrentBookAndFree(t *testing.T) {
 				for range rng.IntN(8) {
 					seqs = append(seqs, rng.Uint64())
 				}
+				private := 0
+				switch rng.IntN(3) {
+				case 1: // a partial last block or a few
+					private = rng.IntN(4)
+				case 2: // a request whose blocks are never shared: no hashes at all
+					seqs, private = nil, 1+rng.IntN(128)
+				}
 				w := workers[rng.IntN(len(workers))]
 				lease := time.Duration(0)
 				if rng.IntN(10) == 0 {
 					lease = time.Second // some bookings will be expired by the sweeper
 				}
-				if err := l.Book(Booking{ID: id, Worker: w, SeqHashes: seqs, PrefillTokens: 1 + rng.IntN(500), Lease: lease}); err != nil {
+				if err := l.Book(Booking{ID: id, Worker: w, SeqHashes: seqs, PrivateBlocks: private, PrefillTokens: 1 + rng.IntN(500), Lease: lease}); err != nil {
 					t.Errorf("book %s: %v", id, err)
 					return
 				}
@@ -94,7 +103,11 @@ func TestConcurrentBookAndFree(t *testing.T) {
 			default:
 			}
 			lostToExpiry.Add(int64(l.Expire(clk.Advance(100 * time.Millisecond))))
-			_ = l.Loads()
+			for w, ld := range l.Loads() {
+				if ld.ActiveRequests <= 0 || ld.ActiveBlocks < 0 || ld.ActivePrefillTokens < 0 {
+					t.Errorf("load of %s mid-run: %+v", w, ld)
+				}
+			}
 			_ = l.Stats()
 		}
 	}()

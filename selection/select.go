@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	mrand "math/rand/v2"
 	"sync"
 	"time"
 
@@ -89,7 +88,8 @@ type Result struct {
 type prepared struct {
 	model    string
 	seqs     []uint64
-	active   []uint64 // hashes booked as active blocks
+	active   []uint64 // hashes booked as shared active blocks
+	private  int      // blocks booked as private active blocks (never shared, so new on every worker)
 	isl      int
 	w        weights
 	allowed  map[string]struct{}
@@ -139,17 +139,16 @@ func (s *SelectionService) prepare(req *Request) (*prepared, error) {
 		}
 	}
 	if pr.w.trackActive {
+		// Blocks no other request can share are booked as a count, not as
+		// invented hashes: the ledger adds them to the worker's active blocks
+		// without touching its shared block index.
 		if pr.w.assumeReuse {
 			pr.active = pr.seqs
 			if pr.isl%bs != 0 { // the partial tail block is private to the request
-				pr.active = append(pr.active[:len(pr.active):len(pr.active)], s.randomHash())
+				pr.private = 1
 			}
 		} else {
-			n := (pr.isl + bs - 1) / bs
-			pr.active = make([]uint64, n)
-			for i := range pr.active {
-				pr.active[i] = s.randomHash()
-			}
+			pr.private = (pr.isl + bs - 1) / bs
 		}
 	}
 	return pr, nil
@@ -159,10 +158,6 @@ func (pr *prepared) release() {
 	s := pr.seqs[:0]
 	seqPool.Put(&s)
 }
-
-// randomHash returns an active-block identity no other request shares (the
-// process-wide generator is safe for concurrent use).
-func (s *SelectionService) randomHash() uint64 { return mrand.Uint64() }
 
 // Select picks a worker for req without booking it and without waiting: when
 // every eligible worker is busy it still answers, with Result.Busy set. Errors:
@@ -353,7 +348,7 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, matches []kvinde
 		cands[i].activePrefill = l.Load.ActivePrefillTokens
 		cands[i].activeBlocks = l.Load.ActiveBlocks
 		cands[i].activeRequests = l.Load.ActiveRequests
-		cands[i].newBlocks = l.NewBlocks
+		cands[i].newBlocks = l.NewBlocks + pr.private // private blocks are new everywhere
 	}
 	for _, m := range matches {
 		if i, ok := p.pos[m.Worker]; ok && byIdx[i] >= 0 {
@@ -436,7 +431,7 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 		prefill = eff
 	}
 	err := s.ledger.Book(reservation.Booking{
-		ID: pr.req.ReservationID, Worker: r.key, SeqHashes: pr.active,
+		ID: pr.req.ReservationID, Worker: r.key, SeqHashes: pr.active, PrivateBlocks: pr.private,
 		PrefillTokens: prefill, ExpectedOutputTokens: pr.req.ExpectedOutputTokens,
 	})
 	if err != nil {

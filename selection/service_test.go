@@ -590,3 +590,50 @@ func TestActiveBlockTracking(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 40, s.Loads("")[0].ActivePrefillTokens)
 }
+
+// TestPrivateBlocksAreCounted checks how a booking's blocks reach the ledger:
+// shared prefix blocks as sequence hashes, blocks no other request can share (the
+// partial last block, or every block without assumed reuse) as a private count
+// and never as hashes, and that the potential decode blocks of the result count
+// both.
+func TestPrivateBlocksAreCounted(t *testing.T) {
+	ctx := context.Background()
+	off := false
+	cases := []struct {
+		name          string
+		mod           func(*Config)
+		override      *Override
+		tokens        int
+		hashes        int // sequence hashes booked
+		private       int // private blocks booked
+		first, second int // PotentialDecodeBlocks of two bookings of the same prompt
+	}{
+		{"reuse, partial tail", nil, nil, 10, 2, 1, 3, 2 + 1 + 1},
+		{"reuse, whole blocks", nil, nil, 12, 3, 0, 3, 3},
+		{"no reuse", func(c *Config) { c.AssumeKVReuse = false }, nil, 10, 0, 3, 3, 6},
+		{"no reuse by override", nil, &Override{AssumeKVReuse: &off}, 12, 0, 3, 3, 6},
+		{"not tracked", func(c *Config) { c.TrackActiveBlocks = false }, nil, 10, 0, 0, 0, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, _ := newTestService(t, c.mod)
+			addWorkers(t, s, "a")
+			for i, id := range []string{"x", "y"} {
+				res, err := s.SelectAndReserve(ctx, Request{ReservationID: id, Tokens: toks(c.tokens, 1), Override: c.override})
+				require.NoError(t, err)
+				r, ok := s.ledger.Get(id)
+				require.True(t, ok)
+				require.Equal(t, c.hashes, r.Blocks, "sequence hashes booked")
+				require.Equal(t, c.private, r.PrivateBlocks)
+				want := []int{c.first, c.second}[i]
+				require.Equal(t, want, res.PotentialDecodeBlocks)
+				require.Equal(t, want, s.Loads("")[0].ActiveBlocks, "the potential became the load")
+				require.Equal(t, want, s.ledger.Load(kvindex.WorkerRank{Worker: "a"}).ActiveBlocks)
+			}
+			require.NoError(t, s.FreeReservation("x"))
+			require.NoError(t, s.FreeReservation("y"))
+			requireIdle(t, s)
+			require.Empty(t, s.ledger.Loads())
+		})
+	}
+}
