@@ -9,32 +9,33 @@
 //
 // # Packages
 //
+//   - selection: the SelectionService facade, built by SelectionServiceBuilder:
+//     per-model partitions, the cost function, picking, the admission queue,
+//     reservations, approximate mode, HTTPStatus.
 //   - kvindex: block hashing, and the radix-tree index of which worker rank holds
 //     which prefix; an approximate index for engines without KV events.
 //   - kvindex/kvevents: decoding of engine KV-event batches (vLLM, SGLang,
 //     TensorRT-LLM through a vLLM-compatible publisher) and the ZeroMQ feed that
-//     keeps an index true across gaps, replays and restarts.
-//   - selection: the SelectionService facade (cost function, picking, admission
-//     queue) built by SelectionServiceBuilder. (planned)
-//   - catalog, reservation, roles, tokenize: workers and their lifecycle, the
-//     active-load ledger, prefill/decode pair booking, and engine-native
-//     tokenization. (planned)
-//   - examples/epp: a thin reference EPP over Envoy ext_proc. (planned)
+//     keeps an index true across gaps, replays, restarts and floods.
+//   - catalog: what a worker is, its lifecycle and reasons, reconciliation.
+//   - reservation: the active-load ledger (leases, ref-counted active blocks) and
+//     the prefill/decode plan ledger.
+//   - roles: role labels, the prefill/decode split, per-role profiles and the
+//     pair booker for disaggregated serving.
+//   - tokenize: engine-native token ids from the backend's own tokenizer service,
+//     with an exact-match cache.
+//   - examples/epp: the reference Endpoint Picker (Envoy ext_proc, Kubernetes
+//     discovery, Prometheus metrics, --demo); examples/replay: the trace replay
+//     simulator's command line.
 //
 // # Quick start
 //
-// Index what workers cache, then ask which worker holds the longest prefix of a
-// request:
-//
-//	ix, _ := kvindex.New(kvindex.Options{BlockSize: 16})
-//	_ = ix.Apply(kvindex.WorkerRank{Worker: "pod-a"}, kvindex.Event{
-//		Kind: kvindex.EventStored, BlockHashes: engineHashes, Tokens: cachedTokens,
-//	})
-//	h, _ := kvindex.NewHasher(16, kvindex.HashOptions{})
-//	for _, m := range ix.FindMatches(h.SeqHashes(promptTokens), kvindex.MatchOptions{}) {
-//		fmt.Println(m.Worker, m.Device) // blocks of the prompt pod-a already holds
-//	}
-//
-// In production the kvevents feed applies the engines' events, and the
-// selection package combines overlap with load.
+//	svc, _ := selection.NewSelectionServiceBuilder(selection.DefaultConfig(16)).Build(ctx)
+//	defer svc.Close()
+//	svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.5:8000", DPSize: 1, BlockSize: 16,
+//		KVEventEndpoints: map[int]string{0: "tcp://10.0.0.5:5557"}})
+//	res, _ := svc.SelectAndReserve(ctx, selection.Request{ReservationID: id, Tokens: promptTokens})
+//	// send the request to res.Endpoint; then:
+//	svc.PrefillComplete(id) // first response bytes
+//	svc.FreeReservation(id) // end of stream, cancel or error
 package kvselect
