@@ -175,6 +175,8 @@ type Stats struct {
 	Queued, QueueRejected, QueueCanceled uint64
 	// QueueWaitTotal is the time requests spent waiting, summed.
 	QueueWaitTotal int64
+	// Waiting is the number of requests in admission queues now.
+	Waiting int
 	// ChosenOverlapBlocks and BestOverlapBlocks sum, over decisions, the device
 	// overlap of the chosen worker and the best overlap any eligible worker had;
 	// RequestBlocks sums the requests' blocks. Chosen/Request is the hit rate the
@@ -189,12 +191,20 @@ type Stats struct {
 // Stats returns the counters.
 func (s *SelectionService) Stats() Stats {
 	ls := s.ledger.Stats()
+	waiting := 0
+	s.mu.RLock()
+	for _, p := range s.partitions {
+		p.mu.Lock()
+		waiting += p.queue.Len()
+		p.mu.Unlock()
+	}
+	s.mu.RUnlock()
 	return Stats{
 		Selections: s.st.selections.Load(), Bookings: s.st.bookings.Load(),
 		PrefillCompleted: s.st.prefillDone.Load(), Frees: s.st.frees.Load(),
 		UnknownReservations: s.st.unknownIDs.Load(), Rejected: s.st.rejected.Load(), Conflicts: s.st.conflicts.Load(),
 		Queued: s.st.queued.Load(), QueueRejected: s.st.queueRejected.Load(), QueueCanceled: s.st.queueCanceled.Load(),
-		QueueWaitTotal:      s.st.queueWaitNanos.Load(),
+		QueueWaitTotal: s.st.queueWaitNanos.Load(), Waiting: waiting,
 		ChosenOverlapBlocks: s.st.chosenOverlap.Load(), BestOverlapBlocks: s.st.bestOverlap.Load(), RequestBlocks: s.st.requestBlocks.Load(),
 		Expired: uint64(ls.Expired), Ledger: ls,
 	}

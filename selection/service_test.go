@@ -364,6 +364,7 @@ func TestAdmissionQueue(t *testing.T) {
 		done <- outcome{r, err}
 	}()
 	queued(t, s, "", 2)
+	require.Equal(t, 2, s.Stats().Waiting)
 	// The queue is full.
 	_, err = s.SelectAndReserve(ctx, Request{ReservationID: "over", Tokens: toks(8, 5)})
 	require.ErrorIs(t, err, ErrOverloaded)

@@ -13,13 +13,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreAnyFunction(fakeengine.LeakyZMQFunction),
-		// net/http keeps idle client connections' goroutines until they time out.
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("internal/poll.runtime_pollWait"),
-	)
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction(fakeengine.LeakyZMQFunction))
 }
 
 // TestDemoSmoke runs the demo small: fake engines, the real ext_proc server,

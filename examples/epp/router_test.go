@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/examples/epp/discovery"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
@@ -154,4 +155,24 @@ func TestStatusOf(t *testing.T) {
 	require.Equal(t, 504, statusOf(err))
 	_, err = r.Pick(context.Background(), extproc.PickRequest{Body: []byte("x"), Headers: map[string]string{headerPriority: "-1"}})
 	require.Equal(t, 400, statusOf(err))
+}
+
+// The metrics endpoint exposes the service's counters through the collector.
+func TestMetricsCollector(t *testing.T) {
+	cfg, err := load(t, map[string]string{"DYN_EPP_TOKENIZER_SERVICE_URL": "http://127.0.0.1:1", "DYN_EPP_KV_EVENT_PORT": "0"})
+	require.NoError(t, err)
+	e, err := newEPP(context.Background(), cfg, nil, nil)
+	require.NoError(t, err)
+	defer e.close()
+	e.apply(discovery.Snapshot{Workers: []catalog.Worker{{ID: "a", Endpoint: "10.0.0.1:8000", DPSize: 1}}, Synced: true})
+	families, err := e.reg.Gather()
+	require.NoError(t, err)
+	names := map[string]bool{}
+	for _, f := range families {
+		names[f.GetName()] = true
+	}
+	for _, n := range []string{"kvselect_workers", "kvselect_selections_total", "kvselect_queue_depth", "kvselect_reservations_active",
+		"kvselect_tokenizer_cache_hits_total", "kvselect_overlap_best_blocks_total"} {
+		require.True(t, names[n], n)
+	}
 }

@@ -36,7 +36,12 @@ type row struct {
 	ok        func(v float64) bool // nil: informational
 	baseline  string               // benchmark whose same metric is the baseline
 	higherBtr bool                 // higher values are better (throughputs)
-	jobIndex  int
+	// maxOfBaseline, when > 0, makes the row a cost ratio: the verdict is
+	// value/baseline <= maxOfBaseline and the ratio column shows value/baseline.
+	maxOfBaseline float64
+	// minSpeedup, when > 0, makes the verdict baseline/value >= minSpeedup.
+	minSpeedup float64
+	jobIndex   int
 }
 
 var jobs = []job{
@@ -72,12 +77,12 @@ var rows = []row{
 	{what: "SelectAndReserve + Free p50, 8 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=8", metric: "p50-ns", jobIndex: 4},
 	{what: "SelectAndReserve + Free p50, 64 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=64", metric: "p50-ns", budget: "<= 20 us", ok: le(20_000), jobIndex: 4},
 	{what: "SelectAndReserve + Free p50, 512 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=512", metric: "p50-ns", jobIndex: 4},
-	{what: "SelectAndReserve + Free, 64 workers, parallel, 2 cores vs 1", bench: "BenchmarkSelectAndReserveParallel@2", metric: "ns/op", budget: "scales with GOMAXPROCS", baseline: "BenchmarkSelectAndReserveParallel@1", jobIndex: 5},
+	{what: "SelectAndReserve + Free, 64 workers, parallel, 2 cores vs 1", bench: "BenchmarkSelectAndReserveParallel@2", metric: "ns/op", budget: ">= 1.5x faster on 2 cores", minSpeedup: 1.5, baseline: "BenchmarkSelectAndReserveParallel@1", jobIndex: 5},
 	{what: "ledger AppendLoads, 64 workers x 128 hashes (vs per-worker maps)", bench: "BenchmarkAppendLoads/64workers", metric: "ns/op", baseline: "BenchmarkNaiveNewBlocks", jobIndex: 6},
 	{what: "tokenizer cache hit (2k tokens, shared results)", bench: "BenchmarkCachedTokenize/shared/tokens=2048/body=8KiB", metric: "ns/op", budget: "<= 2 us", ok: le(2000), jobIndex: 7},
-	{what: "prefill/decode pair booking vs one SelectAndReserve", bench: "BenchmarkPairBook", metric: "ns/op", budget: "<= 2x single", baseline: "BenchmarkSingleSelectAndReserve", jobIndex: 8},
-	{what: "EPP ext_proc added latency p50 (loopback, tokenizer stubbed)", bench: "BenchmarkExtProcAddedLatency", metric: "p50-added-us", budget: "<= 250 us", ok: le(250), jobIndex: 9},
-	{what: "EPP ext_proc added latency p99", bench: "BenchmarkExtProcAddedLatency", metric: "p99-added-us", budget: "<= 1000 us", ok: le(1000), jobIndex: 9},
+	{what: "prefill/decode pair booking (Book+Handoff+Complete) vs one SelectAndReserve", bench: "BenchmarkPairBook", metric: "ns/op", budget: "<= 2x single", baseline: "BenchmarkSingleSelectAndReserve", maxOfBaseline: 2, jobIndex: 8},
+	{what: "EPP ext_proc added latency p50 vs a no-op ext_proc server (loopback, tokenizer stubbed)", bench: "BenchmarkExtProcAddedLatency", metric: "extra-p50-us", budget: "<= 250 us", ok: le(250), jobIndex: 9},
+	{what: "EPP ext_proc added latency p99 vs a no-op ext_proc server", bench: "BenchmarkExtProcAddedLatency", metric: "extra-p99-us", budget: "<= 1000 us", ok: le(1000), jobIndex: 9},
 }
 
 // results maps benchmark name (with @cpu when -cpu lists several) -> metric -> values.
@@ -203,14 +208,30 @@ func main() {
 		ratio := ""
 		if base := res[r.jobIndex][r.baseline][r.metric]; r.baseline != "" && len(base) > 0 && v > 0 {
 			bv := median(base)
-			x := bv / v
-			if r.higherBtr {
-				x = v / bv
+			switch {
+			case r.maxOfBaseline > 0:
+				x := v / bv
+				verdict = "met"
+				if x > r.maxOfBaseline {
+					verdict = "**missed**"
+				}
+				ratio = fmt.Sprintf("%.2fx the cost of `%s` (%s)", x, r.baseline, human(bv, r.metric))
+			case r.minSpeedup > 0:
+				x := bv / v
+				verdict = "met"
+				if x < r.minSpeedup {
+					verdict = "**missed**"
+				}
+				ratio = fmt.Sprintf("%.2fx faster than `%s` (%s)", x, r.baseline, human(bv, r.metric))
+			case r.higherBtr:
+				ratio = fmt.Sprintf("%.1fx (`%s` %s)", v/bv, r.baseline, human(bv, r.metric))
+			default:
+				ratio = fmt.Sprintf("%.1fx faster than `%s` (%s)", bv/v, r.baseline, human(bv, r.metric))
 			}
-			ratio = fmt.Sprintf("%.1fx (`%s` %s)", x, r.baseline, human(bv, r.metric))
 		}
 		fmt.Fprintf(&b, "| %s | `%s` | %s | %s | %s | %s |\n", r.what, r.bench, human(v, r.metric), dash(r.budget), verdict, ratio)
 	}
+	b.WriteString(analysis)
 	b.WriteString("\n## Reproduce\n\n```sh\n")
 	for _, c := range cmds {
 		b.WriteString(c + "\n")
@@ -240,3 +261,35 @@ func quoteArgs(a []string) []string {
 	}
 	return out
 }
+
+// analysis explains the budgets that were missed when this report was written,
+// with the profile evidence and the plan. Keep it true when the code changes.
+const analysis = `
+## Analysis of the budgets not met
+
+**SelectAndReserve + Free at 64 workers (budget 20 us p50 on one core).** Close to its budget
+and noisy on this shared 2-core machine: medians between 19 and 38 us across the runs of
+this session (about 26 us idle). A CPU profile (` + "`go test ./selection -run x -bench 'SelectAndReserve/workers=64' -benchtime 150000x -cpu 1 -cpuprofile cpu.out`" + `)
+splits one operation roughly as: candidate evaluation under the model lock 35% (ledger
+AppendLoads 9%, the cost function 6%, building the candidate slice 6%, mapping each index
+match back to its candidate through a WorkerRank-keyed map 6%), hashing the 128 blocks of
+the prompt 16%, Free 16%, Book 11%, FindMatches 10%. Plan: carry dense rank indices from
+the index to the partition (no string-keyed map per match), keep candidates in a
+per-partition array rebuilt only on catalog changes, hash while the index walk starts,
+and let Book reuse the scan AppendLoads already did.
+
+**Parallel scaling (2 cores vs 1).** Pick-and-book is one critical section per model
+(DESIGN.md section 4: two concurrent requests must never both see the same stale load),
+and it holds about 60% of an operation, so one model cannot scale much past 1.4x on two
+cores; the ledger's single mutex serialises Free as well. Plan: move the cost evaluation
+out of the lock with an optimistic load version (re-evaluate only when a booking landed
+in between) and shard the ledger by worker.
+
+**Routing quality.** Not a micro-benchmark: ` + "`go run ./examples/replay --trace ../shared/data/mooncake_synthetic_trace.jsonl --workers 8 --capacity 10000`" + `
+replays the Mooncake synthetic trace through the real service. With Dynamo's default
+weights (overlap credit 1, prefill load scale 1) kvselect reaches 0.53 block hit rate,
+83% of the reachable 0.64, 2.35x round-robin, TTFT p90 2.4 s vs 5.7 s (round-robin) and
+5.0 s (least-loaded); with ` + "`--overlap-credit 4 --prefill-scale 3`" + ` it reaches 97% of
+reachable and 2.8x round-robin. ` + "`--explain`" + ` shows why: the decode-load term (active
+blocks, weight 1) outweighs a cached prefix whenever that prefix's requests run together.
+`
