@@ -50,15 +50,16 @@ func (o *demoOptions) defaults() {
 		o.requests = 480
 	}
 	if o.groups <= 0 {
-		o.groups = 2 * o.engines
+		o.groups = 3 * o.engines
 	}
 	if o.capacityTokens <= 0 {
-		// About two and a half system prompts: room for an engine's share of the
-		// groups when routing keeps them apart, not for all of them.
+		// About two and a half system prompts per engine: most of an engine's
+		// share of the groups (three) fits when routing keeps groups apart,
+		// while an engine that sees every group keeps evicting them.
 		o.capacityTokens = 1024
 	}
 	if o.concurrency <= 0 {
-		o.concurrency = 8
+		o.concurrency = 4
 	}
 	if o.seed == 0 {
 		o.seed = 7
