@@ -198,6 +198,7 @@ func (s *source) applyLoop(ctx context.Context, seq *sequencer) {
 func (s *source) recvLoop(ctx context.Context) {
 	bo := s.feed.newBackoff()
 	connectedBefore := false
+	failures := 0 // consecutive failed attempts: only the first is logged at info level
 	for ctx.Err() == nil {
 		sctx, scancel := context.WithCancel(ctx)
 		sock := zmq4.NewSub(sctx, s.feed.socketOptions()...)
@@ -210,6 +211,7 @@ func (s *source) recvLoop(ctx context.Context) {
 				s.st.reconnects.Add(1)
 			}
 			connectedBefore = true
+			failures = 0
 			bo.reset()
 			s.st.connected.Store(true)
 			s.feed.logf("kvevents: %v: connected to %s", s.wr, s.cfg.Endpoint)
@@ -222,7 +224,12 @@ func (s *source) recvLoop(ctx context.Context) {
 			return
 		}
 		d := bo.next()
-		s.feed.logf("kvevents: %v: %s: %v; retrying in %v", s.wr, s.cfg.Endpoint, err, d)
+		failures++
+		if failures == 1 {
+			s.feed.logf("kvevents: %v: %s: %v; retrying in %v (further failures are logged at debug level)", s.wr, s.cfg.Endpoint, err, d)
+		} else {
+			s.feed.debugf("kvevents: %v: %s: attempt %d: %v; retrying in %v", s.wr, s.cfg.Endpoint, failures, err, d)
+		}
 		if !s.feed.sleep(ctx, d) {
 			return
 		}

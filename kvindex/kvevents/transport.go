@@ -94,6 +94,13 @@ func (f *Feed) logf(format string, args ...any) {
 	}
 }
 
+// debugf is logf at debug level, for repeats of a condition already reported.
+func (f *Feed) debugf(format string, args ...any) {
+	if f.opts.Logger != nil {
+		f.opts.Logger.Debug(fmt.Sprintf(format, args...))
+	}
+}
+
 // validateEndpoint checks a ZeroMQ endpoint the feed will use: "tcp://host:port" or
 // "ipc://path". A dial endpoint needs a concrete host and a port in 1-65535; a bind
 // endpoint may use "*" or an empty host (all interfaces) and port 0 (any free port).
