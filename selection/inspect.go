@@ -29,9 +29,7 @@ func (s *SelectionService) Loads(model string) []WorkerLoad {
 	if p == nil {
 		return nil
 	}
-	p.mu.Lock()
-	ranks := p.ranks
-	p.mu.Unlock()
+	ranks := p.ranksOf().ranks
 	keys := make([]kvindex.WorkerRank, len(ranks))
 	for i, r := range ranks {
 		keys[i] = r.key
@@ -100,14 +98,15 @@ func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Sco
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ev, err := s.evaluate(p, pr, matches)
+	rs := p.ranksOf()
+	ev, err := s.evaluate(p, rs, pr, matches, rs.resolve(nil, matches))
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Scored, len(ev.cands))
 	for i := range ev.cands {
 		c := &ev.cands[i]
-		r := p.ranks[c.idx]
+		r := rs.ranks[c.idx]
 		wl := s.workerLoad(r, reservation.Load{ActivePrefillTokens: c.activePrefill, ActiveBlocks: c.activeBlocks, ActiveRequests: c.activeRequests})
 		eff := effectivePrefill(c, pr, &pr.w, s.cfg.BlockSize)
 		wl.PotentialPrefill = c.activePrefill

@@ -27,9 +27,10 @@ type partition struct {
 	index  *kvindex.Index  // with KV events
 	approx *kvindex.Approx // without
 
+	// set is the schedulable ranks, replaced whole (under mu) when the catalog
+	// changes; lookups may read it without mu and re-check it under mu.
+	set   atomic.Pointer[rankSet]
 	mu    sync.Mutex
-	ranks []rankInfo
-	pos   map[kvindex.WorkerRank]int
 	rng   *mrand.Rand
 	queue waitQueue
 	seq   uint64
@@ -61,13 +62,53 @@ func (p *partition) rebuild(recs []catalog.Record) {
 			})
 		}
 	}
-	pos := make(map[kvindex.WorkerRank]int, len(ranks))
+	rs := &rankSet{
+		ranks:    ranks,
+		pos:      make(map[kvindex.WorkerRank]int32, len(ranks)),
+		keys:     make([]kvindex.WorkerRank, len(ranks)),
+		template: make([]candidate, len(ranks)),
+	}
 	for i, r := range ranks {
-		pos[r.key] = i
+		rs.pos[r.key] = int32(i)
+		rs.keys[i] = r.key
+		rs.template[i] = candidate{idx: i, maxBatched: r.maxBatched}
 	}
 	p.mu.Lock()
-	p.ranks, p.pos = ranks, pos
+	p.set.Store(rs)
 	p.mu.Unlock()
+}
+
+// rankSet is an immutable snapshot of a partition's schedulable ranks, with
+// what every evaluation needs prebuilt: the ledger keys and a candidate per rank.
+type rankSet struct {
+	ranks    []rankInfo
+	pos      map[kvindex.WorkerRank]int32
+	keys     []kvindex.WorkerRank
+	template []candidate
+}
+
+// ranksOf returns the partition's current snapshot (never nil).
+func (p *partition) ranksOf() *rankSet {
+	if rs := p.set.Load(); rs != nil {
+		return rs
+	}
+	return &emptyRanks
+}
+
+var emptyRanks rankSet
+
+// resolve maps each match to its rank index in rs (-1 when the worker rank is
+// not schedulable), into dst.
+func (rs *rankSet) resolve(dst []int32, matches []kvindex.Match) []int32 {
+	dst = dst[:0]
+	for _, m := range matches {
+		i, ok := rs.pos[m.Worker]
+		if !ok {
+			i = -1
+		}
+		dst = append(dst, i)
+	}
+	return dst
 }
 
 // signal wakes every waiter so the head of the queue re-checks capacity.

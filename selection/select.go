@@ -97,6 +97,8 @@ type prepared struct {
 	req      *Request
 }
 
+var idxPool = sync.Pool{New: func() any { s := make([]int32, 0, 64); return &s }}
+
 var matchPool = sync.Pool{New: func() any { m := make([]kvindex.Match, 0, 64); return &m }}
 
 var seqPool = sync.Pool{New: func() any { s := make([]uint64, 0, 512); return &s }}
@@ -214,17 +216,26 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 
 	p.inflight.Add(1)
 	defer p.inflight.Add(-1)
+	// Map matches to ranks outside the lock; re-checked under it.
+	rs := p.ranksOf()
+	ibuf := idxPool.Get().(*[]int32)
+	defer func() { idxPool.Put(ibuf) }()
+	*ibuf = rs.resolve(*ibuf, matches)
 	start := s.clock.Now()
 	var w *waiter
 	for {
 		wake := p.waitChan() // taken before evaluating: no wake-up can be lost
 		p.mu.Lock()
+		if cur := p.ranksOf(); cur != rs { // the catalog changed meanwhile
+			rs = cur
+			*ibuf = rs.resolve(*ibuf, matches)
+		}
 		if s.closed.Load() {
 			s.leaveQueueLocked(p, w)
 			p.mu.Unlock()
 			return Result{}, ErrClosed
 		}
-		ev, err := s.evaluate(p, pr, matches)
+		ev, err := s.evaluate(p, rs, pr, matches, *ibuf)
 		if err != nil {
 			s.leaveQueueLocked(p, w)
 			p.mu.Unlock()
@@ -232,7 +243,7 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 		}
 		mayGo := !ev.allBusy && (p.queue.Len() == 0 || p.queue.head() == w)
 		if !reserve || mayGo {
-			res, err := s.commit(p, pr, ev, reserve)
+			res, err := s.commit(p, rs, pr, ev, reserve)
 			if err == nil {
 				s.leaveQueueLocked(p, w)
 			}
@@ -317,42 +328,55 @@ type evaluation struct {
 	bestPrefill int
 }
 
-// evaluate scores every eligible candidate. p.mu is held.
-func (s *SelectionService) evaluate(p *partition, pr *prepared, matches []kvindex.Match) (*evaluation, error) {
-	if len(p.ranks) == 0 {
+// evaluate scores every eligible candidate of rs. matchIdx[j] is the rank index
+// of matches[j] in rs (-1: not schedulable). p.mu is held.
+func (s *SelectionService) evaluate(p *partition, rs *rankSet, pr *prepared, matches []kvindex.Match, matchIdx []int32) (*evaluation, error) {
+	if len(rs.ranks) == 0 {
 		return nil, fmt.Errorf("%w: model %q has no schedulable worker", ErrNotReady, pr.model)
 	}
-	if cap(p.byIdx) < len(p.ranks) {
-		p.byIdx = make([]int32, len(p.ranks))
-	}
-	byIdx := p.byIdx[:len(p.ranks)]
-	cands, keys := p.cands[:0], p.keys[:0]
-	for i, r := range p.ranks {
-		byIdx[i] = -1
-		if pr.allowed != nil {
+	var cands []candidate
+	var keys []kvindex.WorkerRank
+	var byIdx []int32 // rank index -> candidate index; nil when every rank is eligible
+	if pr.allowed == nil {
+		cands = append(p.cands[:0], rs.template...)
+		keys = rs.keys
+	} else {
+		if cap(p.byIdx) < len(rs.ranks) {
+			p.byIdx = make([]int32, len(rs.ranks))
+		}
+		byIdx = p.byIdx[:len(rs.ranks)]
+		cands, keys = p.cands[:0], p.keys[:0]
+		for i, r := range rs.ranks {
+			byIdx[i] = -1
 			if _, ok := pr.allowed[r.key.Worker]; !ok {
 				continue
 			}
+			byIdx[i] = int32(len(cands))
+			cands = append(cands, rs.template[i])
+			keys = append(keys, r.key)
 		}
-		byIdx[i] = int32(len(cands))
-		cands = append(cands, candidate{idx: i, maxBatched: r.maxBatched})
-		keys = append(keys, r.key)
+		p.keys = keys
+		if len(cands) == 0 {
+			p.cands = cands
+			return nil, fmt.Errorf("%w: none of the %d allowed workers serves model %q", ErrNoEndpoints, len(pr.allowed), pr.model)
+		}
 	}
-	p.cands, p.keys = cands, keys
-	if len(cands) == 0 {
-		return nil, fmt.Errorf("%w: none of the %d allowed workers serves model %q", ErrNoEndpoints, len(pr.allowed), pr.model)
-	}
+	p.cands = cands
 	p.loads = s.ledger.AppendLoads(p.loads[:0], keys, pr.active)
 	for i := range cands {
-		l := p.loads[i]
+		l := &p.loads[i]
 		cands[i].activePrefill = l.Load.ActivePrefillTokens
 		cands[i].activeBlocks = l.Load.ActiveBlocks
 		cands[i].activeRequests = l.Load.ActiveRequests
 		cands[i].newBlocks = l.NewBlocks + pr.private // private blocks are new everywhere
 	}
-	for _, m := range matches {
-		if i, ok := p.pos[m.Worker]; ok && byIdx[i] >= 0 {
-			c := &cands[byIdx[i]]
+	for j, m := range matches {
+		ci := matchIdx[j]
+		if ci >= 0 && byIdx != nil {
+			ci = byIdx[ci]
+		}
+		if ci >= 0 {
+			c := &cands[ci]
 			c.device, c.host, c.disk = m.Device, m.Host, m.Disk
 		}
 	}
@@ -393,7 +417,7 @@ func effectivePrefill(c *candidate, pr *prepared, w *weights, bs int) int {
 // commit picks among the candidates that are not busy (all of them when every one
 // is busy, which only Select reaches) and books the pick when reserve is set.
 // p.mu is held.
-func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, reserve bool) (Result, error) {
+func (s *SelectionService) commit(p *partition, rs *rankSet, pr *prepared, ev *evaluation, reserve bool) (Result, error) {
 	pool := ev.cands
 	if !ev.allBusy && s.cfg.QueueThreshold != nil {
 		n := 0
@@ -408,7 +432,7 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 	c := pool[pick(pool, pr.w.temperature, p.rng)]
 	// pick may reuse cost for softmax weights: recompute for the result.
 	c.cost = logit(&c, costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}, &pr.w)
-	r := p.ranks[c.idx]
+	r := rs.ranks[c.idx]
 	eff := effectivePrefill(&c, pr, &pr.w, s.cfg.BlockSize)
 	res := Result{
 		WorkerID: r.key.Worker, DPRank: r.key.Rank, Endpoint: r.endpoint, BlockSize: s.cfg.BlockSize,

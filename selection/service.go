@@ -217,7 +217,6 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 		rng:     mrand.New(mrand.NewPCG(s.seeds.Uint64(), s.seeds.Uint64())),
 		changed: make(chan struct{}),
 		epoch:   s.clock.Now(),
-		pos:     map[kvindex.WorkerRank]int{},
 	}
 	if s.cfg.UseKVEvents {
 		p.index, _ = kvindex.New(kvindex.Options{BlockSize: s.cfg.BlockSize})
