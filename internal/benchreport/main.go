@@ -281,9 +281,11 @@ AppendLoads already did, and hash the prompt's blocks in one pass with the index
 **Parallel scaling (2 cores vs 1).** Pick-and-book is one critical section per model
 (DESIGN.md section 4: two concurrent requests must never both see the same stale load),
 and it holds about 60% of an operation, so one model cannot scale much past 1.4x on two
-cores; the ledger's single mutex serialises Free as well. Plan: move the cost evaluation
-out of the lock with an optimistic load version (re-evaluate only when a booking landed
-in between) and shard the ledger by worker.
+cores; the ledger's single mutex serialises Free as well. An optimistic version check
+(evaluate outside the lock, re-evaluate when a booking landed meanwhile) would not help one
+busy model, since nearly every evaluation would overlap another booking. Plan: shard the
+ledger by worker, so that models (which already have their own locks) scale independently,
+and within one model only re-check the candidates a concurrent booking actually touched.
 
 **Routing quality.** Not a micro-benchmark: ` + "`go run ./examples/replay --trace ../shared/data/mooncake_synthetic_trace.jsonl --workers 8 --capacity 10000`" + `
 replays the Mooncake synthetic trace through the real service. With Dynamo's default
