@@ -37,19 +37,6 @@ func (s *slotSet) words() []sword {
 
 func (s *slotSet) empty() bool { return s.more == nil && s.one.bits == 0 }
 
-func (s *slotSet) has(slot uint32) bool {
-	idx, bit := slot>>6, uint64(1)<<(slot&63)
-	for _, w := range s.words() {
-		if w.idx == idx {
-			return w.bits&bit != 0
-		}
-		if w.idx > idx {
-			return false
-		}
-	}
-	return false
-}
-
 // add inserts slot and reports whether it was absent.
 func (s *slotSet) add(slot uint32) bool {
 	idx, bit := slot>>6, uint64(1)<<(slot&63)

@@ -1,8 +1,8 @@
 package reservation
 
 import (
+	"github.com/kvselect/kvselect/internal/clocktest"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,27 +17,11 @@ func TestMain(m *testing.M) {
 }
 
 // fakeClock is a Clock the test moves by hand.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+type fakeClock = clocktest.Clock
 
 var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
-func newFakeClock() *fakeClock { return &fakeClock{now: epoch} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	return c.now
-}
+func newFakeClock() *fakeClock { return clocktest.New(epoch) }
 
 func wr(worker string, rank int) kvindex.WorkerRank {
 	return kvindex.WorkerRank{Worker: worker, Rank: rank}

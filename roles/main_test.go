@@ -3,8 +3,8 @@ package roles
 import (
 	"context"
 	"fmt"
+	"github.com/kvselect/kvselect/internal/clocktest"
 	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,24 +19,9 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+type fakeClock = clocktest.Clock
 
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+func newFakeClock() *fakeClock { return clocktest.New(time.Unix(1_000_000, 0)) }
 
 // noLabel marks a test worker without any role label.
 const noLabel = "\x00none"

@@ -51,16 +51,15 @@ func (nopRecorder) Rejected(string, error)    {}
 // options. It is not safe for concurrent use; Build may be called more than once,
 // each call building an independent service.
 type SelectionServiceBuilder struct {
-	cfg       Config
-	clock     Clock
-	rng       rand.Source
-	logger    *slog.Logger
-	recorder  Recorder
-	sweep     time.Duration
-	feedOpts  FeedOptions
-	feedIsSet bool
-	external  bool
-	bindAddr  string
+	cfg      Config
+	clock    Clock
+	rng      rand.Source
+	logger   *slog.Logger
+	recorder Recorder
+	sweep    time.Duration
+	feedOpts FeedOptions
+	external bool
+	bindAddr string
 }
 
 // FeedOptions tune the KV-event feed the service runs when Config.UseKVEvents is
@@ -110,7 +109,7 @@ func (b *SelectionServiceBuilder) SweepInterval(d time.Duration) *SelectionServi
 
 // EventFeed tunes the KV-event feed.
 func (b *SelectionServiceBuilder) EventFeed(o FeedOptions) *SelectionServiceBuilder {
-	b.feedOpts, b.feedIsSet = o, true
+	b.feedOpts = o
 	return b
 }
 

@@ -194,11 +194,6 @@ func (c Config) Validate() error {
 	if c.IndexerThreads < 0 {
 		bad("IndexerThreads is %d, want >= 0", c.IndexerThreads)
 	}
-	if !c.TrackActiveBlocks && !c.AssumeKVReuse {
-		// Harmless but meaningless: without active blocks there is no reuse to
-		// assume. Not an error.
-		_ = 0
-	}
 	if len(errs) == 0 {
 		return nil
 	}

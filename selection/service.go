@@ -323,9 +323,6 @@ func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
 	}
 	delete(s.workerPart, id)
 	s.partOf.Delete(id)
-	if rec, ok := s.cat.Get(id); ok {
-		s.unmapHostLocked(rec.Worker)
-	}
 	s.ledger.RemoveWorker(id)
 	p.rebuild(s.cat.Schedulable(p.model))
 }

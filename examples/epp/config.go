@@ -7,7 +7,6 @@ import (
 	"math"
 	"net"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -338,15 +337,4 @@ func envTable() string {
 		fmt.Fprintf(&b, "| %s | `--%s` | %s | %s |\n", name, s.flag, def, s.help)
 	}
 	return b.String()
-}
-
-// sortedEnv lists the variables of the contract, for tests.
-func sortedEnv() []string {
-	var c config
-	var out []string
-	for _, s := range c.settings() {
-		out = append(out, s.env)
-	}
-	sort.Strings(out)
-	return out
 }

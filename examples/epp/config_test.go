@@ -4,6 +4,7 @@ import (
 	"flag"
 	"io"
 	"os"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -124,4 +125,15 @@ func TestReadmeHasTheEnvTable(t *testing.T) {
 	readme, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
 	require.Contains(t, string(readme), envTable(), "regenerate with: go run ./examples/epp --print-env-table")
+}
+
+// sortedEnv lists the variables of the contract, for tests.
+func sortedEnv() []string {
+	var c config
+	var out []string
+	for _, s := range c.settings() {
+		out = append(out, s.env)
+	}
+	sort.Strings(out)
+	return out
 }

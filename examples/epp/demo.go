@@ -230,6 +230,18 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 	if len(workers) == 0 {
 		return demoResult{}, errors.New("no workers")
 	}
+	endpoints := make([]string, len(workers))
+	for i, w := range workers {
+		endpoints[i] = w.Endpoint
+	}
+	if policy == "round-robin" { // the baseline needs no selection service
+		rr, err := extproc.NewServer(extproc.Options{Picker: &roundRobin{endpoints: endpoints}, Status: statusOf, Logger: o.logger})
+		if err != nil {
+			return demoResult{}, err
+		}
+		rr.SetReady(true)
+		return demoDrive(ctx, o, policy, workload, rr, endpoints)
+	}
 	cfg.Topology = "aggregated"
 	e, err := newEPP(ctx, &cfg, o.logger, func(b *selection.SelectionServiceBuilder) {
 		b.EventFeed(selection.FeedOptions{ReconnectMin: 5 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
@@ -247,18 +259,12 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 			return demoResult{}, fmt.Errorf("engine never subscribed: %w", err)
 		}
 	}
-	endpoints := make([]string, len(workers))
-	for i, w := range workers {
-		endpoints[i] = w.Endpoint
-	}
-	server := e.server
-	if policy == "round-robin" {
-		server, err = extproc.NewServer(extproc.Options{Picker: &roundRobin{endpoints: endpoints}, Status: statusOf, Logger: o.logger})
-		if err != nil {
-			return demoResult{}, err
-		}
-		server.SetReady(true)
-	}
+	return demoDrive(ctx, o, policy, workload, e.server, endpoints)
+}
+
+// demoDrive sends the workload through server (over a loopback gRPC
+// connection, as Envoy would) and to the engines, and collects what they report.
+func demoDrive(ctx context.Context, o demoOptions, policy string, workload []demoRequest, server *extproc.Server, endpoints []string) (demoResult, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return demoResult{}, err

@@ -36,16 +36,15 @@ func golden(t testing.TB, listing string) []byte {
 // mp is a small msgpack writer for building payloads in tests.
 type mp []byte
 
-func (e mp) arr(n int) mp             { return msgp.AppendArrayHeader(e, uint32(n)) }
-func (e mp) m(n int) mp               { return msgp.AppendMapHeader(e, uint32(n)) }
-func (e mp) str(s string) mp          { return msgp.AppendString(e, s) }
-func (e mp) u(v uint64) mp            { return msgp.AppendUint64(e, v) }
-func (e mp) i(v int64) mp             { return msgp.AppendInt64(e, v) }
-func (e mp) f(v float64) mp           { return msgp.AppendFloat64(e, v) }
-func (e mp) null() mp                 { return msgp.AppendNil(e) }
-func (e mp) bin(b []byte) mp          { return msgp.AppendBytes(e, b) }
-func (e mp) raw(b []byte) mp          { return append(e, b...) }
-func (e mp) kv(k string, v []byte) mp { return e.str(k).raw(v) }
+func (e mp) arr(n int) mp    { return msgp.AppendArrayHeader(e, uint32(n)) }
+func (e mp) m(n int) mp      { return msgp.AppendMapHeader(e, uint32(n)) }
+func (e mp) str(s string) mp { return msgp.AppendString(e, s) }
+func (e mp) u(v uint64) mp   { return msgp.AppendUint64(e, v) }
+func (e mp) i(v int64) mp    { return msgp.AppendInt64(e, v) }
+func (e mp) f(v float64) mp  { return msgp.AppendFloat64(e, v) }
+func (e mp) null() mp        { return msgp.AppendNil(e) }
+func (e mp) bin(b []byte) mp { return msgp.AppendBytes(e, b) }
+func (e mp) raw(b []byte) mp { return append(e, b...) }
 
 func (e mp) hashes(hs ...uint64) mp {
 	e = e.arr(len(hs))
