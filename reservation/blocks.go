@@ -38,12 +38,28 @@ func (e *blockRefs) search(slot int32) (int, bool) {
 // pointer-free and points into a slab whose free entries are reused, so churn
 // allocates nothing once both have reached the peak number of active blocks.
 //
+// A block whose last reference goes stays in the table as an idle entry (no
+// holder), because the same prefix is usually booked again soon: re-activating
+// it is one lookup instead of a removal and an insertion. Idle entries are swept
+// out together once there are more than maxIdle and more than live ones, so
+// they cost amortised constant time and the table stays within twice the live
+// blocks plus maxIdle.
+//
 // It is not safe for concurrent use; the Ledger's mutex guards it.
 type activeBlocks struct {
 	index blockTable
 	slab  []blockRefs
 	free  []int32
+	idle  int // entries in index with no holder
+
+	sweepBuf []uint64 // sweep's list of idle hashes, kept for reuse
 }
+
+// maxIdle is the number of idle entries kept whatever the live ones.
+const maxIdle = 1024
+
+// live returns the number of blocks with at least one holder.
+func (a *activeBlocks) live() int { return a.index.len() - a.idle }
 
 func newActiveBlocks() activeBlocks {
 	return activeBlocks{index: newBlockTable()}
@@ -72,6 +88,11 @@ func (a *activeBlocks) inc(h uint64, slot int32) (int32, bool) {
 	}
 	i := a.index.slots[pos].val - 1
 	e := &a.slab[i]
+	if e.first.refs == 0 { // idle: becomes active again
+		e.first = holder{slot: slot, refs: 1}
+		a.idle--
+		return i, true
+	}
 	if e.first.slot == slot {
 		e.first.refs++
 		return i, false
@@ -89,8 +110,8 @@ func (a *activeBlocks) inc(h uint64, slot int32) (int32, bool) {
 
 // dec drops one reference of slot on block h, whose entry index inc returned,
 // and reports whether slot no longer holds h. The reference must exist: the
-// ledger only drops what it added. Only a block's last reference costs a map
-// table operation.
+// ledger only drops what it added. A block's last reference leaves it idle; the
+// caller runs sweep when it is done dropping.
 func (a *activeBlocks) dec(i int32, h uint64, slot int32) bool {
 	e := &a.slab[i]
 	if e.first.slot == slot && e.first.refs > 0 {
@@ -103,8 +124,7 @@ func (a *activeBlocks) dec(i int32, h uint64, slot int32) bool {
 			e.more = e.more[:n-1]
 			return true
 		}
-		a.index.remove(h)
-		a.free = append(a.free, i)
+		a.idle++
 		return true
 	}
 	j, ok := e.search(slot)
@@ -121,13 +141,34 @@ func (a *activeBlocks) dec(i int32, h uint64, slot int32) bool {
 }
 
 // holders returns the entry of block h, or nil when no worker rank has it active.
-// The pointer is valid until the next inc or dec.
+// The pointer is valid until the next inc, dec or sweep.
 func (a *activeBlocks) holders(h uint64) *blockRefs {
 	i, ok := a.index.get(h)
-	if !ok {
+	if !ok || a.slab[i].first.refs == 0 {
 		return nil
 	}
 	return &a.slab[i]
+}
+
+// sweep removes every idle entry when there are more than maxIdle of them and
+// more than live entries, in place (the table allocates nothing). Live entries
+// keep their slab indices.
+func (a *activeBlocks) sweep() {
+	if a.idle <= maxIdle || a.idle <= a.live() {
+		return
+	}
+	idle := a.sweepBuf[:0]
+	a.index.all(func(h uint64, i int32) {
+		if a.slab[i].first.refs == 0 {
+			idle = append(idle, h)
+			a.free = append(a.free, i)
+		}
+	})
+	for _, h := range idle {
+		a.index.remove(h)
+	}
+	a.sweepBuf = idle[:0]
+	a.idle = 0
 }
 
 // requestScratch answers "how many of this request's distinct blocks does each
@@ -138,7 +179,7 @@ func (a *activeBlocks) holders(h uint64) *blockRefs {
 // per loaded worker rank), are cleared at the start of each pass, which keeps the
 // per-holder work of a pass to a single increment.
 //
-// It is not safe for concurrent use; the Ledger's mutex guards it.
+// It is not safe for concurrent use: each read takes its own from a pool.
 type requestScratch struct {
 	epoch  uint32
 	set    []setEntry // length a power of two

@@ -126,10 +126,15 @@ func checkBlocks(t testing.TB, l *Ledger, wantRefs map[ref]int32, slots map[int3
 	t.Helper()
 
 	gotRefs := map[ref]int32{}
-	n := 0
+	n, idle := 0, 0
 	l.blocks.index.all(func(h uint64, i int32) {
 		n++
 		e := l.blocks.slab[i]
+		if e.first.refs == 0 { // idle: no holder at all
+			require.Empty(t, e.more, "idle block %d has holders", h)
+			idle++
+			return
+		}
 		require.Positive(t, e.first.refs)
 		gotRefs[ref{h, e.first.slot}] = e.first.refs
 		require.True(t, slices.IsSortedFunc(e.more, func(a, b holder) int { return int(a.slot - b.slot) }), "holders of %d not sorted", h)
@@ -142,6 +147,8 @@ func checkBlocks(t testing.TB, l *Ledger, wantRefs map[ref]int32, slots map[int3
 	})
 	require.Equal(t, wantRefs, gotRefs)
 	require.Equal(t, l.blocks.index.len(), n)
+	require.Equal(t, l.blocks.idle, idle)
+	require.True(t, idle <= maxIdle || idle <= n-idle, "%d idle entries for %d live ones were not swept", idle, n-idle)
 	require.Equal(t, len(l.blocks.slab), n+len(l.blocks.free))
 
 	for _, s := range l.freeSlots {

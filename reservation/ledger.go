@@ -28,7 +28,15 @@ var (
 	ErrInvalid = errors.New("reservation: invalid booking")
 	// ErrInvalidOptions reports Options that fail validation.
 	ErrInvalidOptions = errors.New("reservation: invalid options")
+	// ErrStale reports a BookAt whose worker rank was booked after the loads it
+	// was decided on were read. Nothing was booked; read again and re-decide.
+	ErrStale = errors.New("reservation: worker rank booked since the loads were read")
 )
+
+// Stamp marks the point in a ledger's history at which loads were read: every
+// Book before it is visible in those loads, none after it is. BookAt compares a
+// worker rank's latest booking with it.
+type Stamp uint64
 
 // Clock tells the ledger the time. Implementations must be safe for concurrent
 // use. Tests inject a fake; the default is the system clock.
@@ -122,6 +130,9 @@ type CandidateLoad struct {
 	Worker    kvindex.WorkerRank
 	Load      Load
 	NewBlocks int
+	// Stamp is the ledger's history point of the read (the same for every
+	// candidate of one AppendLoads call), for BookAt.
+	Stamp Stamp
 }
 
 // Stats are the ledger's counters since New. Each is read atomically, but the set
@@ -133,6 +144,7 @@ type Stats struct {
 	Expired          int64 // bookings settled by Expire
 	Removed          int64 // bookings settled by RemoveWorker
 	Conflicts        int64 // Book calls rejected with ErrConflict
+	Stale            int64 // BookAt calls rejected with ErrStale
 	Invalid          int64 // Book calls rejected with ErrInvalid
 	UnknownIDs       int64 // PrefillComplete, Free and Touch calls with an unknown id
 	Active           int64 // live bookings
@@ -166,6 +178,7 @@ type workerLoad struct {
 	private  int         // sum of the private blocks of the live bookings
 	head     *booking    // the worker rank's live bookings, doubly linked
 	nextRank *workerLoad // the next loaded rank of the same worker
+	lastBook Stamp       // the stamp of the worker rank's latest live Book
 }
 
 func (w *workerLoad) load() Load {
@@ -201,19 +214,22 @@ type Ledger struct {
 	defaultLease time.Duration
 	onChange     func(kvindex.WorkerRank)
 
-	mu        sync.Mutex
+	// mu is held for writing by every call that changes state and for reading
+	// by the reads (AppendLoads, NewBlocks, Load, Loads, Get, NextExpiry), so
+	// candidate evaluations of concurrent requests do not exclude each other.
+	mu        sync.RWMutex
 	bookings  map[string]*booking
 	workers   map[string]*workerLoad // by worker: the first of its loaded ranks, chained by nextRank
 	spare     []*workerLoad          // recycled worker loads, at most maxSpareLoads
 	leases    *btree.BTreeG[*booking]
 	blocks    activeBlocks
-	scratch   requestScratch
+	stamp     Stamp // Book calls so far: the current history point
 	nextSlot  int32
 	freeSlots []int32
 	order     uint64
 
 	booked, prefillDone, freed, expired, removed atomic.Int64
-	conflicts, invalid, unknown, active          atomic.Int64
+	conflicts, invalid, unknown, active, stale   atomic.Int64
 }
 
 // New returns an empty Ledger. It reports every invalid option, wrapped in
@@ -278,8 +294,20 @@ func validate(b *Booking) error {
 // the lease. It returns a wrapped ErrInvalid for a
 // bad field or ErrConflict when b.ID is already booked; either way nothing
 // changed.
-func (l *Ledger) Book(b Booking) error {
-	if err := validate(&b); err != nil {
+func (l *Ledger) Book(b Booking) error { return l.book(&b, 0, false) }
+
+// BookAt is Book for a decision made on loads read at seen (CandidateLoad.Stamp):
+// it books only if no Book reached b.Worker after that read, and otherwise
+// returns ErrStale and changes nothing. Loads only rise through Book, so a
+// worker rank chosen as the cheapest on those loads is still no dearer than it
+// looked, and every other candidate is at least as dear as it looked or became
+// cheaper only through settlements the decision may be ordered before: a
+// decision BookAt accepts is one some serial order of the calls would have made.
+// This lets callers decide concurrently without a lock around read-decide-book.
+func (l *Ledger) BookAt(b Booking, seen Stamp) error { return l.book(&b, seen, true) }
+
+func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
+	if err := validate(b); err != nil {
 		l.invalid.Add(1)
 		return err
 	}
@@ -308,9 +336,17 @@ func (l *Ledger) Book(b Booking) error {
 		return fmt.Errorf("%w: id %q is held on %s (asked for %s)", ErrConflict, b.ID, held, b.Worker)
 	}
 	wl := l.lookup(b.Worker)
+	if check && wl != nil && wl.lastBook > seen {
+		l.mu.Unlock()
+		l.stale.Add(1)
+		recycle(bk)
+		return fmt.Errorf("%w: %s (id %q)", ErrStale, b.Worker, b.ID)
+	}
 	if wl == nil {
 		wl = l.addWorkerLoad(b.Worker)
 	}
+	l.stamp++
+	wl.lastBook = l.stamp
 	bk.wl = wl
 	for _, h := range bk.seqs {
 		i, added := l.blocks.inc(h, wl.slot)
@@ -444,8 +480,8 @@ func (l *Ledger) Expire(now time.Time) int {
 // false when there are none. An owner's sweeper sleeps until then and calls
 // Expire.
 func (l *Ledger) NextExpiry() (time.Time, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.mu.RLock()
+	defer l.mu.RUnlock()
 	bk, ok := l.leases.Min()
 	if !ok {
 		return time.Time{}, false
@@ -489,6 +525,7 @@ func (l *Ledger) settle(bk *booking) {
 			wl.blocks--
 		}
 	}
+	l.blocks.sweep()
 	wl.private -= bk.private
 	if !bk.prefillDone {
 		wl.prefill -= int64(bk.prefill)
@@ -580,8 +617,8 @@ func (l *Ledger) takeSlot() int32 {
 
 // Load returns the active load of worker rank w; the zero Load when it has none.
 func (l *Ledger) Load(w kvindex.WorkerRank) Load {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.mu.RLock()
+	defer l.mu.RUnlock()
 	if wl := l.lookup(w); wl != nil {
 		return wl.load()
 	}
@@ -593,50 +630,58 @@ func (l *Ledger) Load(w kvindex.WorkerRank) Load {
 // hash listed twice counts once. A request's private blocks (Booking.PrivateBlocks)
 // are not counted: they are new everywhere, so the caller adds them.
 func (l *Ledger) NewBlocks(w kvindex.WorkerRank, seqs []uint64) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	distinct := l.scanRequest(seqs)
+	sc := scratchPool.Get().(*requestScratch)
+	defer scratchPool.Put(sc)
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	distinct := l.scanRequest(sc, seqs)
 	if wl := l.lookup(w); wl != nil {
-		return distinct - l.scratch.shared(wl.slot)
+		return distinct - sc.shared(wl.slot)
 	}
 	return distinct
 }
 
 // AppendLoads appends to dst, for each of workers in order, its load and the
-// number of seqs it does not have active (as NewBlocks), under one acquisition of
-// the lock, and returns the extended slice. Its cost is one index lookup per
-// distinct hash of seqs, one increment per worker rank holding each of them
-// active, and one lookup per candidate; never one lookup per (candidate, hash).
-// The selection service calls it on its hot path.
+// number of seqs it does not have active (as NewBlocks), all read at one point
+// of the ledger's history (each CandidateLoad carries its Stamp), and returns
+// the extended slice. Its cost is one index lookup per distinct hash of seqs,
+// one increment per worker rank holding each of them active, and one lookup per
+// candidate; never one lookup per (candidate, hash). Concurrent AppendLoads
+// calls do not exclude each other. The selection service calls it on its hot
+// path.
 func (l *Ledger) AppendLoads(dst []CandidateLoad, workers []kvindex.WorkerRank, seqs []uint64) []CandidateLoad {
 	if len(workers) == 0 {
 		return dst
 	}
 	dst = slices.Grow(dst, len(workers))
-	l.mu.Lock()
-	distinct := l.scanRequest(seqs)
+	sc := scratchPool.Get().(*requestScratch)
+	l.mu.RLock()
+	distinct := l.scanRequest(sc, seqs)
 	for _, w := range workers {
-		c := CandidateLoad{Worker: w, NewBlocks: distinct}
+		c := CandidateLoad{Worker: w, NewBlocks: distinct, Stamp: l.stamp}
 		if wl := l.lookup(w); wl != nil {
 			c.Load = wl.load()
-			c.NewBlocks -= l.scratch.shared(wl.slot)
+			c.NewBlocks -= sc.shared(wl.slot)
 		}
 		dst = append(dst, c)
 	}
-	l.mu.Unlock()
+	l.mu.RUnlock()
+	scratchPool.Put(sc)
 	return dst
 }
 
-// scanRequest deduplicates seqs and counts, per slot, how many of the distinct
-// hashes it has active. It returns the number of distinct hashes. l.mu must be
-// held; the counts are valid until the next call.
-func (l *Ledger) scanRequest(seqs []uint64) int {
-	s := &l.scratch
-	s.begin(len(seqs), l.nextSlot)
-	anyActive := l.blocks.index.len() > 0
+// scratchPool recycles the per-call scratch of scanRequest.
+var scratchPool = sync.Pool{New: func() any { return new(requestScratch) }}
+
+// scanRequest deduplicates seqs into sc and counts, per slot, how many of the
+// distinct hashes it has active. It returns the number of distinct hashes. l.mu
+// must be held (for reading at least); the counts are valid until sc's next use.
+func (l *Ledger) scanRequest(sc *requestScratch, seqs []uint64) int {
+	sc.begin(len(seqs), l.nextSlot)
+	anyActive := l.blocks.live() > 0
 	distinct := 0
 	for _, h := range seqs {
-		if !s.add(h) {
+		if !sc.add(h) {
 			continue
 		}
 		distinct++
@@ -644,7 +689,7 @@ func (l *Ledger) scanRequest(seqs []uint64) int {
 			continue
 		}
 		if e := l.blocks.holders(h); e != nil {
-			s.credit(e)
+			sc.credit(e)
 		}
 	}
 	return distinct
@@ -652,8 +697,8 @@ func (l *Ledger) scanRequest(seqs []uint64) int {
 
 // Get returns a snapshot of the live booking id, and false when there is none.
 func (l *Ledger) Get(id string) (Reservation, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.mu.RLock()
+	defer l.mu.RUnlock()
 	bk := l.bookings[id]
 	if bk == nil {
 		return Reservation{}, false
@@ -675,8 +720,8 @@ func (l *Ledger) Get(id string) (Reservation, bool) {
 // Loads returns a snapshot of the load of every worker rank that has any; worker
 // ranks without live bookings are absent.
 func (l *Ledger) Loads() map[kvindex.WorkerRank]Load {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.mu.RLock()
+	defer l.mu.RUnlock()
 	out := make(map[kvindex.WorkerRank]Load, len(l.workers))
 	for _, head := range l.workers {
 		for wl := head; wl != nil; wl = wl.nextRank {
@@ -695,6 +740,7 @@ func (l *Ledger) Stats() Stats {
 		Expired:          l.expired.Load(),
 		Removed:          l.removed.Load(),
 		Conflicts:        l.conflicts.Load(),
+		Stale:            l.stale.Load(),
 		Invalid:          l.invalid.Load(),
 		UnknownIDs:       l.unknown.Load(),
 		Active:           l.active.Load(),

@@ -244,7 +244,7 @@ func TestSharedPrefixesAreRefCounted(t *testing.T) {
 	require.NoError(t, l.Free("c"))
 	require.NoError(t, l.Free("b"))
 	require.Empty(t, l.Loads())
-	require.Zero(t, l.blocks.index.len())
+	require.Zero(t, l.blocks.live())
 	checkInvariants(t, l)
 }
 
@@ -260,7 +260,7 @@ func TestPrivateBlocks(t *testing.T) {
 	require.NoError(t, l.Book(Booking{ID: "other", Worker: v, PrivateBlocks: 7, Lease: time.Second}))
 	require.Equal(t, 2+1+128+1, l.Load(w).ActiveBlocks, "hashes shared, private blocks never")
 	require.Equal(t, 7, l.Load(v).ActiveBlocks)
-	require.Equal(t, 2, l.blocks.index.len(), "private blocks never enter the shared index")
+	require.Equal(t, 2, l.blocks.live(), "private blocks never enter the shared index")
 	r, ok := l.Get("private")
 	require.True(t, ok)
 	require.Zero(t, r.Blocks)
@@ -273,9 +273,10 @@ func TestPrivateBlocks(t *testing.T) {
 	require.Equal(t, 0, l.NewBlocks(w, nil))
 	require.Equal(t, 1, l.NewBlocks(w, []uint64{1, 2, 3}))
 	got := l.AppendLoads(nil, []kvindex.WorkerRank{w, v}, nil)
+	stamp := got[0].Stamp
 	require.Equal(t, []CandidateLoad{
-		{Worker: w, Load: Load{ActiveBlocks: 132, ActiveRequests: 3}},
-		{Worker: v, Load: Load{ActiveBlocks: 7, ActiveRequests: 1}},
+		{Worker: w, Load: Load{ActiveBlocks: 132, ActiveRequests: 3}, Stamp: stamp},
+		{Worker: v, Load: Load{ActiveBlocks: 7, ActiveRequests: 1}, Stamp: stamp},
 	}, got)
 	checkInvariants(t, l)
 
@@ -292,7 +293,7 @@ func TestPrivateBlocks(t *testing.T) {
 	checkInvariants(t, l)
 	require.Equal(t, 1, l.RemoveWorker("w"))
 	require.Empty(t, l.Loads())
-	require.Zero(t, l.blocks.index.len())
+	require.Zero(t, l.blocks.live())
 	checkInvariants(t, l)
 
 	// Worker entries are recycled: a fresh booking starts from zero.
@@ -370,17 +371,17 @@ func TestAppendLoads(t *testing.T) {
 	got := l.AppendLoads(prefix, []kvindex.WorkerRank{a, b, c, a}, []uint64{1, 2, 3, 4})
 	require.Equal(t, []CandidateLoad{
 		{Worker: wr("keep", 0)},
-		{Worker: a, Load: Load{ActivePrefillTokens: 50, ActiveBlocks: 3, ActiveRequests: 1}, NewBlocks: 1},
-		{Worker: b, Load: Load{ActivePrefillTokens: 0, ActiveBlocks: 3, ActiveRequests: 2}, NewBlocks: 2},
-		{Worker: c, NewBlocks: 4},
-		{Worker: a, Load: Load{ActivePrefillTokens: 50, ActiveBlocks: 3, ActiveRequests: 1}, NewBlocks: 1},
-	}, got)
+		{Worker: a, Load: Load{ActivePrefillTokens: 50, ActiveBlocks: 3, ActiveRequests: 1}, NewBlocks: 1, Stamp: 3},
+		{Worker: b, Load: Load{ActivePrefillTokens: 0, ActiveBlocks: 3, ActiveRequests: 2}, NewBlocks: 2, Stamp: 3},
+		{Worker: c, NewBlocks: 4, Stamp: 3},
+		{Worker: a, Load: Load{ActivePrefillTokens: 50, ActiveBlocks: 3, ActiveRequests: 1}, NewBlocks: 1, Stamp: 3},
+	}, got, "three Book calls so far: stamp 3")
 	for _, cl := range got[1:] {
 		require.Equal(t, l.Load(cl.Worker), cl.Load)
 		require.Equal(t, l.NewBlocks(cl.Worker, []uint64{1, 2, 3, 4}), cl.NewBlocks)
 	}
 	require.Equal(t, prefix, l.AppendLoads(prefix, nil, []uint64{1}))
-	require.Equal(t, []CandidateLoad{{Worker: a, Load: l.Load(a)}}, l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil))
+	require.Equal(t, []CandidateLoad{{Worker: a, Load: l.Load(a), Stamp: 3}}, l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil))
 }
 
 func TestExpire(t *testing.T) {
@@ -554,7 +555,8 @@ func TestSeqHashesAreCopied(t *testing.T) {
 
 // TestChurnDoesNotGrow books and frees many requests with fresh ids and hashes and
 // checks that the ledger's structures return to empty and stay bounded by the
-// peak number of live bookings, not the number ever made.
+// peak number of live bookings (plus the idle blocks kept for reuse), not the
+// number ever made.
 func TestChurnDoesNotGrow(t *testing.T) {
 	l := newLedger(t, Options{Clock: newFakeClock()})
 	const live, hashes = 8, 32
@@ -571,7 +573,8 @@ func TestChurnDoesNotGrow(t *testing.T) {
 			require.NoError(t, l.Free(fmt.Sprint("r", round-live)))
 		}
 	}
-	require.LessOrEqual(t, len(l.blocks.slab), (live+1)*hashes)
+	require.LessOrEqual(t, len(l.blocks.slab), (live+1)*hashes+maxIdle+hashes)
+	require.Less(t, (live+1)*hashes+maxIdle+hashes, 2000*hashes/4, "the bound is meaningful")
 	require.LessOrEqual(t, int(l.nextSlot), live+1)
 	checkInvariants(t, l)
 	for round := 2000 - live; round < 2000; round++ {
@@ -579,7 +582,7 @@ func TestChurnDoesNotGrow(t *testing.T) {
 	}
 	require.Empty(t, l.workers)
 	require.Empty(t, l.bookings)
-	require.Zero(t, l.blocks.index.len())
+	require.Zero(t, l.blocks.live())
 	require.Equal(t, 0, l.leases.Len())
 	checkInvariants(t, l)
 }

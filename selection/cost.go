@@ -2,7 +2,6 @@ package selection
 
 import (
 	"math"
-	"math/rand/v2"
 )
 
 // candidate is one eligible (worker, rank) with everything its cost needs.
@@ -74,7 +73,13 @@ func logit(c *candidate, in costInput, w *weights) float64 {
 // pick returns the index in cands of the chosen candidate: the cheapest with ties
 // broken uniformly at random when temperature is 0, else a softmax draw over
 // costs normalised by their range. cands must not be empty.
-func pick(cands []candidate, temperature float64, rng *rand.Rand) int {
+// randSource is what pick draws from (*rand.Rand, or a partition's lockedRand).
+type randSource interface {
+	IntN(n int) int
+	Float64() float64
+}
+
+func pick(cands []candidate, temperature float64, rng randSource) int {
 	if temperature <= 0 {
 		best, ties := 0, 1
 		for i := 1; i < len(cands); i++ {

@@ -5,9 +5,16 @@
 // # Request path
 //
 // SelectAndReserve hashes the prompt (kvindex.Hasher), asks the model's index how
-// many leading blocks each worker rank holds (outside any service lock), then,
-// under the model's lock, reads every eligible rank's active load from the
-// reservation ledger, computes each rank's cost, picks one and books it. The
+// many leading blocks each worker rank holds, reads every eligible rank's active
+// load from the reservation ledger at one point of its history, computes each
+// rank's cost, picks one and books it. Without queueing none of this holds a
+// service lock: the booking is reservation.Ledger.BookAt, which refuses it if
+// another booking reached the chosen rank after the loads were read, and the
+// request then decides again (Stats.Retries). Loads rise only through bookings,
+// so an accepted decision is one some serial order of the concurrent requests
+// would have made: two requests never both decide on the load from before the
+// other's booking of the same rank. With queueing the whole decision runs under
+// the model's lock, since admission needs a consistent view of the queue. The
 // response tells the caller where to send the request; the caller reports the
 // first output (PrefillComplete) and the end of the request (FreeReservation).
 // Bookings carry a lease: one never freed (a gateway that died mid-request)
@@ -46,9 +53,12 @@
 //
 // # Concurrency
 //
-// SelectionService is safe for concurrent use. Each model has its own lock for
-// pick-and-book; index lookups and event application use the index's own lock;
-// the ledger has its own. Build starts the KV-event feed and the expiry sweeper;
+// SelectionService is safe for concurrent use. Decisions of one model run in
+// parallel without queueing (see Request path) and under the model's lock with
+// it; a change to the model's workers takes that lock exclusively, so no booking
+// lands on a rank the change removed. Index lookups and event application use
+// the index's own lock; the ledger has its own read-write lock, shared by the
+// load reads of concurrent decisions. Build starts the KV-event feed and the expiry sweeper;
 // Close stops them and waits. The ledger's load-dropped hook never takes a lock a
 // ledger caller may hold.
 //

@@ -96,13 +96,13 @@ func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Sco
 	} else {
 		matches = p.approx.FindMatches(pr.seqs, kvindex.MatchOptions{})
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	rs := p.ranksOf()
-	ev, err := s.evaluate(p, rs, pr, matches, rs.resolve(nil, matches))
+	sc := &evalScratch{matches: matches, rs: p.ranksOf()}
+	sc.matchIdx = sc.rs.resolve(nil, matches)
+	ev, err := s.evaluate(p, pr, sc)
 	if err != nil {
 		return nil, err
 	}
+	rs := sc.rs
 	out := make([]Scored, len(ev.cands))
 	for i := range ev.cands {
 		c := &ev.cands[i]
@@ -169,6 +169,9 @@ type Stats struct {
 	// Rejected counts failed Select and SelectAndReserve calls; Conflicts the
 	// duplicate reservation ids among them.
 	Rejected, Conflicts uint64
+	// Retries counts decisions made again because a concurrent booking reached
+	// the chosen worker first (lock-free booking, without queueing).
+	Retries uint64
 	// Queued counts requests that waited; QueueRejected those refused because
 	// the queue was full; QueueCanceled those withdrawn by their context.
 	Queued, QueueRejected, QueueCanceled uint64
@@ -193,16 +196,17 @@ func (s *SelectionService) Stats() Stats {
 	waiting := 0
 	s.mu.RLock()
 	for _, p := range s.partitions {
-		p.mu.Lock()
+		p.mu.RLock()
 		waiting += p.queue.Len()
-		p.mu.Unlock()
+		p.mu.RUnlock()
 	}
 	s.mu.RUnlock()
 	return Stats{
 		Selections: s.st.selections.Load(), Bookings: s.st.bookings.Load(),
 		PrefillCompleted: s.st.prefillDone.Load(), Frees: s.st.frees.Load(),
 		UnknownReservations: s.st.unknownIDs.Load(), Rejected: s.st.rejected.Load(), Conflicts: s.st.conflicts.Load(),
-		Queued: s.st.queued.Load(), QueueRejected: s.st.queueRejected.Load(), QueueCanceled: s.st.queueCanceled.Load(),
+		Retries: s.st.retries.Load(),
+		Queued:  s.st.queued.Load(), QueueRejected: s.st.queueRejected.Load(), QueueCanceled: s.st.queueCanceled.Load(),
 		QueueWaitTotal: s.st.queueWaitNanos.Load(), Waiting: waiting,
 		ChosenOverlapBlocks: s.st.chosenOverlap.Load(), BestOverlapBlocks: s.st.bestOverlap.Load(), RequestBlocks: s.st.requestBlocks.Load(),
 		Expired: uint64(ls.Expired), Ledger: ls,

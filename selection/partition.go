@@ -9,7 +9,6 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
-	"github.com/kvselect/kvselect/reservation"
 )
 
 // rankInfo is one schedulable (worker, rank) of a partition.
@@ -20,31 +19,34 @@ type rankInfo struct {
 	maxBatched int
 }
 
-// partition is everything one model needs. Pick and book happen under mu, so two
-// requests of one model never both decide on the same stale load.
+// partition is everything one model needs. Two requests of one model never both
+// decide on the same stale load: without queueing each books with
+// reservation.Ledger.BookAt, which refuses a decision a concurrent booking made
+// stale (the request then decides again); with queueing, pick and book happen
+// under mu.
 type partition struct {
 	model  string
 	index  *kvindex.Index  // with KV events
 	approx *kvindex.Approx // without
 
-	// set is the schedulable ranks, replaced whole (under mu) when the catalog
-	// changes; lookups may read it without mu and re-check it under mu.
-	set   atomic.Pointer[rankSet]
-	mu    sync.Mutex
-	rng   *mrand.Rand
+	// set is the schedulable ranks, replaced whole (under mu held for writing)
+	// when the catalog changes; lookups read it without mu and re-check it
+	// under mu before booking.
+	set atomic.Pointer[rankSet]
+	// mu is held for writing by rebuild and by the queueing path's
+	// pick-and-book, and for reading by a lock-free booking's re-check of set
+	// and its BookAt, so no booking lands on a rank a rebuild removed.
+	mu    sync.RWMutex
+	rng   lockedRand
 	queue waitQueue
 	seq   uint64
 	epoch time.Time
-	// scratch, under mu
-	cands []candidate
-	keys  []kvindex.WorkerRank
-	loads []reservation.CandidateLoad
-	byIdx []int32
 
 	sigMu   sync.Mutex
 	changed chan struct{} // closed and replaced when capacity may have freed
-	// inflight counts SelectAndReserve calls in progress: a load drop needs to
-	// wake someone only when one may be waiting.
+	// inflight counts SelectAndReserve calls in progress that may wait (only
+	// with queueing): a load drop needs to wake someone only when one may be
+	// waiting.
 	inflight atomic.Int64
 }
 
@@ -76,6 +78,25 @@ func (p *partition) rebuild(recs []catalog.Record) {
 	p.mu.Lock()
 	p.set.Store(rs)
 	p.mu.Unlock()
+}
+
+// lockedRand is a random source safe for concurrent use, so that a partition's
+// picks draw from one seeded sequence.
+type lockedRand struct {
+	mu sync.Mutex
+	r  *mrand.Rand
+}
+
+func (l *lockedRand) IntN(n int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.IntN(n)
+}
+
+func (l *lockedRand) Float64() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.Float64()
 }
 
 // rankSet is an immutable snapshot of a partition's schedulable ranks, with

@@ -97,8 +97,6 @@ type prepared struct {
 	req      *Request
 }
 
-var idxPool = sync.Pool{New: func() any { s := make([]int32, 0, 64); return &s }}
-
 var matchPool = sync.Pool{New: func() any { m := make([]kvindex.Match, 0, 64); return &m }}
 
 var seqPool = sync.Pool{New: func() any { s := make([]uint64, 0, 512); return &s }}
@@ -212,38 +210,87 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 	} else {
 		*mbuf = p.approx.AppendMatches((*mbuf)[:0], pr.seqs, kvindex.MatchOptions{})
 	}
-	matches := *mbuf
+	sc := scratchPool.Get().(*evalScratch)
+	defer scratchPool.Put(sc)
+	sc.matches = *mbuf
+	// Map matches to ranks outside the lock; re-checked before booking.
+	sc.rs = p.ranksOf()
+	sc.matchIdx = sc.rs.resolve(sc.matchIdx, sc.matches)
+	if !reserve || s.cfg.QueueThreshold == nil {
+		return s.decideLockFree(p, pr, sc, reserve)
+	}
+	return s.decideQueued(ctx, p, pr, sc)
+}
 
+// decideLockFree decides without the partition lock: nobody waits (no queueing,
+// or Select), so a decision needs only the loads it read to be current for the
+// rank it books, which BookAt checks. A stale decision is made again; each
+// retry means another booking on that rank succeeded, so the calls as a whole
+// always progress.
+func (s *SelectionService) decideLockFree(p *partition, pr *prepared, sc *evalScratch, reserve bool) (Result, error) {
+	for {
+		if s.closed.Load() {
+			return Result{}, ErrClosed
+		}
+		sc.refresh(p)
+		ev, err := s.evaluate(p, pr, sc)
+		if err != nil {
+			return Result{}, err
+		}
+		if reserve {
+			if testHookBeforeBook != nil {
+				testHookBeforeBook()
+			}
+			p.mu.RLock()
+			if p.ranksOf() != sc.rs { // the catalog changed meanwhile
+				p.mu.RUnlock()
+				continue
+			}
+		}
+		res, err := s.commit(p, pr, ev, reserve, true)
+		if reserve {
+			p.mu.RUnlock()
+		}
+		if errors.Is(err, errStale) {
+			s.st.retries.Add(1)
+			continue
+		}
+		if err != nil {
+			return Result{}, err
+		}
+		s.decided(pr, ev, &res, reserve, 0)
+		return res, nil
+	}
+}
+
+// testHookBeforeBook, when set by a test, runs between a lock-free decision's
+// evaluation and its booking.
+var testHookBeforeBook func()
+
+// decideQueued picks and books under the partition lock, waiting in the
+// admission queue while every eligible worker is busy.
+func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *prepared, sc *evalScratch) (Result, error) {
 	p.inflight.Add(1)
 	defer p.inflight.Add(-1)
-	// Map matches to ranks outside the lock; re-checked under it.
-	rs := p.ranksOf()
-	ibuf := idxPool.Get().(*[]int32)
-	defer func() { idxPool.Put(ibuf) }()
-	*ibuf = rs.resolve(*ibuf, matches)
 	start := s.clock.Now()
 	var w *waiter
 	for {
 		wake := p.waitChan() // taken before evaluating: no wake-up can be lost
 		p.mu.Lock()
-		if cur := p.ranksOf(); cur != rs { // the catalog changed meanwhile
-			rs = cur
-			*ibuf = rs.resolve(*ibuf, matches)
-		}
+		sc.refresh(p)
 		if s.closed.Load() {
 			s.leaveQueueLocked(p, w)
 			p.mu.Unlock()
 			return Result{}, ErrClosed
 		}
-		ev, err := s.evaluate(p, rs, pr, matches, *ibuf)
+		ev, err := s.evaluate(p, pr, sc)
 		if err != nil {
 			s.leaveQueueLocked(p, w)
 			p.mu.Unlock()
 			return Result{}, err
 		}
-		mayGo := !ev.allBusy && (p.queue.Len() == 0 || p.queue.head() == w)
-		if !reserve || mayGo {
-			res, err := s.commit(p, rs, pr, ev, reserve)
+		if !ev.allBusy && (p.queue.Len() == 0 || p.queue.head() == w) {
+			res, err := s.commit(p, pr, ev, true, false)
 			if err == nil {
 				s.leaveQueueLocked(p, w)
 			}
@@ -252,20 +299,14 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 			if err != nil {
 				return Result{}, err
 			}
-			res.QueueWait = s.clock.Now().Sub(start)
-			if w != nil {
-				s.st.queueWaitNanos.Add(int64(res.QueueWait))
-			}
 			if more {
 				p.signal() // the next head may fit too
 			}
-			s.rec.Selected(pr.model, Decision{
-				Worker: res.WorkerID, Rank: res.DPRank, Candidates: len(ev.cands),
-				ChosenOverlapBlocks: res.Overlap.Device, BestOverlapBlocks: ev.bestOverlap,
-				RequestBlocks: res.RequestBlocks, EffectivePrefill: res.EffectivePrefillTokens,
-				QueueWait: res.QueueWait, Reserved: reserve, Cost: res.Cost,
-				PotentialDecodeBlocks: res.PotentialDecodeBlocks,
-			})
+			wait := s.clock.Now().Sub(start)
+			if w != nil {
+				s.st.queueWaitNanos.Add(int64(wait))
+			}
+			s.decided(pr, ev, &res, true, wait)
 			return res, nil
 		}
 		if w == nil {
@@ -300,6 +341,18 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 	}
 }
 
+// decided completes a successful decision's result and reports it.
+func (s *SelectionService) decided(pr *prepared, ev *evaluation, res *Result, reserve bool, wait time.Duration) {
+	res.QueueWait = wait
+	s.rec.Selected(pr.model, Decision{
+		Worker: res.WorkerID, Rank: res.DPRank, Candidates: len(ev.cands),
+		ChosenOverlapBlocks: res.Overlap.Device, BestOverlapBlocks: ev.bestOverlap,
+		RequestBlocks: res.RequestBlocks, EffectivePrefill: res.EffectivePrefillTokens,
+		QueueWait: wait, Reserved: reserve, Cost: res.Cost,
+		PotentialDecodeBlocks: res.PotentialDecodeBlocks,
+	})
+}
+
 func (s *SelectionService) leaveQueueLocked(p *partition, w *waiter) {
 	if w != nil {
 		p.queue.remove(w)
@@ -322,15 +375,41 @@ func (s *SelectionService) queueScore(p *partition, pr *prepared, ev *evaluation
 
 // evaluation is one look at a partition's candidates for a request.
 type evaluation struct {
+	rs          *rankSet
 	cands       []candidate
 	allBusy     bool
 	bestOverlap int
 	bestPrefill int
+	stamp       reservation.Stamp // when the loads were read
 }
 
-// evaluate scores every eligible candidate of rs. matchIdx[j] is the rank index
-// of matches[j] in rs (-1: not schedulable). p.mu is held.
-func (s *SelectionService) evaluate(p *partition, rs *rankSet, pr *prepared, matches []kvindex.Match, matchIdx []int32) (*evaluation, error) {
+// evalScratch is one decision's working memory, pooled so the hot path does not
+// allocate.
+type evalScratch struct {
+	matches  []kvindex.Match // the request's overlaps, from the index
+	rs       *rankSet        // the rank snapshot matchIdx refers to
+	matchIdx []int32         // matchIdx[j]: rank index of matches[j] in rs, -1 if none
+	cands    []candidate
+	keys     []kvindex.WorkerRank
+	loads    []reservation.CandidateLoad
+	byIdx    []int32
+	ev       evaluation
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(evalScratch) }}
+
+// refresh re-maps the matches when the partition's ranks changed since sc.rs.
+func (sc *evalScratch) refresh(p *partition) {
+	if cur := p.ranksOf(); cur != sc.rs {
+		sc.rs = cur
+		sc.matchIdx = cur.resolve(sc.matchIdx, sc.matches)
+	}
+}
+
+// evaluate scores every eligible candidate of sc.rs, reading their loads from
+// the ledger at one point of its history.
+func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch) (*evaluation, error) {
+	rs := sc.rs
 	if len(rs.ranks) == 0 {
 		return nil, fmt.Errorf("%w: model %q has no schedulable worker", ErrNotReady, pr.model)
 	}
@@ -338,14 +417,14 @@ func (s *SelectionService) evaluate(p *partition, rs *rankSet, pr *prepared, mat
 	var keys []kvindex.WorkerRank
 	var byIdx []int32 // rank index -> candidate index; nil when every rank is eligible
 	if pr.allowed == nil {
-		cands = append(p.cands[:0], rs.template...)
+		cands = append(sc.cands[:0], rs.template...)
 		keys = rs.keys
 	} else {
-		if cap(p.byIdx) < len(rs.ranks) {
-			p.byIdx = make([]int32, len(rs.ranks))
+		if cap(sc.byIdx) < len(rs.ranks) {
+			sc.byIdx = make([]int32, len(rs.ranks))
 		}
-		byIdx = p.byIdx[:len(rs.ranks)]
-		cands, keys = p.cands[:0], p.keys[:0]
+		byIdx = sc.byIdx[:len(rs.ranks)]
+		cands, keys = sc.cands[:0], sc.keys[:0]
 		for i, r := range rs.ranks {
 			byIdx[i] = -1
 			if _, ok := pr.allowed[r.key.Worker]; !ok {
@@ -355,23 +434,23 @@ func (s *SelectionService) evaluate(p *partition, rs *rankSet, pr *prepared, mat
 			cands = append(cands, rs.template[i])
 			keys = append(keys, r.key)
 		}
-		p.keys = keys
+		sc.keys = keys
 		if len(cands) == 0 {
-			p.cands = cands
+			sc.cands = cands
 			return nil, fmt.Errorf("%w: none of the %d allowed workers serves model %q", ErrNoEndpoints, len(pr.allowed), pr.model)
 		}
 	}
-	p.cands = cands
-	p.loads = s.ledger.AppendLoads(p.loads[:0], keys, pr.active)
+	sc.cands = cands
+	sc.loads = s.ledger.AppendLoads(sc.loads[:0], keys, pr.active)
 	for i := range cands {
-		l := &p.loads[i]
+		l := &sc.loads[i]
 		cands[i].activePrefill = l.Load.ActivePrefillTokens
 		cands[i].activeBlocks = l.Load.ActiveBlocks
 		cands[i].activeRequests = l.Load.ActiveRequests
 		cands[i].newBlocks = l.NewBlocks + pr.private // private blocks are new everywhere
 	}
-	for j, m := range matches {
-		ci := matchIdx[j]
+	for j, m := range sc.matches {
+		ci := sc.matchIdx[j]
 		if ci >= 0 && byIdx != nil {
 			ci = byIdx[ci]
 		}
@@ -380,7 +459,8 @@ func (s *SelectionService) evaluate(p *partition, rs *rankSet, pr *prepared, mat
 			c.device, c.host, c.disk = m.Device, m.Host, m.Disk
 		}
 	}
-	ev := &evaluation{cands: cands, bestPrefill: math.MaxInt}
+	ev := &sc.ev
+	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, stamp: sc.loads[0].Stamp}
 	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
 	busy := 0
 	for i := range cands {
@@ -414,10 +494,15 @@ func effectivePrefill(c *candidate, pr *prepared, w *weights, bs int) int {
 	return pr.isl - cached
 }
 
+// errStale is commit's report of a lock-free booking a concurrent one made stale.
+var errStale = errors.New("selection: decision stale")
+
 // commit picks among the candidates that are not busy (all of them when every one
-// is busy, which only Select reaches) and books the pick when reserve is set.
-// p.mu is held.
-func (s *SelectionService) commit(p *partition, rs *rankSet, pr *prepared, ev *evaluation, reserve bool) (Result, error) {
+// is busy, which only Select reaches) and books the pick when reserve is set:
+// with BookAt at the evaluation's stamp when lockFree (errStale when a concurrent
+// booking reached the pick since), plainly otherwise. p.mu is held, for reading
+// at least, when reserve is set.
+func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, reserve, lockFree bool) (Result, error) {
 	pool := ev.cands
 	if !ev.allBusy && s.cfg.QueueThreshold != nil {
 		n := 0
@@ -429,10 +514,10 @@ func (s *SelectionService) commit(p *partition, rs *rankSet, pr *prepared, ev *e
 		}
 		pool = pool[:n]
 	}
-	c := pool[pick(pool, pr.w.temperature, p.rng)]
+	c := pool[pick(pool, pr.w.temperature, &p.rng)]
 	// pick may reuse cost for softmax weights: recompute for the result.
 	c.cost = logit(&c, costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}, &pr.w)
-	r := rs.ranks[c.idx]
+	r := ev.rs.ranks[c.idx]
 	eff := effectivePrefill(&c, pr, &pr.w, s.cfg.BlockSize)
 	res := Result{
 		WorkerID: r.key.Worker, DPRank: r.key.Rank, Endpoint: r.endpoint, BlockSize: s.cfg.BlockSize,
@@ -443,34 +528,48 @@ func (s *SelectionService) commit(p *partition, rs *rankSet, pr *prepared, ev *e
 		Cost:                   c.cost,
 		Busy:                   ev.allBusy,
 	}
+	if reserve {
+		prefill := 0
+		if pr.w.trackPrefill {
+			prefill = eff
+		}
+		b := reservation.Booking{
+			ID: pr.req.ReservationID, Worker: r.key, SeqHashes: pr.active, PrivateBlocks: pr.private,
+			PrefillTokens: prefill, ExpectedOutputTokens: pr.req.ExpectedOutputTokens,
+		}
+		var err error
+		if lockFree {
+			err = s.ledger.BookAt(b, ev.stamp)
+		} else {
+			err = s.ledger.Book(b)
+		}
+		if err != nil {
+			return Result{}, s.bookError(err)
+		}
+		if p.approx != nil {
+			p.approx.Record(r.key, pr.seqs)
+		}
+		s.st.bookings.Add(1)
+		res.ReservationID = pr.req.ReservationID
+	}
 	s.st.selections.Add(1)
 	s.st.chosenOverlap.Add(uint64(c.device))
 	s.st.bestOverlap.Add(uint64(ev.bestOverlap))
 	s.st.requestBlocks.Add(uint64(len(pr.seqs)))
-	if !reserve {
-		return res, nil
-	}
-	prefill := 0
-	if pr.w.trackPrefill {
-		prefill = eff
-	}
-	err := s.ledger.Book(reservation.Booking{
-		ID: pr.req.ReservationID, Worker: r.key, SeqHashes: pr.active, PrivateBlocks: pr.private,
-		PrefillTokens: prefill, ExpectedOutputTokens: pr.req.ExpectedOutputTokens,
-	})
-	if err != nil {
-		if errors.Is(err, reservation.ErrConflict) {
-			s.st.conflicts.Add(1)
-			return Result{}, fmt.Errorf("%w: %w", ErrConflict, err)
-		}
-		return Result{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
-	}
-	if p.approx != nil {
-		p.approx.Record(r.key, pr.seqs)
-	}
-	s.st.bookings.Add(1)
-	res.ReservationID = pr.req.ReservationID
 	return res, nil
+}
+
+// bookError maps a ledger error of a booking to the service's errors.
+func (s *SelectionService) bookError(err error) error {
+	switch {
+	case errors.Is(err, reservation.ErrStale):
+		return errStale
+	case errors.Is(err, reservation.ErrConflict):
+		s.st.conflicts.Add(1)
+		return fmt.Errorf("%w: %w", ErrConflict, err)
+	default:
+		return fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
 }
 
 // PrefillComplete marks the end of a booking's prefill (its first output): the

@@ -67,7 +67,7 @@ type SelectionService struct {
 
 type serviceCounters struct {
 	selections, bookings, prefillDone, frees, unknownIDs, rejected atomic.Uint64
-	queued, queueRejected, queueCanceled, conflicts                atomic.Uint64
+	queued, queueRejected, queueCanceled, conflicts, retries       atomic.Uint64
 	chosenOverlap, bestOverlap, requestBlocks                      atomic.Uint64
 	queueWaitNanos                                                 atomic.Int64
 }
@@ -214,7 +214,7 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 	}
 	p := &partition{
 		model:   model,
-		rng:     mrand.New(mrand.NewPCG(s.seeds.Uint64(), s.seeds.Uint64())),
+		rng:     lockedRand{r: mrand.New(mrand.NewPCG(s.seeds.Uint64(), s.seeds.Uint64()))},
 		changed: make(chan struct{}),
 		epoch:   s.clock.Now(),
 	}
@@ -323,8 +323,11 @@ func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
 	}
 	delete(s.workerPart, id)
 	s.partOf.Delete(id)
-	s.ledger.RemoveWorker(id)
+	// Rebuild before clearing the ledger: rebuild waits for lock-free bookings
+	// in flight, and none can pass its re-check afterwards, so no booking on
+	// this worker outlives RemoveWorker.
 	p.rebuild(s.cat.Schedulable(p.model))
+	s.ledger.RemoveWorker(id)
 }
 
 // DeleteWorker removes a worker: nothing routes to it any more, its event sources

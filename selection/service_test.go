@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -443,7 +444,16 @@ func TestNewWorkerAdmitsWaiters(t *testing.T) {
 // upserts and deletes from many goroutines; at the end every load is zero and
 // no reservation is left.
 func TestConcurrentChurn(t *testing.T) {
-	s, _ := newTestService(t, func(c *Config) { th := 4.0; c.QueueThreshold = &th })
+	t.Run("queueing", func(t *testing.T) {
+		concurrentChurn(t, func(c *Config) { th := 4.0; c.QueueThreshold = &th })
+	})
+	t.Run("lock-free", func(t *testing.T) { concurrentChurn(t, nil) })
+}
+
+// concurrentChurn has goroutines book, complete and free while workers are
+// deleted and re-added; at the end nothing may be left booked.
+func concurrentChurn(t *testing.T, mod func(*Config)) {
+	s, _ := newTestService(t, mod)
 	addWorkers(t, s, "w0", "w1", "w2", "w3")
 	var wg sync.WaitGroup
 	ctx := context.Background()
@@ -489,6 +499,80 @@ func TestConcurrentChurn(t *testing.T) {
 	}()
 	wg.Wait()
 	requireIdle(t, s)
+}
+
+// TestConcurrentDecisionsSeeEachOther races SelectAndReserve calls without
+// queueing (lock-free booking) on two workers and an empty cache: equal prompts
+// cost only their worker's active blocks, so if any two calls both decided on
+// the loads from before the other's booking, they could both land on the same
+// worker and leave the two unbalanced by more than one request.
+func TestConcurrentDecisionsSeeEachOther(t *testing.T) {
+	s, _ := newTestService(t, nil)
+	addWorkers(t, s, "a", "b")
+	const goroutines, perG = 8, 100
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perG {
+				if _, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(64, g*perG+i+1)}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	loads := s.Loads(DefaultModel)
+	require.Len(t, loads, 2)
+	na, nb := loads[0].ActiveRequests, loads[1].ActiveRequests
+	require.Equal(t, goroutines*perG, na+nb)
+	require.LessOrEqual(t, max(na-nb, nb-na), 1, "every booking went to the less loaded worker")
+	st := s.Stats()
+	require.Equal(t, uint64(goroutines*perG), st.Bookings)
+	require.Equal(t, uint64(goroutines*perG), st.Selections, "a retried decision counts once")
+	t.Logf("retries after a concurrent booking: %d", st.Retries)
+}
+
+// TestStaleDecisionIsMadeAgain holds one decision between its evaluation and
+// its booking while another decides and books the same worker: the first must
+// see that booking and go elsewhere.
+func TestStaleDecisionIsMadeAgain(t *testing.T) {
+	s, _ := newTestService(t, nil)
+	addWorkers(t, s, "a", "b")
+	ctx := context.Background()
+	// b is a little loaded, so a is every fresh decision's choice.
+	_, err := s.SelectAndReserve(ctx, Request{ReservationID: "pre", Tokens: toks(8, 1), Allowed: []string{"b"}})
+	require.NoError(t, err)
+
+	var calls atomic.Int32
+	first, release := make(chan struct{}), make(chan struct{})
+	testHookBeforeBook = func() {
+		if calls.Add(1) == 1 {
+			close(first)
+			<-release
+		}
+	}
+	t.Cleanup(func() { testHookBeforeBook = nil })
+
+	held := make(chan Result, 1)
+	go func() {
+		res, err := s.SelectAndReserve(ctx, Request{ReservationID: "held", Tokens: toks(64, 2)})
+		if err != nil {
+			t.Error(err)
+		}
+		held <- res
+	}()
+	<-first // "held" chose a and waits to book it
+	other, err := s.SelectAndReserve(ctx, Request{ReservationID: "other", Tokens: toks(64, 3)})
+	require.NoError(t, err)
+	require.Equal(t, "a", other.WorkerID)
+	close(release)
+	res := <-held
+	require.Equal(t, "b", res.WorkerID, "the held decision saw the booking on a")
+	require.Equal(t, uint64(1), s.Stats().Retries)
+	require.Equal(t, int64(1), s.Stats().Ledger.Stale)
 }
 
 func TestTemperaturePicksByCost(t *testing.T) {

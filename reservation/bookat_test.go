@@ -1,0 +1,154 @@
+package reservation
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/kvindex"
+)
+
+func TestBookAtRejectsABookingSinceTheRead(t *testing.T) {
+	l := newLedger(t, Options{})
+	a, b := wr("a", 0), wr("b", 0)
+	loads := l.AppendLoads(nil, []kvindex.WorkerRank{a, b}, []uint64{1, 2})
+	seen := loads[0].Stamp
+	require.Equal(t, seen, loads[1].Stamp, "one read, one stamp")
+
+	// Another decision books a after the read: a decision on a made from that
+	// read is stale, one on b is not.
+	require.NoError(t, l.Book(Booking{ID: "other", Worker: a, SeqHashes: []uint64{1}}))
+	err := l.BookAt(Booking{ID: "mine", Worker: a, SeqHashes: []uint64{1, 2}}, seen)
+	require.ErrorIs(t, err, ErrStale)
+	require.ErrorContains(t, err, `"mine"`)
+	_, ok := l.Get("mine")
+	require.False(t, ok, "a stale BookAt books nothing")
+	require.Equal(t, Load{ActiveBlocks: 1, ActiveRequests: 1}, l.Load(a))
+	require.Equal(t, int64(1), l.Stats().Stale)
+
+	require.NoError(t, l.BookAt(Booking{ID: "mine", Worker: b, SeqHashes: []uint64{1, 2}}, seen))
+	require.Equal(t, Load{ActiveBlocks: 2, ActiveRequests: 1}, l.Load(b))
+
+	// A fresh read sees both bookings and may book a again.
+	fresh := l.AppendLoads(nil, []kvindex.WorkerRank{a}, []uint64{1, 2})
+	require.Equal(t, 1, fresh[0].NewBlocks)
+	require.NoError(t, l.BookAt(Booking{ID: "third", Worker: a, SeqHashes: []uint64{1, 2}}, fresh[0].Stamp))
+	checkInvariants(t, l)
+}
+
+func TestBookAtAcceptsSettlementsSinceTheRead(t *testing.T) {
+	l := newLedger(t, Options{})
+	a := wr("a", 0)
+	require.NoError(t, l.Book(Booking{ID: "old", Worker: a, SeqHashes: []uint64{7}, PrefillTokens: 10}))
+	seen := l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil)[0].Stamp
+	// Lowering a load (prefill done, free) does not make a decision stale, and
+	// neither does a worker rank's entry being dropped and made again.
+	require.NoError(t, l.PrefillComplete("old"))
+	require.NoError(t, l.Free("old"))
+	require.NoError(t, l.BookAt(Booking{ID: "new", Worker: a, SeqHashes: []uint64{7}}, seen))
+	// ...but the re-made entry remembers the booking it was made by.
+	require.ErrorIs(t, l.BookAt(Booking{ID: "late", Worker: a}, seen), ErrStale)
+	checkInvariants(t, l)
+}
+
+func TestBookAtValidatesAndConflictsLikeBook(t *testing.T) {
+	l := newLedger(t, Options{})
+	a := wr("a", 0)
+	require.NoError(t, l.Book(Booking{ID: "x", Worker: a}))
+	seen := l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil)[0].Stamp
+	require.ErrorIs(t, l.BookAt(Booking{ID: "", Worker: a}, seen), ErrInvalid)
+	require.ErrorIs(t, l.BookAt(Booking{ID: "x", Worker: wr("b", 0)}, seen), ErrConflict)
+}
+
+// TestBookAtSerialises has goroutines race read-decide-BookAt on the same two
+// worker ranks, each always choosing the less loaded one. Whatever the
+// interleaving, an accepted decision must have been right on the loads at the
+// moment it was booked: the rank it chose had no more requests than the other.
+func TestBookAtSerialises(t *testing.T) {
+	l := newLedger(t, Options{})
+	ranks := []kvindex.WorkerRank{wr("a", 0), wr("b", 0)}
+	const goroutines, perG = 8, 200
+	var mu sync.Mutex // serialises the check below with the bookings it checks
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perG {
+				id := fmt.Sprintf("g%d-%d", g, i)
+				for {
+					loads := l.AppendLoads(nil, ranks, nil)
+					pick, other := 0, 1
+					if loads[1].Load.ActiveRequests < loads[0].Load.ActiveRequests {
+						pick, other = 1, 0
+					}
+					mu.Lock()
+					err := l.BookAt(Booking{ID: id, Worker: ranks[pick]}, loads[pick].Stamp)
+					if err == nil {
+						// Now: the chosen rank has at most one more than the
+						// other (nothing is freed in this test).
+						p, o := l.Load(ranks[pick]).ActiveRequests, l.Load(ranks[other]).ActiveRequests
+						if p > o+1 {
+							t.Errorf("%s booked %s at %d requests while %s had %d", id, ranks[pick], p, ranks[other], o)
+						}
+					}
+					mu.Unlock()
+					if err == nil {
+						break
+					}
+					require.ErrorIs(t, err, ErrStale)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	na, nb := l.Load(ranks[0]).ActiveRequests, l.Load(ranks[1]).ActiveRequests
+	require.Equal(t, goroutines*perG, na+nb)
+	require.LessOrEqual(t, max(na-nb, nb-na), 1, "balanced: every booking went to the less loaded rank")
+	checkInvariants(t, l)
+}
+
+func TestIdleBlocksAreReusedThenSwept(t *testing.T) {
+	l := newLedger(t, Options{})
+	w := wr("w", 0)
+	seqs := []uint64{11, 12, 13}
+	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: seqs}))
+	first, _ := l.Get("a")
+	require.Equal(t, 3, first.Blocks)
+	require.NoError(t, l.Free("a"))
+	require.Zero(t, l.blocks.live())
+	require.Equal(t, 3, l.blocks.idle, "freed blocks stay as idle entries")
+	require.Equal(t, 0, l.NewBlocks(w, nil))
+	require.Equal(t, 3, l.NewBlocks(w, seqs), "an idle block is not active anywhere")
+	require.Equal(t, 3, l.AppendLoads(nil, []kvindex.WorkerRank{w}, seqs)[0].NewBlocks)
+
+	// Booking the prefix again re-activates the same entries.
+	slab := len(l.blocks.slab)
+	require.NoError(t, l.Book(Booking{ID: "b", Worker: w, SeqHashes: seqs}))
+	require.Equal(t, slab, len(l.blocks.slab))
+	require.Zero(t, l.blocks.idle)
+	require.Equal(t, Load{ActiveBlocks: 3, ActiveRequests: 1}, l.Load(w))
+	checkInvariants(t, l)
+
+	// Many distinct freed blocks: idle entries are swept once they outnumber
+	// both maxIdle and the live ones, leaving the live blocks untouched.
+	next := uint64(1000)
+	for i := range 3 * maxIdle / 64 {
+		hs := make([]uint64, 64)
+		for j := range hs {
+			hs[j] = next
+			next++
+		}
+		id := fmt.Sprint("c", i)
+		require.NoError(t, l.Book(Booking{ID: id, Worker: w, SeqHashes: hs}))
+		require.NoError(t, l.Free(id))
+		require.LessOrEqual(t, l.blocks.idle, maxIdle+64)
+	}
+	require.Less(t, l.blocks.index.len(), 2*maxIdle)
+	require.Equal(t, 3, l.blocks.live())
+	checkInvariants(t, l)
+	require.NoError(t, l.Free("b"))
+	checkInvariants(t, l)
+}
