@@ -312,7 +312,7 @@ func TestDecodeOverrideOnEveryDecodeRequest(t *testing.T) {
 	require.Equal(t, plan.ID+SuffixAggregated, l.ReservationID)
 	require.True(t, *l.Override.TrackPrefillTokens)
 	require.True(t, *l.Override.AssumeKVReuse)
-	require.Equal(t, 1.0, *l.Override.OverlapScoreCredit)
+	require.Equal(t, selection.DefaultConfig(4).OverlapScoreCredit, *l.Override.OverlapScoreCredit, "the base credit is restored")
 	require.Equal(t, []string{plan.ID + SuffixAggregated}, dec.bookedIDs(), "the decode-override leg was freed")
 	require.NoError(t, b.Handoff(plan.ID))
 	require.Equal(t, []string{plan.ID + SuffixAggregated}, dec.done)

@@ -12,7 +12,7 @@ import (
 // blocks), A=16, 2 active + 3 new blocks, scale 2, credit 1 -> logit 7, and 5
 // without prefill tracking.
 func TestLogitWorkedExample(t *testing.T) {
-	w := DefaultConfig(16).weights()
+	w := DynamoConfig(16).weights()
 	w.scale, w.credit = 2, 1
 	c := candidate{device: 6, activePrefill: 16, activeBlocks: 2, newBlocks: 3}
 	require.Equal(t, 7.0, logit(&c, costInput{isl: 64, blockSize: 16}, &w))
@@ -21,7 +21,7 @@ func TestLogitWorkedExample(t *testing.T) {
 }
 
 func TestLogitTable(t *testing.T) {
-	base := DefaultConfig(16).weights()
+	base := DynamoConfig(16).weights()
 	cases := []struct {
 		name string
 		c    candidate
@@ -97,9 +97,9 @@ func TestPickSoftmax(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
-	require.NoError(t, DefaultConfig(16).Validate())
+	require.NoError(t, DynamoConfig(16).Validate())
 	nan, neg, big := math.NaN(), -1.0, 2.0
-	bad := DefaultConfig(0)
+	bad := DynamoConfig(0)
 	bad.OverlapScoreCredit = nan
 	bad.PrefillLoadScale = math.Inf(1)
 	bad.HostCacheHitWeight = big
@@ -119,14 +119,14 @@ func TestConfigValidation(t *testing.T) {
 		require.ErrorContains(t, err, field)
 	}
 	// Credits above 1 are allowed (extra credit).
-	ok := DefaultConfig(16)
+	ok := DynamoConfig(16)
 	ok.OverlapScoreCredit = 1.5
 	require.NoError(t, ok.Validate())
 }
 
 func TestDeprecatedOverlapScoreWeight(t *testing.T) {
 	w := 3.0
-	c := DefaultConfig(16)
+	c := DynamoConfig(16)
 	c.PrefillLoadScale = 9
 	c.OverlapScoreWeight = &w
 	n := c.normalized()
@@ -140,11 +140,11 @@ func TestDeprecatedOverlapScoreWeight(t *testing.T) {
 
 	// The same rule per request.
 	o := &Override{OverlapScoreWeight: &zero, PrefillLoadScale: &w}
-	got, err := o.apply(DefaultConfig(16).weights())
+	got, err := o.apply(DynamoConfig(16).weights())
 	require.NoError(t, err)
 	require.Equal(t, 0.0, got.scale)
 	require.Equal(t, 0.0, got.credit)
-	_, err = (&Override{Temperature: &neg1}).apply(DefaultConfig(16).weights())
+	_, err = (&Override{Temperature: &neg1}).apply(DynamoConfig(16).weights())
 	require.ErrorIs(t, err, ErrBadRequest)
 }
 
@@ -159,4 +159,16 @@ func TestParseQueuePolicy(t *testing.T) {
 	}
 	_, err := ParseQueuePolicy("sjf")
 	require.ErrorIs(t, err, ErrInvalidConfig)
+}
+
+func TestDefaultConfigDiffersFromDynamoOnlyInTwoWeights(t *testing.T) {
+	d, k := DynamoConfig(16), DefaultConfig(16)
+	require.Equal(t, 1.0, d.OverlapScoreCredit)
+	require.Equal(t, 1.0, d.PrefillLoadScale)
+	require.Equal(t, float64(DefaultOverlapScoreCredit), k.OverlapScoreCredit)
+	require.Equal(t, float64(DefaultPrefillLoadScale), k.PrefillLoadScale)
+	k.OverlapScoreCredit, k.PrefillLoadScale = d.OverlapScoreCredit, d.PrefillLoadScale
+	require.Equal(t, d, k)
+	require.NoError(t, DefaultConfig(16).Validate())
+	require.NoError(t, DynamoConfig(16).Validate())
 }

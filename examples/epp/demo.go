@@ -94,18 +94,19 @@ func (r demoResult) hitRate() float64 {
 func runDemo(ctx context.Context, cfg *config, o demoOptions, out io.Writer) error {
 	o.defaults()
 	workload := demoWorkload(o)
-	// The configured weights (Dynamo's defaults unless the environment says
-	// otherwise), the same with a stronger cache credit, and round-robin.
-	tuned := *cfg
-	tuned.Router.OverlapScoreCredit, tuned.Router.PrefillLoadScale = 4, 3
-	tuned.Router.OverlapScoreWeight = nil
+	// The configured weights (kvselect's defaults unless the environment says
+	// otherwise), the same with Dynamo's default weights, and round-robin.
+	dynamo := *cfg
+	d := selection.DynamoConfig(cfg.Router.BlockSize)
+	dynamo.Router.OverlapScoreCredit, dynamo.Router.PrefillLoadScale = d.OverlapScoreCredit, d.PrefillLoadScale
+	dynamo.Router.OverlapScoreWeight = nil
 	runs := []struct {
 		name   string
 		cfg    *config
 		policy string
 	}{
 		{"kvselect", cfg, "kvselect"},
-		{"kvselect (credit 4, scale 3)", &tuned, "kvselect"},
+		{"kvselect, Dynamo's weights (1, 1)", &dynamo, "kvselect"},
 		{"round-robin", cfg, "round-robin"},
 	}
 	var results []demoResult

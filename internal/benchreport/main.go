@@ -170,6 +170,7 @@ func machine() string {
 func main() {
 	count := flag.Int("count", 5, "runs of each benchmark; the table shows the median")
 	out := flag.String("out", "docs/BENCHMARKS.md", "report path")
+	tracePath := flag.String("trace", "../shared/data/mooncake_synthetic_trace.jsonl", "Mooncake trace for the routing-quality replays")
 	flag.Parse()
 	res := make([]results, len(jobs))
 	var cmds []string
@@ -231,6 +232,9 @@ func main() {
 		}
 		fmt.Fprintf(&b, "| %s | `%s` | %s | %s | %s | %s |\n", r.what, r.bench, human(v, r.metric), dash(r.budget), verdict, ratio)
 	}
+	quality, qcmds := qualitySection(*tracePath)
+	b.WriteString(quality)
+	cmds = append(cmds, qcmds...)
 	b.WriteString(analysis)
 	b.WriteString("\n## Reproduce\n\n```sh\n")
 	for _, c := range cmds {

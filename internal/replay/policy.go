@@ -186,22 +186,27 @@ func (k *kvRouter) explainDecision(scored []selection.Scored, chosenID string) {
 	}
 	e.Missed++
 	e.MissedBlocks += int64(best.Overlap.Device - chosen.Overlap.Device)
-	scale, credit, reqW := k.cfg.PrefillLoadScale, k.cfg.OverlapScoreCredit, k.cfg.DecodeActiveRequestWeight
+	scale, reqW := k.cfg.PrefillLoadScale, k.cfg.DecodeActiveRequestWeight
 	if w := k.cfg.OverlapScoreWeight; w != nil { // the deprecated alias wins, as in selection
 		scale = *w
-		if *w == 0 {
-			credit = 0
-		}
 	}
-	bs := float64(k.cfg.BlockSize)
-	if k.cfg.TrackPrefillTokens {
-		e.PrefillLoad += scale * float64(chosen.ActivePrefillTokens-best.ActivePrefillTokens) / bs
-	}
-	e.OverlapCredit += scale * credit * float64(best.Overlap.Device-chosen.Overlap.Device)
-	e.ActiveBlocks += float64(chosen.ActiveBlocks - best.ActiveBlocks)
 	newBlocks := func(s *selection.Scored) int { return s.PotentialDecodeBlock - s.ActiveBlocks }
-	e.NewBlocks += float64(newBlocks(chosen) - newBlocks(best))
-	e.ActiveRequests += reqW * float64(chosen.ActiveRequests-best.ActiveRequests)
+	active := float64(chosen.ActiveBlocks - best.ActiveBlocks)
+	fresh := float64(newBlocks(chosen) - newBlocks(best))
+	reqs := reqW * float64(chosen.ActiveRequests-best.ActiveRequests)
+	// The prefill term is scale * max(0, prefill/bs - credit): split its
+	// difference into the part the active prefill load explains and the rest,
+	// what the overlap credit (clamped at zero, as in the cost) was worth.
+	prefillTerm := chosen.Cost - best.Cost - active - fresh - reqs
+	load := 0.0
+	if k.cfg.TrackPrefillTokens {
+		load = scale * float64(chosen.ActivePrefillTokens-best.ActivePrefillTokens) / float64(k.cfg.BlockSize)
+	}
+	e.PrefillLoad += load
+	e.OverlapCredit += prefillTerm - load
+	e.ActiveBlocks += active
+	e.NewBlocks += fresh
+	e.ActiveRequests += reqs
 }
 
 func (k *kvRouter) prefillDone(r *simRequest) error { return k.svc.PrefillComplete(r.id) }
