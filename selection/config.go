@@ -133,19 +133,20 @@ const (
 
 // kvselect's default weights, where they differ from Dynamo's (1 and 1).
 const (
-	DefaultOverlapScoreCredit = 4
-	DefaultPrefillLoadScale   = 2
+	DefaultOverlapScoreCredit = 4.0
+	DefaultPrefillLoadScale   = 2.5
 )
 
 // DefaultConfig returns kvselect's defaults for a block size: Dynamo's
 // (DynamoConfig) except for two weights, OverlapScoreCredit 4 (Dynamo: 1) and
-// PrefillLoadScale 2 (Dynamo: 1). With Dynamo's weights the decode term (a
+// PrefillLoadScale 2.5 (Dynamo: 1). With Dynamo's weights the decode term (a
 // worker's active blocks) outweighs a cached prefix whenever requests of one
 // prefix run together, so long prompts are pulled away from their cache: on the
-// Mooncake trace replay (docs/BENCHMARKS.md) they reach 83% of the reachable
-// hit rate with request imbalance 1.11, against 95% and 1.07 with these
-// weights, which also lower TTFT p50, p90 and p99 in every replay scenario
-// measured (faster arrivals, smaller caches, more workers).
+// Mooncake trace replay (docs/BENCHMARKS.md, median of five seeds) they reach
+// 83% of the reachable hit rate, against 97% with these weights at a similar
+// request imbalance (1.08-1.09), and these weights also lower TTFT p50 and p90
+// in every replay scenario measured (faster arrivals, smaller caches, more
+// workers, the synthetic shared-prefix workload).
 func DefaultConfig(blockSize int) Config {
 	c := DynamoConfig(blockSize)
 	c.OverlapScoreCredit = DefaultOverlapScoreCredit

@@ -88,12 +88,22 @@ func pick(cands []candidate, temperature float64, rng randSource) int {
 				best, ties = i, 1
 			case c == cands[best].cost:
 				ties++
-				if rng.IntN(ties) == 0 { // reservoir: keep each tie with prob 1/ties
-					best = i
-				}
 			}
 		}
-		return best
+		if ties == 1 {
+			return best
+		}
+		// One draw picks uniformly among the tied candidates, from best on.
+		k := rng.IntN(ties)
+		low := cands[best].cost
+		for i := best; ; i++ {
+			if cands[i].cost == low {
+				if k == 0 {
+					return i
+				}
+				k--
+			}
+		}
 	}
 	lo, hi := cands[0].cost, cands[0].cost
 	for _, c := range cands[1:] {

@@ -165,8 +165,8 @@ func TestDefaultConfigDiffersFromDynamoOnlyInTwoWeights(t *testing.T) {
 	d, k := DynamoConfig(16), DefaultConfig(16)
 	require.Equal(t, 1.0, d.OverlapScoreCredit)
 	require.Equal(t, 1.0, d.PrefillLoadScale)
-	require.Equal(t, float64(DefaultOverlapScoreCredit), k.OverlapScoreCredit)
-	require.Equal(t, float64(DefaultPrefillLoadScale), k.PrefillLoadScale)
+	require.Equal(t, 4.0, k.OverlapScoreCredit)
+	require.Equal(t, 2.5, k.PrefillLoadScale)
 	k.OverlapScoreCredit, k.PrefillLoadScale = d.OverlapScoreCredit, d.PrefillLoadScale
 	require.Equal(t, d, k)
 	require.NoError(t, DefaultConfig(16).Validate())

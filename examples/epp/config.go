@@ -180,7 +180,7 @@ func (c *config) settings() []setting {
 		{env: "DYN_EPP_MAX_BODY_BYTES", flag: "max-body-bytes", def: "8388608", help: "largest request body buffered (excess: 413)", parse: intIn(&c.MaxBodyBytes, 1024, 1<<30)},
 		// Selection (Dynamo's KvRouterConfig environment).
 		{env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", flag: "overlap-score-credit", def: "4", help: "prefill blocks saved per cached device block (>= 0; Dynamo's default is 1)", parse: floatMin(&r.OverlapScoreCredit, 0)},
-		{env: "DYN_ROUTER_PREFILL_LOAD_SCALE", flag: "prefill-load-scale", def: "2", help: "weight of the prefill term (>= 0; Dynamo's default is 1)", parse: floatMin(&r.PrefillLoadScale, 0)},
+		{env: "DYN_ROUTER_PREFILL_LOAD_SCALE", flag: "prefill-load-scale", def: "2.5", help: "weight of the prefill term (>= 0; Dynamo's default is 1)", parse: floatMin(&r.PrefillLoadScale, 0)},
 		{env: "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT", flag: "decode-active-request-weight", def: "0", help: "block-equivalent cost per active request (>= 0)", parse: floatMin(&r.DecodeActiveRequestWeight, 0)},
 		{env: "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT", aliases: []string{"DYN_OVERLAP_SCORE_WEIGHT"}, flag: "overlap-score-weight", help: "deprecated: sets prefill-load-scale (and credit 0 when 0)",
 			parse: func(c *config, v string) error {
