@@ -15,9 +15,13 @@ import (
 
 // benchService builds a service with an exact index fed directly: n workers of
 // 16-token blocks, each holding 32 cached prompts of 2k tokens from 8 shared
-// system prompts, so lookups walk real shared prefixes.
-func benchService(b *testing.B, n int) (*SelectionService, [][]uint32) {
+// system prompts, so lookups walk real shared prefixes. mod, when set, edits the
+// configuration.
+func benchService(b *testing.B, n int, mod func(*Config)) (*SelectionService, [][]uint32) {
 	cfg := DefaultConfig(16)
+	if mod != nil {
+		mod(&cfg)
+	}
 	s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().SweepInterval(-1).Rand(rand.NewPCG(1, 1)).Build(context.Background())
 	if err != nil {
 		b.Fatal(err)
@@ -42,7 +46,7 @@ func benchService(b *testing.B, n int) (*SelectionService, [][]uint32) {
 	var prompts [][]uint32
 	for w := range n {
 		id := fmt.Sprintf("w%03d", w)
-		if _, err := s.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.%d.%d:8000", w/250, w%250+1), DPSize: 1, BlockSize: 16}); err != nil {
+		if _, err := s.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.%d.%d:8000", w/250, w%250+1), DPSize: 1, BlockSize: 16, MaxNumBatchedTokens: 8192}); err != nil {
 			b.Fatal(err)
 		}
 		for k := range 32 {
@@ -70,7 +74,7 @@ func benchService(b *testing.B, n int) (*SelectionService, [][]uint32) {
 func BenchmarkSelectAndReserve(b *testing.B) {
 	for _, n := range []int{8, 64, 512} {
 		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
-			s, prompts := benchService(b, n)
+			s, prompts := benchService(b, n, nil)
 			ctx := context.Background()
 			ids := make([]string, 4096)
 			for i := range ids {
@@ -101,7 +105,19 @@ func BenchmarkSelectAndReserve(b *testing.B) {
 // BenchmarkSelectAndReserveParallel runs the same with RunParallel: throughput
 // should grow with GOMAXPROCS (compare -cpu 1,2).
 func BenchmarkSelectAndReserveParallel(b *testing.B) {
-	s, prompts := benchService(b, 64)
+	s, prompts := benchService(b, 64, nil)
+	runParallelBookings(b, s, prompts)
+}
+
+// BenchmarkSelectAndReserveParallelQueued is the same with queueing on (a
+// threshold no worker reaches), so every decision runs under the model's lock:
+// the in-run baseline of the lock-free path.
+func BenchmarkSelectAndReserveParallelQueued(b *testing.B) {
+	s, prompts := benchService(b, 64, func(c *Config) { high := 1e9; c.QueueThreshold = &high })
+	runParallelBookings(b, s, prompts)
+}
+
+func runParallelBookings(b *testing.B, s *SelectionService, prompts [][]uint32) {
 	ctx := context.Background()
 	var next atomic.Uint64
 	b.ReportAllocs()
