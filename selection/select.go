@@ -214,8 +214,7 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 	defer scratchPool.Put(sc)
 	sc.matches = *mbuf
 	// Map matches to ranks outside the lock; re-checked before booking.
-	sc.rs = p.ranksOf()
-	sc.matchIdx = sc.rs.resolve(sc.matchIdx, sc.matches)
+	sc.resolve(p.ranksOf())
 	if !reserve || s.cfg.QueueThreshold == nil {
 		return s.decideLockFree(p, pr, sc, reserve)
 	}
@@ -394,6 +393,10 @@ type evalScratch struct {
 	loads    []reservation.CandidateLoad
 	byIdx    []int32
 	ev       evaluation
+	// the previous resolve on this scratch, for reuse (see resolve)
+	memoRS   *rankSet
+	memoKeys []kvindex.WorkerRank
+	memoIdx  []int32
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(evalScratch) }}
@@ -401,9 +404,38 @@ var scratchPool = sync.Pool{New: func() any { return new(evalScratch) }}
 // refresh re-maps the matches when the partition's ranks changed since sc.rs.
 func (sc *evalScratch) refresh(p *partition) {
 	if cur := p.ranksOf(); cur != sc.rs {
-		sc.rs = cur
-		sc.matchIdx = cur.resolve(sc.matchIdx, sc.matches)
+		sc.resolve(cur)
 	}
+}
+
+// resolve maps sc.matches to rank indices of rs into sc.matchIdx. Consecutive
+// requests on one scratch usually match the same worker ranks in the same
+// order (a shared system prompt, listed in the index's order), so a match
+// naming the same worker rank as the previous resolve's at that position reuses
+// its index instead of a map lookup.
+func (sc *evalScratch) resolve(rs *rankSet) {
+	sc.rs = rs
+	if sc.memoRS != rs {
+		sc.memoRS, sc.memoKeys, sc.memoIdx = rs, sc.memoKeys[:0], sc.memoIdx[:0]
+	}
+	idx := sc.matchIdx[:0]
+	for j, m := range sc.matches {
+		if j < len(sc.memoKeys) && sc.memoKeys[j] == m.Worker {
+			idx = append(idx, sc.memoIdx[j])
+			continue
+		}
+		i, ok := rs.pos[m.Worker]
+		if !ok {
+			i = -1
+		}
+		idx = append(idx, i)
+	}
+	sc.matchIdx = idx
+	sc.memoKeys = sc.memoKeys[:0]
+	for _, m := range sc.matches {
+		sc.memoKeys = append(sc.memoKeys, m.Worker)
+	}
+	sc.memoIdx = append(sc.memoIdx[:0], idx...)
 }
 
 // evaluate scores every eligible candidate of sc.rs, reading their loads from
