@@ -116,8 +116,12 @@
 //
 // # Sequence semantics
 //
-// Per source the Feed keeps a watermark, the last seq applied. A first batch with
-// seq > 0, or a batch beyond watermark+1, opens a gap: with a replay endpoint the
+// Per source the Feed keeps a watermark, the last seq applied. A source with a
+// replay endpoint starts with a replay from seq 0, before any live batch, so a
+// router that starts (or restarts) next to a warm, idle engine knows its cache at
+// once; an engine that is not reachable yet fails that replay harmlessly (the
+// first live batch then drives the source). A first batch with seq > 0, or a
+// batch beyond watermark+1, opens a gap: with a replay endpoint the
 // Feed asks the engine's ROUTER, through a DEALER, for every buffered batch from
 // the first missing seq (["", start]; replies with or without the topic frame; the
 // stream ends at seq -1 or an empty payload), applies those it lacks in order, then

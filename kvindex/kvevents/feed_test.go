@@ -165,6 +165,7 @@ func TestFeedGapReplay(t *testing.T) {
 			require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr, ReplayEndpoint: eng.replayAddr}))
 			runFeed(t, f)
 			eng.waitSubscribed(t)
+			waitBootstrap(t, f, w)
 			eng.publish(t, 30, 10, 11, 12, 13, 14)
 			rec.waitLast(t, w, 29)
 			eng.publish(t, 20, 30)
@@ -173,15 +174,44 @@ func TestFeedGapReplay(t *testing.T) {
 			applied, resets := rec.state(w)
 			require.Equal(t, seqRange(0, 49), applied, "every seq exactly once, in order")
 			require.Zero(t, resets)
-			st := waitStats(t, f, w, "replays counted", func(s SourceStats) bool { return s.ReplaysOK+s.ReplaysFailed == 2 && s.Applied == 50 })
+			st := waitStats(t, f, w, "replays counted", func(s SourceStats) bool { return s.ReplaysOK+s.ReplaysFailed == 3 && s.Applied == 50 })
 			require.False(t, st.Degraded)
 			require.Equal(t, uint64(2), st.Gaps)
-			require.Equal(t, uint64(2), st.ReplaysOK)
+			require.Equal(t, uint64(3), st.ReplaysOK, "the start-up replay and one per gap")
 			require.Zero(t, st.ReplaysFailed+st.LostBatches)
 			require.Equal(t, uint64(50), st.Applied)
-			require.Equal(t, []uint64{10, 30}, eng.replayRequests())
+			require.Equal(t, []uint64{0, 10, 30}, eng.replayRequests())
 		})
 	}
+}
+
+// TestFeedStartReplaysAnIdleEngine: a feed that starts next to a warm engine
+// that publishes nothing more (a router restart during a lull) learns the
+// engine's buffered history at once, without waiting for a live batch.
+func TestFeedStartReplaysAnIdleEngine(t *testing.T) {
+	rec := newBatchRecorder(t)
+	f, err := NewFeed(testOpts(rec))
+	require.NoError(t, err)
+	eng := newTestEngine(t, engineOpts{replay: true})
+	w := kvindex.WorkerRank{Worker: "w"}
+	eng.publish(t, 12) // before the feed exists; nobody receives these live
+	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr, ReplayEndpoint: eng.replayAddr}))
+	runFeed(t, f)
+	rec.waitLast(t, w, 11)
+	applied, resets := rec.state(w)
+	require.Equal(t, seqRange(0, 11), applied)
+	require.Zero(t, resets)
+	st := waitStats(t, f, w, "start-up replay", func(s SourceStats) bool { return s.ReplaysOK == 1 })
+	require.False(t, st.Degraded)
+	require.Zero(t, st.Received, "nothing arrived live")
+	require.Equal(t, []uint64{0}, eng.replayRequests())
+}
+
+// waitBootstrap waits until the source's start-up replay has ended, so that
+// what the test publishes next arrives live.
+func waitBootstrap(t *testing.T, f *Feed, w kvindex.WorkerRank) {
+	t.Helper()
+	waitStats(t, f, w, "start-up replay", func(s SourceStats) bool { return s.ReplaysOK+s.ReplaysFailed >= 1 })
 }
 
 func TestFeedJoinMidStreamReplaysFromZero(t *testing.T) {
@@ -226,17 +256,18 @@ func TestFeedReplayIncomplete(t *testing.T) {
 			require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr, ReplayEndpoint: eng.replayAddr}))
 			runFeed(t, f)
 			eng.waitSubscribed(t)
+			waitBootstrap(t, f, w)
 			eng.publish(t, 15, 10, 11, 12, 13, 14)
 			tc.prepare(eng)
 			eng.publish(t, 15)
 			rec.waitLast(t, w, 29)
 			applied, _ := rec.state(w)
 			require.Equal(t, tc.applied, applied)
-			st := waitStats(t, f, w, "replay counted", func(s SourceStats) bool { return s.ReplaysOK+s.ReplaysFailed > 0 })
+			st := waitStats(t, f, w, "replay counted", func(s SourceStats) bool { return s.ReplaysOK+s.ReplaysFailed == 2 })
 			require.True(t, st.Degraded)
 			require.Equal(t, tc.lost, st.LostBatches)
 			require.Equal(t, uint64(1), st.ReplaysFailed)
-			require.Zero(t, st.ReplaysOK)
+			require.Equal(t, uint64(1), st.ReplaysOK, "the start-up replay of an empty buffer")
 		})
 	}
 }
@@ -256,7 +287,7 @@ func TestFeedReplayUnreachable(t *testing.T) {
 	st, _ := f.SourceStats(w)
 	require.True(t, st.Degraded)
 	require.Equal(t, uint64(2), st.LostBatches)
-	require.Equal(t, uint64(1), st.ReplaysFailed)
+	require.Equal(t, uint64(2), st.ReplaysFailed, "the start-up replay and the gap's")
 }
 
 func TestFeedGapWithoutReplayIsDegraded(t *testing.T) {
@@ -321,6 +352,9 @@ func TestFeedOverflowResyncs(t *testing.T) {
 			require.NoError(t, f.AddSource(cfg))
 			runFeed(t, f)
 			eng.waitSubscribed(t)
+			if withReplay {
+				waitBootstrap(t, f, w)
+			}
 
 			// The Handler blocks on batch 0 while 300 more arrive.
 			eng.publish(t, 300)
@@ -336,14 +370,14 @@ func TestFeedOverflowResyncs(t *testing.T) {
 			require.Equal(t, 1, resets, "one reset for the overflow")
 			if withReplay {
 				// The last batch may come from the replay: wait for its accounting.
-				st = waitStats(t, f, w, "replay counted", func(s SourceStats) bool { return s.ReplaysOK+s.ReplaysFailed > 0 })
+				st = waitStats(t, f, w, "replay counted", func(s SourceStats) bool { return s.ReplaysOK+s.ReplaysFailed == 2 })
 			} else {
 				st, _ = f.SourceStats(w)
 			}
 			if withReplay {
 				require.Equal(t, seqRange(0, 299), applied, "replay from 0 rebuilt everything")
 				require.False(t, st.Degraded)
-				require.Equal(t, uint64(1), st.ReplaysOK)
+				require.Equal(t, uint64(2), st.ReplaysOK, "the start-up replay and the resync's")
 			} else {
 				require.True(t, st.Degraded)
 				require.NotEmpty(t, applied)

@@ -179,6 +179,13 @@ func (s *source) applyLoop(ctx context.Context, seq *sequencer) {
 	if s.resetFirst {
 		seq.reset()
 	}
+	// With a replay endpoint, start from the engine's buffered history rather than
+	// waiting for its next batch: a router that starts (or restarts) next to a
+	// warm, idle engine learns what it caches at once. Live batches wait in the
+	// queue meanwhile and those the replay covered are dropped as stale.
+	if seq.replay != nil {
+		seq.bootstrap(ctx)
+	}
 	for {
 		select {
 		case <-ctx.Done():
