@@ -4,7 +4,7 @@ PKGS ?= ./...
 FUZZTIME ?= 10s
 BENCHCOUNT ?= 6
 
-.PHONY: test race lint fuzz-smoke bench ci
+.PHONY: test race lint fuzz-smoke bench ci e2e-kube
 
 test: ## unit tests, the README's test command
 	$(GO) test $(PKGS)
@@ -21,5 +21,8 @@ fuzz-smoke: ## run every fuzz target briefly
 
 bench: ## run the benchmarks and regenerate docs/BENCHMARKS.md
 	$(GO) run ./internal/benchreport -count $(BENCHCOUNT)
+
+e2e-kube: ## end-to-end tests against a real kube-apiserver and etcd (docs/E2E.md)
+	./scripts/kube-e2e.sh
 
 ci: lint race fuzz-smoke
