@@ -110,6 +110,9 @@ type epp struct {
 	router *router
 	server *extproc.Server
 	reg    *prometheus.Registry
+	// excluded is what the last snapshot excluded (id -> reason and value), so
+	// that only changes are logged. apply owns it (one discovery loop).
+	excluded map[string]string
 }
 
 // newEPP builds everything that does not listen yet. configure, when set,
@@ -224,9 +227,7 @@ func (e *epp) apply(s discovery.Snapshot) {
 		if err != nil {
 			e.logger.Warn("reconcile", "err", err)
 		}
-		for _, x := range res.Excluded {
-			e.logger.Info("worker excluded", "id", x.ID, "reason", x.Reason, "value", x.Value)
-		}
+		e.logExclusions(res.Excluded)
 	} else {
 		e.reconcile(desired)
 	}
@@ -235,6 +236,25 @@ func (e *epp) apply(s discovery.Snapshot) {
 		e.server.SetReady(true)
 		e.logger.Info("discovery synced; serving", "workers", len(desired))
 	}
+}
+
+// logExclusions logs the workers the role split excluded, once per change: a
+// new exclusion, a changed reason or value, and an exclusion that ended.
+func (e *epp) logExclusions(xs []roles.Excluded) {
+	now := make(map[string]string, len(xs))
+	for _, x := range xs {
+		key := x.Reason + "\x00" + x.Value
+		now[x.ID] = key
+		if e.excluded[x.ID] != key {
+			e.logger.Info("worker excluded", "id", x.ID, "reason", x.Reason, "value", x.Value)
+		}
+	}
+	for id := range e.excluded {
+		if _, still := now[id]; !still {
+			e.logger.Info("worker no longer excluded", "id", id)
+		}
+	}
+	e.excluded = now
 }
 
 func (e *epp) reconcile(desired []catalog.Worker) {
