@@ -286,22 +286,26 @@ func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *p
 		}
 		ev, err := s.evaluate(p, pr, sc)
 		if err != nil {
+			// Leaving as the head must wake the next waiter: nothing else may.
+			wasHead := w != nil && p.queue.head() == w
 			s.leaveQueueLocked(p, w)
 			p.mu.Unlock()
+			if wasHead {
+				p.signal()
+			}
 			return Result{}, err
 		}
 		if !ev.allBusy && (p.queue.Len() == 0 || p.queue.head() == w) {
 			res, err := s.commit(p, pr, ev, true, false)
-			if err == nil {
-				s.leaveQueueLocked(p, w)
-			}
+			// Admitted or failed, the request is done waiting.
+			s.leaveQueueLocked(p, w)
 			more := p.queue.Len() > 0
 			p.mu.Unlock()
-			if err != nil {
-				return Result{}, err
-			}
 			if more {
 				p.signal() // the next head may fit too
+			}
+			if err != nil {
+				return Result{}, err
 			}
 			wait := s.clock.Now().Sub(start)
 			if w != nil {
@@ -310,6 +314,7 @@ func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *p
 			s.decided(pr, ev, &res, true, wait)
 			return res, nil
 		}
+		kick := false
 		if w == nil {
 			if p.queue.Len() >= s.cfg.QueueLimit {
 				p.mu.Unlock()
@@ -320,12 +325,14 @@ func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *p
 			w = &waiter{tier: pr.priority.Tier, score: s.queueScore(p, pr, ev, start), seq: p.seq}
 			heap.Push(&p.queue, w)
 			s.st.queued.Add(1)
-			if !ev.allBusy {
-				// Capacity exists but others wait ahead: make sure the head looks.
-				defer p.signal()
-			}
+			// Capacity exists but others wait ahead: make sure the head looks
+			// (once, when joining; later looks come from capacity changes).
+			kick = !ev.allBusy
 		}
 		p.mu.Unlock()
+		if kick {
+			p.signal()
+		}
 		select {
 		case <-ctx.Done():
 			p.mu.Lock()

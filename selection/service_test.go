@@ -318,6 +318,14 @@ func queued(t *testing.T, s *SelectionService, model string, n int) {
 	}, 5*time.Second, time.Millisecond)
 }
 
+// testContext is a context that ends with the test, and after 10 s at most, so
+// that a request stuck in a queue fails the test instead of hanging it.
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 type outcome struct {
 	res Result
 	err error
@@ -707,4 +715,74 @@ func TestPrivateBlocksAreCounted(t *testing.T) {
 			require.Empty(t, s.ledger.Loads())
 		})
 	}
+}
+
+// TestQueuedRequestThatFailsLeavesTheQueue: a waiting request whose booking
+// fails when it is admitted (its id was booked meanwhile through another
+// model's partition) must leave the queue and let the next request through,
+// not stay at its head.
+func TestQueuedRequestThatFailsLeavesTheQueue(t *testing.T) {
+	s, _ := newTestService(t, func(c *Config) { th := 1.0; c.QueueThreshold = &th })
+	for _, w := range []catalog.Worker{
+		worker("a", func(w *catalog.Worker) { w.Model = "m1" }),
+		worker("b", func(w *catalog.Worker) { w.Model = "m2" }),
+	} {
+		_, err := s.UpsertWorker(w)
+		require.NoError(t, err)
+	}
+	ctx := testContext(t)
+	_, err := s.SelectAndReserve(ctx, Request{Model: "m1", ReservationID: "big", Tokens: toks(200, 1)})
+	require.NoError(t, err)
+
+	failed := make(chan error, 1)
+	go func() {
+		_, err := s.SelectAndReserve(ctx, Request{Model: "m1", ReservationID: "dup", Tokens: toks(8, 2)})
+		failed <- err
+	}()
+	queued(t, s, "m1", 1)
+	// The same id is booked on the other model while "dup" waits.
+	_, err = s.SelectAndReserve(ctx, Request{Model: "m2", ReservationID: "dup", Tokens: toks(8, 3)})
+	require.NoError(t, err)
+
+	require.NoError(t, s.PrefillComplete("big"))
+	require.ErrorIs(t, <-failed, ErrConflict)
+	require.Zero(t, s.Stats().Waiting, "the failed request left the queue")
+	next, err := s.SelectAndReserve(ctx, Request{Model: "m1", ReservationID: "next", Tokens: toks(8, 4)})
+	require.NoError(t, err, "capacity is free and nobody waits ahead")
+	require.Equal(t, "a", next.WorkerID)
+}
+
+// TestQueuedHeadThatFailsWakesTheNext: when the head of the queue fails on
+// admission (every worker it may use is gone), the request behind it must be
+// woken to look again, and get through.
+func TestQueuedHeadThatFailsWakesTheNext(t *testing.T) {
+	s, _ := newTestService(t, func(c *Config) { th := 1.0; c.QueueThreshold = &th })
+	addWorkers(t, s, "a", "b")
+	ctx := testContext(t)
+	for _, w := range []string{"a", "b"} {
+		_, err := s.SelectAndReserve(ctx, Request{ReservationID: "big-" + w, Tokens: toks(200, 1), Allowed: []string{w}})
+		require.NoError(t, err)
+	}
+	headErr := make(chan error, 1)
+	go func() {
+		_, err := s.SelectAndReserve(ctx, Request{ReservationID: "head", Tokens: toks(8, 2), Allowed: []string{"b"}})
+		headErr <- err
+	}()
+	queued(t, s, "", 1)
+	nextRes := make(chan outcome, 1)
+	go func() {
+		r, err := s.SelectAndReserve(ctx, Request{ReservationID: "next", Tokens: toks(8, 3)})
+		nextRes <- outcome{r, err}
+	}()
+	queued(t, s, "", 2)
+	// a frees up, but the queue is strict: "next" stays behind the head, which
+	// may only use b. Then b goes away: the head fails, and nothing else will
+	// signal the partition.
+	require.NoError(t, s.PrefillComplete("big-a"))
+	_, err := s.DeleteWorker("b")
+	require.NoError(t, err)
+	require.ErrorIs(t, <-headErr, ErrNoEndpoints)
+	got := <-nextRes
+	require.NoError(t, got.err)
+	require.Equal(t, "a", got.res.WorkerID)
 }
