@@ -70,15 +70,15 @@ func logit(c *candidate, in costInput, w *weights) float64 {
 	return w.scale*math.Max(0, rawPrefillBlocks-credit) + decode + w.activeReqWeight*float64(c.activeRequests)
 }
 
-// pick returns the index in cands of the chosen candidate: the cheapest with ties
-// broken uniformly at random when temperature is 0, else a softmax draw over
-// costs normalised by their range. cands must not be empty.
 // randSource is what pick draws from (*rand.Rand, or a partition's lockedRand).
 type randSource interface {
 	IntN(n int) int
 	Float64() float64
 }
 
+// pick returns the index in cands of the chosen candidate: the cheapest with ties
+// broken uniformly at random when temperature is 0, else a softmax draw over
+// costs normalised by their range. cands must not be empty.
 func pick(cands []candidate, temperature float64, rng randSource) int {
 	if temperature <= 0 {
 		best, ties := 0, 1

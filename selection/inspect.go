@@ -96,8 +96,8 @@ func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Sco
 	} else {
 		matches = p.approx.FindMatches(pr.seqs, kvindex.MatchOptions{})
 	}
-	sc := &evalScratch{matches: matches, rs: p.ranksOf()}
-	sc.matchIdx = sc.rs.resolve(nil, matches)
+	sc := &evalScratch{matches: matches}
+	sc.resolve(p.ranksOf())
 	ev, err := s.evaluate(p, pr, sc)
 	if err != nil {
 		return nil, err

@@ -118,20 +118,6 @@ func (p *partition) ranksOf() *rankSet {
 
 var emptyRanks rankSet
 
-// resolve maps each match to its rank index in rs (-1 when the worker rank is
-// not schedulable), into dst.
-func (rs *rankSet) resolve(dst []int32, matches []kvindex.Match) []int32 {
-	dst = dst[:0]
-	for _, m := range matches {
-		i, ok := rs.pos[m.Worker]
-		if !ok {
-			i = -1
-		}
-		dst = append(dst, i)
-	}
-	return dst
-}
-
 // signal wakes every waiter so the head of the queue re-checks capacity.
 func (p *partition) signal() {
 	p.sigMu.Lock()

@@ -182,9 +182,11 @@ func (s *source) applyLoop(ctx context.Context, seq *sequencer) {
 	// With a replay endpoint, start from the engine's buffered history rather than
 	// waiting for its next batch: a router that starts (or restarts) next to a
 	// warm, idle engine learns what it caches at once. Live batches wait in the
-	// queue meanwhile and those the replay covered are dropped as stale.
+	// queue meanwhile and those the replay covered are dropped as stale. An
+	// engine with nothing buffered (or not up yet) ends or fails the replay at
+	// once; either way the first live batch then drives the source as usual.
 	if seq.replay != nil {
-		seq.bootstrap(ctx)
+		seq.replayFrom(ctx, 0, 0)
 	}
 	for {
 		select {

@@ -105,13 +105,6 @@ func (q *sequencer) resync(ctx context.Context) {
 	}
 }
 
-// bootstrap replays the engine's buffered history before any live batch. An
-// engine with nothing buffered (or not up yet) ends the replay at once or fails
-// it; either way the first live batch then drives the source as usual.
-func (q *sequencer) bootstrap(ctx context.Context) {
-	q.replayFrom(ctx, 0, 0)
-}
-
 // reset clears the source in the Handler and forgets the watermark. A reset source is
 // no longer degraded: nothing of its earlier state remains.
 func (q *sequencer) reset() {
