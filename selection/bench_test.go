@@ -71,10 +71,21 @@ func benchService(b *testing.B, n int, mod func(*Config)) (*SelectionService, []
 
 // BenchmarkSelectAndReserve books and frees a 2k-token prompt against n workers
 // with a warm index; p50-ns is the median of one SelectAndReserve + Free.
+// workers=64/queued is the in-run baseline: the same with queueing on (a
+// threshold no worker reaches), so the decision runs under the model's lock.
 func BenchmarkSelectAndReserve(b *testing.B) {
-	for _, n := range []int{8, 64, 512} {
-		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
-			s, prompts := benchService(b, n, nil)
+	for _, bc := range []struct {
+		name string
+		n    int
+		mod  func(*Config)
+	}{
+		{"workers=8", 8, nil},
+		{"workers=64", 64, nil},
+		{"workers=64/queued", 64, queuedConfig},
+		{"workers=512", 512, nil},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			s, prompts := benchService(b, bc.n, bc.mod)
 			ctx := context.Background()
 			ids := make([]string, 4096)
 			for i := range ids {
@@ -113,9 +124,12 @@ func BenchmarkSelectAndReserveParallel(b *testing.B) {
 // threshold no worker reaches), so every decision runs under the model's lock:
 // the in-run baseline of the lock-free path.
 func BenchmarkSelectAndReserveParallelQueued(b *testing.B) {
-	s, prompts := benchService(b, 64, func(c *Config) { high := 1e9; c.QueueThreshold = &high })
+	s, prompts := benchService(b, 64, queuedConfig)
 	runParallelBookings(b, s, prompts)
 }
+
+// queuedConfig turns queueing on with a threshold no worker reaches.
+func queuedConfig(c *Config) { high := 1e9; c.QueueThreshold = &high }
 
 func runParallelBookings(b *testing.B, s *SelectionService, prompts [][]uint32) {
 	ctx := context.Background()

@@ -76,6 +76,7 @@ var rows = []row{
 	{what: "ZMQ feed end to end (1 KiB batches, loopback)", bench: "BenchmarkFeedThroughput", metric: "batches/s", budget: ">= 50k batches/s", ok: ge(50_000), higherBtr: true, jobIndex: 3},
 	{what: "SelectAndReserve + Free p50, 8 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=8", metric: "p50-ns", jobIndex: 4},
 	{what: "SelectAndReserve + Free p50, 64 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=64", metric: "p50-ns", budget: "<= 20 us", ok: le(20_000), jobIndex: 4},
+	{what: "the same, lock-free booking vs the model lock (queueing on), 1 core", bench: "BenchmarkSelectAndReserve/workers=64", metric: "p50-ns", baseline: "BenchmarkSelectAndReserve/workers=64/queued", jobIndex: 4},
 	{what: "SelectAndReserve + Free p50, 512 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=512", metric: "p50-ns", jobIndex: 4},
 	{what: "SelectAndReserve + Free, 64 workers, parallel, 2 cores vs 1", bench: "BenchmarkSelectAndReserveParallel@2", metric: "ns/op", budget: ">= 1.5x faster on 2 cores", minSpeedup: 1.5, baseline: "BenchmarkSelectAndReserveParallel@1", jobIndex: 5},
 	{what: "the same, lock-free booking vs the model lock (queueing on), 2 cores", bench: "BenchmarkSelectAndReserveParallel@2", metric: "ns/op", baseline: "BenchmarkSelectAndReserveParallelQueued@2", jobIndex: 5},
