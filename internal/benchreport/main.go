@@ -284,7 +284,10 @@ previous request's mapping when the same worker ranks match in the same order. A
 (` + "`go test ./selection -run x -bench 'SelectAndReserve$/workers=64' -benchtime 100000x -cpu 1 -cpuprofile cpu.out`" + `)
 now splits an operation into hashing the prompt about 15%, Free 19% (most of it the bulk
 sweep, which removes the blocks no request booked again: the removal work itself, batched), candidate evaluation 22% (ledger AppendLoads 8%, cost function 8%), Book 9% and
-FindMatches 9%. The machine is shared and noisy: single runs of the same binary vary by 30%.
+FindMatches 9%. The machine is shared and noisy: single runs of the same binary vary by 30%,
+and two full ` + "`make bench`" + ` runs on 2026-11-29 gave medians of 19.3 and 21.0 us: at the budget, not
+reliably under it. Running the decision under the model lock instead (the queueing path, row
+above) costs the same on one core.
 
 **Parallel scaling (2 cores vs 1).** Not met, and the cause is measured rather than assumed.
 The read path scales: ` + "`Select`" + ` alone (hash, FindMatches, AppendLoads, cost) runs 1.7x faster
