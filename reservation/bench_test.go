@@ -109,6 +109,21 @@ func BenchmarkAppendLoads(b *testing.B) {
 			}
 		})
 	}
+	// resolved: AppendRankLoads on handles from AppendRanks, as the selection
+	// service calls it (no lookup by name per candidate).
+	b.Run("64workers/resolved", func(b *testing.B) {
+		l, workers := benchLedger(b, 64, 4)
+		ranks := l.AppendRanks(nil, workers)
+		seqs := request()
+		dst := make([]CandidateLoad, 0, len(ranks))
+		b.ReportAllocs()
+		for b.Loop() {
+			dst = l.AppendRankLoads(dst[:0], ranks, seqs)
+		}
+		if dst[0].NewBlocks != 64 || dst[1].NewBlocks != 128 {
+			b.Fatalf("new blocks %d and %d, want 64 and 128", dst[0].NewBlocks, dst[1].NewBlocks)
+		}
+	})
 	b.Run("512workers/prefix-on-all", func(b *testing.B) {
 		l, workers := benchLedgerShared(b, 512, 4, 1)
 		seqs := request()

@@ -36,30 +36,19 @@ func (e *blockRefs) search(slot int32) (int, bool) {
 // worker ranks whose live bookings contain it, each with a reference count (a
 // booking that lists a hash twice holds two references). The hash table is
 // pointer-free and points into a slab whose free entries are reused, so churn
-// allocates nothing once both have reached the peak number of active blocks.
+// allocates nothing once both have reached the peak number of active blocks. A
+// block leaves the table with its last reference.
 //
-// A block whose last reference goes stays in the table as an idle entry (no
-// holder), because the same prefix is usually booked again soon: re-activating
-// it is one lookup instead of a removal and an insertion. Idle entries are swept
-// out together once there are more than maxIdle and more than live ones, so
-// they cost amortised constant time and the table stays within twice the live
-// blocks plus maxIdle.
-//
-// It is not safe for concurrent use; the Ledger's mutex guards it.
+// It is not safe for concurrent use; the Ledger keeps one per block stripe,
+// under the stripe's lock.
 type activeBlocks struct {
 	index blockTable
 	slab  []blockRefs
 	free  []int32
-	idle  int // entries in index with no holder
-
-	sweepBuf []uint64 // sweep's list of idle hashes, kept for reuse
 }
 
-// maxIdle is the number of idle entries kept whatever the live ones.
-const maxIdle = 1024
-
 // live returns the number of blocks with at least one holder.
-func (a *activeBlocks) live() int { return a.index.len() - a.idle }
+func (a *activeBlocks) live() int { return a.index.len() }
 
 func newActiveBlocks() activeBlocks {
 	return activeBlocks{index: newBlockTable()}
@@ -88,11 +77,6 @@ func (a *activeBlocks) inc(h uint64, slot int32) (int32, bool) {
 	}
 	i := a.index.slots[pos].val - 1
 	e := &a.slab[i]
-	if e.first.refs == 0 { // idle: becomes active again
-		e.first = holder{slot: slot, refs: 1}
-		a.idle--
-		return i, true
-	}
 	if e.first.slot == slot {
 		e.first.refs++
 		return i, false
@@ -110,11 +94,11 @@ func (a *activeBlocks) inc(h uint64, slot int32) (int32, bool) {
 
 // dec drops one reference of slot on block h, whose entry index inc returned,
 // and reports whether slot no longer holds h. The reference must exist: the
-// ledger only drops what it added. A block's last reference leaves it idle; the
-// caller runs sweep when it is done dropping.
+// ledger only drops what it added. The block leaves the table with its last
+// reference.
 func (a *activeBlocks) dec(i int32, h uint64, slot int32) bool {
 	e := &a.slab[i]
-	if e.first.slot == slot && e.first.refs > 0 {
+	if e.first.slot == slot {
 		e.first.refs--
 		if e.first.refs > 0 {
 			return false
@@ -124,7 +108,9 @@ func (a *activeBlocks) dec(i int32, h uint64, slot int32) bool {
 			e.more = e.more[:n-1]
 			return true
 		}
-		a.idle++
+		e.first = holder{}
+		a.index.remove(h)
+		a.free = append(a.free, i)
 		return true
 	}
 	j, ok := e.search(slot)
@@ -141,34 +127,13 @@ func (a *activeBlocks) dec(i int32, h uint64, slot int32) bool {
 }
 
 // holders returns the entry of block h, or nil when no worker rank has it active.
-// The pointer is valid until the next inc, dec or sweep.
+// The pointer is valid until the next inc or dec.
 func (a *activeBlocks) holders(h uint64) *blockRefs {
 	i, ok := a.index.get(h)
-	if !ok || a.slab[i].first.refs == 0 {
+	if !ok {
 		return nil
 	}
 	return &a.slab[i]
-}
-
-// sweep removes every idle entry when there are more than maxIdle of them and
-// more than live entries, in place (the table allocates nothing). Live entries
-// keep their slab indices.
-func (a *activeBlocks) sweep() {
-	if a.idle <= maxIdle || a.idle <= a.live() {
-		return
-	}
-	idle := a.sweepBuf[:0]
-	a.index.all(func(h uint64, i int32) {
-		if a.slab[i].first.refs == 0 {
-			idle = append(idle, h)
-			a.free = append(a.free, i)
-		}
-	})
-	for _, h := range idle {
-		a.index.remove(h)
-	}
-	a.sweepBuf = idle[:0]
-	a.idle = 0
 }
 
 // requestScratch answers "how many of this request's distinct blocks does each
@@ -184,6 +149,10 @@ type requestScratch struct {
 	epoch  uint32
 	set    []setEntry // length a power of two
 	counts []int32    // indexed by slot; the first slots entries are in use
+	uniq   []uint64   // the pass's distinct hashes, in request order
+	sorted []uint64   // uniq grouped by block stripe
+	runs   stripeRuns // the stripes' runs in sorted
+	slots  []int32    // AppendLoads: each candidate's slot, -1 for none
 }
 
 type setEntry struct {
@@ -231,10 +200,16 @@ func (s *requestScratch) add(h uint64) bool {
 
 // credit counts one more distinct request block for every holder of e.
 func (s *requestScratch) credit(e *blockRefs) {
+	// A holder may be a worker rank that came after the pass began, with a
+	// slot beyond the counts; nobody asks for it.
 	counts := s.counts
-	counts[e.first.slot]++
+	if int(e.first.slot) < len(counts) {
+		counts[e.first.slot]++
+	}
 	for _, o := range e.more {
-		counts[o.slot]++
+		if int(o.slot) < len(counts) {
+			counts[o.slot]++
+		}
 	}
 }
 

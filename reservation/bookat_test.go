@@ -15,7 +15,7 @@ func TestBookAtRejectsABookingSinceTheRead(t *testing.T) {
 	a, b := wr("a", 0), wr("b", 0)
 	loads := l.AppendLoads(nil, []kvindex.WorkerRank{a, b}, []uint64{1, 2})
 	seen := loads[0].Stamp
-	require.Equal(t, seen, loads[1].Stamp, "one read, one stamp")
+	require.Equal(t, seen, loads[1].Stamp, "neither rank booked yet: both zero")
 
 	// Another decision books a after the read: a decision on a made from that
 	// read is stale, one on b is not.
@@ -48,8 +48,37 @@ func TestBookAtAcceptsSettlementsSinceTheRead(t *testing.T) {
 	require.NoError(t, l.PrefillComplete("old"))
 	require.NoError(t, l.Free("old"))
 	require.NoError(t, l.BookAt(Booking{ID: "new", Worker: a, SeqHashes: []uint64{7}}, seen))
-	// ...but the re-made entry remembers the booking it was made by.
+	// ...but the entry remembers the booking it was made by.
 	require.ErrorIs(t, l.BookAt(Booking{ID: "late", Worker: a}, seen), ErrStale)
+	checkInvariants(t, l)
+}
+
+func TestBookAtRejectsAReadOfARemovedRank(t *testing.T) {
+	l := newLedger(t, Options{})
+	a := wr("a", 0)
+	require.NoError(t, l.Book(Booking{ID: "old", Worker: a, SeqHashes: []uint64{7}}))
+	seen := l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil)[0].Stamp
+	require.Equal(t, 1, l.RemoveWorker("a"))
+	// The worker comes back and is booked from a fresh read: the old read
+	// names the removed entry, so it is stale even though the new entry has
+	// had as many bookings as the old one had.
+	fresh := l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil)[0].Stamp
+	require.Equal(t, Stamp{}, fresh)
+	require.NoError(t, l.BookAt(Booking{ID: "new", Worker: a}, fresh))
+	require.ErrorIs(t, l.BookAt(Booking{ID: "late", Worker: a}, seen), ErrStale)
+	checkInvariants(t, l)
+}
+
+func TestBookAtRejectsAReadMidBooking(t *testing.T) {
+	l := newLedger(t, Options{})
+	a := wr("a", 0)
+	require.NoError(t, l.Book(Booking{ID: "x", Worker: a}))
+	seen := l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil)[0].Stamp
+	// A read taken while a Book was changing the entry carries an odd version,
+	// which no finished Book leaves behind.
+	mid := Stamp{r: seen.r, v: seen.v - 1}
+	require.ErrorIs(t, l.BookAt(Booking{ID: "y", Worker: a}, mid), ErrStale)
+	require.NoError(t, l.BookAt(Booking{ID: "y", Worker: a}, seen))
 	checkInvariants(t, l)
 }
 
@@ -110,45 +139,57 @@ func TestBookAtSerialises(t *testing.T) {
 	checkInvariants(t, l)
 }
 
-func TestIdleBlocksAreReusedThenSwept(t *testing.T) {
+func TestFreedBlocksLeaveTheIndex(t *testing.T) {
 	l := newLedger(t, Options{})
 	w := wr("w", 0)
 	seqs := []uint64{11, 12, 13}
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: seqs}))
-	first, _ := l.Get("a")
-	require.Equal(t, 3, first.Blocks)
+	require.NoError(t, l.Book(Booking{ID: "b", Worker: w, SeqHashes: seqs[:1]}))
 	require.NoError(t, l.Free("a"))
-	require.Zero(t, l.blocks.live())
-	require.Equal(t, 3, l.blocks.idle, "freed blocks stay as idle entries")
-	require.Equal(t, 0, l.NewBlocks(w, nil))
-	require.Equal(t, 3, l.NewBlocks(w, seqs), "an idle block is not active anywhere")
-	require.Equal(t, 3, l.AppendLoads(nil, []kvindex.WorkerRank{w}, seqs)[0].NewBlocks)
-
-	// Booking the prefix again re-activates the same entries.
-	slab := len(l.blocks.slab)
-	require.NoError(t, l.Book(Booking{ID: "b", Worker: w, SeqHashes: seqs}))
-	require.Equal(t, slab, len(l.blocks.slab))
-	require.Zero(t, l.blocks.idle)
-	require.Equal(t, Load{ActiveBlocks: 3, ActiveRequests: 1}, l.Load(w))
+	live, slab := blockCounts(l)
+	require.Equal(t, 1, live, "11 is still held by b")
+	require.Equal(t, 2, l.NewBlocks(w, seqs))
 	checkInvariants(t, l)
 
-	// Many distinct freed blocks: idle entries are swept once they outnumber
-	// both maxIdle and the live ones, leaving the live blocks untouched.
-	next := uint64(1000)
-	for i := range 3 * maxIdle / 64 {
-		hs := make([]uint64, 64)
-		for j := range hs {
-			hs[j] = next
-			next++
-		}
-		id := fmt.Sprint("c", i)
-		require.NoError(t, l.Book(Booking{ID: id, Worker: w, SeqHashes: hs}))
-		require.NoError(t, l.Free(id))
-		require.LessOrEqual(t, l.blocks.idle, maxIdle+64)
-	}
-	require.Less(t, l.blocks.index.len(), 2*maxIdle)
-	require.Equal(t, 3, l.blocks.live())
-	checkInvariants(t, l)
+	// Booking again reuses the freed slab entries.
+	require.NoError(t, l.Book(Booking{ID: "c", Worker: w, SeqHashes: seqs}))
+	_, slabAgain := blockCounts(l)
+	require.Equal(t, slab, slabAgain)
+	require.Equal(t, Load{ActiveBlocks: 3, ActiveRequests: 2}, l.Load(w))
 	require.NoError(t, l.Free("b"))
+	require.NoError(t, l.Free("c"))
+	require.Zero(t, liveBlocks(l))
+	checkInvariants(t, l)
+}
+
+func TestRankHandles(t *testing.T) {
+	l := newLedger(t, Options{})
+	a, b := wr("a", 0), wr("b", 1)
+	ranks := l.AppendRanks(nil, []kvindex.WorkerRank{a, b})
+	require.Equal(t, []kvindex.WorkerRank{a, b}, []kvindex.WorkerRank{ranks[0].Worker(), ranks[1].Worker()})
+	require.Empty(t, l.Loads(), "an entry made by AppendRanks has no load to report")
+	require.NoError(t, l.Book(Booking{ID: "x", Worker: a, SeqHashes: []uint64{1, 2}, PrefillTokens: 5}))
+
+	byHandle := l.AppendRankLoads(nil, ranks, []uint64{1, 2, 3})
+	byName := l.AppendLoads(nil, []kvindex.WorkerRank{a, b}, []uint64{1, 2, 3})
+	require.Equal(t, byName, byHandle)
+	require.Equal(t, 1, byHandle[0].NewBlocks)
+	require.Equal(t, 3, byHandle[1].NewBlocks)
+	require.NoError(t, l.BookAt(Booking{ID: "y", Worker: b}, byHandle[1].Stamp), "b was read through its handle and not booked since")
+
+	// The worker goes and comes back: the old handle still reads the worker
+	// rank's current entry, found again by name.
+	require.Equal(t, 1, l.RemoveWorker("a"))
+	require.NoError(t, l.Book(Booking{ID: "z", Worker: a, SeqHashes: []uint64{1}}))
+	got := l.AppendRankLoads(nil, ranks[:1], []uint64{1, 2, 3})
+	require.Equal(t, Load{ActiveBlocks: 1, ActiveRequests: 1}, got[0].Load)
+	require.Equal(t, 2, got[0].NewBlocks)
+	require.NoError(t, l.BookAt(Booking{ID: "w", Worker: a}, got[0].Stamp))
+	require.ErrorIs(t, l.BookAt(Booking{ID: "v", Worker: a}, byHandle[0].Stamp), ErrStale, "a read of the removed entry")
+
+	// Removed and not back: the handle reads nothing.
+	require.Equal(t, 2, l.RemoveWorker("a"))
+	got = l.AppendRankLoads(nil, ranks[:1], []uint64{1})
+	require.Equal(t, []CandidateLoad{{Worker: a, NewBlocks: 1}}, got)
 	checkInvariants(t, l)
 }

@@ -44,42 +44,53 @@
 // holding it with a reference count each, rather than one set per worker rank.
 // AppendLoads, the hot-path read, therefore looks each of the request's hashes up
 // once, whatever the number of candidates, and credits every holder; answering
-// for 64 candidates costs one pass over the request plus 64 worker lookups. Book
-// costs one index lookup per hash, Free one reference-count decrement per hash
-// (it reuses the entries Book found), and neither anything per private block; a
+// for 64 candidates costs one pass over the request plus a few atomic reads per
+// candidate. Book costs one index lookup per hash, Free one reference-count
+// decrement per hash (it reuses the entries Book found) and a table deletion per
+// block no worker rank holds any more, and neither anything per private block; a
 // hash active on many worker ranks (a shared system prompt) finds its holder by
-// binary search. A block whose last booking goes stays in the index as an idle
-// entry, since the same prefix is usually booked again soon; idle entries are
-// swept out together once there are more than 1024 of them and more than live
-// ones. Leases are ordered in a B-tree by deadline, so Expire and NextExpiry
+// binary search. Leases are ordered per worker rank in a B-tree by deadline, so
+// Expire and NextExpiry cost one look per worker rank plus what they settle, and
 // never scan live bookings.
 //
-// Memory follows the live bookings: a worker rank's entry and a booking
-// disappear when their last booking is settled, and the index holds at most
-// twice the live blocks plus 1024 idle ones. Buffers kept for reuse (index
-// slots, pooled bookings, spare worker entries) are bounded by the peak of live
-// bookings, and the index's hash table, above 4096 slots, halves whenever it
-// falls under 1/16 full.
+// Memory follows the live bookings: a booking disappears when it is settled and
+// the index holds exactly the live blocks. A worker rank's load entry (a few
+// hundred bytes) is made by its first Book or by AppendRanks and kept, empty,
+// until RemoveWorker of its worker, so the number of entries is the number of
+// worker ranks in use, not of bookings. Buffers kept for reuse (index slots,
+// pooled hash lists) are bounded by the peak of live bookings.
 //
 // # Concurrency
 //
-// A Ledger is safe for concurrent use. One read-write mutex guards all of its
-// state: calls that change it hold it exclusively, the reads (AppendLoads,
-// NewBlocks, Load, Loads, Get, NextExpiry) share it, so the candidate
-// evaluations of concurrent requests run in parallel. Every method holds it for
-// a short, bounded critical section (Book and Free cost the booking's sequence
-// hashes, AppendLoads the request's sequence hashes plus the candidates, Expire
-// and RemoveWorker the bookings they settle), and copies of the caller's slices
-// are made outside it. Stats reads atomic counters without the lock.
-// Options.OnChange runs after the lock is released, on the goroutine of the call
-// that lowered the load; it must not block, and it may call back into the
-// Ledger. Nothing in this package starts a goroutine.
+// A Ledger is safe for concurrent use, and calls on different worker ranks run
+// in parallel. There is no ledger-wide lock on the request path. Each worker
+// rank's entry has a mutex that its Book, settlements (Free, Expire,
+// RemoveWorker), PrefillComplete and Touch hold, so bookings on one worker rank
+// are serialised and bookings on different ones are not. The block index is
+// split into 8 stripes by hash, each with its own mutex; Book and Free take the
+// stripes of their hashes one at a time (a booking's hashes are kept grouped by
+// stripe), AppendLoads likewise. Reservation ids map to bookings through 32
+// independently locked stripes. A registry of worker ranks is read-locked for
+// lookups and write-locked only to add or remove an entry. Locks are taken in
+// one order (worker rank, then id stripe, then block stripe; the registry is
+// never held while waiting for a worker rank), so calls cannot deadlock. Every
+// critical section is short and bounded (a stripe's share of one booking's
+// hashes at most), copies of the caller's slices are made outside them, and
+// Stats reads atomic counters. Options.OnChange runs after the locks are
+// released, on the goroutine of the call that lowered the load; it must not
+// block, and it may call back into the Ledger. Nothing in this package starts a
+// goroutine.
 //
-// Read, decide, book without a lock around the three: AppendLoads stamps what
-// it read, and BookAt books only if the chosen worker rank was not booked after
-// that stamp (ErrStale otherwise). Because only Book raises a load, a decision
-// BookAt accepts is one that some serial order of the concurrent calls would
-// have made; the selection service retries on ErrStale.
+// Read, decide, book without a lock around the three: AppendLoads reads each
+// candidate's load without its lock and stamps what it read (the worker rank's
+// entry and a sequence number that every Book advances, odd while the Book is
+// changing it), and BookAt books only if the chosen worker rank's entry and
+// sequence number are still the ones stamped (ErrStale otherwise). Because only
+// Book raises a load, a decision BookAt accepts is one that some serial order of
+// the concurrent calls would have made; the selection service retries on
+// ErrStale. A candidate read while a Book or a settlement was changing it may
+// be seen part-way; its load then lies between its loads before and after that
+// call, and BookAt refuses a booking on a candidate whose Book was under way.
 //
 // # Invariants
 //
@@ -92,11 +103,10 @@
 //     bookings on w plus the sum of PrivateBlocks over the live bookings on w
 //     (each booking's private blocks are added by Book and removed exactly once,
 //     when Free, Expire or RemoveWorker settles it);
-//   - the shared block index's live entries (those with a holder) are exactly
-//     the sequence hashes of the live bookings, never a private block; its
-//     idle entries number at most 1024 or the live ones;
-//   - no field is ever negative, and w has an entry (in Loads) only while it has a
-//     live booking, so memory follows the live bookings under any churn.
+//   - the shared block index holds exactly the sequence hashes of the live
+//     bookings, never a private block, each in the stripe its bits select;
+//   - no field is ever negative, and w appears in Loads only while it has a live
+//     booking.
 //
 // Every booking is settled exactly once, by Free, Expire or RemoveWorker;
 // Stats().Booked always equals Active + Freed + Expired + Removed once the calls in

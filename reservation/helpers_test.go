@@ -39,133 +39,185 @@ type ref struct {
 	slot int32
 }
 
+// lockAll takes every lock of l (registry, worker ranks, id stripes, block
+// stripes) and returns the function that releases them. Only for a quiescent
+// ledger: the order differs from the calls'.
+func lockAll(l *Ledger) func() {
+	l.regMu.Lock()
+	var ranks []*rankState
+	for _, r := range l.ranks {
+		r.mu.Lock()
+		ranks = append(ranks, r)
+	}
+	for i := range l.ids {
+		l.ids[i].mu.Lock()
+	}
+	for i := range l.blocks {
+		l.blocks[i].mu.Lock()
+	}
+	return func() {
+		for i := range l.blocks {
+			l.blocks[i].mu.Unlock()
+		}
+		for i := range l.ids {
+			l.ids[i].mu.Unlock()
+		}
+		for _, r := range ranks {
+			r.mu.Unlock()
+		}
+		l.regMu.Unlock()
+	}
+}
+
+// blockCounts sums the block index over its stripes: active blocks and slab
+// entries (active or free).
+func blockCounts(l *Ledger) (live, slab int) {
+	for i := range l.blocks {
+		st := &l.blocks[i]
+		st.mu.Lock()
+		live += st.a.live()
+		slab += len(st.a.slab)
+		st.mu.Unlock()
+	}
+	return live, slab
+}
+
+func liveBlocks(l *Ledger) int { live, _ := blockCounts(l); return live }
+
 // checkInvariants recomputes every derived quantity of l from its live bookings
-// and compares it with what l maintains: per worker rank loads, the inverted block
-// index with its reference counts (which must hold no private block), the lease
-// tree, the slots and the Active counter.
+// and compares it with what l maintains: per worker rank loads, booking lists
+// and lease trees, the inverted block index with its reference counts (which
+// must hold no private block) and its stripes, the slots and the Active
+// counter. The ledger must be quiescent.
 func checkInvariants(t testing.TB, l *Ledger) {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	unlock := lockAll(l)
+	defer unlock()
 
 	wantRefs := map[ref]int32{}
-	wantLoads := map[kvindex.WorkerRank]Load{}
-	distinct := map[kvindex.WorkerRank]map[uint64]struct{}{}
-	for id, bk := range l.bookings {
-		require.Equal(t, id, bk.id)
-		require.NotNil(t, bk.wl, "booking %q has no worker load", id)
-		require.Equal(t, bk.worker, bk.wl.key)
-		require.Same(t, bk.wl, l.lookup(bk.worker))
-		require.Len(t, bk.idx, len(bk.seqs))
-		require.GreaterOrEqual(t, bk.private, 0, "booking %q", id)
-		ld := wantLoads[bk.worker]
-		ld.ActiveRequests++
-		ld.ActiveBlocks += bk.private // the distinct shared hashes are added below
-		if !bk.prefillDone {
-			ld.ActivePrefillTokens += int64(bk.prefill)
+	wantLoads := map[*rankState]Load{}
+	distinct := map[*rankState]map[uint64]struct{}{}
+	nbookings := 0
+	for i := range l.ids {
+		for id, bk := range l.ids[i].m {
+			nbookings++
+			require.Same(t, &l.ids[i], l.idStripe(id), "booking %q in the wrong id stripe", id)
+			require.Equal(t, id, bk.id)
+			require.False(t, bk.settled, "booking %q settled but listed", id)
+			require.NotNil(t, bk.buf, "booking %q has no hashes", id)
+			r := bk.rank
+			require.Same(t, r, l.ranks[bk.worker], "booking %q on an unregistered rank", id)
+			require.Equal(t, bk.worker, r.key)
+			seqs, idx := bk.buf.seqs, bk.buf.idx
+			require.Len(t, idx, len(seqs))
+			require.Equal(t, bk.blocks, len(seqs))
+			require.True(t, slices.IsSortedFunc(seqs, func(a, b uint64) int { return l.stripe(a) - l.stripe(b) }), "booking %q: hashes not grouped by stripe", id)
+			require.GreaterOrEqual(t, bk.private, 0, "booking %q", id)
+			ld := wantLoads[r]
+			ld.ActiveRequests++
+			ld.ActiveBlocks += bk.private // the distinct shared hashes are added below
+			if !bk.prefillDone {
+				ld.ActivePrefillTokens += int64(bk.prefill)
+			}
+			if distinct[r] == nil {
+				distinct[r] = map[uint64]struct{}{}
+			}
+			for j, h := range seqs {
+				distinct[r][h] = struct{}{}
+				wantRefs[ref{h, r.slot}]++
+				e, ok := l.blocks[l.stripe(h)].a.index.get(h)
+				require.True(t, ok, "booking %q: hash %d not active", id, h)
+				require.Equal(t, e, idx[j], "booking %q: stale entry index", id)
+			}
+			wantLoads[r] = ld
+			require.LessOrEqual(t, bk.bookedAt.Add(bk.lease).Compare(bk.deadline), 0, "deadline before booked-at + lease")
 		}
-		if distinct[bk.worker] == nil {
-			distinct[bk.worker] = map[uint64]struct{}{}
-		}
-		for _, h := range bk.seqs {
-			distinct[bk.worker][h] = struct{}{}
-			wantRefs[ref{h, bk.wl.slot}]++
-		}
-		wantLoads[bk.worker] = ld
-		require.LessOrEqual(t, bk.bookedAt.Add(bk.lease).Compare(bk.deadline), 0, "deadline before booked-at + lease")
 	}
-	for w, set := range distinct {
-		ld := wantLoads[w]
+	for r, set := range distinct {
+		ld := wantLoads[r]
 		ld.ActiveBlocks += len(set)
-		wantLoads[w] = ld
+		wantLoads[r] = ld
 	}
 
-	gotLoads := map[kvindex.WorkerRank]Load{}
 	slots := map[int32]bool{}
-	for name, head := range l.workers {
-		require.NotNil(t, head, "empty rank list of %s kept", name)
-		for wl := head; wl != nil; wl = wl.nextRank {
-			require.Equal(t, name, wl.key.Worker)
-			require.Same(t, wl, l.lookup(wl.key), "rank %d of %s listed twice", wl.key.Rank, name)
-			checkWorkerLoad(t, wl, slots)
-			gotLoads[wl.key] = wl.load()
+	byWorker := 0
+	for name, rs := range l.byWorker {
+		require.NotEmpty(t, rs, "empty rank list of %s kept", name)
+		for _, r := range rs {
+			require.Same(t, r, l.ranks[r.key], "rank %s listed under %s", r.key, name)
+			byWorker++
 		}
 	}
-	require.Equal(t, wantLoads, gotLoads)
-	for id, bk := range l.bookings {
-		for i, h := range bk.seqs {
-			j, ok := l.blocks.index.get(h)
-			require.True(t, ok, "booking %q: hash %d not active", id, h)
-			require.Equal(t, j, bk.idx[i], "booking %q: stale entry index", id)
-		}
+	require.Equal(t, len(l.ranks), byWorker)
+	for k, r := range l.ranks {
+		require.Equal(t, k, r.key)
+		require.False(t, r.dead.Load())
+		require.False(t, slots[r.slot], "slot %d used twice", r.slot)
+		slots[r.slot] = true
+		require.Equal(t, wantLoads[r], r.load(), "load of %s", k)
+		require.Zero(t, r.version.Load()%2, "%s left mid-booking", k)
+		checkRank(t, l, r)
 	}
-	checkBlocks(t, l, wantRefs, slots)
-}
-
-func checkWorkerLoad(t testing.TB, wl *workerLoad, slots map[int32]bool) {
-	t.Helper()
-	require.False(t, slots[wl.slot], "slot %d used twice", wl.slot)
-	slots[wl.slot] = true
-	n, private := 0, 0
-	var prev *booking
-	for bk := wl.head; bk != nil; bk = bk.next {
-		require.Same(t, prev, bk.prev)
-		require.Same(t, wl, bk.wl)
-		prev = bk
-		n++
-		private += bk.private
-	}
-	require.Equal(t, wl.requests, n, "list length of %s", wl.key)
-	require.Equal(t, private, wl.private, "private blocks of %s", wl.key)
-	require.Positive(t, wl.requests)
-	require.GreaterOrEqual(t, wl.prefill, int64(0))
-	require.GreaterOrEqual(t, wl.blocks, 0)
-}
-
-func checkBlocks(t testing.TB, l *Ledger, wantRefs map[ref]int32, slots map[int32]bool) {
-	t.Helper()
-
-	gotRefs := map[ref]int32{}
-	n, idle := 0, 0
-	l.blocks.index.all(func(h uint64, i int32) {
-		n++
-		e := l.blocks.slab[i]
-		if e.first.refs == 0 { // idle: no holder at all
-			require.Empty(t, e.more, "idle block %d has holders", h)
-			idle++
-			return
-		}
-		require.Positive(t, e.first.refs)
-		gotRefs[ref{h, e.first.slot}] = e.first.refs
-		require.True(t, slices.IsSortedFunc(e.more, func(a, b holder) int { return int(a.slot - b.slot) }), "holders of %d not sorted", h)
-		for _, o := range e.more {
-			require.Positive(t, o.refs)
-			_, dup := gotRefs[ref{h, o.slot}]
-			require.False(t, dup, "slot %d listed twice for %d", o.slot, h)
-			gotRefs[ref{h, o.slot}] = o.refs
-		}
-	})
-	require.Equal(t, wantRefs, gotRefs)
-	require.Equal(t, l.blocks.index.len(), n)
-	require.Equal(t, l.blocks.idle, idle)
-	require.True(t, idle <= maxIdle || idle <= n-idle, "%d idle entries for %d live ones were not swept", idle, n-idle)
-	require.Equal(t, len(l.blocks.slab), n+len(l.blocks.free))
+	checkBlocks(t, l, wantRefs)
 
 	for _, s := range l.freeSlots {
 		require.False(t, slots[s], "free slot %d in use", s)
 		slots[s] = true
 	}
 	require.Len(t, slots, int(l.nextSlot))
+	require.Equal(t, int64(nbookings), l.active.Load())
+}
 
-	require.Equal(t, len(l.bookings), l.leases.Len())
+func checkRank(t testing.TB, l *Ledger, r *rankState) {
+	t.Helper()
+	n, private := 0, 0
+	var prev *booking
+	for bk := r.head; bk != nil; bk = bk.next {
+		require.Same(t, prev, bk.prev)
+		require.Same(t, r, bk.rank)
+		require.Same(t, bk, l.idStripe(bk.id).m[bk.id], "listed booking %q not live", bk.id)
+		prev = bk
+		n++
+		private += bk.private
+	}
+	require.Equal(t, int(r.requests.Load()), n, "list length of %s", r.key)
+	require.Equal(t, int64(private), r.private.Load(), "private blocks of %s", r.key)
+	require.GreaterOrEqual(t, r.prefill.Load(), int64(0))
+	require.GreaterOrEqual(t, r.blocks.Load(), int64(0))
+	require.Equal(t, n, r.leases.Len())
 	var last *booking
-	l.leases.Ascend(func(bk *booking) bool {
-		require.Same(t, bk, l.bookings[bk.id])
+	r.leases.Ascend(func(bk *booking) bool {
+		require.Same(t, r, bk.rank)
 		if last != nil {
 			require.True(t, leaseLess(last, bk))
 		}
 		last = bk
 		return true
 	})
-	require.Equal(t, int64(len(l.bookings)), l.active.Load())
+}
+
+func checkBlocks(t testing.TB, l *Ledger, wantRefs map[ref]int32) {
+	t.Helper()
+	gotRefs := map[ref]int32{}
+	for s := range l.blocks {
+		a := &l.blocks[s].a
+		n := 0
+		a.index.all(func(h uint64, i int32) {
+			n++
+			require.Equal(t, s, l.stripe(h), "hash %d in the wrong stripe", h)
+			e := a.slab[i]
+			require.Positive(t, e.first.refs, "block %d in the index without a holder", h)
+			gotRefs[ref{h, e.first.slot}] = e.first.refs
+			require.True(t, slices.IsSortedFunc(e.more, func(a, b holder) int { return int(a.slot - b.slot) }), "holders of %d not sorted", h)
+			for _, o := range e.more {
+				require.Positive(t, o.refs)
+				_, dup := gotRefs[ref{h, o.slot}]
+				require.False(t, dup, "slot %d listed twice for %d", o.slot, h)
+				gotRefs[ref{h, o.slot}] = o.refs
+			}
+		})
+		require.Equal(t, a.index.len(), n)
+		require.Equal(t, len(a.slab), n+len(a.free))
+	}
+	require.Equal(t, wantRefs, gotRefs)
 }

@@ -3,6 +3,8 @@ package reservation
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -33,10 +35,15 @@ var (
 	ErrStale = errors.New("reservation: worker rank booked since the loads were read")
 )
 
-// Stamp marks the point in a ledger's history at which loads were read: every
-// Book before it is visible in those loads, none after it is. BookAt compares a
-// worker rank's latest booking with it.
-type Stamp uint64
+// Stamp records what AppendLoads saw of one worker rank: which incarnation of
+// its load entry and how many bookings that entry had received. BookAt compares
+// it with the worker rank's state at booking time. The zero Stamp means the
+// worker rank had never been booked when it was read. Stamps are opaque and only
+// meaningful to the Ledger that issued them.
+type Stamp struct {
+	r *rankState
+	v uint64
+}
 
 // Clock tells the ledger the time. Implementations must be safe for concurrent
 // use. Tests inject a fake; the default is the system clock.
@@ -130,8 +137,7 @@ type CandidateLoad struct {
 	Worker    kvindex.WorkerRank
 	Load      Load
 	NewBlocks int
-	// Stamp is the ledger's history point of the read (the same for every
-	// candidate of one AppendLoads call), for BookAt.
+	// Stamp is what the read saw of Worker, for BookAt.
 	Stamp Stamp
 }
 
@@ -150,53 +156,46 @@ type Stats struct {
 	Active           int64 // live bookings
 }
 
-// booking is the ledger's record of one live reservation.
+// booking is the ledger's record of one live reservation. id, worker, rank and
+// the booking's own figures never change after Book publishes it; settled,
+// prefillDone, the lease fields and the list links are guarded by rank.mu.
 type booking struct {
 	id          string
 	worker      kvindex.WorkerRank
-	wl          *workerLoad
-	seqs        []uint64 // the ledger's own copy
-	idx         []int32  // idx[i] is the active-block entry of seqs[i]
+	rank        *rankState
+	buf         *hashBuf // seqs (in stripe order) and idx; nil once settled
+	blocks      int      // len(buf.seqs), kept for Get after the fact
 	private     int      // blocks outside the shared index
 	prefill     int
 	expected    int
 	prefillDone bool
+	settled     bool
 	lease       time.Duration
 	bookedAt    time.Time
 	deadline    time.Time
-	order       uint64 // booking order; breaks deadline ties in the lease tree
+	order       uint64 // booking order; breaks deadline ties
 	prev, next  *booking
 }
 
-// workerLoad is the load of one worker rank with at least one live booking.
-type workerLoad struct {
-	key      kvindex.WorkerRank
-	slot     int32
-	prefill  int64
-	requests int
-	blocks   int         // distinct active hashes
-	private  int         // sum of the private blocks of the live bookings
-	head     *booking    // the worker rank's live bookings, doubly linked
-	nextRank *workerLoad // the next loaded rank of the same worker
-	lastBook Stamp       // the stamp of the worker rank's latest live Book
-}
-
-func (w *workerLoad) load() Load {
-	return Load{ActivePrefillTokens: w.prefill, ActiveBlocks: w.blocks + w.private, ActiveRequests: w.requests}
+// hashBuf holds a booking's sequence hashes, ordered by block stripe, and
+// idx[i], the stripe entry of seqs[i]. Recycled through hashBufPool.
+type hashBuf struct {
+	seqs []uint64
+	idx  []int32
+	runs stripeRuns
 }
 
 // maxPooledHashes bounds the hash buffer a recycled booking keeps.
 const maxPooledHashes = 4096
 
-var bookingPool = sync.Pool{New: func() any { return new(booking) }}
+var hashBufPool = sync.Pool{New: func() any { return new(hashBuf) }}
 
-func recycle(b *booking) {
-	seqs, idx := b.seqs[:0], b.idx[:0]
-	if cap(seqs) > maxPooledHashes || cap(idx) > maxPooledHashes {
-		seqs, idx = nil, nil
+func putHashBuf(b *hashBuf) {
+	if cap(b.seqs) > maxPooledHashes || cap(b.idx) > maxPooledHashes {
+		return
 	}
-	*b = booking{seqs: seqs, idx: idx}
-	bookingPool.Put(b)
+	b.seqs, b.idx = b.seqs[:0], b.idx[:0]
+	hashBufPool.Put(b)
 }
 
 func leaseLess(a, b *booking) bool {
@@ -206,6 +205,74 @@ func leaseLess(a, b *booking) bool {
 	return a.order < b.order
 }
 
+// rankState is one worker rank's load entry. It is created by the first Book on
+// the worker rank and lives until RemoveWorker, so concurrent calls can hold it
+// without the registry lock.
+//
+// The load counters are atomics: Book, settlements and PrefillComplete change
+// them under mu, and AppendLoads reads them without it. version is a sequence
+// counter: odd while a Book is changing the entry, advanced by two per Book.
+type rankState struct {
+	// What AppendRankLoads reads, together in one cache line.
+	version  atomic.Uint64
+	prefill  atomic.Int64
+	blocks   atomic.Int64 // distinct active hashes
+	private  atomic.Int64 // sum of the private blocks of the live bookings
+	requests atomic.Int64
+	dead     atomic.Bool // removed from the registry by RemoveWorker; set under mu
+	slot     int32       // dense number naming the worker rank in the block index
+
+	key kvindex.WorkerRank
+
+	mu       sync.Mutex
+	head     *booking // live bookings, doubly linked
+	leases   *btree.BTreeG[*booking]
+	released bool // its slot has been given back
+}
+
+func (r *rankState) load() Load {
+	return Load{
+		ActivePrefillTokens: r.prefill.Load(),
+		ActiveBlocks:        int(r.blocks.Load() + r.private.Load()),
+		ActiveRequests:      int(r.requests.Load()),
+	}
+}
+
+// current reports whether a decision made on what s saw of a worker rank still
+// holds for r, its entry now: r is the entry s saw (or s saw none and r has
+// never been booked) and no Book has reached r since. r.mu must be held.
+func (s Stamp) current(r *rankState) bool {
+	v := r.version.Load()
+	if s.r == nil {
+		return v == 0
+	}
+	return s.r == r && s.v == v
+}
+
+const (
+	// blockStripes is the number of independently locked parts of the block
+	// index; a hash's part is chosen by its bits.
+	blockStripes = 8
+	stripeShift  = 61 // 64 - log2(blockStripes)
+	// idStripes is the number of independently locked parts of the id map.
+	idStripes = 32
+)
+
+// blockStripe is one part of the inverted block index with its lock, padded so
+// that neighbouring stripes do not share a cache line.
+type blockStripe struct {
+	mu sync.Mutex
+	a  activeBlocks
+	_  [64]byte
+}
+
+// idStripe is one part of the map from reservation id to live booking.
+type idStripe struct {
+	mu sync.Mutex
+	m  map[string]*booking
+	_  [48]byte
+}
+
 // Ledger records the reservations of dispatched requests and the active load they
 // put on each worker rank. Create one with New; the zero value is not usable. A
 // Ledger is safe for concurrent use (see the package documentation).
@@ -213,20 +280,20 @@ type Ledger struct {
 	clock        Clock
 	defaultLease time.Duration
 	onChange     func(kvindex.WorkerRank)
+	stripeSeed   uint64
+	idSeed       maphash.Seed
 
-	// mu is held for writing by every call that changes state and for reading
-	// by the reads (AppendLoads, NewBlocks, Load, Loads, Get, NextExpiry), so
-	// candidate evaluations of concurrent requests do not exclude each other.
-	mu        sync.RWMutex
-	bookings  map[string]*booking
-	workers   map[string]*workerLoad // by worker: the first of its loaded ranks, chained by nextRank
-	spare     []*workerLoad          // recycled worker loads, at most maxSpareLoads
-	leases    *btree.BTreeG[*booking]
-	blocks    activeBlocks
-	stamp     Stamp // Book calls so far: the current history point
+	// regMu guards the registry of worker ranks: held for writing to add or
+	// remove an entry or a slot, for reading to look entries up.
+	regMu     sync.RWMutex
+	ranks     map[kvindex.WorkerRank]*rankState
+	byWorker  map[string][]*rankState
 	nextSlot  int32
 	freeSlots []int32
-	order     uint64
+
+	ids    [idStripes]idStripe
+	blocks [blockStripes]blockStripe
+	order  atomic.Uint64 // bookings so far, for booking.order
 
 	booked, prefillDone, freed, expired, removed atomic.Int64
 	conflicts, invalid, unknown, active, stale   atomic.Int64
@@ -248,15 +315,69 @@ func New(opts Options) (*Ledger, error) {
 	if opts.DefaultLease == 0 {
 		opts.DefaultLease = DefaultLease
 	}
-	return &Ledger{
+	l := &Ledger{
 		clock:        opts.Clock,
 		defaultLease: opts.DefaultLease,
 		onChange:     opts.OnChange,
-		bookings:     make(map[string]*booking),
-		workers:      make(map[string]*workerLoad),
-		leases:       btree.NewG(16, leaseLess),
-		blocks:       newActiveBlocks(),
-	}, nil
+		stripeSeed:   rand.Uint64(),
+		idSeed:       maphash.MakeSeed(),
+		ranks:        make(map[kvindex.WorkerRank]*rankState),
+		byWorker:     make(map[string][]*rankState),
+	}
+	for i := range l.ids {
+		l.ids[i].m = make(map[string]*booking)
+	}
+	for i := range l.blocks {
+		l.blocks[i].a = newActiveBlocks()
+	}
+	return l, nil
+}
+
+// stripe returns the block stripe of sequence hash h.
+func (l *Ledger) stripe(h uint64) int { return stripeOf(h, l.stripeSeed) }
+
+func stripeOf(h, seed uint64) int {
+	return int(((h ^ seed) * 0xD6E8FEB86659FD93) >> stripeShift)
+}
+
+// idStripe returns the id-map stripe of id.
+func (l *Ledger) idStripe(id string) *idStripe {
+	return &l.ids[maphash.String(l.idSeed, id)%idStripes]
+}
+
+// stripeRuns marks where each block stripe's hashes end in a slice grouped by
+// stripe: stripe s holds [runs[s-1], runs[s]) (from 0 for stripe 0).
+type stripeRuns [blockStripes]int32
+
+// span returns the bounds of stripe s.
+func (r *stripeRuns) span(s int) (int, int) {
+	if s == 0 {
+		return 0, int(r[0])
+	}
+	return int(r[s-1]), int(r[s])
+}
+
+// byStripe writes src to dst grouped by block stripe (a counting sort), records
+// the runs and returns dst resized to len(src).
+func (l *Ledger) byStripe(dst, src []uint64, runs *stripeRuns) []uint64 {
+	var start [blockStripes]int32
+	seed := l.stripeSeed
+	for _, h := range src {
+		start[stripeOf(h, seed)]++
+	}
+	at := int32(0)
+	for i, n := range start {
+		start[i] = at
+		at += n
+		runs[i] = at
+	}
+	dst = slices.Grow(dst[:0], len(src))[:len(src)]
+	for _, h := range src {
+		s := stripeOf(h, seed)
+		dst[start[s]] = h
+		start[s]++
+	}
+	return dst
 }
 
 func validate(b *Booking) error {
@@ -294,16 +415,17 @@ func validate(b *Booking) error {
 // the lease. It returns a wrapped ErrInvalid for a
 // bad field or ErrConflict when b.ID is already booked; either way nothing
 // changed.
-func (l *Ledger) Book(b Booking) error { return l.book(&b, 0, false) }
+func (l *Ledger) Book(b Booking) error { return l.book(&b, Stamp{}, false) }
 
-// BookAt is Book for a decision made on loads read at seen (CandidateLoad.Stamp):
-// it books only if no Book reached b.Worker after that read, and otherwise
-// returns ErrStale and changes nothing. Loads only rise through Book, so a
-// worker rank chosen as the cheapest on those loads is still no dearer than it
-// looked, and every other candidate is at least as dear as it looked or became
-// cheaper only through settlements the decision may be ordered before: a
-// decision BookAt accepts is one some serial order of the calls would have made.
-// This lets callers decide concurrently without a lock around read-decide-book.
+// BookAt is Book for a decision made on loads read by AppendLoads: seen is the
+// chosen candidate's CandidateLoad.Stamp. It books only if no Book reached
+// b.Worker since that read, and otherwise returns ErrStale and changes nothing.
+// Loads only rise through Book, so a worker rank chosen as the cheapest on those
+// loads is still no dearer than it looked, and every other candidate is at least
+// as dear as it looked or became cheaper only through settlements the decision
+// may be ordered before: a decision BookAt accepts is one some serial order of
+// the calls would have made. This lets callers decide concurrently without a
+// lock around read-decide-book.
 func (l *Ledger) BookAt(b Booking, seen Stamp) error { return l.book(&b, seen, true) }
 
 func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
@@ -315,62 +437,181 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 	if lease == 0 {
 		lease = l.defaultLease
 	}
-	bk := bookingPool.Get().(*booking)
-	bk.id = b.ID
-	bk.worker = b.Worker
-	bk.seqs = append(bk.seqs[:0], b.SeqHashes...)
-	bk.idx = slices.Grow(bk.idx[:0], len(bk.seqs))
-	bk.private = b.PrivateBlocks
-	bk.prefill = b.PrefillTokens
-	bk.expected = b.ExpectedOutputTokens
-	bk.lease = lease
-	bk.bookedAt = l.clock.Now()
-	bk.deadline = bk.bookedAt.Add(lease)
-
-	l.mu.Lock()
-	if old, ok := l.bookings[b.ID]; ok {
-		held := old.worker
-		l.mu.Unlock()
-		l.conflicts.Add(1)
-		recycle(bk)
-		return fmt.Errorf("%w: id %q is held on %s (asked for %s)", ErrConflict, b.ID, held, b.Worker)
+	buf := hashBufPool.Get().(*hashBuf)
+	buf.seqs = l.byStripe(buf.seqs, b.SeqHashes, &buf.runs)
+	buf.idx = slices.Grow(buf.idx[:0], len(buf.seqs))
+	now := l.clock.Now()
+	bk := &booking{
+		id: b.ID, worker: b.Worker, buf: buf, blocks: len(buf.seqs),
+		private: b.PrivateBlocks, prefill: b.PrefillTokens, expected: b.ExpectedOutputTokens,
+		lease: lease, bookedAt: now, deadline: now.Add(lease),
 	}
-	wl := l.lookup(b.Worker)
-	if check && wl != nil && wl.lastBook > seen {
-		l.mu.Unlock()
+	var r *rankState
+	for {
+		r = l.rankFor(b.Worker)
+		r.mu.Lock()
+		if !r.dead.Load() {
+			break
+		}
+		r.mu.Unlock() // removed meanwhile: the next lookup makes a new entry
+	}
+	ids := l.idStripe(b.ID)
+	ids.mu.Lock()
+	if old := ids.m[b.ID]; old != nil {
+		ids.mu.Unlock()
+		r.mu.Unlock()
+		l.conflicts.Add(1)
+		putHashBuf(buf)
+		return fmt.Errorf("%w: id %q is held on %s (asked for %s)", ErrConflict, b.ID, old.worker, b.Worker)
+	}
+	if check && !seen.current(r) {
+		ids.mu.Unlock()
+		r.mu.Unlock()
 		l.stale.Add(1)
-		recycle(bk)
+		putHashBuf(buf)
 		return fmt.Errorf("%w: %s (id %q)", ErrStale, b.Worker, b.ID)
 	}
-	if wl == nil {
-		wl = l.addWorkerLoad(b.Worker)
+	bk.rank = r
+	ids.m[b.ID] = bk
+	ids.mu.Unlock()
+
+	r.version.Add(1) // odd: readers that see it cannot book on what they read
+	r.blocks.Add(int64(l.addRefs(bk)))
+	r.private.Add(int64(bk.private))
+	r.prefill.Add(int64(bk.prefill))
+	r.requests.Add(1)
+	bk.next = r.head
+	if r.head != nil {
+		r.head.prev = bk
 	}
-	l.stamp++
-	wl.lastBook = l.stamp
-	bk.wl = wl
-	for _, h := range bk.seqs {
-		i, added := l.blocks.inc(h, wl.slot)
-		bk.idx = append(bk.idx, i)
-		if added {
-			wl.blocks++
-		}
-	}
-	wl.private += bk.private
-	wl.prefill += int64(bk.prefill)
-	wl.requests++
-	bk.next = wl.head
-	if wl.head != nil {
-		wl.head.prev = bk
-	}
-	wl.head = bk
-	l.order++
-	bk.order = l.order
-	l.bookings[bk.id] = bk
-	l.leases.ReplaceOrInsert(bk)
+	r.head = bk
+	bk.order = l.order.Add(1)
+	r.leases.ReplaceOrInsert(bk)
+	r.version.Add(1)
+	r.mu.Unlock()
 	l.booked.Add(1)
 	l.active.Add(1)
-	l.mu.Unlock()
 	return nil
+}
+
+// rankFor returns the load entry of w, creating it if there is none.
+func (l *Ledger) rankFor(w kvindex.WorkerRank) *rankState {
+	l.regMu.RLock()
+	r := l.ranks[w]
+	l.regMu.RUnlock()
+	if r != nil {
+		return r
+	}
+	l.regMu.Lock()
+	defer l.regMu.Unlock()
+	if r = l.ranks[w]; r != nil {
+		return r
+	}
+	r = &rankState{key: w, leases: btree.NewG(16, leaseLess)}
+	if n := len(l.freeSlots); n > 0 {
+		r.slot = l.freeSlots[n-1]
+		l.freeSlots = l.freeSlots[:n-1]
+	} else {
+		r.slot = l.nextSlot
+		l.nextSlot++
+	}
+	l.ranks[w] = r
+	l.byWorker[w.Worker] = append(l.byWorker[w.Worker], r)
+	return r
+}
+
+// lookup returns the load entry of w, or nil when w has none.
+func (l *Ledger) lookup(w kvindex.WorkerRank) *rankState {
+	l.regMu.RLock()
+	r := l.ranks[w]
+	l.regMu.RUnlock()
+	return r
+}
+
+// addRefs adds bk's references to the block index, one stripe at a time, records
+// the entry of each hash in bk.buf.idx and returns how many hashes were new to
+// bk's worker rank. bk.rank.mu must be held.
+func (l *Ledger) addRefs(bk *booking) int {
+	buf, slot := bk.buf, bk.rank.slot
+	seqs, idx := buf.seqs, buf.idx[:len(buf.seqs)]
+	added := 0
+	for s := range l.blocks {
+		from, to := buf.runs.span(s)
+		if from == to {
+			continue
+		}
+		st := &l.blocks[s]
+		st.mu.Lock()
+		for i := from; i < to; i++ {
+			j, isNew := st.a.inc(seqs[i], slot)
+			idx[i] = j
+			if isNew {
+				added++
+			}
+		}
+		st.mu.Unlock()
+	}
+	buf.idx = idx
+	return added
+}
+
+// dropRefs removes bk's references from the block index, sweeping each stripe it
+// touched, and returns how many hashes bk's worker rank no longer holds.
+// bk.rank.mu must be held.
+func (l *Ledger) dropRefs(bk *booking) int {
+	buf, slot := bk.buf, bk.rank.slot
+	seqs, idx := buf.seqs, buf.idx
+	gone := 0
+	for s := range l.blocks {
+		from, to := buf.runs.span(s)
+		if from == to {
+			continue
+		}
+		st := &l.blocks[s]
+		st.mu.Lock()
+		for i := from; i < to; i++ {
+			if st.a.dec(idx[i], seqs[i], slot) {
+				gone++
+			}
+		}
+		st.mu.Unlock()
+	}
+	return gone
+}
+
+// find returns the live booking id, or nil.
+func (l *Ledger) find(id string) *booking {
+	ids := l.idStripe(id)
+	ids.mu.Lock()
+	bk := ids.m[id]
+	ids.mu.Unlock()
+	return bk
+}
+
+// take removes id from the id map and returns its booking, or nil when id is not
+// booked. Whoever takes a booking settles it.
+func (l *Ledger) take(id string) *booking {
+	ids := l.idStripe(id)
+	ids.mu.Lock()
+	bk := ids.m[id]
+	if bk != nil {
+		delete(ids.m, id)
+	}
+	ids.mu.Unlock()
+	return bk
+}
+
+// claim takes bk from the id map if it is still there, and reports whether it
+// did: false means a Free has taken it and will settle it.
+func (l *Ledger) claim(bk *booking) bool {
+	ids := l.idStripe(bk.id)
+	ids.mu.Lock()
+	ok := ids.m[bk.id] == bk
+	if ok {
+		delete(ids.m, bk.id)
+	}
+	ids.mu.Unlock()
+	return ok
 }
 
 // PrefillComplete removes the booking's prefill tokens from its worker's active
@@ -378,25 +619,29 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 // same booking is a no-op that returns nil. An unknown id returns a wrapped
 // ErrUnknownReservation and changes nothing.
 func (l *Ledger) PrefillComplete(id string) error {
-	l.mu.Lock()
-	bk := l.bookings[id]
+	bk := l.find(id)
 	if bk == nil {
-		l.mu.Unlock()
+		l.unknown.Add(1)
+		return fmt.Errorf("%w: prefill complete for %q", ErrUnknownReservation, id)
+	}
+	r := bk.rank
+	r.mu.Lock()
+	if bk.settled {
+		r.mu.Unlock()
 		l.unknown.Add(1)
 		return fmt.Errorf("%w: prefill complete for %q", ErrUnknownReservation, id)
 	}
 	if bk.prefillDone {
-		l.mu.Unlock()
+		r.mu.Unlock()
 		return nil
 	}
 	bk.prefillDone = true
-	bk.wl.prefill -= int64(bk.prefill)
+	r.prefill.Add(-int64(bk.prefill))
 	lowered := bk.prefill > 0
-	w := bk.worker
+	r.mu.Unlock()
 	l.prefillDone.Add(1)
-	l.mu.Unlock()
 	if lowered && l.onChange != nil {
-		l.onChange(w)
+		l.onChange(bk.worker)
 	}
 	return nil
 }
@@ -405,21 +650,18 @@ func (l *Ledger) PrefillComplete(id string) error {
 // already remove) is removed. An unknown id, including one already freed, expired
 // or removed, returns a wrapped ErrUnknownReservation and changes nothing.
 func (l *Ledger) Free(id string) error {
-	l.mu.Lock()
-	bk := l.bookings[id]
+	bk := l.take(id)
 	if bk == nil {
-		l.mu.Unlock()
 		l.unknown.Add(1)
 		return fmt.Errorf("%w: free %q", ErrUnknownReservation, id)
 	}
-	w := bk.worker
-	l.leases.Delete(bk)
+	r := bk.rank
+	r.mu.Lock()
 	l.settle(bk)
+	r.mu.Unlock()
 	l.freed.Add(1)
-	l.mu.Unlock()
-	recycle(bk)
 	if l.onChange != nil {
-		l.onChange(w)
+		l.onChange(bk.worker)
 	}
 	return nil
 }
@@ -429,10 +671,13 @@ func (l *Ledger) Free(id string) error {
 // returns a wrapped ErrUnknownReservation and changes nothing.
 func (l *Ledger) Touch(id string) error {
 	now := l.clock.Now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	bk := l.bookings[id]
-	if bk == nil {
+	bk := l.find(id)
+	if bk != nil {
+		r := bk.rank
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	}
+	if bk == nil || bk.settled {
 		l.unknown.Add(1)
 		return fmt.Errorf("%w: touch %q", ErrUnknownReservation, id)
 	}
@@ -440,189 +685,175 @@ func (l *Ledger) Touch(id string) error {
 	if deadline.Compare(bk.deadline) <= 0 {
 		return nil
 	}
-	l.leases.Delete(bk)
+	r := bk.rank
+	r.leases.Delete(bk)
 	bk.deadline = deadline
-	l.leases.ReplaceOrInsert(bk)
+	r.leases.ReplaceOrInsert(bk)
 	return nil
 }
 
-// Expire frees every booking whose deadline is at or before now, earliest
-// deadline first, and returns how many it freed. Its cost is the number it frees
-// times log of the number of live bookings.
+// rankList returns the registered worker ranks.
+func (l *Ledger) rankList() []*rankState {
+	l.regMu.RLock()
+	defer l.regMu.RUnlock()
+	out := make([]*rankState, 0, len(l.ranks))
+	for _, r := range l.ranks {
+		out = append(out, r)
+	}
+	return out
+}
+
+// Expire frees every booking whose deadline is at or before now and returns how
+// many it freed; OnChange hears of the affected worker ranks in the order of
+// their earliest expired deadline (ties in booking order). Its cost is one look
+// per worker rank plus the number it frees times log of the number of live
+// bookings.
 func (l *Ledger) Expire(now time.Time) int {
-	var changed affected
 	var done []*booking
-	n := 0
-	l.mu.Lock()
-	for {
-		bk, ok := l.leases.Min()
-		if !ok || bk.deadline.After(now) {
-			break
+	for _, r := range l.rankList() {
+		r.mu.Lock()
+		for {
+			bk, ok := r.leases.Min()
+			if !ok || bk.deadline.After(now) {
+				break
+			}
+			r.leases.DeleteMin()
+			if !l.claim(bk) {
+				continue // a Free in flight owns it
+			}
+			l.settle(bk)
+			done = append(done, bk)
 		}
-		l.leases.DeleteMin()
-		if l.onChange != nil {
+		r.mu.Unlock()
+	}
+	l.expired.Add(int64(len(done)))
+	if l.onChange != nil {
+		// Settled bookings are never written again: their deadlines are safe
+		// to read without their locks.
+		slices.SortFunc(done, func(a, b *booking) int {
+			if leaseLess(a, b) {
+				return -1
+			}
+			return 1
+		})
+		var changed affected
+		for _, bk := range done {
 			changed.add(bk.worker)
 		}
-		l.settle(bk)
-		done = append(done, bk)
-		n++
+		changed.notify(l.onChange)
 	}
-	l.expired.Add(int64(n))
-	l.mu.Unlock()
-	for _, bk := range done {
-		recycle(bk)
-	}
-	changed.notify(l.onChange)
-	return n
+	return len(done)
 }
 
 // NextExpiry returns the earliest lease deadline among the live bookings, and
 // false when there are none. An owner's sweeper sleeps until then and calls
 // Expire.
 func (l *Ledger) NextExpiry() (time.Time, bool) {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	bk, ok := l.leases.Min()
-	if !ok {
-		return time.Time{}, false
+	var next time.Time
+	found := false
+	for _, r := range l.rankList() {
+		r.mu.Lock()
+		if bk, ok := r.leases.Min(); ok && (!found || bk.deadline.Before(next)) {
+			next, found = bk.deadline, true
+		}
+		r.mu.Unlock()
 	}
-	return bk.deadline, true
+	return next, found
 }
 
 // RemoveWorker frees every booking on any rank of worker (the worker was deleted)
-// and returns how many it freed. Its cost is the worker's bookings and their
-// blocks.
+// and forgets its ranks' entries; it returns how many bookings it freed. Its cost
+// is the worker's bookings and their blocks.
 func (l *Ledger) RemoveWorker(worker string) int {
+	l.regMu.Lock()
+	rs := l.byWorker[worker]
+	delete(l.byWorker, worker)
+	for _, r := range rs {
+		delete(l.ranks, r.key)
+	}
+	l.regMu.Unlock()
+
 	var changed affected
-	var done []*booking
-	l.mu.Lock()
-	for wl := l.workers[worker]; wl != nil; wl = l.workers[worker] {
-		if l.onChange != nil {
-			changed.add(wl.key)
+	n := 0
+	for _, r := range rs {
+		r.mu.Lock()
+		r.dead.Store(true)
+		if r.head != nil && l.onChange != nil {
+			changed.add(r.key)
 		}
-		for wl.head != nil {
-			bk := wl.head
-			l.leases.Delete(bk)
-			l.settle(bk) // unlinks bk from wl, and wl from l.workers with its last booking
-			done = append(done, bk)
+		for bk := r.head; bk != nil; {
+			next := bk.next
+			if l.claim(bk) { // otherwise a Free in flight settles it
+				l.settle(bk)
+				n++
+			}
+			bk = next
 		}
+		if r.head == nil {
+			l.release(r)
+		}
+		r.mu.Unlock()
 	}
-	l.removed.Add(int64(len(done)))
-	l.mu.Unlock()
-	for _, bk := range done {
-		recycle(bk)
-	}
+	l.removed.Add(int64(n))
 	changed.notify(l.onChange)
-	return len(done)
+	return n
 }
 
-// settle removes a live booking and everything it added, except its lease-tree
-// entry, which the caller removes. l.mu must be held.
+// release gives a removed worker rank's slot back, once. r.mu must be held and
+// r must have no booking left.
+func (l *Ledger) release(r *rankState) {
+	if r.released {
+		return
+	}
+	r.released = true
+	l.regMu.Lock()
+	l.freeSlots = append(l.freeSlots, r.slot)
+	l.regMu.Unlock()
+}
+
+// settle removes a booking the caller has taken from the id map and everything
+// it added. bk.rank.mu must be held.
 func (l *Ledger) settle(bk *booking) {
-	wl := bk.wl
-	for i, h := range bk.seqs {
-		if l.blocks.dec(bk.idx[i], h, wl.slot) {
-			wl.blocks--
-		}
-	}
-	l.blocks.sweep()
-	wl.private -= bk.private
+	r := bk.rank
+	r.blocks.Add(-int64(l.dropRefs(bk)))
+	r.private.Add(-int64(bk.private))
 	if !bk.prefillDone {
-		wl.prefill -= int64(bk.prefill)
+		r.prefill.Add(-int64(bk.prefill))
 	}
-	wl.requests--
+	r.requests.Add(-1)
+	r.leases.Delete(bk)
 	if bk.prev != nil {
 		bk.prev.next = bk.next
 	} else {
-		wl.head = bk.next
+		r.head = bk.next
 	}
 	if bk.next != nil {
 		bk.next.prev = bk.prev
 	}
-	bk.prev, bk.next, bk.wl = nil, nil, nil
-	delete(l.bookings, bk.id)
+	bk.prev, bk.next = nil, nil
+	bk.settled = true
+	putHashBuf(bk.buf)
+	bk.buf = nil
 	l.active.Add(-1)
-	if wl.requests == 0 {
-		if wl.blocks != 0 || wl.private != 0 || wl.prefill != 0 || wl.head != nil {
+	if r.head == nil {
+		if r.blocks.Load() != 0 || r.private.Load() != 0 || r.prefill.Load() != 0 || r.requests.Load() != 0 {
 			panic("reservation: internal error: load left on a worker rank without bookings")
 		}
-		l.dropWorkerLoad(wl)
-	}
-}
-
-// maxSpareLoads bounds the worker loads kept for reuse.
-const maxSpareLoads = 64
-
-// lookup returns the load entry of w, or nil when w has no live booking. l.mu
-// must be held.
-func (l *Ledger) lookup(w kvindex.WorkerRank) *workerLoad {
-	for wl := l.workers[w.Worker]; wl != nil; wl = wl.nextRank {
-		if wl.key.Rank == w.Rank {
-			return wl
+		if r.dead.Load() {
+			l.release(r)
 		}
 	}
-	return nil
-}
-
-// addWorkerLoad creates the empty load entry of w, which has none. l.mu must be
-// held.
-func (l *Ledger) addWorkerLoad(w kvindex.WorkerRank) *workerLoad {
-	var wl *workerLoad
-	if n := len(l.spare); n > 0 {
-		wl = l.spare[n-1]
-		l.spare[n-1] = nil
-		l.spare = l.spare[:n-1]
-	} else {
-		wl = new(workerLoad)
-	}
-	*wl = workerLoad{key: w, slot: l.takeSlot(), nextRank: l.workers[w.Worker]}
-	l.workers[w.Worker] = wl
-	return wl
-}
-
-// dropWorkerLoad removes wl, which has no bookings left, and recycles it and its
-// slot. l.mu must be held.
-func (l *Ledger) dropWorkerLoad(wl *workerLoad) {
-	name := wl.key.Worker
-	if head := l.workers[name]; head == wl {
-		if wl.nextRank == nil {
-			delete(l.workers, name)
-		} else {
-			l.workers[name] = wl.nextRank
-		}
-	} else {
-		prev := head
-		for prev.nextRank != wl {
-			prev = prev.nextRank
-		}
-		prev.nextRank = wl.nextRank
-	}
-	l.freeSlots = append(l.freeSlots, wl.slot)
-	*wl = workerLoad{}
-	if len(l.spare) < maxSpareLoads {
-		l.spare = append(l.spare, wl)
-	}
-}
-
-func (l *Ledger) takeSlot() int32 {
-	if n := len(l.freeSlots); n > 0 {
-		s := l.freeSlots[n-1]
-		l.freeSlots = l.freeSlots[:n-1]
-		return s
-	}
-	s := l.nextSlot
-	l.nextSlot++
-	return s
 }
 
 // Load returns the active load of worker rank w; the zero Load when it has none.
 func (l *Ledger) Load(w kvindex.WorkerRank) Load {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	if wl := l.lookup(w); wl != nil {
-		return wl.load()
+	r := l.lookup(w)
+	if r == nil {
+		return Load{}
 	}
-	return Load{}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.load()
 }
 
 // NewBlocks returns how many of seqs are not active on worker rank w: the shared
@@ -630,42 +861,106 @@ func (l *Ledger) Load(w kvindex.WorkerRank) Load {
 // hash listed twice counts once. A request's private blocks (Booking.PrivateBlocks)
 // are not counted: they are new everywhere, so the caller adds them.
 func (l *Ledger) NewBlocks(w kvindex.WorkerRank, seqs []uint64) int {
-	sc := scratchPool.Get().(*requestScratch)
-	defer scratchPool.Put(sc)
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	distinct := l.scanRequest(sc, seqs)
-	if wl := l.lookup(w); wl != nil {
-		return distinct - sc.shared(wl.slot)
-	}
-	return distinct
+	return l.AppendLoads(make([]CandidateLoad, 0, 1), []kvindex.WorkerRank{w}, seqs)[0].NewBlocks
 }
 
-// AppendLoads appends to dst, for each of workers in order, its load and the
-// number of seqs it does not have active (as NewBlocks), all read at one point
-// of the ledger's history (each CandidateLoad carries its Stamp), and returns
-// the extended slice. Its cost is one index lookup per distinct hash of seqs,
-// one increment per worker rank holding each of them active, and one lookup per
-// candidate; never one lookup per (candidate, hash). Concurrent AppendLoads
-// calls do not exclude each other. The selection service calls it on its hot
-// path.
+// Rank is a resolved handle on one worker rank's load entry, from AppendRanks.
+// It spares AppendRankLoads a lookup by name per candidate. A handle whose
+// worker was removed since it was made still works: AppendRankLoads looks it up
+// again by name.
+type Rank struct {
+	key kvindex.WorkerRank
+	r   *rankState
+}
+
+// Worker returns the worker rank the handle names.
+func (k Rank) Worker() kvindex.WorkerRank { return k.key }
+
+// AppendRanks appends a handle for each of workers to dst, making an empty load
+// entry for each worker rank that has none, and returns the extended slice. An
+// entry lives until RemoveWorker of its worker; callers resolve a worker's
+// ranks when they start considering it and again after removing it.
+func (l *Ledger) AppendRanks(dst []Rank, workers []kvindex.WorkerRank) []Rank {
+	for _, w := range workers {
+		dst = append(dst, Rank{key: w, r: l.rankFor(w)})
+	}
+	return dst
+}
+
+// AppendLoads appends to dst, for each of workers in order, its load, the
+// number of seqs it does not have active (as NewBlocks) and a Stamp of what was
+// read, and returns the extended slice. It is AppendRankLoads with one lookup
+// by name per candidate.
 func (l *Ledger) AppendLoads(dst []CandidateLoad, workers []kvindex.WorkerRank, seqs []uint64) []CandidateLoad {
 	if len(workers) == 0 {
 		return dst
 	}
-	dst = slices.Grow(dst, len(workers))
-	sc := scratchPool.Get().(*requestScratch)
-	l.mu.RLock()
-	distinct := l.scanRequest(sc, seqs)
+	refs := make([]Rank, 0, len(workers))
+	l.regMu.RLock()
 	for _, w := range workers {
-		c := CandidateLoad{Worker: w, NewBlocks: distinct, Stamp: l.stamp}
-		if wl := l.lookup(w); wl != nil {
-			c.Load = wl.load()
-			c.NewBlocks -= sc.shared(wl.slot)
-		}
-		dst = append(dst, c)
+		refs = append(refs, Rank{key: w, r: l.ranks[w]})
 	}
-	l.mu.RUnlock()
+	l.regMu.RUnlock()
+	return l.AppendRankLoads(dst, refs, seqs)
+}
+
+// AppendRankLoads appends to dst, for each of ranks in order, its load, the
+// number of seqs it does not have active (as NewBlocks) and a Stamp of what was
+// read, and returns the extended slice. Its cost is one pass over seqs, one
+// index lookup per distinct hash when any candidate has active blocks, one
+// increment per worker rank holding each of them, and a few atomic reads per
+// candidate; never one lookup per (candidate, hash). It takes no lock a Book or
+// Free holds for long: candidates' loads are read without their locks, the
+// block index a stripe at a time. The selection service calls it on its hot
+// path.
+//
+// Each candidate's load is read at one point; different candidates' at nearby
+// points, and a candidate being booked concurrently may be read mid-change
+// (BookAt then refuses a booking on it).
+func (l *Ledger) AppendRankLoads(dst []CandidateLoad, ranks []Rank, seqs []uint64) []CandidateLoad {
+	if len(ranks) == 0 {
+		return dst
+	}
+	base := len(dst)
+	dst = slices.Grow(dst, len(ranks))[:base+len(ranks)]
+	sc := scratchPool.Get().(*requestScratch)
+	slots := slices.Grow(sc.slots[:0], len(ranks))[:len(ranks)]
+	anyBlocks := false
+	l.regMu.RLock()
+	nslots := l.nextSlot
+	for i, k := range ranks {
+		c := &dst[base+i]
+		c.Worker = k.key
+		slots[i] = -1
+		r := k.r
+		if r != nil && r.dead.Load() {
+			r = l.ranks[k.key]
+		}
+		if r == nil {
+			c.Load, c.Stamp = Load{}, Stamp{}
+			continue
+		}
+		// The version first: a Book that starts after it changes it.
+		c.Stamp = Stamp{r: r, v: r.version.Load()}
+		shared := r.blocks.Load()
+		c.Load = Load{
+			ActivePrefillTokens: r.prefill.Load(),
+			ActiveBlocks:        int(shared + r.private.Load()),
+			ActiveRequests:      int(r.requests.Load()),
+		}
+		slots[i] = r.slot
+		anyBlocks = anyBlocks || shared > 0
+	}
+	l.regMu.RUnlock()
+	distinct := l.scanRequest(sc, seqs, nslots, anyBlocks)
+	for i, slot := range slots {
+		c := &dst[base+i]
+		c.NewBlocks = distinct
+		if slot >= 0 {
+			c.NewBlocks -= min(sc.shared(slot), distinct)
+		}
+	}
+	sc.slots = slots
 	scratchPool.Put(sc)
 	return dst
 }
@@ -673,34 +968,53 @@ func (l *Ledger) AppendLoads(dst []CandidateLoad, workers []kvindex.WorkerRank, 
 // scratchPool recycles the per-call scratch of scanRequest.
 var scratchPool = sync.Pool{New: func() any { return new(requestScratch) }}
 
-// scanRequest deduplicates seqs into sc and counts, per slot, how many of the
-// distinct hashes it has active. It returns the number of distinct hashes. l.mu
-// must be held (for reading at least); the counts are valid until sc's next use.
-func (l *Ledger) scanRequest(sc *requestScratch, seqs []uint64) int {
-	sc.begin(len(seqs), l.nextSlot)
-	anyActive := l.blocks.live() > 0
-	distinct := 0
+// scanRequest deduplicates seqs into sc and, when lookup is set, counts per slot
+// (below slots) how many of the distinct hashes it has active, locking one
+// block stripe at a time. It returns the number of distinct hashes; the counts
+// are valid until sc's next use.
+func (l *Ledger) scanRequest(sc *requestScratch, seqs []uint64, slots int32, lookup bool) int {
+	sc.begin(len(seqs), slots)
+	uniq := sc.uniq[:0]
 	for _, h := range seqs {
-		if !sc.add(h) {
-			continue
-		}
-		distinct++
-		if !anyActive {
-			continue
-		}
-		if e := l.blocks.holders(h); e != nil {
-			sc.credit(e)
+		if sc.add(h) {
+			uniq = append(uniq, h)
 		}
 	}
-	return distinct
+	sc.uniq = uniq
+	if !lookup || len(uniq) == 0 {
+		return len(uniq)
+	}
+	sorted := l.byStripe(sc.sorted, uniq, &sc.runs)
+	sc.sorted = sorted
+	for s := range l.blocks {
+		from, to := sc.runs.span(s)
+		if from == to {
+			continue
+		}
+		st := &l.blocks[s]
+		st.mu.Lock()
+		if st.a.live() > 0 {
+			for _, h := range sorted[from:to] {
+				if e := st.a.holders(h); e != nil {
+					sc.credit(e)
+				}
+			}
+		}
+		st.mu.Unlock()
+	}
+	return len(uniq)
 }
 
 // Get returns a snapshot of the live booking id, and false when there is none.
 func (l *Ledger) Get(id string) (Reservation, bool) {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	bk := l.bookings[id]
+	bk := l.find(id)
 	if bk == nil {
+		return Reservation{}, false
+	}
+	r := bk.rank
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if bk.settled {
 		return Reservation{}, false
 	}
 	return Reservation{
@@ -709,7 +1023,7 @@ func (l *Ledger) Get(id string) (Reservation, bool) {
 		PrefillTokens:        bk.prefill,
 		PrefillDone:          bk.prefillDone,
 		ExpectedOutputTokens: bk.expected,
-		Blocks:               len(bk.seqs),
+		Blocks:               bk.blocks,
 		PrivateBlocks:        bk.private,
 		Lease:                bk.lease,
 		BookedAt:             bk.bookedAt,
@@ -717,16 +1031,17 @@ func (l *Ledger) Get(id string) (Reservation, bool) {
 	}, true
 }
 
-// Loads returns a snapshot of the load of every worker rank that has any; worker
-// ranks without live bookings are absent.
+// Loads returns a snapshot of the load of every worker rank that has any (each
+// worker rank's read at one point); worker ranks without live bookings are
+// absent.
 func (l *Ledger) Loads() map[kvindex.WorkerRank]Load {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	out := make(map[kvindex.WorkerRank]Load, len(l.workers))
-	for _, head := range l.workers {
-		for wl := head; wl != nil; wl = wl.nextRank {
-			out[wl.key] = wl.load()
+	out := make(map[kvindex.WorkerRank]Load)
+	for _, r := range l.rankList() {
+		r.mu.Lock()
+		if r.head != nil && !r.dead.Load() {
+			out[r.key] = r.load()
 		}
+		r.mu.Unlock()
 	}
 	return out
 }

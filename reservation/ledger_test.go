@@ -244,7 +244,7 @@ func TestSharedPrefixesAreRefCounted(t *testing.T) {
 	require.NoError(t, l.Free("c"))
 	require.NoError(t, l.Free("b"))
 	require.Empty(t, l.Loads())
-	require.Zero(t, l.blocks.live())
+	require.Zero(t, liveBlocks(l))
 	checkInvariants(t, l)
 }
 
@@ -260,7 +260,7 @@ func TestPrivateBlocks(t *testing.T) {
 	require.NoError(t, l.Book(Booking{ID: "other", Worker: v, PrivateBlocks: 7, Lease: time.Second}))
 	require.Equal(t, 2+1+128+1, l.Load(w).ActiveBlocks, "hashes shared, private blocks never")
 	require.Equal(t, 7, l.Load(v).ActiveBlocks)
-	require.Equal(t, 2, l.blocks.live(), "private blocks never enter the shared index")
+	require.Equal(t, 2, liveBlocks(l), "private blocks never enter the shared index")
 	r, ok := l.Get("private")
 	require.True(t, ok)
 	require.Zero(t, r.Blocks)
@@ -273,10 +273,9 @@ func TestPrivateBlocks(t *testing.T) {
 	require.Equal(t, 0, l.NewBlocks(w, nil))
 	require.Equal(t, 1, l.NewBlocks(w, []uint64{1, 2, 3}))
 	got := l.AppendLoads(nil, []kvindex.WorkerRank{w, v}, nil)
-	stamp := got[0].Stamp
 	require.Equal(t, []CandidateLoad{
-		{Worker: w, Load: Load{ActiveBlocks: 132, ActiveRequests: 3}, Stamp: stamp},
-		{Worker: v, Load: Load{ActiveBlocks: 7, ActiveRequests: 1}, Stamp: stamp},
+		{Worker: w, Load: Load{ActiveBlocks: 132, ActiveRequests: 3}, Stamp: got[0].Stamp},
+		{Worker: v, Load: Load{ActiveBlocks: 7, ActiveRequests: 1}, Stamp: got[1].Stamp},
 	}, got)
 	checkInvariants(t, l)
 
@@ -293,7 +292,7 @@ func TestPrivateBlocks(t *testing.T) {
 	checkInvariants(t, l)
 	require.Equal(t, 1, l.RemoveWorker("w"))
 	require.Empty(t, l.Loads())
-	require.Zero(t, l.blocks.live())
+	require.Zero(t, liveBlocks(l))
 	checkInvariants(t, l)
 
 	// Worker entries are recycled: a fresh booking starts from zero.
@@ -369,19 +368,26 @@ func TestAppendLoads(t *testing.T) {
 
 	prefix := []CandidateLoad{{Worker: wr("keep", 0)}}
 	got := l.AppendLoads(prefix, []kvindex.WorkerRank{a, b, c, a}, []uint64{1, 2, 3, 4})
+	require.Len(t, got, 5)
+	stamps := []Stamp{got[1].Stamp, got[2].Stamp, got[3].Stamp, got[4].Stamp}
 	require.Equal(t, []CandidateLoad{
 		{Worker: wr("keep", 0)},
-		{Worker: a, Load: Load{ActivePrefillTokens: 50, ActiveBlocks: 3, ActiveRequests: 1}, NewBlocks: 1, Stamp: 3},
-		{Worker: b, Load: Load{ActivePrefillTokens: 0, ActiveBlocks: 3, ActiveRequests: 2}, NewBlocks: 2, Stamp: 3},
-		{Worker: c, NewBlocks: 4, Stamp: 3},
-		{Worker: a, Load: Load{ActivePrefillTokens: 50, ActiveBlocks: 3, ActiveRequests: 1}, NewBlocks: 1, Stamp: 3},
-	}, got, "three Book calls so far: stamp 3")
+		{Worker: a, Load: Load{ActivePrefillTokens: 50, ActiveBlocks: 3, ActiveRequests: 1}, NewBlocks: 1, Stamp: stamps[0]},
+		{Worker: b, Load: Load{ActivePrefillTokens: 0, ActiveBlocks: 3, ActiveRequests: 2}, NewBlocks: 2, Stamp: stamps[1]},
+		{Worker: c, NewBlocks: 4},
+		{Worker: a, Load: Load{ActivePrefillTokens: 50, ActiveBlocks: 3, ActiveRequests: 1}, NewBlocks: 1, Stamp: stamps[0]},
+	}, got)
+	require.Equal(t, Stamp{}, stamps[2], "never booked: the zero stamp")
+	require.NotEqual(t, stamps[0], stamps[1], "each rank has its own stamp")
 	for _, cl := range got[1:] {
 		require.Equal(t, l.Load(cl.Worker), cl.Load)
 		require.Equal(t, l.NewBlocks(cl.Worker, []uint64{1, 2, 3, 4}), cl.NewBlocks)
 	}
 	require.Equal(t, prefix, l.AppendLoads(prefix, nil, []uint64{1}))
-	require.Equal(t, []CandidateLoad{{Worker: a, Load: l.Load(a), Stamp: 3}}, l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil))
+	require.Equal(t, []CandidateLoad{{Worker: a, Load: l.Load(a), Stamp: stamps[0]}}, l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil))
+	require.NoError(t, l.Book(Booking{ID: "4", Worker: a}))
+	require.NotEqual(t, stamps[0], l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil)[0].Stamp, "a Book moves its rank's stamp")
+	require.Equal(t, stamps[1], l.AppendLoads(nil, []kvindex.WorkerRank{b}, nil)[0].Stamp, "and no other's")
 }
 
 func TestExpire(t *testing.T) {
@@ -573,16 +579,20 @@ func TestChurnDoesNotGrow(t *testing.T) {
 			require.NoError(t, l.Free(fmt.Sprint("r", round-live)))
 		}
 	}
-	require.LessOrEqual(t, len(l.blocks.slab), (live+1)*hashes+maxIdle+hashes)
-	require.Less(t, (live+1)*hashes+maxIdle+hashes, 2000*hashes/4, "the bound is meaningful")
-	require.LessOrEqual(t, int(l.nextSlot), live+1)
+	_, slab := blockCounts(l)
+	bound := 2 * (live + 1) * hashes // per stripe, the peak of its own blocks
+	require.LessOrEqual(t, slab, bound)
+	require.Less(t, bound, 2000*hashes/4, "the bound is meaningful")
+	require.LessOrEqual(t, int(l.nextSlot), 10, "one slot per worker rank used (5 workers x 2 ranks)")
 	checkInvariants(t, l)
 	for round := 2000 - live; round < 2000; round++ {
 		require.NoError(t, l.Free(fmt.Sprint("r", round)))
 	}
-	require.Empty(t, l.workers)
-	require.Empty(t, l.bookings)
-	require.Zero(t, l.blocks.live())
-	require.Equal(t, 0, l.leases.Len())
+	require.Empty(t, l.Loads())
+	require.Zero(t, l.Stats().Active)
+	require.Zero(t, liveBlocks(l))
+	for _, r := range l.rankList() {
+		require.Zero(t, r.leases.Len())
+	}
 	checkInvariants(t, l)
 }

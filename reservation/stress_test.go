@@ -143,6 +143,6 @@ func TestConcurrentBookAndFree(t *testing.T) {
 	require.Equal(t, st.Booked, st.Freed+st.Expired+st.Removed, "every booking settled exactly once")
 	require.Positive(t, lowered.Load())
 	checkInvariants(t, l)
-	require.Zero(t, l.blocks.live())
+	require.Zero(t, liveBlocks(l))
 	t.Logf("freed %d, expired %d, removed %d, conflicts %d", st.Freed, st.Expired, st.Removed, st.Conflicts)
 }

@@ -17,7 +17,7 @@ type tableSlot struct {
 // random seed, so hashes chosen to collide cannot be aimed at it. It is the hot
 // structure of Book and Free, where it does about half the work of a Go map.
 //
-// It is not safe for concurrent use; the Ledger's mutex guards it.
+// It is not safe for concurrent use; its block stripe's mutex guards it.
 type blockTable struct {
 	slots []tableSlot
 	n     int

@@ -2,6 +2,8 @@ package selection
 
 import (
 	"math"
+
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // candidate is one eligible (worker, rank) with everything its cost needs.
@@ -16,6 +18,7 @@ type candidate struct {
 	newBlocks      int // this request's blocks not already active on the worker
 	activeRequests int
 	maxBatched     int
+	stamp          reservation.Stamp // what the ledger read was, for BookAt
 
 	cost float64
 }
@@ -40,6 +43,9 @@ func effectiveOverlap(c *candidate, w *weights) float64 {
 
 // cachedTokens returns round(effective overlap x block size).
 func cachedTokens(c *candidate, w *weights, bs int) int {
+	if c.device == 0 && c.host == 0 && c.disk == 0 { // most candidates; same result
+		return 0
+	}
 	return int(math.Round(effectiveOverlap(c, w) * float64(bs)))
 }
 

@@ -6,10 +6,12 @@
 //
 // SelectAndReserve hashes the prompt (kvindex.Hasher), asks the model's index how
 // many leading blocks each worker rank holds, reads every eligible rank's active
-// load from the reservation ledger at one point of its history, computes each
-// rank's cost, picks one and books it. Without queueing none of this holds a
-// service lock: the booking is reservation.Ledger.BookAt, which refuses it if
-// another booking reached the chosen rank after the loads were read, and the
+// load from the reservation ledger (through handles resolved when the model's
+// ranks last changed, so no lookup by name), computes each rank's cost, picks
+// one and books it. Without queueing none of this holds a service or model
+// lock, and bookings on different ranks do not exclude each other in the
+// ledger either: the booking is reservation.Ledger.BookAt, which refuses it if
+// another booking reached the chosen rank after its load was read, and the
 // request then decides again (Stats.Retries). Loads rise only through bookings,
 // so an accepted decision is one some serial order of the concurrent requests
 // would have made: two requests never both decide on the load from before the

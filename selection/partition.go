@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // rankInfo is one schedulable (worker, rank) of a partition.
@@ -50,8 +51,9 @@ type partition struct {
 	inflight atomic.Int64
 }
 
-// rebuild replaces the candidate list with the schedulable records of the model.
-func (p *partition) rebuild(recs []catalog.Record) {
+// rebuild replaces the candidate list with the schedulable records of the model,
+// resolving their load entries in ledger.
+func (p *partition) rebuild(recs []catalog.Record, ledger *reservation.Ledger) {
 	var ranks []rankInfo
 	for _, r := range recs {
 		w := r.Worker
@@ -67,14 +69,15 @@ func (p *partition) rebuild(recs []catalog.Record) {
 	rs := &rankSet{
 		ranks:    ranks,
 		pos:      make(map[kvindex.WorkerRank]int32, len(ranks)),
-		keys:     make([]kvindex.WorkerRank, len(ranks)),
 		template: make([]candidate, len(ranks)),
 	}
+	keys := make([]kvindex.WorkerRank, len(ranks))
 	for i, r := range ranks {
 		rs.pos[r.key] = int32(i)
-		rs.keys[i] = r.key
+		keys[i] = r.key
 		rs.template[i] = candidate{idx: i, maxBatched: r.maxBatched}
 	}
+	rs.refs = ledger.AppendRanks(make([]reservation.Rank, 0, len(ranks)), keys)
 	p.mu.Lock()
 	p.set.Store(rs)
 	p.mu.Unlock()
@@ -100,11 +103,12 @@ func (l *lockedRand) Float64() float64 {
 }
 
 // rankSet is an immutable snapshot of a partition's schedulable ranks, with
-// what every evaluation needs prebuilt: the ledger keys and a candidate per rank.
+// what every evaluation needs prebuilt: a ledger handle and a candidate per
+// rank.
 type rankSet struct {
 	ranks    []rankInfo
 	pos      map[kvindex.WorkerRank]int32
-	keys     []kvindex.WorkerRank
+	refs     []reservation.Rank
 	template []candidate
 }
 

@@ -12,7 +12,6 @@ func rankSetOf(keys ...kvindex.WorkerRank) *rankSet {
 	rs := &rankSet{pos: map[kvindex.WorkerRank]int32{}}
 	for i, k := range keys {
 		rs.pos[k] = int32(i)
-		rs.keys = append(rs.keys, k)
 	}
 	return rs
 }

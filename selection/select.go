@@ -388,7 +388,6 @@ type evaluation struct {
 	allBusy     bool
 	bestOverlap int
 	bestPrefill int
-	stamp       reservation.Stamp // when the loads were read
 }
 
 // evalScratch is one decision's working memory, pooled so the hot path does not
@@ -398,7 +397,7 @@ type evalScratch struct {
 	rs       *rankSet        // the rank snapshot matchIdx refers to
 	matchIdx []int32         // matchIdx[j]: rank index of matches[j] in rs, -1 if none
 	cands    []candidate
-	keys     []kvindex.WorkerRank
+	refs     []reservation.Rank
 	loads    []reservation.CandidateLoad
 	byIdx    []int32
 	ev       evaluation
@@ -455,17 +454,17 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 		return nil, fmt.Errorf("%w: model %q has no schedulable worker", ErrNotReady, pr.model)
 	}
 	var cands []candidate
-	var keys []kvindex.WorkerRank
+	var refs []reservation.Rank
 	var byIdx []int32 // rank index -> candidate index; nil when every rank is eligible
 	if pr.allowed == nil {
 		cands = append(sc.cands[:0], rs.template...)
-		keys = rs.keys
+		refs = rs.refs
 	} else {
 		if cap(sc.byIdx) < len(rs.ranks) {
 			sc.byIdx = make([]int32, len(rs.ranks))
 		}
 		byIdx = sc.byIdx[:len(rs.ranks)]
-		cands, keys = sc.cands[:0], sc.keys[:0]
+		cands, refs = sc.cands[:0], sc.refs[:0]
 		for i, r := range rs.ranks {
 			byIdx[i] = -1
 			if _, ok := pr.allowed[r.key.Worker]; !ok {
@@ -473,22 +472,23 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 			}
 			byIdx[i] = int32(len(cands))
 			cands = append(cands, rs.template[i])
-			keys = append(keys, r.key)
+			refs = append(refs, rs.refs[i])
 		}
-		sc.keys = keys
+		sc.refs = refs
 		if len(cands) == 0 {
 			sc.cands = cands
 			return nil, fmt.Errorf("%w: none of the %d allowed workers serves model %q", ErrNoEndpoints, len(pr.allowed), pr.model)
 		}
 	}
 	sc.cands = cands
-	sc.loads = s.ledger.AppendLoads(sc.loads[:0], keys, pr.active)
+	sc.loads = s.ledger.AppendRankLoads(sc.loads[:0], refs, pr.active)
 	for i := range cands {
 		l := &sc.loads[i]
 		cands[i].activePrefill = l.Load.ActivePrefillTokens
 		cands[i].activeBlocks = l.Load.ActiveBlocks
 		cands[i].activeRequests = l.Load.ActiveRequests
 		cands[i].newBlocks = l.NewBlocks + pr.private // private blocks are new everywhere
+		cands[i].stamp = l.Stamp
 	}
 	for j, m := range sc.matches {
 		ci := sc.matchIdx[j]
@@ -501,7 +501,7 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 		}
 	}
 	ev := &sc.ev
-	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, stamp: sc.loads[0].Stamp}
+	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt}
 	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
 	busy := 0
 	for i := range cands {
@@ -540,7 +540,7 @@ var errStale = errors.New("selection: decision stale")
 
 // commit picks among the candidates that are not busy (all of them when every one
 // is busy, which only Select reaches) and books the pick when reserve is set:
-// with BookAt at the evaluation's stamp when lockFree (errStale when a concurrent
+// with BookAt at the stamp of the pick's load when lockFree (errStale when a concurrent
 // booking reached the pick since), plainly otherwise. p.mu is held, for reading
 // at least, when reserve is set.
 func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, reserve, lockFree bool) (Result, error) {
@@ -580,7 +580,7 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 		}
 		var err error
 		if lockFree {
-			err = s.ledger.BookAt(b, ev.stamp)
+			err = s.ledger.BookAt(b, c.stamp)
 		} else {
 			err = s.ledger.Book(b)
 		}

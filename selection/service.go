@@ -283,7 +283,7 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 		s.byHost[host] = w.ID
 		s.byHost[w.Endpoint] = w.ID
 	}
-	p.rebuild(s.cat.Schedulable(p.model))
+	p.rebuild(s.cat.Schedulable(p.model), s.ledger)
 	var add []kvevents.SourceConfig
 	if s.feed != nil {
 		for wr, c := range sourcesOf(w) {
@@ -326,7 +326,7 @@ func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
 	// Rebuild before clearing the ledger: rebuild waits for lock-free bookings
 	// in flight, and none can pass its re-check afterwards, so no booking on
 	// this worker outlives RemoveWorker.
-	p.rebuild(s.cat.Schedulable(p.model))
+	p.rebuild(s.cat.Schedulable(p.model), s.ledger)
 	s.ledger.RemoveWorker(id)
 }
 
