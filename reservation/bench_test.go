@@ -94,6 +94,34 @@ func BenchmarkBookFree(b *testing.B) {
 	}
 }
 
+// BenchmarkBookFreeFresh is BenchmarkBookFree/64workers with a request whose
+// last 64 hashes no booking ever had (a prompt never seen again), so every
+// booking inserts them into the block index and the sweeps remove them: the
+// cost when idle entries are never re-activated.
+func BenchmarkBookFreeFresh(b *testing.B) {
+	l, workers := benchLedger(b, 64, 4)
+	seqs := request()
+	next := uint64(1 << 48)
+	ids := make([]string, 1024)
+	for i := range ids {
+		ids[i] = fmt.Sprint("req-", i)
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for k := 64; k < len(seqs); k++ {
+			seqs[k] = next
+			next++
+		}
+		id := ids[i%len(ids)]
+		if err := l.Book(Booking{ID: id, Worker: workers[i%len(workers)], SeqHashes: seqs, PrefillTokens: 2048}); err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Free(id); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkAppendLoads(b *testing.B) {
 	for _, n := range []int{8, 64, 512} {
 		b.Run(fmt.Sprintf("%dworkers", n), func(b *testing.B) {

@@ -1,20 +1,23 @@
 package reservation
 
 // holder is one worker rank's reference count on an active block. The worker
-// rank is named by its slot, a small dense number the ledger assigns while the
-// worker rank has live bookings.
+// rank is named by its slot, a small dense number the ledger assigns to each
+// worker rank's load entry.
 type holder struct {
 	slot int32
 	refs int32
 }
 
-// blockRefs lists the worker ranks that have one block active. first is always
-// in use; more holds any further worker ranks sorted by slot, so a block active
-// on a single worker rank (the common case) needs no allocation of its own, and
-// a block active on many (a shared system prompt) is searched in log time.
+// blockRefs lists the worker ranks that have one block active. first is in use
+// unless the block is idle (first.refs == 0); more holds any further worker
+// ranks sorted by slot, so a block active on a single worker rank (the common
+// case) needs no allocation of its own, and a block active on many (a shared
+// system prompt) is searched in log time.
 type blockRefs struct {
-	first holder
-	more  []holder
+	first  holder
+	more   []holder
+	hash   uint64 // the block's sequence hash, for the sweep
+	listed bool   // on activeBlocks.idleList
 }
 
 // search returns the position of slot in e.more, or where it would be inserted,
@@ -36,19 +39,35 @@ func (e *blockRefs) search(slot int32) (int, bool) {
 // worker ranks whose live bookings contain it, each with a reference count (a
 // booking that lists a hash twice holds two references). The hash table is
 // pointer-free and points into a slab whose free entries are reused, so churn
-// allocates nothing once both have reached the peak number of active blocks. A
-// block leaves the table with its last reference.
+// allocates nothing once both have reached the peak number of active blocks.
+//
+// A block whose last reference goes stays in the table as an idle entry (no
+// holder), because the same prefix is often booked again soon (a system prompt,
+// the next turn of a conversation): re-activating it is one lookup instead of a
+// removal and an insertion. Entries that go idle are listed; once there are more
+// than maxIdle idle entries, the sweep walks the list and removes the ones still
+// idle. The sweep's cost is the entries listed since the last one, so each idle
+// entry costs amortised constant time whatever the live ones, and the table
+// holds the live blocks plus at most maxIdle idle ones.
 //
 // It is not safe for concurrent use; the Ledger keeps one per block stripe,
-// under the stripe's lock.
+// under the stripe's mutex.
 type activeBlocks struct {
-	index blockTable
-	slab  []blockRefs
-	free  []int32
+	index    blockTable
+	slab     []blockRefs
+	free     []int32
+	idle     int     // entries in index with no holder
+	idleList []int32 // slab entries that went idle since the last sweep (listed)
 }
 
+// maxIdle is the number of idle entries an activeBlocks (one stripe of the
+// ledger's index) keeps: with 8 stripes, up to 16384 freed blocks in all
+// (about 1.5 MB), enough to hold the prefixes a router sees again within
+// seconds.
+const maxIdle = 2048
+
 // live returns the number of blocks with at least one holder.
-func (a *activeBlocks) live() int { return a.index.len() }
+func (a *activeBlocks) live() int { return a.index.len() - a.idle }
 
 func newActiveBlocks() activeBlocks {
 	return activeBlocks{index: newBlockTable()}
@@ -72,11 +91,17 @@ func (a *activeBlocks) inc(h uint64, slot int32) (int32, bool) {
 		e := &a.slab[i]
 		e.first = holder{slot: slot, refs: 1}
 		e.more = e.more[:0]
+		e.hash = h
 		a.index.insertAt(pos, h, i)
 		return i, true
 	}
 	i := a.index.slots[pos].val - 1
 	e := &a.slab[i]
+	if e.first.refs == 0 { // idle: becomes active again (it may stay listed)
+		e.first = holder{slot: slot, refs: 1}
+		a.idle--
+		return i, true
+	}
 	if e.first.slot == slot {
 		e.first.refs++
 		return i, false
@@ -94,11 +119,11 @@ func (a *activeBlocks) inc(h uint64, slot int32) (int32, bool) {
 
 // dec drops one reference of slot on block h, whose entry index inc returned,
 // and reports whether slot no longer holds h. The reference must exist: the
-// ledger only drops what it added. The block leaves the table with its last
-// reference.
+// ledger only drops what it added. A block's last reference leaves it idle; the
+// caller runs sweep when it is done dropping.
 func (a *activeBlocks) dec(i int32, h uint64, slot int32) bool {
 	e := &a.slab[i]
-	if e.first.slot == slot {
+	if e.first.slot == slot && e.first.refs > 0 {
 		e.first.refs--
 		if e.first.refs > 0 {
 			return false
@@ -108,9 +133,11 @@ func (a *activeBlocks) dec(i int32, h uint64, slot int32) bool {
 			e.more = e.more[:n-1]
 			return true
 		}
-		e.first = holder{}
-		a.index.remove(h)
-		a.free = append(a.free, i)
+		a.idle++
+		if !e.listed {
+			e.listed = true
+			a.idleList = append(a.idleList, i)
+		}
 		return true
 	}
 	j, ok := e.search(slot)
@@ -127,13 +154,35 @@ func (a *activeBlocks) dec(i int32, h uint64, slot int32) bool {
 }
 
 // holders returns the entry of block h, or nil when no worker rank has it active.
-// The pointer is valid until the next inc or dec.
+// The pointer is valid until the next inc, dec or sweep.
 func (a *activeBlocks) holders(h uint64) *blockRefs {
 	i, ok := a.index.get(h)
-	if !ok {
+	if !ok || a.slab[i].first.refs == 0 {
 		return nil
 	}
 	return &a.slab[i]
+}
+
+// sweep removes every idle entry once there are more than maxIdle of them,
+// walking the entries listed as they went idle (those re-activated since are
+// kept). Live entries keep their slab indices.
+func (a *activeBlocks) sweep() {
+	if a.idle <= maxIdle {
+		return
+	}
+	for _, i := range a.idleList {
+		e := &a.slab[i]
+		e.listed = false
+		if e.first.refs == 0 {
+			a.index.remove(e.hash)
+			a.free = append(a.free, i)
+			a.idle--
+		}
+	}
+	if a.idle != 0 {
+		panic("reservation: internal error: an idle block was not listed")
+	}
+	a.idleList = a.idleList[:0]
 }
 
 // requestScratch answers "how many of this request's distinct blocks does each

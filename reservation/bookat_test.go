@@ -139,26 +139,47 @@ func TestBookAtSerialises(t *testing.T) {
 	checkInvariants(t, l)
 }
 
-func TestFreedBlocksLeaveTheIndex(t *testing.T) {
+func TestIdleBlocksAreReusedThenSwept(t *testing.T) {
 	l := newLedger(t, Options{})
 	w := wr("w", 0)
 	seqs := []uint64{11, 12, 13}
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: seqs}))
-	require.NoError(t, l.Book(Booking{ID: "b", Worker: w, SeqHashes: seqs[:1]}))
 	require.NoError(t, l.Free("a"))
-	live, slab := blockCounts(l)
-	require.Equal(t, 1, live, "11 is still held by b")
-	require.Equal(t, 2, l.NewBlocks(w, seqs))
+	live, idle, _, slab := blockCounts(l)
+	require.Zero(t, live)
+	require.Equal(t, 3, idle, "freed blocks stay as idle entries")
+	require.Equal(t, 3, l.NewBlocks(w, seqs), "an idle block is not active anywhere")
+	require.Equal(t, 3, l.AppendLoads(nil, []kvindex.WorkerRank{w}, seqs)[0].NewBlocks)
+
+	// Booking the prefix again re-activates the same entries.
+	require.NoError(t, l.Book(Booking{ID: "b", Worker: w, SeqHashes: seqs}))
+	_, idle, _, slabAgain := blockCounts(l)
+	require.Equal(t, slab, slabAgain)
+	require.Zero(t, idle)
+	require.Equal(t, Load{ActiveBlocks: 3, ActiveRequests: 1}, l.Load(w))
 	checkInvariants(t, l)
 
-	// Booking again reuses the freed slab entries.
-	require.NoError(t, l.Book(Booking{ID: "c", Worker: w, SeqHashes: seqs}))
-	_, slabAgain := blockCounts(l)
-	require.Equal(t, slab, slabAgain)
-	require.Equal(t, Load{ActiveBlocks: 3, ActiveRequests: 2}, l.Load(w))
+	// Many distinct freed blocks: each stripe sweeps its idle entries once
+	// they outnumber maxIdle, keeping the live blocks.
+	next := uint64(1000)
+	for i := range 3 * blockStripes * maxIdle / 256 {
+		hs := make([]uint64, 256)
+		for j := range hs {
+			hs[j] = next
+			next++
+		}
+		id := fmt.Sprint("c", i)
+		require.NoError(t, l.Book(Booking{ID: id, Worker: w, SeqHashes: hs}))
+		require.NoError(t, l.Free(id))
+		_, idle, _, _ := blockCounts(l)
+		require.LessOrEqual(t, idle, blockStripes*maxIdle)
+	}
+	live, idle, entries, _ := blockCounts(l)
+	require.Positive(t, idle)
+	require.LessOrEqual(t, entries, blockStripes*maxIdle+3)
+	require.Equal(t, 3, live)
+	checkInvariants(t, l)
 	require.NoError(t, l.Free("b"))
-	require.NoError(t, l.Free("c"))
-	require.Zero(t, liveBlocks(l))
 	checkInvariants(t, l)
 }
 

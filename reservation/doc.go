@@ -46,18 +46,21 @@
 // once, whatever the number of candidates, and credits every holder; answering
 // for 64 candidates costs one pass over the request plus a few atomic reads per
 // candidate. Book costs one index lookup per hash, Free one reference-count
-// decrement per hash (it reuses the entries Book found) and a table deletion per
-// block no worker rank holds any more, and neither anything per private block; a
-// hash active on many worker ranks (a shared system prompt) finds its holder by
-// binary search. Leases are ordered per worker rank in a B-tree by deadline, so
+// decrement per hash (it reuses the entries Book found), and neither anything
+// per private block; a hash active on many worker ranks (a shared system prompt)
+// finds its holder by binary search. A block whose last booking goes stays in
+// the index as an idle entry, since the same prefix is often booked again soon;
+// each stripe lists the entries that go idle and, once it has more than 2048
+// idle ones, removes those still idle together (a cost per idle entry, whatever
+// the live ones). Leases are ordered per worker rank in a B-tree by deadline, so
 // Expire and NextExpiry cost one look per worker rank plus what they settle, and
 // never scan live bookings.
 //
 // Memory follows the live bookings: a booking disappears when it is settled and
-// the index holds exactly the live blocks. A worker rank's load entry (a few
-// hundred bytes) is made by its first Book or by AppendRanks and kept, empty,
-// until RemoveWorker of its worker, so the number of entries is the number of
-// worker ranks in use, not of bookings. Buffers kept for reuse (index slots,
+// the index holds the live blocks plus at most 2048 idle ones per stripe. A
+// worker rank's load entry (a few hundred bytes) is made by its first Book or by
+// AppendRanks and kept, empty, until RemoveWorker of its worker, so the number
+// of entries is the number of worker ranks in use, not of bookings. Buffers kept for reuse (index slots,
 // pooled hash lists) are bounded by the peak of live bookings.
 //
 // # Concurrency
@@ -103,8 +106,9 @@
 //     bookings on w plus the sum of PrivateBlocks over the live bookings on w
 //     (each booking's private blocks are added by Book and removed exactly once,
 //     when Free, Expire or RemoveWorker settles it);
-//   - the shared block index holds exactly the sequence hashes of the live
-//     bookings, never a private block, each in the stripe its bits select;
+//   - the shared block index's live entries (those with a holder) are exactly
+//     the sequence hashes of the live bookings, never a private block, each in
+//     the stripe its bits select; a stripe's idle entries number at most 2048;
 //   - no field is ever negative, and w appears in Loads only while it has a live
 //     booking.
 //

@@ -69,20 +69,22 @@ func lockAll(l *Ledger) func() {
 	}
 }
 
-// blockCounts sums the block index over its stripes: active blocks and slab
-// entries (active or free).
-func blockCounts(l *Ledger) (live, slab int) {
+// blockCounts sums the block index over its stripes: live and idle entries,
+// all entries, and slab entries (in use or free).
+func blockCounts(l *Ledger) (live, idle, entries, slab int) {
 	for i := range l.blocks {
 		st := &l.blocks[i]
 		st.mu.Lock()
 		live += st.a.live()
+		idle += st.a.idle
+		entries += st.a.index.len()
 		slab += len(st.a.slab)
 		st.mu.Unlock()
 	}
-	return live, slab
+	return live, idle, entries, slab
 }
 
-func liveBlocks(l *Ledger) int { live, _ := blockCounts(l); return live }
+func liveBlocks(l *Ledger) int { live, _, _, _ := blockCounts(l); return live }
 
 // checkInvariants recomputes every derived quantity of l from its live bookings
 // and compares it with what l maintains: per worker rank loads, booking lists
@@ -201,12 +203,19 @@ func checkBlocks(t testing.TB, l *Ledger, wantRefs map[ref]int32) {
 	gotRefs := map[ref]int32{}
 	for s := range l.blocks {
 		a := &l.blocks[s].a
-		n := 0
+		n, idle := 0, 0
 		a.index.all(func(h uint64, i int32) {
 			n++
 			require.Equal(t, s, l.stripe(h), "hash %d in the wrong stripe", h)
 			e := a.slab[i]
-			require.Positive(t, e.first.refs, "block %d in the index without a holder", h)
+			require.Equal(t, h, e.hash)
+			if e.first.refs == 0 { // idle: no holder at all
+				require.Empty(t, e.more, "idle block %d has holders", h)
+				require.True(t, e.listed, "idle block %d not listed for the sweep", h)
+				idle++
+				return
+			}
+			require.Positive(t, e.first.refs)
 			gotRefs[ref{h, e.first.slot}] = e.first.refs
 			require.True(t, slices.IsSortedFunc(e.more, func(a, b holder) int { return int(a.slot - b.slot) }), "holders of %d not sorted", h)
 			for _, o := range e.more {
@@ -217,7 +226,18 @@ func checkBlocks(t testing.TB, l *Ledger, wantRefs map[ref]int32) {
 			}
 		})
 		require.Equal(t, a.index.len(), n)
+		require.Equal(t, a.idle, idle)
+		require.LessOrEqual(t, idle, maxIdle, "stripe %d: idle entries were not swept", s)
 		require.Equal(t, len(a.slab), n+len(a.free))
+		listed := map[int32]bool{}
+		for _, i := range a.idleList {
+			require.False(t, listed[i], "slab entry %d listed twice", i)
+			listed[i] = true
+			require.True(t, a.slab[i].listed)
+		}
+		for i := range a.slab {
+			require.Equal(t, listed[int32(i)], a.slab[i].listed, "slab entry %d", i)
+		}
 	}
 	require.Equal(t, wantRefs, gotRefs)
 }

@@ -574,6 +574,7 @@ func (l *Ledger) dropRefs(bk *booking) int {
 				gone++
 			}
 		}
+		st.a.sweep()
 		st.mu.Unlock()
 	}
 	return gone

@@ -11,7 +11,7 @@ type tableSlot struct {
 
 // blockTable maps sequence hashes to slab indices. It is an open-addressing hash
 // table with linear probing and backward-shift deletion (no tombstones). Its size
-// is a power of two; it doubles when it would be more than 3/4 full and halves
+// is a power of two; it doubles when it would be more than half full and halves
 // when it is larger than shrinkFloor and less than 1/16 full, so it follows the
 // number of active blocks without rehashing back and forth. Keys are mixed with a per-table
 // random seed, so hashes chosen to collide cannot be aimed at it. It is the hot
@@ -77,7 +77,7 @@ func (t *blockTable) get(h uint64) (int32, bool) {
 // reserve makes room for one more key, so that a position find returns for an
 // absent key stays valid for insertAt.
 func (t *blockTable) reserve() {
-	if 4*(t.n+1) > 3*len(t.slots) {
+	if 2*(t.n+1) > len(t.slots) {
 		t.resize(2 * len(t.slots))
 	}
 }

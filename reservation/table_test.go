@@ -33,7 +33,7 @@ func TestBlockTable(t *testing.T) {
 					require.True(t, ok)
 					require.Equal(t, v, i)
 				}
-				require.LessOrEqual(t, 4*tb.len(), 3*len(tb.slots))
+				require.LessOrEqual(t, 2*tb.len(), len(tb.slots))
 			}
 			maxSize := 0
 			for step := range 40000 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -126,6 +127,36 @@ func BenchmarkSelectAndReserveParallel(b *testing.B) {
 func BenchmarkSelectAndReserveParallelQueued(b *testing.B) {
 	s, prompts := benchService(b, 64, queuedConfig)
 	runParallelBookings(b, s, prompts)
+}
+
+// BenchmarkSelectAndReserveParallelIndependent is the in-run ceiling of the
+// parallel benchmark: the same work, but each goroutine on its own service, so
+// nothing is shared and throughput grows as far as this machine lets it.
+func BenchmarkSelectAndReserveParallelIndependent(b *testing.B) {
+	type svc struct {
+		s       *SelectionService
+		prompts [][]uint32
+	}
+	svcs := make([]svc, runtime.GOMAXPROCS(0))
+	for i := range svcs {
+		svcs[i].s, svcs[i].prompts = benchService(b, 64, nil)
+	}
+	ctx := context.Background()
+	var next, g atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		me := svcs[int(g.Add(1)-1)%len(svcs)]
+		for pb.Next() {
+			i := next.Add(1)
+			res, err := me.s.SelectAndReserve(ctx, Request{ReservationID: fmt.Sprint(i), Tokens: me.prompts[int(i)%len(me.prompts)]})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			_ = me.s.FreeReservation(res.ReservationID)
+		}
+	})
 }
 
 // queuedConfig turns queueing on with a threshold no worker reaches.

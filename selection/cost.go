@@ -73,7 +73,11 @@ func logit(c *candidate, in costInput, w *weights) float64 {
 		credit += w.diskW * float64(c.disk)
 	}
 	decode := float64(c.activeBlocks + c.newBlocks)
-	return w.scale*math.Max(0, rawPrefillBlocks-credit) + decode + w.activeReqWeight*float64(c.activeRequests)
+	prefill := rawPrefillBlocks - credit
+	if prefill < 0 { // max(0, prefill), without math.Max's call (-0 and NaN end the same)
+		prefill = 0
+	}
+	return w.scale*prefill + decode + w.activeReqWeight*float64(c.activeRequests)
 }
 
 // randSource is what pick draws from (*rand.Rand, or a partition's lockedRand).
