@@ -43,8 +43,8 @@ func effectiveOverlap(c *candidate, w *weights) float64 {
 
 // cachedTokens returns round(effective overlap x block size).
 func cachedTokens(c *candidate, w *weights, bs int) int {
-	if c.device == 0 && c.host == 0 && c.disk == 0 { // most candidates; same result
-		return 0
+	if c.host == 0 && c.disk == 0 { // device blocks only: an exact integer, same result
+		return c.device * bs
 	}
 	return int(math.Round(effectiveOverlap(c, w) * float64(bs)))
 }

@@ -94,17 +94,20 @@ type prepared struct {
 	w        weights
 	allowed  map[string]struct{}
 	priority Priority
-	req      *Request
+	id       string    // the reservation id
+	expected int       // expected output tokens
+	buf      *[]uint64 // seqs' pooled buffer
 }
+
+var preparedPool = sync.Pool{New: func() any { return new(prepared) }}
 
 var matchPool = sync.Pool{New: func() any { m := make([]kvindex.Match, 0, 64); return &m }}
 
 var seqPool = sync.Pool{New: func() any { s := make([]uint64, 0, 512); return &s }}
 
 func (s *SelectionService) prepare(req *Request) (*prepared, error) {
-	pr := &prepared{model: modelOf(req.Model), req: req, priority: req.Priority}
-	var err error
-	if pr.w, err = req.Override.apply(s.base); err != nil {
+	w, err := req.Override.apply(s.base)
+	if err != nil {
 		return nil, err
 	}
 	if req.ExpectedOutputTokens < 0 {
@@ -115,6 +118,11 @@ func (s *SelectionService) prepare(req *Request) (*prepared, error) {
 	}
 	bs := s.cfg.BlockSize
 	buf := seqPool.Get().(*[]uint64)
+	pr := preparedPool.Get().(*prepared)
+	*pr = prepared{
+		model: modelOf(req.Model), priority: req.Priority, w: w, buf: buf,
+		id: req.ReservationID, expected: req.ExpectedOutputTokens,
+	}
 	switch {
 	case len(req.Tokens) > 0:
 		h, _ := kvindex.NewHasher(bs, kvindex.HashOptions{LoRAName: req.LoRAName, CacheSalt: req.CacheSalt})
@@ -122,13 +130,13 @@ func (s *SelectionService) prepare(req *Request) (*prepared, error) {
 		pr.isl = len(req.Tokens)
 	case len(req.SeqHashes) > 0:
 		if req.ISL <= 0 || req.ISL < len(req.SeqHashes)*bs {
-			seqPool.Put(buf)
+			pr.release()
 			return nil, fmt.Errorf("%w: ISL %d does not cover %d hashed blocks of %d tokens", ErrBadRequest, req.ISL, len(req.SeqHashes), bs)
 		}
 		pr.seqs = append((*buf)[:0], req.SeqHashes...)
 		pr.isl = req.ISL
 	default:
-		seqPool.Put(buf)
+		pr.release()
 		return nil, fmt.Errorf("%w: request has neither tokens nor sequence hashes", ErrBadRequest)
 	}
 	*buf = pr.seqs
@@ -154,9 +162,15 @@ func (s *SelectionService) prepare(req *Request) (*prepared, error) {
 	return pr, nil
 }
 
+// release returns pr and its hash buffer to their pools; pr must not be used
+// afterwards.
 func (pr *prepared) release() {
-	s := pr.seqs[:0]
-	seqPool.Put(&s)
+	if pr.seqs != nil {
+		*pr.buf = pr.seqs[:0] // the buffer may have grown
+	}
+	seqPool.Put(pr.buf)
+	*pr = prepared{}
+	preparedPool.Put(pr)
 }
 
 // Select picks a worker for req without booking it and without waiting: when
@@ -575,8 +589,8 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 			prefill = eff
 		}
 		b := reservation.Booking{
-			ID: pr.req.ReservationID, Worker: r.key, SeqHashes: pr.active, PrivateBlocks: pr.private,
-			PrefillTokens: prefill, ExpectedOutputTokens: pr.req.ExpectedOutputTokens,
+			ID: pr.id, Worker: r.key, SeqHashes: pr.active, PrivateBlocks: pr.private,
+			PrefillTokens: prefill, ExpectedOutputTokens: pr.expected,
 		}
 		var err error
 		if lockFree {
@@ -591,7 +605,7 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 			p.approx.Record(r.key, pr.seqs)
 		}
 		s.st.bookings.Add(1)
-		res.ReservationID = pr.req.ReservationID
+		res.ReservationID = pr.id
 	}
 	s.st.selections.Add(1)
 	s.st.chosenOverlap.Add(uint64(c.device))

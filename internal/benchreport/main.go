@@ -41,7 +41,9 @@ type row struct {
 	maxOfBaseline float64
 	// minSpeedup, when > 0, makes the verdict baseline/value >= minSpeedup.
 	minSpeedup float64
-	jobIndex   int
+	// asCost shows an informational ratio as value/baseline ("the cost of").
+	asCost   bool
+	jobIndex int
 }
 
 var jobs = []job{
@@ -49,9 +51,9 @@ var jobs = []job{
 	{pkg: "./kvindex", pattern: "^BenchmarkIndexMemory$", benchtime: "1x", cpu: "1"},
 	{pkg: "./kvindex/kvevents", pattern: "^(BenchmarkDecodeBatch|BenchmarkDecodeApply)$", benchtime: "20000x", cpu: "1"},
 	{pkg: "./kvindex/kvevents", pattern: "^BenchmarkFeedThroughput$", benchtime: "100000x", cpu: "2"},
-	{pkg: "./selection", pattern: "^BenchmarkSelectAndReserve$", benchtime: "3000x", cpu: "1"},
-	{pkg: "./selection", pattern: "^(BenchmarkSelectAndReserveParallel|BenchmarkSelectAndReserveParallelQueued)$", benchtime: "20000x", cpu: "1,2"},
-	{pkg: "./reservation", pattern: "^(BenchmarkAppendLoads|BenchmarkBookFree|BenchmarkNaiveNewBlocks)$", benchtime: "5000x", cpu: "1"},
+	{pkg: "./selection", pattern: "^BenchmarkSelectAndReserve$", benchtime: "20000x", cpu: "1"},
+	{pkg: "./selection", pattern: "^(BenchmarkSelectAndReserveParallel|BenchmarkSelectAndReserveParallelQueued|BenchmarkSelectAndReserveParallelIndependent)$", benchtime: "20000x", cpu: "1,2"},
+	{pkg: "./reservation", pattern: "^(BenchmarkAppendLoads|BenchmarkBookFree|BenchmarkBookFreeFresh|BenchmarkNaiveNewBlocks)$", benchtime: "5000x", cpu: "1"},
 	{pkg: "./tokenize", pattern: "^BenchmarkCachedTokenize$", benchtime: "20000x", cpu: "1"},
 	{pkg: "./roles", pattern: "^(BenchmarkPairBook|BenchmarkSingleSelectAndReserve)$", benchtime: "3000x", cpu: "1"},
 	{pkg: "./examples/epp/extproc", pattern: "^BenchmarkExtProcAddedLatency$", benchtime: "3000x", cpu: "2"},
@@ -80,7 +82,11 @@ var rows = []row{
 	{what: "SelectAndReserve + Free p50, 512 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=512", metric: "p50-ns", jobIndex: 4},
 	{what: "SelectAndReserve + Free, 64 workers, parallel, 2 cores vs 1", bench: "BenchmarkSelectAndReserveParallel@2", metric: "ns/op", budget: ">= 1.5x faster on 2 cores", minSpeedup: 1.5, baseline: "BenchmarkSelectAndReserveParallel@1", jobIndex: 5},
 	{what: "the same, lock-free booking vs the model lock (queueing on), 2 cores", bench: "BenchmarkSelectAndReserveParallel@2", metric: "ns/op", baseline: "BenchmarkSelectAndReserveParallelQueued@2", jobIndex: 5},
+	{what: "the same vs one service per goroutine (nothing shared: this machine's ceiling), 2 cores", bench: "BenchmarkSelectAndReserveParallel@2", metric: "ns/op", baseline: "BenchmarkSelectAndReserveParallelIndependent@2", asCost: true, jobIndex: 5},
+	{what: "one service per goroutine, 2 cores vs 1 (how far this machine scales)", bench: "BenchmarkSelectAndReserveParallelIndependent@2", metric: "ns/op", baseline: "BenchmarkSelectAndReserveParallelIndependent@1", jobIndex: 5},
 	{what: "ledger AppendLoads, 64 workers x 128 hashes (vs per-worker maps)", bench: "BenchmarkAppendLoads/64workers", metric: "ns/op", baseline: "BenchmarkNaiveNewBlocks", jobIndex: 6},
+	{what: "ledger AppendRankLoads (resolved handles), 64 workers x 128 hashes", bench: "BenchmarkAppendLoads/64workers/resolved", metric: "ns/op", baseline: "BenchmarkAppendLoads/64workers", jobIndex: 6},
+	{what: "ledger Book + Free, 64 workers, a prompt whose 64-block tail was never booked before (vs a recurring prompt)", bench: "BenchmarkBookFreeFresh", metric: "ns/op", baseline: "BenchmarkBookFree/64workers", asCost: true, jobIndex: 6},
 	{what: "tokenizer cache hit (2k tokens, shared results)", bench: "BenchmarkCachedTokenize/shared/tokens=2048/body=8KiB", metric: "ns/op", budget: "<= 2 us", ok: le(2000), jobIndex: 7},
 	{what: "prefill/decode pair booking (Book+Handoff+Complete) vs one SelectAndReserve", bench: "BenchmarkPairBook", metric: "ns/op", budget: "<= 2x single", baseline: "BenchmarkSingleSelectAndReserve", maxOfBaseline: 2, jobIndex: 8},
 	{what: "EPP ext_proc added latency p50 vs a no-op ext_proc server (loopback, tokenizer stubbed)", bench: "BenchmarkExtProcAddedLatency", metric: "extra-p50-us", budget: "<= 250 us", ok: le(250), jobIndex: 9},
@@ -226,6 +232,8 @@ func main() {
 					verdict = "**missed**"
 				}
 				ratio = fmt.Sprintf("%.2fx faster than `%s` (%s)", x, r.baseline, human(bv, r.metric))
+			case r.asCost:
+				ratio = fmt.Sprintf("%.2fx the cost of `%s` (%s)", v/bv, r.baseline, human(bv, r.metric))
 			case r.higherBtr:
 				ratio = fmt.Sprintf("%.1fx (`%s` %s)", v/bv, r.baseline, human(bv, r.metric))
 			default:
@@ -273,36 +281,33 @@ func quoteArgs(a []string) []string {
 const analysis = `
 ## Analysis
 
-**SelectAndReserve + Free at 64 workers (budget 20 us p50 on one core).** Three changes
-since the first report (about 24-26 us idle then): decisions without queueing no longer take
-the model lock (the ledger stamps the loads it reads and BookAt refuses a booking that a
-concurrent one made stale, so the decision is made again); a freed block stays in the
-ledger's active-block table as an idle entry and is re-activated by the next booking of the
-same prefix instead of being removed and re-inserted (idle entries are swept in bulk past
-1024); and ties are broken with one random draw, matches are mapped to candidates through the
-previous request's mapping when the same worker ranks match in the same order. A CPU profile
+**SelectAndReserve + Free at 64 workers (budget 20 us p50 on one core).** A CPU profile
 (` + "`go test ./selection -run x -bench 'SelectAndReserve$/workers=64' -benchtime 100000x -cpu 1 -cpuprofile cpu.out`" + `)
-now splits an operation into hashing the prompt about 15%, Free 19% (most of it the bulk
-sweep, which removes the blocks no request booked again: the removal work itself, batched), candidate evaluation 22% (ledger AppendLoads 8%, cost function 8%), Book 9% and
-FindMatches 9%. The machine is shared and noisy: single runs of the same binary vary by 30%,
-and two full ` + "`make bench`" + ` runs on 2026-11-29 gave medians of 19.3 and 21.0 us: at the budget, not
-reliably under it. Running the decision under the model lock instead (the queueing path, row
-above) costs the same on one core.
+splits an operation into hashing the prompt about 18%, FindMatches 13%, candidate
+evaluation 27% (ledger AppendRankLoads 13%, most of it deduplicating the request's
+hashes; cost function 8%), Book 11% and Free 5%. The machine is shared and noisy: single runs
+of the same binary vary by 30% or more, so the median of several runs is the figure to
+read, and interleaved A/B runs against the previous ledger (one lock) gave the same
+single-core cost within that noise.
 
-**Parallel scaling (2 cores vs 1).** Not met, and the cause is measured rather than assumed.
-The read path scales: ` + "`Select`" + ` alone (hash, FindMatches, AppendLoads, cost) runs 1.7x faster
-on two cores than on one in the same run. Booking does not: CPU profiles of the parallel
-benchmark at -cpu 1 and -cpu 2 (same binary, ` + "`-cpuprofile`" + `, focused on the benchmark
-loop) show the ledger's Book taking 3x the CPU per operation on two cores (2.7 to 8.5 us) and
-AppendLoads 2x, while hashing and the index walk cost the same. Every booking of a prompt
-with a shared system prompt increments the reference counts of the same active-block
-entries, and every AppendLoads reads them, so on two cores each of those 128 entries is a
-cache-line transfer, inside the ledger's critical section, which therefore grows and
-serialises the two cores. Neither the lock kind (a plain mutex, or a spinning lock, in place
-of the read-write lock: no better) nor the model lock (the lock-free path and the queueing
-path, which keeps the model lock, run at the same speed; see the row above) is the limit;
-stale-decision retries are negligible (about 2 in 10,000). Plan: per-worker-rank reference
-counts, so that bookings on different workers write disjoint memory, with the shared
-hash-to-holders index written only when a worker rank gains or loses a block; measured with a
-steady population of in-flight requests, where such transitions are rare.
+**Parallel scaling (2 cores vs 1).** Until 2026-11-29 throughput fell on two cores (0.7-0.9x):
+one read-write lock guarded the whole ledger, and a CPU profile at -cpu 2 showed the
+cores parked on it (121% CPU used of 200%). The ledger now has no ledger-wide lock on the
+request path: each worker rank's load entry has its own mutex and counters that
+AppendRankLoads reads atomically, the block index is split into 8 hash stripes and the id
+map into 32, each with its own mutex, and stamps are per worker rank (entry and a sequence
+number every Book advances), so BookAt refuses only a booking on a rank booked since its
+read. Bookings on different workers no longer exclude each other. The rows above compare the
+parallel benchmark at 2 cores with 1 core, and with the same work run on one service per
+goroutine, which shares nothing and so shows how far this (virtual, shared) machine
+scales at all. What still serialises: bookings of one worker rank (by design), and the block
+stripes a shared system prompt's hashes fall in, whose reference counts every booking of
+that prompt updates.
+
+**Idle blocks.** A freed block stays in its stripe as an idle entry and is re-activated by
+the next booking of the prefix (a system prompt, the next turn of a conversation); each
+stripe lists entries as they go idle and, past 2048, removes the ones still idle. The
+benchmark's 128 prompts recur, so its bookings mostly re-activate; the fresh-prompt ledger
+row above shows the cost when a prompt's tail is never seen again (every such block is
+inserted and later removed).
 `
