@@ -42,10 +42,11 @@
 //
 // Active blocks are kept in one inverted index, sequence hash -> the worker ranks
 // holding it with a reference count each, rather than one set per worker rank.
-// AppendLoads, the hot-path read, therefore looks each of the request's hashes up
-// once, whatever the number of candidates, and credits every holder; answering
-// for 64 candidates costs one pass over the request plus a few atomic reads per
-// candidate. Book costs one index lookup per hash, Free one reference-count
+// AppendRankLoads, the hot-path read, therefore looks each of the request's
+// hashes up once, whatever the number of candidates, and credits every holder;
+// answering for 64 candidates costs one pass over the request plus a few atomic
+// reads per candidate, through handles resolved once by AppendRanks
+// (AppendLoads adds a lookup by name per candidate). Book costs one index lookup per hash, Free one reference-count
 // decrement per hash (it reuses the entries Book found), and neither anything
 // per private block; a hash active on many worker ranks (a shared system prompt)
 // finds its holder by binary search. A block whose last booking goes stays in
@@ -60,8 +61,9 @@
 // the index holds the live blocks plus at most 2048 idle ones per stripe. A
 // worker rank's load entry (a few hundred bytes) is made by its first Book or by
 // AppendRanks and kept, empty, until RemoveWorker of its worker, so the number
-// of entries is the number of worker ranks in use, not of bookings. Buffers kept for reuse (index slots,
-// pooled hash lists) are bounded by the peak of live bookings.
+// of entries is the number of worker ranks in use, not of bookings. Buffers kept
+// for reuse (index slots, pooled hash lists) are bounded by the peak of live
+// bookings.
 //
 // # Concurrency
 //
@@ -72,9 +74,9 @@
 // are serialised and bookings on different ones are not. The block index is
 // split into 8 stripes by hash, each with its own mutex; Book and Free take the
 // stripes of their hashes one at a time (a booking's hashes are kept grouped by
-// stripe), AppendLoads likewise. Reservation ids map to bookings through 32
+// stripe), and the reads likewise. Reservation ids map to bookings through 32
 // independently locked stripes. A registry of worker ranks is read-locked for
-// lookups and write-locked only to add or remove an entry. Locks are taken in
+// lookups and write-locked only to add or remove an entry or a slot. Locks are taken in
 // one order (worker rank, then id stripe, then block stripe; the registry is
 // never held while waiting for a worker rank), so calls cannot deadlock. Every
 // critical section is short and bounded (a stripe's share of one booking's
@@ -84,11 +86,12 @@
 // block, and it may call back into the Ledger. Nothing in this package starts a
 // goroutine.
 //
-// Read, decide, book without a lock around the three: AppendLoads reads each
-// candidate's load without its lock and stamps what it read (the worker rank's
-// entry and a sequence number that every Book advances, odd while the Book is
-// changing it), and BookAt books only if the chosen worker rank's entry and
-// sequence number are still the ones stamped (ErrStale otherwise). Because only
+// Read, decide, book without a lock around the three: AppendRankLoads (and
+// AppendLoads) reads each candidate's load without its lock and stamps what it
+// read (the worker rank's entry and a sequence number that every Book
+// advances, odd while the Book is changing it), and BookAt books only if the
+// chosen worker rank's entry and sequence number are still the ones stamped
+// (ErrStale otherwise). Because only
 // Book raises a load, a decision BookAt accepts is one that some serial order of
 // the concurrent calls would have made; the selection service retries on
 // ErrStale. A candidate read while a Book or a settlement was changing it may

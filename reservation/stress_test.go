@@ -37,6 +37,7 @@ func TestConcurrentBookAndFree(t *testing.T) {
 		prefix[i] = uint64(1000 + i)
 	}
 
+	ranks := l.AppendRanks(nil, workers) // handles, some of which RemoveWorker kills
 	var bookers, others sync.WaitGroup
 	stop := make(chan struct{})
 	var freedByMe, lostToExpiry, lostToRemoval atomic.Int64
@@ -63,13 +64,18 @@ func TestConcurrentBookAndFree(t *testing.T) {
 				case 2: // a request whose blocks are never shared: no hashes at all
 					seqs, private = nil, 1+rng.IntN(128)
 				}
-				w := workers[rng.IntN(len(workers))]
 				lease := time.Duration(0)
 				if rng.IntN(10) == 0 {
 					lease = time.Second // some bookings will be expired by the sweeper
 				}
-				if err := l.Book(Booking{ID: id, Worker: w, SeqHashes: seqs, PrivateBlocks: private, PrefillTokens: 1 + rng.IntN(500), Lease: lease}); err != nil {
-					t.Errorf("book %s: %v", id, err)
+				b := Booking{ID: id, SeqHashes: seqs, PrivateBlocks: private, PrefillTokens: 1 + rng.IntN(500), Lease: lease}
+				if rng.IntN(2) == 0 {
+					b.Worker = workers[rng.IntN(len(workers))]
+					if err := l.Book(b); err != nil {
+						t.Errorf("book %s: %v", id, err)
+						return
+					}
+				} else if !decideAndBook(t, l, ranks, b, rng) {
 					return
 				}
 				_ = l.AppendLoads(nil, workers, seqs)
@@ -145,4 +151,35 @@ func TestConcurrentBookAndFree(t *testing.T) {
 	checkInvariants(t, l)
 	require.Zero(t, liveBlocks(l))
 	t.Logf("freed %d, expired %d, removed %d, conflicts %d", st.Freed, st.Expired, st.Removed, st.Conflicts)
+}
+
+// decideAndBook books b the way the selection service does: it reads the
+// candidates through their handles, checks what it read, picks one and books it
+// with BookAt, reading again whenever the pick was booked since. It reports
+// false after a t.Errorf.
+func decideAndBook(t *testing.T, l *Ledger, ranks []Rank, b Booking, rng *rand.Rand) bool {
+	distinct := map[uint64]bool{}
+	for _, h := range b.SeqHashes {
+		distinct[h] = true
+	}
+	for {
+		loads := l.AppendRankLoads(nil, ranks, b.SeqHashes)
+		for _, c := range loads {
+			if c.NewBlocks < 0 || c.NewBlocks > len(distinct) || c.Load.ActiveBlocks < 0 || c.Load.ActiveRequests < 0 || c.Load.ActivePrefillTokens < 0 {
+				t.Errorf("read of %s mid-run: %+v (%d distinct hashes)", c.Worker, c, len(distinct))
+				return false
+			}
+		}
+		pick := loads[rng.IntN(len(loads))]
+		b.Worker = pick.Worker
+		switch err := l.BookAt(b, pick.Stamp); {
+		case err == nil:
+			return true
+		case errors.Is(err, ErrStale):
+			continue
+		default:
+			t.Errorf("book %s: %v", b.ID, err)
+			return false
+		}
+	}
 }
