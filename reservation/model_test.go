@@ -108,6 +108,15 @@ func TestModel(t *testing.T) {
 	}
 }
 
+// FuzzModel runs the model comparison from fuzzer-chosen seeds.
+func FuzzModel(f *testing.F) {
+	f.Add(uint64(0))
+	f.Add(uint64(99))
+	f.Fuzz(func(t *testing.T, seed uint64) {
+		runModel(t, seed, 150)
+	})
+}
+
 func runModel(t *testing.T, seed uint64, steps int) {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	clk := newFakeClock()
@@ -116,6 +125,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 	m := &model{live: map[string]*modelBooking{}}
 	workers := []kvindex.WorkerRank{wr("a", 0), wr("a", 1), wr("b", 0), wr("c", 0), wr("c", 2)}
 	names := []string{"a", "b", "c", "zz"}
+	handles := l.AppendRanks(nil, append(slices.Clone(workers), wr("idle", 0)))
 	randID := func() string { return fmt.Sprint("id", rng.IntN(24)) }
 	randSeqs := func() []uint64 {
 		// A small alphabet so bookings overlap; sometimes a chained prefix of a
@@ -281,6 +291,13 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		probe := randSeqs()
 		cands := append(slices.Clone(workers), wr("idle", 0))
 		got := l.AppendLoads(nil, cands, probe)
+		// Handles resolved before the run (some of whose workers were removed
+		// and came back since) read the same.
+		byHandle := l.AppendRankLoads(nil, handles, probe)
+		for i := range got {
+			require.Equal(t, got[i].Load, byHandle[i].Load, "step %d (%s): handle of %s", step, op, cands[i])
+			require.Equal(t, got[i].NewBlocks, byHandle[i].NewBlocks, "step %d (%s): handle of %s", step, op, cands[i])
+		}
 		for i, w := range cands {
 			require.Equal(t, want[w], l.Load(w))
 			require.Equal(t, want[w], got[i].Load)
