@@ -589,30 +589,20 @@ func (l *Ledger) find(id string) *booking {
 	return bk
 }
 
-// take removes id from the id map and returns its booking, or nil when id is not
-// booked. Whoever takes a booking settles it.
-func (l *Ledger) take(id string) *booking {
+// take removes id from the id map and returns its booking: nil when id is not
+// booked, or when want is set and id's booking is not want (a Free has taken
+// want and will settle it). Whoever takes a booking settles it.
+func (l *Ledger) take(id string, want *booking) *booking {
 	ids := l.idStripe(id)
 	ids.mu.Lock()
 	bk := ids.m[id]
-	if bk != nil {
+	if bk != nil && (want == nil || bk == want) {
 		delete(ids.m, id)
+	} else {
+		bk = nil
 	}
 	ids.mu.Unlock()
 	return bk
-}
-
-// claim takes bk from the id map if it is still there, and reports whether it
-// did: false means a Free has taken it and will settle it.
-func (l *Ledger) claim(bk *booking) bool {
-	ids := l.idStripe(bk.id)
-	ids.mu.Lock()
-	ok := ids.m[bk.id] == bk
-	if ok {
-		delete(ids.m, bk.id)
-	}
-	ids.mu.Unlock()
-	return ok
 }
 
 // PrefillComplete removes the booking's prefill tokens from its worker's active
@@ -651,7 +641,7 @@ func (l *Ledger) PrefillComplete(id string) error {
 // already remove) is removed. An unknown id, including one already freed, expired
 // or removed, returns a wrapped ErrUnknownReservation and changes nothing.
 func (l *Ledger) Free(id string) error {
-	bk := l.take(id)
+	bk := l.take(id, nil)
 	if bk == nil {
 		l.unknown.Add(1)
 		return fmt.Errorf("%w: free %q", ErrUnknownReservation, id)
@@ -719,7 +709,7 @@ func (l *Ledger) Expire(now time.Time) int {
 				break
 			}
 			r.leases.DeleteMin()
-			if !l.claim(bk) {
+			if l.take(bk.id, bk) == nil {
 				continue // a Free in flight owns it
 			}
 			l.settle(bk)
@@ -784,7 +774,7 @@ func (l *Ledger) RemoveWorker(worker string) int {
 		}
 		for bk := r.head; bk != nil; {
 			next := bk.next
-			if l.claim(bk) { // otherwise a Free in flight settles it
+			if l.take(bk.id, bk) != nil { // otherwise a Free in flight settles it
 				l.settle(bk)
 				n++
 			}
