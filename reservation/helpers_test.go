@@ -166,7 +166,7 @@ func checkInvariants(t testing.TB, l *Ledger) {
 		require.False(t, slots[s], "free slot %d in use", s)
 		slots[s] = true
 	}
-	require.Len(t, slots, int(l.nextSlot))
+	require.Len(t, slots, int(l.nextSlot.Load()))
 	require.Equal(t, int64(nbookings), l.active.Load())
 }
 

@@ -288,7 +288,7 @@ type Ledger struct {
 	regMu     sync.RWMutex
 	ranks     map[kvindex.WorkerRank]*rankState
 	byWorker  map[string][]*rankState
-	nextSlot  int32
+	nextSlot  atomic.Int32 // slots ever handed out; written under regMu, read without it
 	freeSlots []int32
 
 	ids    [idStripes]idStripe
@@ -448,12 +448,21 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 	}
 	var r *rankState
 	for {
-		r = l.rankFor(b.Worker)
+		r = seen.r
+		if !check || r == nil || r.key != b.Worker {
+			r = l.rankFor(b.Worker)
+		}
 		r.mu.Lock()
 		if !r.dead.Load() {
 			break
 		}
-		r.mu.Unlock() // removed meanwhile: the next lookup makes a new entry
+		r.mu.Unlock()
+		if check && r == seen.r { // the entry read was removed since
+			l.stale.Add(1)
+			putHashBuf(buf)
+			return fmt.Errorf("%w: %s (id %q)", ErrStale, b.Worker, b.ID)
+		}
+		// Removed meanwhile: the next lookup makes a new entry.
 	}
 	ids := l.idStripe(b.ID)
 	ids.mu.Lock()
@@ -512,8 +521,7 @@ func (l *Ledger) rankFor(w kvindex.WorkerRank) *rankState {
 		r.slot = l.freeSlots[n-1]
 		l.freeSlots = l.freeSlots[:n-1]
 	} else {
-		r.slot = l.nextSlot
-		l.nextSlot++
+		r.slot = l.nextSlot.Add(1) - 1
 	}
 	l.ranks[w] = r
 	l.byWorker[w.Worker] = append(l.byWorker[w.Worker], r)
@@ -917,15 +925,13 @@ func (l *Ledger) AppendRankLoads(dst []CandidateLoad, ranks []Rank, seqs []uint6
 	sc := scratchPool.Get().(*requestScratch)
 	slots := slices.Grow(sc.slots[:0], len(ranks))[:len(ranks)]
 	anyBlocks := false
-	l.regMu.RLock()
-	nslots := l.nextSlot
 	for i, k := range ranks {
 		c := &dst[base+i]
 		c.Worker = k.key
 		slots[i] = -1
 		r := k.r
-		if r != nil && r.dead.Load() {
-			r = l.ranks[k.key]
+		if r == nil || r.dead.Load() { // made before the worker rank's entry: look it up
+			r = l.lookup(k.key)
 		}
 		if r == nil {
 			c.Load, c.Stamp = Load{}, Stamp{}
@@ -942,7 +948,8 @@ func (l *Ledger) AppendRankLoads(dst []CandidateLoad, ranks []Rank, seqs []uint6
 		slots[i] = r.slot
 		anyBlocks = anyBlocks || shared > 0
 	}
-	l.regMu.RUnlock()
+	// Read after the candidates: every slot they hold is below it.
+	nslots := l.nextSlot.Load()
 	distinct := l.scanRequest(sc, seqs, nslots, anyBlocks)
 	for i, slot := range slots {
 		c := &dst[base+i]

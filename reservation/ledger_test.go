@@ -583,7 +583,7 @@ func TestChurnDoesNotGrow(t *testing.T) {
 	bound := 2*(live+1)*hashes + blockStripes*(maxIdle+hashes) // per stripe: its peak of live blocks plus idle ones
 	require.LessOrEqual(t, slab, bound)
 	require.Less(t, bound, 8000*hashes/4, "the bound is meaningful")
-	require.LessOrEqual(t, int(l.nextSlot), 10, "one slot per worker rank used (5 workers x 2 ranks)")
+	require.LessOrEqual(t, int(l.nextSlot.Load()), 10, "one slot per worker rank used (5 workers x 2 ranks)")
 	checkInvariants(t, l)
 	for round := 8000 - live; round < 8000; round++ {
 		require.NoError(t, l.Free(fmt.Sprint("r", round)))

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -129,34 +130,62 @@ func BenchmarkSelectAndReserveParallelQueued(b *testing.B) {
 	runParallelBookings(b, s, prompts)
 }
 
-// BenchmarkSelectAndReserveParallelIndependent is the in-run ceiling of the
-// parallel benchmark: the same work, but each goroutine on its own service, so
-// nothing is shared and throughput grows as far as this machine lets it.
-func BenchmarkSelectAndReserveParallelIndependent(b *testing.B) {
-	type svc struct {
-		s       *SelectionService
-		prompts [][]uint32
-	}
-	svcs := make([]svc, runtime.GOMAXPROCS(0))
-	for i := range svcs {
-		svcs[i].s, svcs[i].prompts = benchService(b, 64, nil)
-	}
-	ctx := context.Background()
-	var next, g atomic.Uint64
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		me := svcs[int(g.Add(1)-1)%len(svcs)]
-		for pb.Next() {
-			i := next.Add(1)
-			res, err := me.s.SelectAndReserve(ctx, Request{ReservationID: fmt.Sprint(i), Tokens: me.prompts[int(i)%len(me.prompts)]})
-			if err != nil {
-				b.Error(err)
-				return
+// BenchmarkSelectAndReserveScaling measures how SelectAndReserve + Free
+// throughput grows from one goroutine to two, alternating the two in short
+// phases (2000 operations per goroutine) so that both see the same state of a
+// shared, noisy machine; speedup-x is the median over iterations of the
+// two-goroutine throughput divided by the one-goroutine throughput. shared runs
+// both goroutines on one service; independent gives each its own (nothing
+// shared: how far this machine scales at all). Needs -cpu 2 or more.
+func BenchmarkSelectAndReserveScaling(b *testing.B) {
+	for _, mode := range []string{"shared", "independent"} {
+		b.Run(mode, func(b *testing.B) {
+			if runtime.GOMAXPROCS(0) < 2 {
+				b.Skip("needs GOMAXPROCS >= 2 (-cpu 2)")
 			}
-			_ = me.s.FreeReservation(res.ReservationID)
-		}
-	})
+			type svc struct {
+				s       *SelectionService
+				prompts [][]uint32
+			}
+			svcs := make([]svc, 1, 2)
+			svcs[0].s, svcs[0].prompts = benchService(b, 64, nil)
+			if mode == "independent" {
+				s, p := benchService(b, 64, nil)
+				svcs = append(svcs, svc{s, p})
+			}
+			ctx := context.Background()
+			var next atomic.Uint64
+			run := func(v svc, ops int) {
+				for range ops {
+					i := next.Add(1)
+					res, err := v.s.SelectAndReserve(ctx, Request{ReservationID: fmt.Sprint(i), Tokens: v.prompts[int(i)%len(v.prompts)]})
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					_ = v.s.FreeReservation(res.ReservationID)
+				}
+			}
+			const ops = 2000
+			var speedups []float64
+			b.ReportAllocs()
+			for b.Loop() {
+				start := time.Now()
+				run(svcs[0], ops)
+				one := time.Since(start)
+				var wg sync.WaitGroup
+				start = time.Now()
+				for g := range 2 {
+					wg.Go(func() { run(svcs[g%len(svcs)], ops) })
+				}
+				wg.Wait()
+				two := time.Since(start)
+				speedups = append(speedups, 2*one.Seconds()/two.Seconds())
+			}
+			slices.Sort(speedups)
+			b.ReportMetric(speedups[len(speedups)/2], "speedup-x")
+		})
+	}
 }
 
 // queuedConfig turns queueing on with a threshold no worker reaches.
