@@ -206,11 +206,11 @@ func leaseLess(a, b *booking) bool {
 }
 
 // rankState is one worker rank's load entry. It is created by the first Book on
-// the worker rank and lives until RemoveWorker, so concurrent calls can hold it
-// without the registry lock.
+// the worker rank or by AppendRanks and lives until RemoveWorker, so concurrent
+// calls can hold it without the registry lock.
 //
 // The load counters are atomics: Book, settlements and PrefillComplete change
-// them under mu, and AppendLoads reads them without it. version is a sequence
+// them under mu, and AppendRankLoads reads them without it. version is a sequence
 // counter: odd while a Book is changing the entry, advanced by two per Book.
 type rankState struct {
 	// What AppendRankLoads reads, together in one cache line.
@@ -417,9 +417,10 @@ func validate(b *Booking) error {
 // changed.
 func (l *Ledger) Book(b Booking) error { return l.book(&b, Stamp{}, false) }
 
-// BookAt is Book for a decision made on loads read by AppendLoads: seen is the
-// chosen candidate's CandidateLoad.Stamp. It books only if no Book reached
-// b.Worker since that read, and otherwise returns ErrStale and changes nothing.
+// BookAt is Book for a decision made on loads read by AppendRankLoads or
+// AppendLoads: seen is the chosen candidate's CandidateLoad.Stamp. It books only
+// if no Book reached b.Worker, and RemoveWorker did not drop its entry, since
+// that read; otherwise it returns ErrStale and changes nothing.
 // Loads only rise through Book, so a worker rank chosen as the cheapest on those
 // loads is still no dearer than it looked, and every other candidate is at least
 // as dear as it looked or became cheaper only through settlements the decision
@@ -930,7 +931,7 @@ func (l *Ledger) AppendRankLoads(dst []CandidateLoad, ranks []Rank, seqs []uint6
 		c.Worker = k.key
 		slots[i] = -1
 		r := k.r
-		if r == nil || r.dead.Load() { // made before the worker rank's entry: look it up
+		if r == nil || r.dead.Load() { // no entry when resolved, or removed since: by name
 			r = l.lookup(k.key)
 		}
 		if r == nil {
