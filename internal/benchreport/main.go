@@ -310,7 +310,7 @@ operation within minutes, which alone moves that ratio between 1.2x and 1.9x. Th
 reads "scales with GOMAXPROCS"; the verdict asks for at least 1.3x on two cores, and the
 ratio column shows the share of the machine's own ceiling reached. What still
 serialises: bookings of one worker rank (by design), and the block stripes, whose locks
-every Book, Free and candidate read takes (8 stripes measured better than 4 or 16), and
+every Book, Free and candidate read takes (8 stripes scale clearly better than 4, about like 16), and
 whose entries for a shared system prompt every booking of that prompt updates. The
 service's statistics counters are not a factor (removing them changed nothing).
 
