@@ -189,8 +189,8 @@ func (a *activeBlocks) sweep() {
 // worker rank already have active" in one pass over the request: it deduplicates
 // the request's hashes in an open-addressing set and counts, per slot, the
 // distinct hashes that slot holds. Set entries carry the epoch of the pass that
-// wrote them, so the set is never cleared; the counts, one per slot (at most one
-// per loaded worker rank), are cleared at the start of each pass, which keeps the
+// wrote them, so the set is never cleared; the counts, one per slot (one per
+// worker rank entry), are cleared at the start of each pass, which keeps the
 // per-holder work of a pass to a single increment.
 //
 // It is not safe for concurrent use: each read takes its own from a pool.
@@ -201,7 +201,7 @@ type requestScratch struct {
 	uniq   []uint64   // the pass's distinct hashes, in request order
 	sorted []uint64   // uniq grouped by block stripe
 	runs   stripeRuns // the stripes' runs in sorted
-	slots  []int32    // AppendLoads: each candidate's slot, -1 for none
+	slots  []int32    // AppendRankLoads: each candidate's slot, -1 for none
 }
 
 type setEntry struct {
