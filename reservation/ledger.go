@@ -164,7 +164,6 @@ type booking struct {
 	worker      kvindex.WorkerRank
 	rank        *rankState
 	buf         *hashBuf // seqs (in stripe order) and idx; nil once settled
-	blocks      int      // len(buf.seqs), kept for Get after the fact
 	private     int      // blocks outside the shared index
 	prefill     int
 	expected    int
@@ -333,9 +332,7 @@ func New(opts Options) (*Ledger, error) {
 	return l, nil
 }
 
-// stripe returns the block stripe of sequence hash h.
-func (l *Ledger) stripe(h uint64) int { return stripeOf(h, l.stripeSeed) }
-
+// stripeOf returns the block stripe of sequence hash h for a ledger's seed.
 func stripeOf(h, seed uint64) int {
 	return int(((h ^ seed) * 0xD6E8FEB86659FD93) >> stripeShift)
 }
@@ -443,7 +440,7 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 	buf.idx = slices.Grow(buf.idx[:0], len(buf.seqs))
 	now := l.clock.Now()
 	bk := &booking{
-		id: b.ID, worker: b.Worker, buf: buf, blocks: len(buf.seqs),
+		id: b.ID, worker: b.Worker, buf: buf,
 		private: b.PrivateBlocks, prefill: b.PrefillTokens, expected: b.ExpectedOutputTokens,
 		lease: lease, bookedAt: now, deadline: now.Add(lease),
 	}
@@ -506,18 +503,15 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 
 // rankFor returns the load entry of w, creating it if there is none.
 func (l *Ledger) rankFor(w kvindex.WorkerRank) *rankState {
-	l.regMu.RLock()
-	r := l.ranks[w]
-	l.regMu.RUnlock()
-	if r != nil {
+	if r := l.lookup(w); r != nil {
 		return r
 	}
 	l.regMu.Lock()
 	defer l.regMu.Unlock()
-	if r = l.ranks[w]; r != nil {
+	if r := l.ranks[w]; r != nil {
 		return r
 	}
-	r = &rankState{key: w, leases: btree.NewG(16, leaseLess)}
+	r := &rankState{key: w, leases: btree.NewG(16, leaseLess)}
 	if n := len(l.freeSlots); n > 0 {
 		r.slot = l.freeSlots[n-1]
 		l.freeSlots = l.freeSlots[:n-1]
@@ -890,17 +884,12 @@ func (l *Ledger) AppendRanks(dst []Rank, workers []kvindex.WorkerRank) []Rank {
 // AppendLoads appends to dst, for each of workers in order, its load, the
 // number of seqs it does not have active (as NewBlocks) and a Stamp of what was
 // read, and returns the extended slice. It is AppendRankLoads with one lookup
-// by name per candidate.
+// by name per candidate (unresolved handles).
 func (l *Ledger) AppendLoads(dst []CandidateLoad, workers []kvindex.WorkerRank, seqs []uint64) []CandidateLoad {
-	if len(workers) == 0 {
-		return dst
+	refs := make([]Rank, len(workers))
+	for i, w := range workers {
+		refs[i].key = w
 	}
-	refs := make([]Rank, 0, len(workers))
-	l.regMu.RLock()
-	for _, w := range workers {
-		refs = append(refs, Rank{key: w, r: l.ranks[w]})
-	}
-	l.regMu.RUnlock()
 	return l.AppendRankLoads(dst, refs, seqs)
 }
 
@@ -1022,7 +1011,7 @@ func (l *Ledger) Get(id string) (Reservation, bool) {
 		PrefillTokens:        bk.prefill,
 		PrefillDone:          bk.prefillDone,
 		ExpectedOutputTokens: bk.expected,
-		Blocks:               bk.blocks,
+		Blocks:               len(bk.buf.seqs),
 		PrivateBlocks:        bk.private,
 		Lease:                bk.lease,
 		BookedAt:             bk.bookedAt,

@@ -139,7 +139,6 @@ func (s *SelectionService) prepare(req *Request) (*prepared, error) {
 		pr.release()
 		return nil, fmt.Errorf("%w: request has neither tokens nor sequence hashes", ErrBadRequest)
 	}
-	*buf = pr.seqs
 	if req.Allowed != nil {
 		pr.allowed = make(map[string]struct{}, len(req.Allowed))
 		for _, id := range req.Allowed {
