@@ -17,6 +17,10 @@ var (
 	// ErrTokenCount: a stored run does not carry exactly one block size of tokens
 	// per block hash.
 	ErrTokenCount = errors.New("kvindex: token count does not match blocks")
+	// ErrUnknownBlock: a removal names blocks the worker rank does not hold (their
+	// store was lost or skipped, or the engine removes what it never announced).
+	// The blocks it does hold are removed; the unknown ones change nothing.
+	ErrUnknownBlock = errors.New("kvindex: removed block unknown")
 	// ErrInvalidEvent: the event is malformed (unknown kind or tier, negative rank,
 	// empty worker name, repeated block hashes, extra digests of the wrong length).
 	ErrInvalidEvent = errors.New("kvindex: invalid event")
@@ -71,9 +75,10 @@ var planPool = sync.Pool{New: func() any { return new(storePlan) }}
 
 // Apply applies one event of worker rank w. It returns nil when the event was
 // applied, or a wrapped ErrUnknownParent, ErrBlockSize, ErrTokenCount or
-// ErrInvalidEvent, in which case nothing changed. Removing blocks the worker rank
-// does not hold and clearing an unknown worker rank are counted no-ops, not errors,
-// and so is a stored event with no blocks.
+// ErrInvalidEvent, in which case nothing changed. A removal that names blocks the
+// worker rank does not hold removes the others and returns a wrapped
+// ErrUnknownBlock. Clearing an unknown worker rank and a stored event with no
+// blocks are counted no-ops, not errors.
 func (ix *Index) Apply(w WorkerRank, ev Event) error {
 	if w.Worker == "" || w.Rank < 0 {
 		ix.rejected.Add(1)
@@ -87,7 +92,9 @@ func (ix *Index) Apply(w WorkerRank, ev Event) error {
 	case EventStored:
 		return ix.store(w, &ev)
 	case EventRemoved:
-		ix.remove(w, ev.Tier, ev.BlockHashes)
+		if n := ix.remove(w, ev.Tier, ev.BlockHashes); n > 0 {
+			return fmt.Errorf("%w: %d of %d blocks on worker rank %s", ErrUnknownBlock, n, len(ev.BlockHashes), w)
+		}
 		return nil
 	case EventCleared:
 		ix.ClearRank(w)
@@ -282,10 +289,11 @@ func (ws *workerState) holdsAny() bool {
 	return false
 }
 
-func (ix *Index) remove(w WorkerRank, tier Tier, hashes []uint64) {
+// remove drops the given blocks of w and returns how many of them w did not hold.
+func (ix *Index) remove(w WorkerRank, tier Tier, hashes []uint64) (unknown int) {
 	if len(hashes) == 0 {
 		ix.emptyEvents.Add(1)
-		return
+		return 0
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -293,13 +301,14 @@ func (ix *Index) remove(w WorkerRank, tier Tier, hashes []uint64) {
 	ws := t.worker(w, false)
 	if ws == nil {
 		ix.unknownRemoves.Add(uint64(len(hashes)))
-		return
+		return len(hashes)
 	}
 	m := ws.blocks[tier]
 	for _, hash := range hashes {
 		n := m[hash]
 		if n == nil {
 			ix.unknownRemoves.Add(1)
+			unknown++
 			continue
 		}
 		// A block stored k times needs k removes; only the last releases it.
@@ -319,7 +328,10 @@ func (ix *Index) remove(w WorkerRank, tier Tier, hashes []uint64) {
 	if !ws.holdsAny() {
 		t.dropWorker(ws)
 	}
-	ix.applied.Add(1)
+	if unknown < len(hashes) {
+		ix.applied.Add(1)
+	}
+	return unknown
 }
 
 // ClearRank drops every block of worker rank w, on every tier (the engine's

@@ -41,9 +41,10 @@ func TestNewRejectsBadBlockSize(t *testing.T) {
 func TestBadInputIsCountedNotFatal(t *testing.T) {
 	ix := mustIndex(t, 2)
 	w := WorkerRank{Worker: "w"}
-	// Empty events, unknown removes and clears are no-ops with counters.
+	// Empty events, unknown removes and clears change nothing and are counted;
+	// an unknown remove says so.
 	require.NoError(t, ix.Apply(w, Event{Kind: EventStored}))
-	require.NoError(t, ix.Apply(w, Event{Kind: EventRemoved, BlockHashes: []uint64{1, 2}}))
+	require.ErrorIs(t, ix.Apply(w, Event{Kind: EventRemoved, BlockHashes: []uint64{1, 2}}), ErrUnknownBlock)
 	ix.ClearRank(w)
 	require.Equal(t, 0, ix.RemoveWorker("nobody"))
 	require.Empty(t, ix.FindMatches(nil, MatchOptions{}))

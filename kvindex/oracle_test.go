@@ -47,11 +47,13 @@ func (o *oracle) apply(w WorkerRank, ev Event) bool {
 		return true
 	case EventRemoved:
 		if ow == nil {
-			return true
+			return len(ev.BlockHashes) == 0
 		}
+		known := true
 		for _, h := range ev.BlockHashes {
 			b := ow.blocks[ev.Tier][h]
 			if b == nil {
+				known = false
 				continue
 			}
 			b.count--
@@ -62,7 +64,7 @@ func (o *oracle) apply(w WorkerRank, ev Event) bool {
 		if !o.holdsAny(ow) {
 			delete(o.workers, w)
 		}
-		return true
+		return known
 	}
 	nb := len(ev.BlockHashes)
 	if nb == 0 {
@@ -376,8 +378,11 @@ func runOracle(t testing.TB, next func(n int) int, docs [][]uint32, steps int) {
 			require.Equal(t, want, err == nil, "step %d store %+v: %v", step, ev, err)
 		case op < 14:
 			ev := g.removeEvent(w)
-			o.apply(w, ev)
-			require.NoError(t, ix.Apply(w, ev))
+			if o.apply(w, ev) {
+				require.NoError(t, ix.Apply(w, ev))
+			} else {
+				require.ErrorIs(t, ix.Apply(w, ev), ErrUnknownBlock)
+			}
 			trace = append(trace, fmt.Sprintf("%d remove %v tier=%d hashes=%x", step, w, ev.Tier, ev.BlockHashes))
 		case op < 15:
 			o.apply(w, Event{Kind: EventCleared})

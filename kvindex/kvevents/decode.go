@@ -110,6 +110,13 @@ const (
 	SkipInvalidEvent
 	// SkipApplyError: the index returned an error this package does not classify.
 	SkipApplyError
+	// SkipNoTokens: a stored event names blocks but carries no token ids
+	// (storage-tier publishers announce offloaded copies of blocks by hash
+	// only); the router cannot key them.
+	SkipNoTokens
+	// SkipUnknownBlock: a removal named blocks the index does not hold for the
+	// worker rank (their store was lost or skipped); the known ones were removed.
+	SkipUnknownBlock
 
 	// NumSkipReasons is the number of reasons; SkipReason values index arrays of
 	// this length.
@@ -130,6 +137,20 @@ var skipReasonNames = [NumSkipReasons]string{
 	SkipTokenCount:    "token_count",
 	SkipInvalidEvent:  "invalid_event",
 	SkipApplyError:    "apply_error",
+	SkipNoTokens:      "no_tokens",
+	SkipUnknownBlock:  "unknown_block",
+}
+
+// ByDesign reports whether events skipped for r are left out on purpose, not
+// lost: events of another cache group or kind, of remote blocks, or of a type
+// this package does not know (newer engines). The other reasons mean the index
+// is missing something the engine holds (or holds something it lost).
+func (r SkipReason) ByDesign() bool {
+	switch r {
+	case SkipUnknownType, SkipNonMainGroup, SkipNonMainKind, SkipLocality, SkipNoTokens:
+		return true
+	}
+	return false
 }
 
 // String returns a short snake_case name, suitable as a metrics label.
@@ -470,6 +491,27 @@ func (d *Decoder) decodeEvent(b []byte) ([]byte, SkipReason) {
 		rest, r = d.parseArrayEvent(b, &f)
 	case msgp.MapType:
 		rest, r = d.parseMapEvent(b, &f)
+	case msgp.BinType:
+		// Some publishers (llm-d's storage-tier one) encode each event on its own
+		// and send the bytes: decode them as the event, which must fill them.
+		inner, after, err := msgp.ReadBytesZC(b)
+		if err != nil {
+			r = SkipMalformed
+			break
+		}
+		var tail []byte
+		switch msgp.NextType(inner) {
+		case msgp.ArrayType:
+			tail, r = d.parseArrayEvent(inner, &f)
+		case msgp.MapType:
+			tail, r = d.parseMapEvent(inner, &f)
+		default:
+			r = SkipMalformed
+		}
+		if r == keep && len(tail) != 0 {
+			r = SkipMalformed
+		}
+		rest = after
 	default:
 		r = SkipMalformed
 	}
@@ -710,6 +752,9 @@ func (d *Decoder) commit(f *eventFields) SkipReason {
 		if !f.sawHashes {
 			return SkipMalformed
 		}
+		if f.tLen == 0 && f.hLen > 0 {
+			return SkipNoTokens
+		}
 		ev.ParentHash, ev.HasParent = f.parent, f.hasParent
 		ev.BlockSize = f.blockSize
 		ev.LoRAName = d.internBytes(f.loraName)
@@ -843,7 +888,9 @@ func readParent(b []byte, f *eventFields) ([]byte, SkipReason) {
 	if !ok {
 		return nil, SkipMalformed
 	}
-	f.parent, f.hasParent = h, true
+	// Array-form encoders write 0 (or zero bytes) for a run that starts the
+	// sequence; 0 is never looked up as a block.
+	f.parent, f.hasParent = h, h != 0
 	return rest, keep
 }
 
@@ -949,9 +996,9 @@ func (d *Decoder) readBlockSize(b []byte, f *eventFields) ([]byte, SkipReason) {
 	switch {
 	case !ok:
 		return nil, SkipMalformed
-	case isNil:
+	case isNil || v == 0: // 0: offload connectors that leave it unset
 		f.blockSize = 0
-	case v <= 0:
+	case v < 0:
 		return nil, SkipMalformed
 	case v > int64(d.opts.MaxTokensPerEvent):
 		return nil, SkipLimit
@@ -1100,7 +1147,8 @@ func readLocality(b []byte) ([]byte, SkipReason) {
 //
 //	"", GPU, CUDA, DEVICE, HBM                               -> TierDevice
 //	CPU, CPU_PINNED, HOST, DRAM                              -> TierHost
-//	DISK, LOCAL_DISK, SSD, NVME, FILE, STORAGE, EXTERNAL     -> TierDisk
+//	DISK, LOCAL_DISK, SSD, NVME, FILE, FS, FILE_SYSTEM, STORAGE,
+//	SHARED_STORAGE, OBJ, OBJECT, OBJECT_STORE, EXTERNAL      -> TierDisk
 func tierOf(medium []byte) (kvindex.Tier, bool) {
 	var buf [16]byte
 	up := upperASCII(buf[:], medium)
@@ -1112,7 +1160,8 @@ func tierOf(medium []byte) (kvindex.Tier, bool) {
 		return kvindex.TierDevice, true
 	case "CPU", "CPU_PINNED", "HOST", "DRAM":
 		return kvindex.TierHost, true
-	case "DISK", "LOCAL_DISK", "SSD", "NVME", "FILE", "STORAGE", "EXTERNAL":
+	case "DISK", "LOCAL_DISK", "SSD", "NVME", "FILE", "FS", "FILE_SYSTEM", "STORAGE", "SHARED_STORAGE",
+		"OBJ", "OBJECT", "OBJECT_STORE", "EXTERNAL":
 		return kvindex.TierDisk, true
 	}
 	return 0, false

@@ -295,6 +295,45 @@ func TestDecodeEvents(t *testing.T) {
 				ParentHash: 5, HasParent: true, Tokens: toks8, BlockSize: 4}},
 		},
 		{
+			name: "no parent spelled nil, absent, integer 0 and zero bytes",
+			payload: arrayBatch(noRank,
+				storedArr([]uint64{1}, nil, toks8[:4], 4),
+				storedArr([]uint64{2}, u64p(0), toks8[:4], 4),
+				v(func(e mp) mp {
+					return e.m(4).str("type").str("BlockStored").str("block_hashes").hashes(3).
+						str("token_ids").tokens(toks8[:4]).str("block_size").i(4)
+				}),
+				v(func(e mp) mp {
+					return e.arr(5).str("BlockStored").hashes(4).bin(make([]byte, 32)).tokens(toks8[:4]).i(4)
+				}),
+				v(func(e mp) mp { return e.arr(5).str("BlockStored").hashes(5).i(0).tokens(toks8[:4]).i(4) }),
+			),
+			want: []kvindex.Event{
+				{Kind: kvindex.EventStored, BlockHashes: []uint64{1}, Tokens: toks8[:4], BlockSize: 4},
+				{Kind: kvindex.EventStored, BlockHashes: []uint64{2}, Tokens: toks8[:4], BlockSize: 4},
+				{Kind: kvindex.EventStored, BlockHashes: []uint64{3}, Tokens: toks8[:4], BlockSize: 4},
+				{Kind: kvindex.EventStored, BlockHashes: []uint64{4}, Tokens: toks8[:4], BlockSize: 4},
+				{Kind: kvindex.EventStored, BlockHashes: []uint64{5}, Tokens: toks8[:4], BlockSize: 4},
+			},
+		},
+		{
+			name: "events sent as encoded bytes (llm-d storage publisher) and stores without tokens",
+			payload: arrayBatch(noRank,
+				v(func(e mp) mp { return e.bin(storedArr([]uint64{6}, u64p(0), toks8[:4], 4)) }),
+				v(func(e mp) mp {
+					return e.bin(v(func(e mp) mp { return e.arr(3).str("BlockRemoved").hashes(6).str("SHARED_STORAGE") }))
+				}),
+				v(func(e mp) mp { return e.bin(append(storedArr([]uint64{7}, nil, toks8[:4], 4), 0xc0)) }), // trailing byte
+				v(func(e mp) mp { return e.bin([]byte{0x01}) }),                                            // not an event
+				v(func(e mp) mp { return e.arr(5).str("BlockStored").hashes(8).null().arr(0).i(0) }),
+			),
+			want: []kvindex.Event{
+				{Kind: kvindex.EventStored, BlockHashes: []uint64{6}, Tokens: toks8[:4], BlockSize: 4},
+				{Kind: kvindex.EventRemoved, Tier: kvindex.TierDisk, BlockHashes: []uint64{6}},
+			},
+			skipped: skips(SkipMalformed, 2, SkipNoTokens, 1),
+		},
+		{
 			name: "SGLang short tuple ending at lora_id, negative hashes, two-element batch",
 			payload: arrayBatch(noRank, v(func(e mp) mp {
 				return e.arr(6).str("BlockStored").arr(2).i(-2).i(-3).i(-1).tokens(toks8).i(4).null()
@@ -860,6 +899,9 @@ func TestTierOfMedium(t *testing.T) {
 		"": kvindex.TierDevice, "GPU": kvindex.TierDevice, "gpu": kvindex.TierDevice, "Cuda": kvindex.TierDevice,
 		"CPU": kvindex.TierHost, "cpu_pinned": kvindex.TierHost, "HOST": kvindex.TierHost,
 		"DISK": kvindex.TierDisk, "LOCAL_DISK": kvindex.TierDisk, "external": kvindex.TierDisk, "NVME": kvindex.TierDisk,
+		// vLLM's offloading mediums and connectors' names.
+		"Disk": kvindex.TierDisk, "FS": kvindex.TierDisk, "OBJ": kvindex.TierDisk,
+		"SHARED_STORAGE": kvindex.TierDisk, "OBJECT_STORE": kvindex.TierDisk, "file_system": kvindex.TierDisk,
 	}
 	for name, want := range tests {
 		got, ok := tierOf([]byte(name))

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvselect/kvselect/kvindex"
 )
@@ -40,12 +41,21 @@ type HandlerOptions struct {
 	// Decoder bounds what each source's Decoder accepts. The zero value means the
 	// defaults of DecoderOptions.
 	Decoder DecoderOptions
-	// Logger, when set, receives one warning per source for the first rejected
-	// block size, the first undecodable batch and the first unclassified apply
-	// error since the source was created or last reset; everything is counted in
-	// Stats regardless. Default: no logging.
+	// Logger, when set, receives a warning the first time a source loses events
+	// for a reason (every SkipReason that is not ByDesign, and undecodable
+	// batches), then at most one per reason every WarnInterval, saying how many
+	// were lost since the previous one. Everything is counted in Stats
+	// regardless. Default: no logging.
 	Logger *slog.Logger
+	// WarnInterval is the least time between two warnings of one source for one
+	// reason. 0 means DefaultWarnInterval; negative is invalid.
+	WarnInterval time.Duration
+	// Now is the clock of the warning limiter. Default time.Now.
+	Now func() time.Time
 }
+
+// DefaultWarnInterval is HandlerOptions.WarnInterval's default.
+const DefaultWarnInterval = time.Minute
 
 // HandlerStats are the counters of one source, as returned by IndexHandler.Stats.
 type HandlerStats struct {
@@ -56,11 +66,16 @@ type HandlerStats struct {
 	DecodeErrors uint64
 	// EventsApplied counts events the Applier accepted.
 	EventsApplied uint64
+	// StoresApplied counts the stored events among them; StoresRejected counts
+	// stored events the Applier refused (also in Skipped, by reason).
+	StoresApplied, StoresRejected uint64
 	// Skipped counts events left out, indexed by SkipReason: the decoder's reasons
 	// and the Applier's rejections.
 	Skipped [NumSkipReasons]uint64
 	// Resets counts ResetSource calls.
 	Resets uint64
+	// Warnings counts the warnings logged for this source.
+	Warnings uint64
 	// LastSeq is the sequence number of the last batch handled; meaningful only
 	// when Batches > 0.
 	LastSeq uint64
@@ -90,26 +105,43 @@ type IndexHandler struct {
 	blockSize int
 	decOpts   DecoderOptions
 	log       *slog.Logger
+	warnEvery time.Duration
+	now       func() time.Time
 
 	sources sync.Map // kvindex.WorkerRank -> *sourceState
 }
 
-// sourceState is one source's decoder and counters. dec, ranks and the logged
-// flags are touched only by calls for this source, which never overlap; the
-// counters are atomics because Stats reads them from anywhere.
+// sourceState is one source's decoder and counters. dec, ranks and warn are
+// touched only by calls for this source, which never overlap; the counters are
+// atomics because Stats reads them from anywhere.
 type sourceState struct {
 	dec   *Decoder
 	ranks []int // data-parallel ranks applied to since the last reset, besides the registered one
+	// warn limits the warnings per reason; index NumSkipReasons is undecodable
+	// batches.
+	warn [NumSkipReasons + 1]warnState
 
-	loggedBlockSize, loggedDecode, loggedApply bool
-
-	batches      atomic.Uint64
-	decodeErrors atomic.Uint64
-	applied      atomic.Uint64
-	resets       atomic.Uint64
-	lastSeq      atomic.Uint64
-	skipped      [NumSkipReasons]atomic.Uint64
+	batches        atomic.Uint64
+	decodeErrors   atomic.Uint64
+	applied        atomic.Uint64
+	storesApplied  atomic.Uint64
+	storesRejected atomic.Uint64
+	resets         atomic.Uint64
+	warnings       atomic.Uint64
+	lastSeq        atomic.Uint64
+	skipped        [NumSkipReasons]atomic.Uint64
 }
+
+// warnState is one reason's warning limiter: when it last warned and how many
+// events it saw since.
+type warnState struct {
+	warned bool
+	last   time.Time
+	since  uint64
+}
+
+// undecodable is the warning slot of batches that could not be decoded.
+const undecodable = NumSkipReasons
 
 // NewIndexHandler returns a handler that applies events to a. It returns an error
 // wrapping ErrInvalidOptions when a is nil, BlockSize is not positive or the
@@ -122,6 +154,9 @@ func NewIndexHandler(a Applier, opts HandlerOptions) (*IndexHandler, error) {
 	if opts.BlockSize <= 0 {
 		errs = append(errs, fmt.Errorf("%w: BlockSize is %d, want > 0", ErrInvalidOptions, opts.BlockSize))
 	}
+	if opts.WarnInterval < 0 {
+		errs = append(errs, fmt.Errorf("%w: WarnInterval is %v, want >= 0 (0 means %v)", ErrInvalidOptions, opts.WarnInterval, DefaultWarnInterval))
+	}
 	dec, err := opts.Decoder.withDefaults()
 	if err != nil {
 		errs = append(errs, err)
@@ -129,7 +164,14 @@ func NewIndexHandler(a Applier, opts HandlerOptions) (*IndexHandler, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return &IndexHandler{applier: a, blockSize: opts.BlockSize, decOpts: dec, log: opts.Logger}, nil
+	h := &IndexHandler{applier: a, blockSize: opts.BlockSize, decOpts: dec, log: opts.Logger, warnEvery: opts.WarnInterval, now: opts.Now}
+	if h.warnEvery == 0 {
+		h.warnEvery = DefaultWarnInterval
+	}
+	if h.now == nil {
+		h.now = time.Now
+	}
+	return h, nil
 }
 
 func (h *IndexHandler) state(src kvindex.WorkerRank) *sourceState {
@@ -154,16 +196,15 @@ func (h *IndexHandler) HandleBatch(src kvindex.WorkerRank, seq uint64, payload [
 	batch, err := st.dec.Decode(payload)
 	if err != nil {
 		st.decodeErrors.Add(1)
-		if h.log != nil && !st.loggedDecode {
-			st.loggedDecode = true
-			h.log.Warn("kvevents: dropping undecodable batch (further ones are only counted)",
-				"source", src.String(), "seq", seq, "error", err)
-		}
+		h.warn(st, src, undecodable, 1, "kvevents: dropping an undecodable batch", "seq", seq, "error", err)
 		return
 	}
 	for r, n := range batch.Skipped {
 		if n > 0 {
 			st.skipped[r].Add(uint64(n))
+			if !SkipReason(r).ByDesign() {
+				h.warn(st, src, SkipReason(r), uint64(n), "kvevents: engine events skipped by the decoder", "seq", seq)
+			}
 		}
 	}
 
@@ -175,21 +216,37 @@ func (h *IndexHandler) HandleBatch(src kvindex.WorkerRank, seq uint64, payload [
 		}
 	}
 
-	var applied uint64
+	var applied, stores, rejected uint64
 	for i := range batch.Events {
 		ev := &batch.Events[i]
-		if ev.Kind == kvindex.EventStored && ev.BlockSize > 0 && ev.BlockSize%h.blockSize != 0 {
-			h.skip(st, src, SkipBlockSize, ev.BlockSize, nil)
+		stored := ev.Kind == kvindex.EventStored
+		if stored && ev.BlockSize > 0 && ev.BlockSize%h.blockSize != 0 {
+			rejected++
+			h.skip(st, src, SkipBlockSize, "kvevents: engine block size is not a multiple of the index block size; its stored blocks are not indexed",
+				"event_block_size", ev.BlockSize, "index_block_size", h.blockSize)
 			continue
 		}
 		if err := h.applier.Apply(target, *ev); err != nil {
-			h.skip(st, src, classify(err), ev.BlockSize, err)
+			r := classify(err)
+			if stored {
+				rejected++
+			}
+			h.skip(st, src, r, "kvevents: index refused an engine event", "error", err)
 			continue
 		}
 		applied++
+		if stored {
+			stores++
+		}
 	}
 	if applied > 0 {
 		st.applied.Add(applied)
+	}
+	if stores > 0 {
+		st.storesApplied.Add(stores)
+	}
+	if rejected > 0 {
+		st.storesRejected.Add(rejected)
 	}
 }
 
@@ -204,34 +261,46 @@ func classify(err error) SkipReason {
 		return SkipTokenCount
 	case errors.Is(err, kvindex.ErrInvalidEvent):
 		return SkipInvalidEvent
+	case errors.Is(err, kvindex.ErrUnknownBlock):
+		return SkipUnknownBlock
 	default:
 		return SkipApplyError
 	}
 }
 
-// skip counts one rejected event and logs the first block-size mismatch and the
-// first unclassified error of a source.
-func (h *IndexHandler) skip(st *sourceState, src kvindex.WorkerRank, r SkipReason, eventBlockSize int, err error) {
+// skip counts one event the index did not take and warns about it (rate
+// limited).
+func (h *IndexHandler) skip(st *sourceState, src kvindex.WorkerRank, r SkipReason, msg string, args ...any) {
 	st.skipped[r].Add(1)
+	h.warn(st, src, r, 1, msg, args...)
+}
+
+// warn logs msg for n more events lost for reason slot r of source src: at
+// once the first time, then at most once every warnEvery, with the count since
+// the previous warning.
+func (h *IndexHandler) warn(st *sourceState, src kvindex.WorkerRank, r SkipReason, n uint64, msg string, args ...any) {
 	if h.log == nil {
 		return
 	}
-	switch {
-	case r == SkipBlockSize && !st.loggedBlockSize:
-		st.loggedBlockSize = true
-		h.log.Warn("kvevents: engine block size is not a multiple of the index block size; its stored blocks are not indexed (further ones are only counted)",
-			"source", src.String(), "event_block_size", eventBlockSize, "index_block_size", h.blockSize)
-	case r == SkipApplyError && !st.loggedApply:
-		st.loggedApply = true
-		h.log.Warn("kvevents: index rejected an event (further ones are only counted)",
-			"source", src.String(), "error", err)
+	w := &st.warn[r]
+	w.since += n
+	now := h.now()
+	if w.warned && now.Sub(w.last) < h.warnEvery {
+		return
 	}
+	reason := "undecodable_batch"
+	if r < NumSkipReasons {
+		reason = r.String()
+	}
+	h.log.Warn(msg, append([]any{"source", src.String(), "reason", reason, "count_since_last_warning", w.since}, args...)...)
+	w.warned, w.last, w.since = true, now, 0
+	st.warnings.Add(1)
 }
 
 // ResetSource forgets everything src contributed to the index: it clears the
 // registered worker rank and every other rank the source's batches were applied to
-// (through their dp_rank) since the last reset. Counters are kept; the one-time
-// log messages are re-armed.
+// (through their dp_rank) since the last reset. Counters are kept; the warning
+// limiter starts over, so the first loss after a reset is logged at once.
 func (h *IndexHandler) ResetSource(src kvindex.WorkerRank) {
 	h.applier.ClearRank(src)
 	v, ok := h.sources.Load(src)
@@ -245,7 +314,7 @@ func (h *IndexHandler) ResetSource(src kvindex.WorkerRank) {
 		}
 	}
 	st.ranks = st.ranks[:0]
-	st.loggedBlockSize, st.loggedDecode, st.loggedApply = false, false, false
+	st.warn = [NumSkipReasons + 1]warnState{}
 	st.resets.Add(1)
 }
 
@@ -277,11 +346,14 @@ func (h *IndexHandler) AllStats() map[kvindex.WorkerRank]HandlerStats {
 
 func (st *sourceState) snapshot() HandlerStats {
 	s := HandlerStats{
-		Batches:       st.batches.Load(),
-		DecodeErrors:  st.decodeErrors.Load(),
-		EventsApplied: st.applied.Load(),
-		Resets:        st.resets.Load(),
-		LastSeq:       st.lastSeq.Load(),
+		Batches:        st.batches.Load(),
+		DecodeErrors:   st.decodeErrors.Load(),
+		EventsApplied:  st.applied.Load(),
+		StoresApplied:  st.storesApplied.Load(),
+		StoresRejected: st.storesRejected.Load(),
+		Resets:         st.resets.Load(),
+		Warnings:       st.warnings.Load(),
+		LastSeq:        st.lastSeq.Load(),
 	}
 	for i := range st.skipped {
 		s.Skipped[i] = st.skipped[i].Load()

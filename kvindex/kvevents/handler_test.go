@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -84,7 +85,7 @@ func TestIndexHandlerAppliesToBatchRank(t *testing.T) {
 		{kvindex.WorkerRank{Worker: "w1", Rank: 2}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{9}, Tokens: seqTokens(0, 4), BlockSize: 4}},
 		{src, kvindex.Event{Kind: kvindex.EventRemoved, BlockHashes: []uint64{9}}},
 	}, rec.applied)
-	require.Equal(t, HandlerStats{Batches: 3, EventsApplied: 3, LastSeq: 2}, h.Stats(src))
+	require.Equal(t, HandlerStats{Batches: 3, EventsApplied: 3, StoresApplied: 2, LastSeq: 2}, h.Stats(src))
 
 	// Reset clears the registered rank and the override seen, once.
 	h.ResetSource(src)
@@ -123,7 +124,8 @@ func TestIndexHandlerCountsSkipsAndRejections(t *testing.T) {
 	}}
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	h := newTestHandler(t, rec, HandlerOptions{BlockSize: 4, Logger: logger})
+	now := time.Unix(1000, 0)
+	h := newTestHandler(t, rec, HandlerOptions{BlockSize: 4, Logger: logger, Now: func() time.Time { return now }})
 	src := kvindex.WorkerRank{Worker: "w", Rank: 1}
 	toks := seqTokens(0, 12)
 	batch := arrayBatch(noRank,
@@ -152,22 +154,37 @@ func TestIndexHandlerCountsSkipsAndRejections(t *testing.T) {
 	want[SkipApplyError] = 2
 	want[SkipNonMainGroup] = 2
 	want[SkipUnknownType] = 2
-	require.Equal(t, HandlerStats{Batches: 4, DecodeErrors: 2, EventsApplied: 4, Skipped: want, LastSeq: 13}, st)
+	require.Equal(t, HandlerStats{Batches: 4, DecodeErrors: 2, EventsApplied: 4, StoresApplied: 4, StoresRejected: 12, Skipped: want, Warnings: 6, LastSeq: 13}, st)
 	require.Equal(t, uint64(16), st.SkippedTotal())
 	require.Len(t, rec.applied, 4)
 	for _, c := range rec.applied {
 		require.NotEqual(t, 6, c.Ev.BlockSize)
 	}
 
-	// One line per kind of problem, however often it happened.
+	// One line per reason of loss within a minute, however often it happened;
+	// skips by design (another group, an unknown type) are not warned about.
 	out := logs.String()
-	require.Equal(t, 3, strings.Count(out, "\n"), out)
-	require.Contains(t, out, "event_block_size=6")
-	require.Contains(t, out, "index_block_size=4")
-	require.Contains(t, out, "disk on fire")
-	require.Contains(t, out, "undecodable")
+	require.Equal(t, 6, strings.Count(out, "\n"), out)
+	for _, want := range []string{"reason=unknown_parent", "reason=token_count", "reason=invalid_event",
+		"reason=block_size", "reason=apply_error", "reason=undecodable_batch",
+		"event_block_size=6", "index_block_size=4", "disk on fire"} {
+		require.Contains(t, out, want)
+	}
+	require.NotContains(t, out, "non_main_group")
+	require.NotContains(t, out, "unknown_type")
 
-	// After a reset the first occurrence is logged again.
+	// A minute later each reason warns again, with the count since its last
+	// warning.
+	now = now.Add(DefaultWarnInterval)
+	logs.Reset()
+	h.HandleBatch(src, 14, batch)
+	out = logs.String()
+	require.Equal(t, 5, strings.Count(out, "\n"), out)
+	require.Contains(t, out, "reason=block_size count_since_last_warning=4") // 2 in the second batch, 2 now
+	require.Contains(t, out, "reason=unknown_parent count_since_last_warning=2")
+
+	// After a reset the first occurrence is logged at once.
+	logs.Reset()
 	h.ResetSource(src)
 	h.HandleBatch(src, 0, batch)
 	require.Equal(t, 5, strings.Count(logs.String(), "\n"))
@@ -181,8 +198,8 @@ func TestIndexHandlerStatsAndForget(t *testing.T) {
 	h.HandleBatch(b, 7, payloadB(t))
 	all := h.AllStats()
 	require.Equal(t, map[kvindex.WorkerRank]HandlerStats{
-		a: {Batches: 1, EventsApplied: 1, LastSeq: 5},
-		b: {Batches: 1, EventsApplied: 1, LastSeq: 7},
+		a: {Batches: 1, EventsApplied: 1, StoresApplied: 1, LastSeq: 5},
+		b: {Batches: 1, EventsApplied: 1, StoresApplied: 1, LastSeq: 7},
 	}, all)
 	h.Forget(a)
 	require.Equal(t, HandlerStats{}, h.Stats(a))
@@ -224,7 +241,7 @@ func TestIndexHandlerConcurrentSources(t *testing.T) {
 	require.Len(t, rec.applied, sources*batches)
 	for s := range sources {
 		st := h.Stats(kvindex.WorkerRank{Worker: fmt.Sprintf("w%d", s)})
-		require.Equal(t, HandlerStats{Batches: batches, EventsApplied: batches, LastSeq: batches - 1, Resets: 1}, st)
+		require.Equal(t, HandlerStats{Batches: batches, EventsApplied: batches, StoresApplied: batches, LastSeq: batches - 1, Resets: 1}, st)
 	}
 	for _, c := range rec.applied {
 		var s int

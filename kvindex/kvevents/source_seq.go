@@ -56,6 +56,18 @@ func (q *sequencer) next() uint64 {
 	return q.wm + 1
 }
 
+// missing returns how many batches are known to be missing before seq. A source
+// with nothing applied since its last reset may start at 0 or at 1: engines number
+// their first batch either way (vLLM and SGLang from 0, some vLLM-compatible
+// engines from 1), so neither is a gap.
+func (q *sequencer) missing(seq uint64) uint64 {
+	want := q.next()
+	if seq <= want || (!q.hasWM && seq == 1) {
+		return 0
+	}
+	return seq - want
+}
+
 // handle processes one queue item.
 func (q *sequencer) handle(ctx context.Context, it item) {
 	switch it.kind {
@@ -79,12 +91,12 @@ func (q *sequencer) live(ctx context.Context, seq uint64, payload []byte) {
 		q.st.stale.Add(1) // already applied through a replay
 		return
 	}
-	if want := q.next(); seq > want {
+	if n := q.missing(seq); n > 0 {
 		q.st.gaps.Add(1)
 		if q.replay == nil {
-			q.lose(seq - want)
+			q.lose(n)
 		} else {
-			q.replayFrom(ctx, want, seq)
+			q.replayFrom(ctx, q.next(), seq)
 		}
 		if q.hasWM && seq <= q.wm {
 			q.st.stale.Add(1) // the replay already delivered it
@@ -123,10 +135,10 @@ func (q *sequencer) replayFrom(ctx context.Context, start, target uint64) {
 			q.st.stale.Add(1)
 			return
 		}
-		if want := q.next(); f.Seq > want {
+		if n := q.missing(f.Seq); n > 0 {
 			// The replay started late (the engine's buffer no longer holds the
 			// requested batches) or skipped some: that history is lost.
-			q.lose(f.Seq - want)
+			q.lose(n)
 			exact = false
 		}
 		q.apply(f.Seq, f.Payload)
@@ -134,8 +146,8 @@ func (q *sequencer) replayFrom(ctx context.Context, start, target uint64) {
 	if ctx.Err() != nil {
 		return // shutting down: nothing to account
 	}
-	if want := q.next(); target > want {
-		q.lose(target - want) // the replay ended (or failed) before reaching target
+	if n := q.missing(target); n > 0 {
+		q.lose(n) // the replay ended (or failed) before reaching target
 		exact = false
 	}
 	if err != nil || !exact {

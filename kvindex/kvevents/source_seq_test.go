@@ -96,6 +96,16 @@ func TestSequencer(t *testing.T) {
 				// (so the live 2 is stale).
 				applied: []uint64{0, 1, 2}, resets: 1, restarts: 1, gaps: 2, lost: 2, stale: 1,
 				replaysOK: 1, replaysFail: 1, asked: []uint64{0, 0}}},
+		{name: "first batch numbered 1", live: seqRange(1, 4), want: want{applied: seqRange(1, 4)}},
+		{name: "first batch numbered 1 needs no replay", replay: &fakeReplay{have: seqRange(1, 3)},
+			live: seqRange(1, 3), want: want{applied: seqRange(1, 3)}},
+		{name: "restart at one", live: []uint64{1, 2, 3, 1, 2}, want: want{
+			applied: []uint64{1, 2}, resets: 1, restarts: 1}},
+		{name: "resync replay of an engine that numbers from 1", replay: &fakeReplay{have: seqRange(1, 5)},
+			live: []uint64{1, 2}, resync: true, after: []uint64{5, 6}, want: want{
+				applied: seqRange(1, 6), resets: 1, stale: 1, replaysOK: 1, asked: []uint64{0}}},
+		{name: "a first batch of 2 is a gap", live: []uint64{2, 3}, want: want{
+			applied: []uint64{2, 3}, gaps: 1, lost: 2, degraded: true}},
 		{name: "duplicate live batch is stale", live: []uint64{0, 1, 1, 2}, want: want{
 			applied: seqRange(0, 2), stale: 1}},
 		{name: "resync with replay", replay: &fakeReplay{have: seqRange(0, 5)},
