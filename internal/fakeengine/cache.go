@@ -1,26 +1,47 @@
 package fakeengine
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"io"
 	"slices"
 
 	"github.com/cespare/xxhash/v2"
 )
 
-// blockHasher computes the engine's chained block hashes. The scheme is private to
-// the fake engine (consumers must treat engine hashes as opaque):
+// blockHasher computes the engine's chained block hashes in one of three
+// schemes (see HashScheme). The schemes are private to the fake engine (consumers
+// must treat engine hashes as opaque). Each block's input is
 //
-//	h[i] = XXH64(seed, flag || le64(h[i-1]) || le32 tokens... || extra keys)
+//	link || le32 tokens... || extra keys
 //
-// where flag is 0 for the first block (no parent) and 1 otherwise, and the extra
-// keys mirror vLLM: the LoRA name on every block, the cache salt on block 0 only,
-// each written as a tag byte, a le32 length and the bytes.
+// where the extra keys mirror vLLM: the LoRA name on every block, the cache salt
+// on block 0 only, each written as a tag byte, a le32 length and the bytes. The
+// link and the digest depend on the scheme:
+//
+//   - chain: link is 0x00 for the first block, 0x01 || le64(h[i-1]) otherwise;
+//     h[i] = XXH64(seed, input).
+//   - sha256 (SGLang): link is the previous 32-byte digest, nothing for the first
+//     block; d[i] = SHA-256(input) and h[i] = be64(d[i][:8]).
+//   - radix-key (TensorRT-LLM): link is le64(hi[i-1]) || le64(lo[i-1]), 16 zero
+//     bytes for the first block; the 128-bit key is hi[i] = XXH64(seed, input),
+//     lo[i] = XXH64(splitmix64(seed), input), and h[i] = lo[i].
 type blockHasher struct {
+	scheme    HashScheme
 	seed      uint64
 	blockSize int
 }
 
 func (bh blockHasher) appendHashes(dst []uint64, tokens []uint32, lora, salt string) []uint64 {
+	if len(tokens) < bh.blockSize {
+		return dst
+	}
+	switch bh.scheme {
+	case HashSchemeSHA256:
+		return bh.appendSHA256(dst, tokens, lora, salt)
+	case HashSchemeRadixKey:
+		return bh.appendRadixKeys(dst, tokens, lora, salt)
+	}
 	d := xxhash.NewWithSeed(bh.seed)
 	var buf [64]byte
 	var parent uint64
@@ -34,33 +55,72 @@ func (bh blockHasher) appendHashes(dst []uint64, tokens []uint32, lora, salt str
 			binary.LittleEndian.PutUint64(buf[1:9], parent)
 			_, _ = d.Write(buf[:9])
 		}
-		n := 0
-		for _, t := range tokens[i*bh.blockSize : (i+1)*bh.blockSize] {
-			binary.LittleEndian.PutUint32(buf[n:], t)
-			n += 4
-			if n == len(buf) {
-				_, _ = d.Write(buf[:n])
-				n = 0
-			}
-		}
-		_, _ = d.Write(buf[:n])
-		if lora != "" {
-			writeKey(d, &buf, 'L', lora)
-		}
-		if salt != "" && i == 0 {
-			writeKey(d, &buf, 'S', salt)
-		}
+		bh.writeBlock(d, &buf, tokens, i, lora, salt)
 		parent = d.Sum64()
 		dst = append(dst, parent)
 	}
 	return dst
 }
 
-func writeKey(d *xxhash.Digest, buf *[64]byte, tag byte, s string) {
+func (bh blockHasher) appendSHA256(dst []uint64, tokens []uint32, lora, salt string) []uint64 {
+	d := sha256.New()
+	var buf [64]byte
+	var digest [sha256.Size]byte
+	for i := 0; (i+1)*bh.blockSize <= len(tokens); i++ {
+		d.Reset()
+		if i > 0 {
+			_, _ = d.Write(digest[:])
+		}
+		bh.writeBlock(d, &buf, tokens, i, lora, salt)
+		d.Sum(digest[:0])
+		dst = append(dst, binary.BigEndian.Uint64(digest[:8]))
+	}
+	return dst
+}
+
+func (bh blockHasher) appendRadixKeys(dst []uint64, tokens []uint32, lora, salt string) []uint64 {
+	hiSeed, loSeed := bh.seed, splitmix64(bh.seed)
+	hi, lo := xxhash.NewWithSeed(hiSeed), xxhash.NewWithSeed(loSeed)
+	w := io.MultiWriter(hi, lo)
+	var buf [64]byte
+	var key [16]byte // hi || lo of the previous block, little-endian
+	for i := 0; (i+1)*bh.blockSize <= len(tokens); i++ {
+		hi.ResetWithSeed(hiSeed)
+		lo.ResetWithSeed(loSeed)
+		_, _ = w.Write(key[:])
+		bh.writeBlock(w, &buf, tokens, i, lora, salt)
+		binary.LittleEndian.PutUint64(key[:8], hi.Sum64())
+		binary.LittleEndian.PutUint64(key[8:], lo.Sum64())
+		dst = append(dst, lo.Sum64())
+	}
+	return dst
+}
+
+// writeBlock writes block i's tokens (le32) and extra keys to w.
+func (bh blockHasher) writeBlock(w io.Writer, buf *[64]byte, tokens []uint32, i int, lora, salt string) {
+	n := 0
+	for _, t := range tokens[i*bh.blockSize : (i+1)*bh.blockSize] {
+		binary.LittleEndian.PutUint32(buf[n:], t)
+		n += 4
+		if n == len(buf) {
+			_, _ = w.Write(buf[:n])
+			n = 0
+		}
+	}
+	_, _ = w.Write(buf[:n])
+	if lora != "" {
+		writeKey(w, buf, 'L', lora)
+	}
+	if salt != "" && i == 0 {
+		writeKey(w, buf, 'S', salt)
+	}
+}
+
+func writeKey(w io.Writer, buf *[64]byte, tag byte, s string) {
 	buf[0] = tag
 	binary.LittleEndian.PutUint32(buf[1:5], uint32(len(s)))
-	_, _ = d.Write(buf[:5])
-	_, _ = d.WriteString(s)
+	_, _ = w.Write(buf[:5])
+	_, _ = io.WriteString(w, s)
 }
 
 // extraKeys returns vLLM-style per-block extra keys for blocks [from, to) of a

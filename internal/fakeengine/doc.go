@@ -13,12 +13,24 @@
 //   - PUB socket, bound (default, tcp://127.0.0.1:0) or dialled into a consumer's
 //     bound SUB (PubDial, retried a bounded number of times).
 //   - Every live message has three frames: topic, sequence number (8 bytes
-//     big-endian), msgpack payload. Sequence numbers start at 0 and grow by one per
-//     batch; Restart sets them back to 0.
+//     big-endian), msgpack payload. Sequence numbers start at FirstSeq (default
+//     0) and grow by one per batch; Restart sets them back to FirstSeq.
 //   - The payload is an EventBatch [ts, events, dp_rank] (or a map with
 //     BatchAsMap); events are maps with a "type" key (vLLM v0.26+, the default) or
 //     tagged positional arrays (EncodingArray); hashes are uint64, int64 or 32-byte
-//     bin (HashFormat). AppendBatch exposes the encoder.
+//     bin (HashFormat), derived by the engine's own XXH64 chain, SGLang's SHA-256
+//     chain or TensorRT-LLM-like 128-bit block keys (HashScheme). Lower-level
+//     options change one trait each: RootParent (a root run's parent as nil, left
+//     out or 0), TokenPairs (EAGLE bigram token_ids), ArrayFullLength (SGLang's
+//     positional layout and a batch that always has 3 elements), ExtraFields
+//     (vLLM's defaulted fields) and HybridGroups (every change mirrored into a
+//     sliding-window group 1). AppendBatch exposes the encoder.
+//   - A Dialect presets those options for one engine seen in the field: vllm-map
+//     (vLLM v0.26+), vllm-array (older vLLM), sglang, sglang-eagle, trtllm,
+//     zero-parent, first-seq-1, external and hybrid (Dialects lists them,
+//     ParseDialect reads a name, Apply writes the preset into an Options value).
+//     Whatever the dialect, Serve publishes a request's newly stored blocks as
+//     one BlockStored and never publishes a partial block.
 //   - Optional ROUTER replay server: a request [identity, "", start_seq] gets every
 //     buffered batch with seq >= start_seq, in order, then an end marker with seq
 //     0xffffffffffffffff and an empty payload, with or without the topic frame
@@ -56,7 +68,10 @@
 //     or TruncateReplay), whatever faults did to its live copy.
 //   - Whatever the HashFormat, the usual consumer normalisation of a block hash
 //     (uint64 as is, int64 reinterpreted, bytes: last 8 bytes big-endian) yields
-//     the engine's 64-bit hash, as returned by BlockHashes.
+//     the engine's 64-bit hash in its HashScheme, as returned by BlockHashes.
+//   - The cache model is the main KV-cache group (group_idx 0): with
+//     HybridGroups, the mirror group's events never reach Snapshot, HeldPrefix
+//     or Blocks.
 //
 // # HTTP
 //

@@ -59,6 +59,15 @@ type Event struct {
 	// otherwise the block's extra keys as strings (LoRA name, cache salt). With
 	// Format.ExtraFields and a nil ExtraKeys, one nil entry per block is written.
 	ExtraKeys [][]string
+	// GroupIdx, SpecKind and SlidingWindow place the event in a KV-cache group of
+	// a hybrid model. They are written when HasGroup is true or Format.ExtraFields
+	// is set: group_idx (Stored and Removed), kv_cache_spec_kind (Stored;
+	// "full_attention" when SpecKind is "") and kv_cache_spec_sliding_window
+	// (Stored, only when SlidingWindow > 0).
+	GroupIdx      int
+	SpecKind      string
+	SlidingWindow int
+	HasGroup      bool
 }
 
 // Batch is one published EventBatch. It is a plain value; AppendBatch only reads it.
@@ -71,13 +80,20 @@ type Batch struct {
 	HasDPRank bool
 }
 
-// Format says how AppendBatch encodes a batch; a plain, comparable value. The zero value is vLLM v0.26+:
-// array batch, map events, uint64 hashes, no optional fields.
+// Format says how AppendBatch encodes a batch; a plain, comparable value. The zero
+// value is vLLM v0.26+: array batch, map events, uint64 hashes, no optional
+// fields. The fields mean what the Options fields of the same names mean, except
+// that AppendBatch, which never fails, writes nil where RootParentAbsent cannot
+// leave a positional field out, and applies only the batch rule of
+// ArrayFullLength to map events.
 type Format struct {
-	Events      Encoding
-	BatchAsMap  bool
-	Hashes      HashFormat
-	ExtraFields bool
+	Events          Encoding
+	BatchAsMap      bool
+	Hashes          HashFormat
+	ExtraFields     bool
+	RootParent      RootParentForm
+	TokenPairs      bool
+	ArrayFullLength bool
 }
 
 const (
@@ -91,33 +107,38 @@ const (
 // None, and trailing fields with default values omitted in array form. It never
 // fails; it encodes whatever it is given, so tests can build malformed events.
 func AppendBatch(dst []byte, b Batch, f Format) []byte {
+	// With ArrayFullLength the rank is always there, nil when unset.
+	withRank := b.HasDPRank || f.ArrayFullLength
+	n := uint32(2)
+	if withRank {
+		n = 3
+	}
 	if f.BatchAsMap {
-		n := uint32(2)
-		if b.HasDPRank {
-			n = 3
-		}
 		dst = msgp.AppendMapHeader(dst, n)
 		dst = msgp.AppendString(dst, "ts")
 		dst = msgp.AppendFloat64(dst, b.Timestamp)
 		dst = msgp.AppendString(dst, "events")
 		dst = appendEvents(dst, b.Events, f)
-		if b.HasDPRank {
+		if withRank {
 			dst = msgp.AppendString(dst, "data_parallel_rank")
-			dst = appendInt(dst, int64(b.DPRank))
+			dst = appendRank(dst, b)
 		}
 		return dst
-	}
-	n := uint32(2)
-	if b.HasDPRank {
-		n = 3
 	}
 	dst = msgp.AppendArrayHeader(dst, n)
 	dst = msgp.AppendFloat64(dst, b.Timestamp)
 	dst = appendEvents(dst, b.Events, f)
-	if b.HasDPRank {
-		dst = appendInt(dst, int64(b.DPRank))
+	if withRank {
+		dst = appendRank(dst, b)
 	}
 	return dst
+}
+
+func appendRank(dst []byte, b Batch) []byte {
+	if !b.HasDPRank {
+		return msgp.AppendNil(dst)
+	}
+	return appendInt(dst, int64(b.DPRank))
 }
 
 func appendEvents(dst []byte, evs []Event, f Format) []byte {
@@ -147,61 +168,151 @@ func AppendEvent(dst []byte, ev *Event, f Format) []byte {
 	}
 }
 
-// appendStored writes a BlockStored. Declaration order (vLLM): type, block_hashes,
-// parent_block_hash, token_ids, block_size, lora_id, medium, lora_name, then the
-// defaulted extra_keys, group_idx, kv_cache_spec_kind.
+// Fields of a BlockStored, in vLLM's declaration order, which is also their
+// position in the array encoding (0 is the tag). Fields up to storedLoRAName have
+// no default and are always written (SGLang stops at storedMedium); the others
+// default to nil and are written only when set.
+const (
+	storedType = iota
+	storedHashes
+	storedParent
+	storedTokens
+	storedBlockSize
+	storedLoRAID
+	storedMedium
+	storedLoRAName
+	storedExtraKeys
+	storedGroup
+	storedSpecKind
+	storedWindow
+	numStoredFields
+)
+
+var storedKeys = [numStoredFields]string{
+	"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+	"medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+	"kv_cache_spec_sliding_window",
+}
+
+// appendStored writes a BlockStored. A map gets the always-present fields and the
+// set optional ones; an array gets every position up to the last field written,
+// nil standing in for the unset ones before it.
 func appendStored(dst []byte, ev *Event, f Format) []byte {
-	writeExtra := ev.ExtraKeys != nil || f.ExtraFields
-	n := uint32(8)
-	if writeExtra {
-		n = 9
-	}
-	if f.ExtraFields {
-		n = 11
-	}
 	arr := f.Events == EncodingArray
+	group := ev.HasGroup || f.ExtraFields
+	var present [numStoredFields]bool
+	for i := range storedExtraKeys {
+		present[i] = true
+	}
+	switch {
+	case arr && f.ArrayFullLength:
+		present[storedLoRAName] = ev.LoRAName != ""
+	case !arr && !ev.HasParent && f.RootParent == RootParentAbsent:
+		present[storedParent] = false
+	}
+	present[storedExtraKeys] = ev.ExtraKeys != nil || f.ExtraFields
+	present[storedGroup], present[storedSpecKind] = group, group
+	present[storedWindow] = group && ev.SlidingWindow > 0
+	if arr {
+		last := storedType
+		for i, p := range present {
+			if p {
+				last = i
+			}
+		}
+		for i := range last {
+			present[i] = true
+		}
+	}
+	n := uint32(0)
+	for _, p := range present {
+		if p {
+			n++
+		}
+	}
 	if arr {
 		dst = msgp.AppendArrayHeader(dst, n)
 	} else {
 		dst = msgp.AppendMapHeader(dst, n)
 	}
-	key := func(k string) {
+	for i, p := range present {
+		if !p {
+			continue
+		}
 		if !arr {
-			dst = msgp.AppendString(dst, k)
+			dst = msgp.AppendString(dst, storedKeys[i])
+		}
+		switch i {
+		case storedType:
+			dst = msgp.AppendString(dst, "BlockStored")
+		case storedHashes:
+			dst = appendHashes(dst, ev.BlockHashes, f.Hashes)
+		case storedParent:
+			switch {
+			case ev.HasParent:
+				dst = appendHash(dst, ev.ParentHash, f.Hashes)
+			case f.RootParent == RootParentZero:
+				dst = msgp.AppendUint64(dst, 0)
+			default:
+				dst = msgp.AppendNil(dst)
+			}
+		case storedTokens:
+			dst = appendTokenIDs(dst, ev.TokenIDs, f.TokenPairs)
+		case storedBlockSize:
+			dst = appendInt(dst, int64(ev.BlockSize))
+		case storedLoRAID:
+			dst = msgp.AppendNil(dst)
+		case storedMedium:
+			dst = appendOptString(dst, ev.Medium)
+		case storedLoRAName:
+			dst = appendOptString(dst, ev.LoRAName)
+		case storedExtraKeys:
+			if ev.ExtraKeys != nil || f.ExtraFields {
+				dst = appendExtraKeys(dst, ev)
+			} else {
+				dst = msgp.AppendNil(dst)
+			}
+		case storedGroup:
+			dst = appendGroup(dst, ev, group)
+		case storedSpecKind:
+			switch {
+			case !group:
+				dst = msgp.AppendNil(dst)
+			case ev.SpecKind == "":
+				dst = msgp.AppendString(dst, specKindFullAttention)
+			default:
+				dst = msgp.AppendString(dst, ev.SpecKind)
+			}
+		case storedWindow:
+			dst = appendInt(dst, int64(ev.SlidingWindow))
 		}
 	}
-	key("type")
-	dst = msgp.AppendString(dst, "BlockStored")
-	key("block_hashes")
-	dst = appendHashes(dst, ev.BlockHashes, f.Hashes)
-	key("parent_block_hash")
-	if ev.HasParent {
-		dst = appendHash(dst, ev.ParentHash, f.Hashes)
-	} else {
-		dst = msgp.AppendNil(dst)
+	return dst
+}
+
+// appendGroup writes group_idx: the event's group, or nil when no group is written.
+func appendGroup(dst []byte, ev *Event, group bool) []byte {
+	if !group {
+		return msgp.AppendNil(dst)
 	}
-	key("token_ids")
-	dst = msgp.AppendArrayHeader(dst, uint32(len(ev.TokenIDs)))
-	for _, t := range ev.TokenIDs {
-		dst = msgp.AppendUint32(dst, t)
+	return appendInt(dst, int64(ev.GroupIdx))
+}
+
+// appendTokenIDs writes token_ids, as a flat array or, with pairs and at least two
+// tokens, as the n-1 bigrams [t0,t1], [t1,t2], ..., [t(n-2),t(n-1)].
+func appendTokenIDs(dst []byte, tokens []uint32, pairs bool) []byte {
+	if !pairs || len(tokens) < 2 {
+		dst = msgp.AppendArrayHeader(dst, uint32(len(tokens)))
+		for _, t := range tokens {
+			dst = msgp.AppendUint32(dst, t)
+		}
+		return dst
 	}
-	key("block_size")
-	dst = appendInt(dst, int64(ev.BlockSize))
-	key("lora_id")
-	dst = msgp.AppendNil(dst)
-	key("medium")
-	dst = appendOptString(dst, ev.Medium)
-	key("lora_name")
-	dst = appendOptString(dst, ev.LoRAName)
-	if writeExtra {
-		key("extra_keys")
-		dst = appendExtraKeys(dst, ev)
-	}
-	if f.ExtraFields {
-		key("group_idx")
-		dst = msgp.AppendUint64(dst, 0)
-		key("kv_cache_spec_kind")
-		dst = msgp.AppendString(dst, specKindFullAttention)
+	dst = msgp.AppendArrayHeader(dst, uint32(len(tokens)-1))
+	for i := 0; i+1 < len(tokens); i++ {
+		dst = msgp.AppendArrayHeader(dst, 2)
+		dst = msgp.AppendUint32(dst, tokens[i])
+		dst = msgp.AppendUint32(dst, tokens[i+1])
 	}
 	return dst
 }
@@ -209,8 +320,9 @@ func appendStored(dst []byte, ev *Event, f Format) []byte {
 // appendRemoved writes a BlockRemoved: type, block_hashes, medium, then the
 // defaulted group_idx.
 func appendRemoved(dst []byte, ev *Event, f Format) []byte {
+	group := ev.HasGroup || f.ExtraFields
 	n := uint32(3)
-	if f.ExtraFields {
+	if group {
 		n = 4
 	}
 	arr := f.Events == EncodingArray
@@ -229,11 +341,11 @@ func appendRemoved(dst []byte, ev *Event, f Format) []byte {
 		dst = msgp.AppendString(dst, "medium")
 	}
 	dst = appendOptString(dst, ev.Medium)
-	if f.ExtraFields {
+	if group {
 		if !arr {
 			dst = msgp.AppendString(dst, "group_idx")
 		}
-		dst = msgp.AppendUint64(dst, 0)
+		dst = appendGroup(dst, ev, true)
 	}
 	return dst
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tinylib/msgp/msgp"
 )
 
 // unhex turns a hex dump (spaces and newlines allowed) into bytes.
@@ -197,6 +198,159 @@ func BenchmarkAppendBatch(b *testing.B) {
 			for b.Loop() {
 				buf = AppendBatch(buf[:0], batch, f.f)
 			}
+		})
+	}
+}
+
+// rawEvent returns the first event of an encoded batch as msgp decodes it
+// generically: a map for map events, a slice for positional ones.
+func rawEvent(t *testing.T, payload []byte) any {
+	t.Helper()
+	v, rest, err := msgp.ReadIntfBytes(payload)
+	require.NoError(t, err)
+	require.Empty(t, rest)
+	var events any
+	switch b := v.(type) {
+	case []any:
+		events = b[1]
+	case map[string]any:
+		events = b["events"]
+	}
+	return events.([]any)[0]
+}
+
+func TestAppendBatchRootParent(t *testing.T) {
+	root := Event{Kind: BlockStored, BlockHashes: []uint64{goldenHash}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 4, Medium: "GPU"}
+	child := root
+	child.ParentHash, child.HasParent = 7, true
+	cases := []struct {
+		form RootParentForm
+		enc  Encoding
+		want string // hex of the parent_block_hash value of the root; "" for absent
+	}{
+		{RootParentNil, EncodingMap, "c0"},
+		{RootParentNil, EncodingArray, "c0"},
+		{RootParentAbsent, EncodingMap, ""},
+		{RootParentAbsent, EncodingArray, "c0"}, // a position cannot be left out
+		{RootParentZero, EncodingMap, "00"},
+		{RootParentZero, EncodingArray, "00"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.form.String()+"/"+tc.enc.String(), func(t *testing.T) {
+			f := Format{Events: tc.enc, RootParent: tc.form}
+			got := AppendBatch(nil, goldenBatch(root), f)
+			parentKey, tokensKey := "", ""
+			if tc.enc == EncodingMap {
+				parentKey, tokensKey = str("parent_block_hash"), str("token_ids")
+			}
+			hashes := "91 cf da b8 9b aa 7b 58 57 c0"
+			if tc.want == "" {
+				require.NotContains(t, hex.EncodeToString(got), hex.EncodeToString([]byte("parent_block_hash")))
+				require.Len(t, rawEvent(t, got), 7, "one key fewer")
+			} else {
+				require.Contains(t, hex.EncodeToString(got),
+					hex.EncodeToString(unhex(t, hashes+parentKey+tc.want+tokensKey+"94 01 02 03 04")))
+			}
+			// A run with a parent writes it in every form.
+			d := decodeBatch(t, AppendBatch(nil, goldenBatch(child), f))
+			require.Equal(t, uint64(7), asHash(t, d.events[0]["parent_block_hash"]))
+		})
+	}
+}
+
+func TestAppendBatchTokenPairs(t *testing.T) {
+	ev := Event{Kind: BlockStored, BlockHashes: []uint64{5, 6}, TokenIDs: []uint32{1, 2, 3, 300}, BlockSize: 2}
+	for _, enc := range []Encoding{EncodingMap, EncodingArray} {
+		got := AppendBatch(nil, goldenBatch(ev), Format{Events: enc, TokenPairs: true})
+		// n tokens, n-1 pairs; 300 is a uint16.
+		require.Contains(t, hex.EncodeToString(got), hex.EncodeToString(unhex(t, "93 92 01 02 92 02 03 92 03 cd 01 2c")))
+		d := decodeBatch(t, got)
+		require.Equal(t, []uint32{1, 2, 3, 300}, asTokens(t, d.events[0]["token_ids"]))
+	}
+	// One token has no pair: written flat.
+	one := Event{Kind: BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{9}, BlockSize: 1}
+	d := decodeBatch(t, AppendBatch(nil, goldenBatch(one), Format{TokenPairs: true}))
+	require.Equal(t, []any{int64(9)}, d.events[0]["token_ids"])
+}
+
+func TestAppendBatchArrayFullLength(t *testing.T) {
+	f := Format{Events: EncodingArray, ArrayFullLength: true}
+	// Payload A of wire-formats.md §1.8 in SGLang's shape: no lora_name.
+	want := unhex(t, `
+		93 cb 41 da 39 de 00 20 00 00
+		91
+		 97
+		  ab 42 6c 6f 63 6b 53 74 6f 72 65 64
+		  91 cf da b8 9b aa 7b 58 57 c0
+		  c0
+		  94 01 02 03 04
+		  04
+		  c0
+		  a3 47 50 55
+		00`)
+	require.Equal(t, want, AppendBatch(nil, goldenBatch(), f))
+
+	// The rank is always there, nil when unset.
+	b := goldenBatch()
+	b.HasDPRank = false
+	got := AppendBatch(nil, b, f)
+	require.Equal(t, want[:len(want)-1], got[:len(got)-1])
+	require.Equal(t, byte(0xc0), got[len(got)-1])
+	v, _, err := msgp.ReadIntfBytes(AppendBatch(nil, b, Format{BatchAsMap: true, ArrayFullLength: true}))
+	require.NoError(t, err)
+	rank, has := v.(map[string]any)["data_parallel_rank"]
+	require.True(t, has, "map batch carries the rank key too")
+	require.Nil(t, rank)
+
+	cases := []struct {
+		name string
+		ev   Event
+		n    int
+	}{
+		{"nil medium still written", Event{Kind: BlockStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{1}, BlockSize: 1}, 7},
+		{"lora", Event{Kind: BlockStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{1}, BlockSize: 1, LoRAName: "ad"}, 8},
+		{"extra keys", Event{Kind: BlockStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{1}, BlockSize: 1,
+			ExtraKeys: [][]string{{"salt"}}}, 9},
+		{"removed", Event{Kind: BlockRemoved, BlockHashes: []uint64{1}}, 3},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ev := rawEvent(t, AppendBatch(nil, goldenBatch(tc.ev), f)).([]any)
+			require.Len(t, ev, tc.n)
+			if tc.ev.Kind == BlockStored {
+				require.Nil(t, ev[storedMedium])
+			}
+		})
+	}
+}
+
+func TestAppendBatchGroups(t *testing.T) {
+	mirror := Event{
+		Kind: BlockStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU",
+		GroupIdx: 1, SpecKind: "sliding_window", SlidingWindow: 128, HasGroup: true,
+	}
+	main := Event{Kind: BlockStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{1, 2}, BlockSize: 2, HasGroup: true}
+	removed := Event{Kind: BlockRemoved, BlockHashes: []uint64{1}, GroupIdx: 1, HasGroup: true}
+	for _, enc := range []Encoding{EncodingMap, EncodingArray} {
+		t.Run(enc.String(), func(t *testing.T) {
+			f := Format{Events: enc}
+			d := decodeBatch(t, AppendBatch(nil, goldenBatch(mirror, main, removed), f))
+			m := d.events[0]
+			require.Equal(t, int64(1), asInt(t, m["group_idx"]))
+			require.Equal(t, "sliding_window", m["kv_cache_spec_kind"])
+			require.Equal(t, int64(128), asInt(t, m["kv_cache_spec_sliding_window"]))
+			require.Nil(t, m["extra_keys"])
+			if enc == EncodingArray {
+				require.Len(t, m, numStoredFields, "extra_keys held by nil up to position 11")
+			} else {
+				require.Len(t, m, 11, "no extra_keys key")
+			}
+			require.Equal(t, int64(0), asInt(t, d.events[1]["group_idx"]))
+			require.Equal(t, "full_attention", d.events[1]["kv_cache_spec_kind"])
+			_, has := d.events[1]["kv_cache_spec_sliding_window"]
+			require.False(t, has, "no window for full attention")
+			require.Len(t, d.events[2], 4)
+			require.Equal(t, int64(1), asInt(t, d.events[2]["group_idx"]))
 		})
 	}
 }

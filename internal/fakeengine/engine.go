@@ -162,9 +162,10 @@ func New(opts Options) (*Engine, error) {
 		opts:   o,
 		format: o.format(),
 		topic:  []byte(o.Topic),
-		hasher: blockHasher{seed: o.HashSeed, blockSize: o.BlockSize},
+		hasher: blockHasher{scheme: o.HashScheme, seed: o.HashSeed, blockSize: o.BlockSize},
 		cache:  newLRUCache(o.CapacityBlocks),
 		ring:   replayRing{capacity: o.ReplayBuffer},
+		seq:    o.FirstSeq,
 	}
 	e.web.handler = e.newHandler()
 	return e, nil
@@ -368,11 +369,13 @@ func (e *Engine) Options() Options { return e.opts }
 
 // Serve simulates one request against the prefix cache and publishes at most one
 // batch describing the change: a BlockRemoved for the evicted blocks (if any),
-// then a BlockStored for the newly stored run (if any), whose parent is the last
-// hit block (nil when the run starts at the first block). A request that changes
-// nothing publishes nothing. Before Start the batch is numbered and kept for replay
-// but not sent live. It returns ErrClosed after Close, or an error wrapping
-// ErrSocket when the PUB socket refuses the batch (the cache change stands).
+// then one BlockStored for the whole newly stored run (if any), whose parent is
+// the last hit block (no parent, spelled as RootParent says, when the run starts
+// at the first block); with HybridGroups each of them is followed by its mirror
+// in group MirrorGroup. A request that changes nothing publishes nothing. Before
+// Start the batch is numbered and kept for replay but not sent live. It returns
+// ErrClosed after Close, or an error wrapping ErrSocket when the PUB socket
+// refuses the batch (the cache change stands).
 func (e *Engine) Serve(req Request) (Result, error) {
 	hashes := e.hasher.appendHashes(nil, req.Tokens, req.LoRAName, req.CacheSalt)
 
@@ -385,9 +388,14 @@ func (e *Engine) Serve(req Request) (Result, error) {
 	e.stats.Evictions += uint64(len(r.evicted))
 	res := Result{CachedBlocks: r.hits, StoredBlocks: r.stored, EvictedBlocks: len(r.evicted)}
 
+	hybrid := e.opts.HybridGroups
 	var events []Event
 	if len(r.evicted) > 0 {
-		events = append(events, Event{Kind: BlockRemoved, BlockHashes: r.evicted, Medium: MediumGPU})
+		ev := Event{Kind: BlockRemoved, BlockHashes: r.evicted, Medium: MediumGPU, HasGroup: hybrid}
+		events = append(events, ev)
+		if hybrid {
+			events = append(events, mirrorEvent(ev))
+		}
 	}
 	if r.stored > 0 {
 		ev := Event{
@@ -402,7 +410,12 @@ func (e *Engine) Serve(req Request) (Result, error) {
 		if r.hits > 0 {
 			ev.ParentHash, ev.HasParent = hashes[r.hits-1], true
 		}
-		events = append(events, ev)
+		if hybrid {
+			ev.HasGroup, ev.SpecKind = true, specKindFullAttention
+			events = append(events, ev, mirrorEvent(ev))
+		} else {
+			events = append(events, ev)
+		}
 	}
 	if len(events) == 0 {
 		return res, nil
@@ -550,6 +563,30 @@ func (e *Engine) publishLocked(payload []byte) (uint64, error) {
 	return seq, nil
 }
 
+// mirrorSalt separates the mirror group's block hashes from the main group's.
+const mirrorSalt uint64 = 0x6d69_7272_6f72_2d31 // "mirror-1"
+
+// mirrorHash is the block hash of group MirrorGroup that mirrors main-group hash h.
+func mirrorHash(h uint64) uint64 { return splitmix64(h ^ mirrorSalt) }
+
+// mirrorEvent returns ev as published for group MirrorGroup: the same tokens and
+// extra keys, mirrored hashes, the sliding-window spec on stored runs.
+func mirrorEvent(ev Event) Event {
+	m := ev
+	m.BlockHashes = make([]uint64, len(ev.BlockHashes))
+	for i, h := range ev.BlockHashes {
+		m.BlockHashes[i] = mirrorHash(h)
+	}
+	if m.HasParent {
+		m.ParentHash = mirrorHash(ev.ParentHash)
+	}
+	m.GroupIdx, m.HasGroup = MirrorGroup, true
+	if ev.Kind == BlockStored {
+		m.SpecKind, m.SlidingWindow = MirrorSpecKind, MirrorSlidingWindow
+	}
+	return m
+}
+
 // corrupt returns a garbled copy of payload: its first byte becomes 0xc1, the one
 // msgpack type byte that is never valid, so no decoder can read it.
 func corrupt(payload []byte) []byte {
@@ -577,14 +614,14 @@ func (e *Engine) CorruptNext(n int) {
 	e.corruptNext = max(n, 0)
 }
 
-// Restart simulates an engine restart: the sequence goes back to 0, the cache and
-// the replay buffer are emptied, and no AllBlocksCleared is published (vLLM does
-// not send one either). Sockets, endpoints and pending faults are kept, so
-// consumers stay connected and only see the sequence go backwards.
+// Restart simulates an engine restart: the sequence goes back to FirstSeq, the
+// cache and the replay buffer are emptied, and no AllBlocksCleared is published
+// (vLLM does not send one either). Sockets, endpoints and pending faults are
+// kept, so consumers stay connected and only see the sequence go backwards.
 func (e *Engine) Restart() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.seq = 0
+	e.seq = e.opts.FirstSeq
 	e.cache.clear()
 	e.ring.clear()
 	e.stats.Restarts++
@@ -608,7 +645,8 @@ func (e *Engine) TruncateReplay(before uint64) {
 }
 
 // BlockHashes returns the engine's hashes of the complete blocks of tokens, as
-// Serve computes them (and as a consumer decodes them, whatever the HashFormat).
+// Serve computes them in the HashScheme and publishes them for the main group
+// (and as a consumer decodes them, whatever the HashFormat).
 func (e *Engine) BlockHashes(tokens []uint32, lora, salt string) []uint64 {
 	return e.hasher.appendHashes(nil, tokens, lora, salt)
 }

@@ -82,3 +82,26 @@ func ExampleAppendBatch() {
 	// 93 cb 3f f8 00 00 00 00 00 00 91 91 b0 41 6c 6c 42 6c 6f 63 6b 73 43 6c 65 61 72 65 64 00
 	// 93 cb 3f f8 00 00 00 00 00 00 91 81 a4 74 79 70 65 b0 41 6c 6c 42 6c 6f 63 6b 73 43 6c 65 61 72 65 64 00
 }
+
+// A dialect presets the wire options of one engine; the demo's
+// --demo-engine-dialect flag goes through ParseDialect.
+func ExampleDialect_Apply() {
+	d, err := fakeengine.ParseDialect("external")
+	if err != nil {
+		panic(err)
+	}
+	o := d.Apply(fakeengine.Options{BlockSize: 4})
+	fmt.Println(d, "-", d.Summary())
+	fmt.Println("events", o.Encoding, "root parent", o.RootParent, "first seq", o.FirstSeq)
+
+	e, err := fakeengine.New(o)
+	if err != nil {
+		panic(err)
+	}
+	r, _ := e.Serve(fakeengine.Request{Tokens: []uint32{1, 2, 3, 4}})
+	fmt.Println("first batch seq", r.Seq)
+	// Output:
+	// external - external vLLM-compatible engine: positional events, root parent 0, seq from 1
+	// events array root parent zero first seq 1
+	// first batch seq 1
+}

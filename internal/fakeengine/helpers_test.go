@@ -30,8 +30,7 @@ type decoded struct {
 	hasDP  bool
 }
 
-var storedFields = []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
-	"lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"}
+var storedFields = storedKeys[:]
 var removedFields = []string{"type", "block_hashes", "medium", "group_idx"}
 
 // decodeBatch decodes a payload in any of the engine's formats.
@@ -118,11 +117,27 @@ func asInt(t testing.TB, v any) int64 {
 	}
 }
 
+// asTokens reads token_ids, flat or in the bigram form, which it flattens the
+// way kvselect's decoder does (kvindex/kvevents readTokens): both elements of the
+// first pair, then the second element of every later pair. It also requires
+// each pair to start with the token the previous pair ended on.
 func asTokens(t testing.TB, v any) []uint32 {
 	t.Helper()
 	var out []uint32
-	for _, x := range v.([]any) {
-		out = append(out, uint32(asInt(t, x)))
+	for i, x := range v.([]any) {
+		pair, ok := x.([]any)
+		if !ok {
+			out = append(out, uint32(asInt(t, x)))
+			continue
+		}
+		require.Len(t, pair, 2, "bigram %d", i)
+		first := uint32(asInt(t, pair[0]))
+		if i == 0 {
+			out = append(out, first)
+		} else {
+			require.Equal(t, out[len(out)-1], first, "bigram %d does not chain", i)
+		}
+		out = append(out, uint32(asInt(t, pair[1])))
 	}
 	return out
 }

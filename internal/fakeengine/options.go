@@ -14,7 +14,8 @@ var (
 	// lists every problem.
 	ErrInvalidOptions = errors.New("fakeengine: invalid options")
 	// ErrInvalidArgument: PublishEvents was given an event it cannot encode (unknown
-	// kind, token count that does not match the hashes, ...) or SendFrames no frame.
+	// kind, token count that does not match the hashes, ...), SendFrames no frame,
+	// or ParseDialect an unknown name.
 	ErrInvalidArgument = errors.New("fakeengine: invalid argument")
 	// ErrAlreadyStarted: Start was called on an engine that is running.
 	ErrAlreadyStarted = errors.New("fakeengine: already started")
@@ -107,6 +108,72 @@ func (l ReplayLayout) String() string {
 	}
 }
 
+// RootParentForm selects how a stored run that starts a sequence (no parent block)
+// spells its parent_block_hash.
+type RootParentForm uint8
+
+const (
+	// RootParentNil writes nil, as vLLM and SGLang do. Default.
+	RootParentNil RootParentForm = iota
+	// RootParentAbsent leaves the parent_block_hash key out of the event. Map events
+	// only: a positional field cannot be left out (AppendBatch writes nil there).
+	RootParentAbsent
+	// RootParentZero writes the integer 0, as some array-form encoders outside vLLM
+	// do. A consumer that reads it as a block hash looks up a parent that no engine
+	// ever stored.
+	RootParentZero
+)
+
+// String returns "nil", "absent" or "zero".
+func (r RootParentForm) String() string {
+	switch r {
+	case RootParentNil:
+		return "nil"
+	case RootParentAbsent:
+		return "absent"
+	case RootParentZero:
+		return "zero"
+	default:
+		return fmt.Sprintf("RootParentForm(%d)", uint8(r))
+	}
+}
+
+// HashScheme selects how the engine derives its 64-bit block hashes from a
+// request's tokens. Every scheme chains: a block's hash depends on all the blocks
+// before it, its own tokens and the request's LoRA name (every block) and cache
+// salt (first block). BlockHashes always returns the published values.
+type HashScheme uint8
+
+const (
+	// HashSchemeChain is the fake engine's own chain: XXH64 seeded with HashSeed
+	// over the parent hash and the block's tokens. Default.
+	HashSchemeChain HashScheme = iota
+	// HashSchemeSHA256 is SGLang's: SHA-256 over the previous block's digest (none
+	// for the first block) and the block's tokens as uint32 little-endian; the
+	// published id is the digest's first 8 bytes big-endian, which SGLang writes as
+	// a signed int64 (pair it with HashInt64). It ignores HashSeed: like real SGLang
+	// instances, two engines publish the same ids for the same tokens.
+	HashSchemeSHA256
+	// HashSchemeRadixKey mimics TensorRT-LLM: each block has a 128-bit key
+	// derived from its parent's key and its tokens (two XXH64 lanes seeded from
+	// HashSeed), and the published id is the key's low 64 bits, unsigned.
+	HashSchemeRadixKey
+)
+
+// String returns "chain", "sha256" or "radix-key".
+func (h HashScheme) String() string {
+	switch h {
+	case HashSchemeChain:
+		return "chain"
+	case HashSchemeSHA256:
+		return "sha256"
+	case HashSchemeRadixKey:
+		return "radix-key"
+	default:
+		return fmt.Sprintf("HashScheme(%d)", uint8(h))
+	}
+}
+
 // PubMode selects whether the PUB socket binds or dials.
 type PubMode uint8
 
@@ -145,6 +212,11 @@ const (
 	DefaultHashSeed uint64 = 0x6661_6b65_656e_6731
 	// MediumGPU is the medium Serve writes on its events.
 	MediumGPU = "GPU"
+	// MirrorGroup, MirrorSpecKind and MirrorSlidingWindow describe the second
+	// KV-cache group that HybridGroups mirrors every change into.
+	MirrorGroup         = 1
+	MirrorSpecKind      = "sliding_window"
+	MirrorSlidingWindow = 128
 
 	// Defaults of the HTTP server (see Options.EnableHTTP).
 	DefaultHTTPAddr        = "127.0.0.1:0"
@@ -185,6 +257,30 @@ type Options struct {
 	// group_idx 0 on BlockRemoved. Without it, extra_keys is written only when a
 	// block has extra keys (LoRA name on every block, cache salt on block 0).
 	ExtraFields bool
+	// RootParent is how a stored run without a parent spells parent_block_hash.
+	// Default RootParentNil; RootParentAbsent needs EncodingMap.
+	RootParent RootParentForm
+	// TokenPairs writes token_ids in SGLang's EAGLE bigram form: n tokens become
+	// the n-1 pairs [t0,t1], [t1,t2], ..., [t(n-2),t(n-1)], which a consumer
+	// flattens to the first pair, then the second element of every later pair.
+	// Needs BlockSize >= 2 (one token has no pair).
+	TokenPairs bool
+	// ArrayFullLength writes events the way SGLang's newest encoder does (no
+	// omit_defaults on its own fields): a positional BlockStored always carries
+	// every field up to medium, [tag, block_hashes, parent_block_hash, token_ids,
+	// block_size, lora_id, medium], and vLLM's later fields (lora_name,
+	// extra_keys, the group fields) only as far as one of them is set; the batch
+	// array always has 3 elements (nil rank with OmitDPRank). Needs EncodingArray.
+	ArrayFullLength bool
+	// HybridGroups makes Serve publish a hybrid model's two KV-cache groups:
+	// every stored run and removal of the main group (written with group_idx 0,
+	// kv_cache_spec_kind "full_attention") is followed by the same event for
+	// group MirrorGroup (kv_cache_spec_kind MirrorSpecKind and, on stored runs,
+	// kv_cache_spec_sliding_window MirrorSlidingWindow), with the same tokens and
+	// different block hashes derived from the main ones. Works with both
+	// encodings (array positions 9 to 11). The mirror group is not modelled:
+	// Snapshot, HeldPrefix, Blocks and BlockHashes describe group 0 only.
+	HybridGroups bool
 
 	// DPRank is the data-parallel rank written into every batch. Default 0; must
 	// be >= 0.
@@ -220,8 +316,14 @@ type Options struct {
 	// HashSeed seeds the engine's block hashes. Default DefaultHashSeed (0 means
 	// the default). Two engines with the same seed emit the same hashes for the
 	// same tokens, which is useful to check that a consumer keeps engine hashes per
-	// worker.
+	// worker. HashSchemeSHA256 ignores it.
 	HashSeed uint64
+	// HashScheme is how block hashes are derived. Default HashSchemeChain.
+	HashScheme HashScheme
+
+	// FirstSeq is the sequence number of the first batch, and the one Restart goes
+	// back to (some engines number from 1). Default 0; must not be EndSeq.
+	FirstSeq uint64
 
 	// Now is the clock for batch timestamps and the "created" field of HTTP
 	// answers. Default time.Now.
@@ -281,6 +383,24 @@ func (o Options) withDefaults() (Options, error) {
 	if o.HashFormat > HashBytes32 {
 		problems = append(problems, fmt.Sprintf("unknown HashFormat %d", o.HashFormat))
 	}
+	switch {
+	case o.RootParent > RootParentZero:
+		problems = append(problems, fmt.Sprintf("unknown RootParent %d", o.RootParent))
+	case o.RootParent == RootParentAbsent && o.Encoding == EncodingArray:
+		problems = append(problems, "RootParentAbsent needs EncodingMap (a positional field cannot be left out)")
+	}
+	if o.TokenPairs && o.BlockSize == 1 {
+		problems = append(problems, "TokenPairs needs BlockSize >= 2 (one token has no pair)")
+	}
+	if o.ArrayFullLength && o.Encoding != EncodingArray {
+		problems = append(problems, "ArrayFullLength needs EncodingArray")
+	}
+	if o.HashScheme > HashSchemeRadixKey {
+		problems = append(problems, fmt.Sprintf("unknown HashScheme %d", o.HashScheme))
+	}
+	if o.FirstSeq == EndSeq {
+		problems = append(problems, "FirstSeq is EndSeq, the replay end marker")
+	}
 	if o.DPRank < 0 {
 		problems = append(problems, fmt.Sprintf("DPRank %d < 0", o.DPRank))
 	}
@@ -337,7 +457,15 @@ func (o Options) withDefaults() (Options, error) {
 
 // format returns the wire format the options describe.
 func (o Options) format() Format {
-	return Format{Events: o.Encoding, BatchAsMap: o.BatchAsMap, Hashes: o.HashFormat, ExtraFields: o.ExtraFields}
+	return Format{
+		Events:          o.Encoding,
+		BatchAsMap:      o.BatchAsMap,
+		Hashes:          o.HashFormat,
+		ExtraFields:     o.ExtraFields,
+		RootParent:      o.RootParent,
+		TokenPairs:      o.TokenPairs,
+		ArrayFullLength: o.ArrayFullLength,
+	}
 }
 
 // httpDefaults applies the defaults of the HTTP fields and appends their problems.
