@@ -114,6 +114,12 @@ type Config struct {
 	// ActiveRequestExpiry is the lease of a booking: one not freed by then is an
 	// orphan and its load is released. > 0; 0 means 300 s.
 	ActiveRequestExpiry time.Duration
+	// FeedTrust decides when a worker rank's KV-event feed is not trusted
+	// (silent or mis-speaking, see FeedState) and its rank is routed on the
+	// service's own bookings instead, and runs the token-parity self-check.
+	// Used with the built-in event feed only. The zero value means the
+	// defaults (checks on).
+	FeedTrust FeedTrust
 	// IndexerThreads is accepted for compatibility with Dynamo's builder; every
 	// event source applies on its own goroutine, so it only bounds nothing
 	// today. >= 0; 0 means 4.
@@ -218,6 +224,7 @@ func (c Config) Validate() error {
 	if c.IndexerThreads < 0 {
 		bad("IndexerThreads is %d, want >= 0", c.IndexerThreads)
 	}
+	c.FeedTrust.validate(bad)
 	if len(errs) == 0 {
 		return nil
 	}

@@ -93,6 +93,9 @@ func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Sco
 	var matches []kvindex.Match
 	if p.index != nil {
 		matches = p.index.FindMatches(pr.seqs, kvindex.MatchOptions{})
+		if p.untrusted.Load() > 0 {
+			matches = p.withFallback(matches, pr.seqs)
+		}
 	} else {
 		matches = p.approx.FindMatches(pr.seqs, kvindex.MatchOptions{})
 	}

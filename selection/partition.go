@@ -18,6 +18,7 @@ type rankInfo struct {
 	endpoint   string
 	blockSize  int
 	maxBatched int
+	health     *rankHealth // nil without feed checks
 }
 
 // partition is everything one model needs. Two requests of one model never both
@@ -29,6 +30,11 @@ type partition struct {
 	model  string
 	index  *kvindex.Index  // with KV events
 	approx *kvindex.Approx // without
+	// fallback holds, with KV events, the recent bookings of ranks whose feed
+	// is not trusted (see FeedHealth); untrusted counts those ranks, so the
+	// request path looks at fallback only when one exists.
+	fallback  *kvindex.Approx
+	untrusted atomic.Int32
 
 	// set is the schedulable ranks, replaced whole (under mu held for writing)
 	// when the catalog changes; lookups read it without mu and re-check it
@@ -52,18 +58,23 @@ type partition struct {
 }
 
 // rebuild replaces the candidate list with the schedulable records of the model,
-// resolving their load entries in ledger.
-func (p *partition) rebuild(recs []catalog.Record, ledger *reservation.Ledger) {
+// resolving their load entries in ledger and, when health is not nil, their
+// feed state.
+func (p *partition) rebuild(recs []catalog.Record, ledger *reservation.Ledger, health func(kvindex.WorkerRank) *rankHealth) {
 	var ranks []rankInfo
 	for _, r := range recs {
 		w := r.Worker
 		for _, rank := range w.Ranks() {
-			ranks = append(ranks, rankInfo{
+			ri := rankInfo{
 				key:        kvindex.WorkerRank{Worker: w.ID, Rank: rank},
 				endpoint:   w.Endpoint,
 				blockSize:  w.BlockSize,
 				maxBatched: w.MaxNumBatchedTokens,
-			})
+			}
+			if health != nil {
+				ri.health = health(ri.key)
+			}
+			ranks = append(ranks, ri)
 		}
 	}
 	rs := &rankSet{
@@ -81,6 +92,33 @@ func (p *partition) rebuild(recs []catalog.Record, ledger *reservation.Ledger) {
 	p.mu.Lock()
 	p.set.Store(rs)
 	p.mu.Unlock()
+}
+
+// untrustedRank reports whether rs's rank w is routed on its own bookings.
+func (rs *rankSet) untrustedRank(w kvindex.WorkerRank) bool {
+	i, ok := rs.pos[w]
+	return ok && rs.ranks[i].health != nil && rs.ranks[i].health.untrusted.Load()
+}
+
+// withFallback replaces, in the event index's matches ms, those of untrusted
+// ranks by the fallback index's matches of those ranks.
+func (p *partition) withFallback(ms []kvindex.Match, seqs []uint64) []kvindex.Match {
+	rs := p.ranksOf()
+	out := ms[:0]
+	for _, m := range ms {
+		if !rs.untrustedRank(m.Worker) {
+			out = append(out, m)
+		}
+	}
+	n := len(out)
+	out = p.fallback.AppendMatches(out, seqs, kvindex.MatchOptions{})
+	keep := out[:n]
+	for _, m := range out[n:] {
+		if rs.untrustedRank(m.Worker) {
+			keep = append(keep, m)
+		}
+	}
+	return keep
 }
 
 // lockedRand is a random source safe for concurrent use, so that a partition's

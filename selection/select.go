@@ -222,6 +222,9 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 	defer func() { *mbuf = (*mbuf)[:0]; matchPool.Put(mbuf) }()
 	if p.index != nil {
 		*mbuf = p.index.AppendMatches((*mbuf)[:0], pr.seqs, kvindex.MatchOptions{})
+		if p.untrusted.Load() > 0 {
+			*mbuf = p.withFallback(*mbuf, pr.seqs)
+		}
 	} else {
 		*mbuf = p.approx.AppendMatches((*mbuf)[:0], pr.seqs, kvindex.MatchOptions{})
 	}
@@ -602,6 +605,12 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 		}
 		if p.approx != nil {
 			p.approx.Record(r.key, pr.seqs)
+		}
+		if r.health != nil {
+			if r.health.untrusted.Load() {
+				p.fallback.Record(r.key, pr.seqs)
+			}
+			s.booked(r.health, pr.seqs, c.device+c.host+c.disk)
 		}
 		s.st.bookings.Add(1)
 		res.ReservationID = pr.id

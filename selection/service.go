@@ -57,6 +57,12 @@ type SelectionService struct {
 	// attributing topics of engines that dial in. Guarded by mu.
 	byHost map[string]string
 
+	// trust is cfg.FeedTrust with defaults; health is every event-mode rank's
+	// feed state (see feedhealth.go), guarded by healthMu (taken after mu).
+	trust    FeedTrust
+	healthMu sync.Mutex
+	health   map[kvindex.WorkerRank]*rankHealth
+
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	closed    atomic.Bool
@@ -79,6 +85,8 @@ func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, r
 		workerPart: make(map[string]*partition),
 		byHost:     make(map[string]string),
 		seeds:      rng,
+		trust:      cfg.FeedTrust.normalized(),
+		health:     make(map[kvindex.WorkerRank]*rankHealth),
 	}
 	var err error
 	s.cat, err = catalog.New(catalog.Options{
@@ -109,7 +117,7 @@ func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, r
 			return nil, fmt.Errorf("%w: event feed: %w", ErrInvalidConfig, err)
 		}
 		if bind != "" {
-			s.bound, err = s.feed.Bind(kvevents.BindConfig{Endpoint: bind, Attribute: s.attributeTopic})
+			s.bound, err = s.feed.Bind(kvevents.BindConfig{Endpoint: bind, Attribute: s.attributeTopic, ReplayEndpoint: s.replayOf})
 			if err != nil {
 				return nil, fmt.Errorf("%w: binding the event feed at %q: %w", ErrInvalidConfig, bind, err)
 			}
@@ -122,6 +130,22 @@ func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, r
 		go func() {
 			defer s.wg.Done()
 			_ = s.feed.Run(ctx)
+		}()
+	}
+	if s.handler != nil && !s.trust.Off {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			t := time.NewTicker(s.trust.CheckInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					s.checkFeeds(s.clock.Now())
+				}
+			}
 		}()
 	}
 	if sweep > 0 {
@@ -220,6 +244,9 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 	}
 	if s.cfg.UseKVEvents {
 		p.index, _ = kvindex.New(kvindex.Options{BlockSize: s.cfg.BlockSize})
+		if s.healthOn() {
+			p.fallback, _ = kvindex.NewApprox(kvindex.ApproxOptions{TTL: s.cfg.RouterTTL, MaxBlocks: s.cfg.ApproxMaxBlocks, Now: s.clock.Now})
+		}
 	} else {
 		p.approx, _ = kvindex.NewApprox(kvindex.ApproxOptions{TTL: s.cfg.RouterTTL, MaxBlocks: s.cfg.ApproxMaxBlocks, Now: s.clock.Now})
 	}
@@ -283,7 +310,14 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 		s.byHost[host] = w.ID
 		s.byHost[w.Endpoint] = w.ID
 	}
-	p.rebuild(s.cat.Schedulable(p.model), s.ledger)
+	if hadPrev && oldP == p {
+		keep := map[kvindex.WorkerRank]bool{}
+		for _, wr := range ranksOf(w) {
+			keep[wr] = true
+		}
+		s.dropHealthLocked(p, w.ID, keep)
+	}
+	p.rebuild(s.cat.Schedulable(p.model), s.ledger, s.rankHealthFn())
 	var add []kvevents.SourceConfig
 	if s.feed != nil {
 		for wr, c := range sourcesOf(w) {
@@ -312,6 +346,19 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 	return rec, nil
 }
 
+// healthOn reports whether feeds are judged: the built-in event feed runs and
+// FeedTrust is not Off.
+func (s *SelectionService) healthOn() bool { return s.handler != nil && !s.trust.Off }
+
+// rankHealthFn is what rebuild resolves feed states with (nil when feeds are
+// not judged).
+func (s *SelectionService) rankHealthFn() func(kvindex.WorkerRank) *rankHealth {
+	if !s.healthOn() {
+		return nil
+	}
+	return s.healthFor
+}
+
 // forgetWorkerLocked removes a worker's index state, bookings and candidacy from
 // p. s.mu is held.
 func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
@@ -321,12 +368,16 @@ func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
 	if p.approx != nil {
 		p.approx.RemoveWorker(id)
 	}
+	if p.fallback != nil {
+		p.fallback.RemoveWorker(id)
+	}
+	s.dropHealthLocked(p, id, nil)
 	delete(s.workerPart, id)
 	s.partOf.Delete(id)
 	// Rebuild before clearing the ledger: rebuild waits for lock-free bookings
 	// in flight, and none can pass its re-check afterwards, so no booking on
 	// this worker outlives RemoveWorker.
-	p.rebuild(s.cat.Schedulable(p.model), s.ledger)
+	p.rebuild(s.cat.Schedulable(p.model), s.ledger, s.rankHealthFn())
 	s.ledger.RemoveWorker(id)
 }
 
@@ -441,6 +492,17 @@ func (s *SelectionService) attributeTopic(topic string) (kvindex.WorkerRank, boo
 		return kvindex.WorkerRank{Worker: id}, true
 	}
 	return kvindex.WorkerRank{}, false
+}
+
+// replayOf returns the replay endpoint of a worker rank attributed by the bind
+// listener: the worker record's, offset by the rank like its event endpoints.
+func (s *SelectionService) replayOf(wr kvindex.WorkerRank) (string, bool) {
+	rec, ok := s.cat.Get(wr.Worker)
+	if !ok || rec.Worker.ReplayEndpoint == "" {
+		return "", false
+	}
+	ep := offsetPort(rec.Worker.ReplayEndpoint, wr.Rank-rec.Worker.DPStart)
+	return ep, ep != ""
 }
 
 // EventBindAddr returns the address of the bound event listener (BindEvents), or

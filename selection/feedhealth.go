@@ -1,0 +1,487 @@
+package selection
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/kvindex/kvevents"
+)
+
+// FeedTrust configures how the service judges each worker rank's KV-event feed
+// (see FeedState) and the token-parity self-check. Zero fields mean the
+// defaults below; negative ones are invalid.
+type FeedTrust struct {
+	// Off turns the checks off: every worker rank is routed on its events,
+	// whatever its feed does, and no parity is measured.
+	Off bool
+	// CheckInterval is how often feeds are judged. Default 1 s.
+	CheckInterval time.Duration
+	// SilentBookings and SilentAfter: a feed is silent when at least
+	// SilentBookings bookings that leave the engine new blocks to store were made
+	// on the rank since its last batch, the oldest SilentAfter ago. Defaults 3
+	// and 2 s.
+	SilentBookings int
+	SilentAfter    time.Duration
+	// MinStores and MaxLossRatio: a feed is mis-speaking when, over the last
+	// Window, at least MinStores stored events arrived and more than MaxLossRatio
+	// of them were lost (refused by the index or undecodable: unknown parent,
+	// block size, token count, malformed...; skips by design such as other cache
+	// groups do not count). Defaults 8, 0.5 and 10 s.
+	MinStores    int
+	MaxLossRatio float64
+	Window       time.Duration
+	// ParityEvery samples one booking in ParityEvery per worker rank for the
+	// token-parity check (see FeedHealth.Parity); ParityDelay after the booking
+	// (and once the engine has published since), the router's block hashes of the
+	// request are looked up among what the engine reported for that rank.
+	// ParityThreshold is the mean parity below which a rank is reported (WARN)
+	// once ParityMinSamples samples were judged. Defaults 16, 2 s, 0.5 and 4.
+	ParityEvery      int
+	ParityDelay      time.Duration
+	ParityThreshold  float64
+	ParityMinSamples int
+}
+
+// Defaults of FeedTrust.
+const (
+	DefaultFeedCheckInterval  = time.Second
+	DefaultFeedSilentBookings = 3
+	DefaultFeedSilentAfter    = 2 * time.Second
+	DefaultFeedMinStores      = 8
+	DefaultFeedMaxLossRatio   = 0.5
+	DefaultFeedWindow         = 10 * time.Second
+	DefaultParityEvery        = 16
+	DefaultParityDelay        = 2 * time.Second
+	DefaultParityThreshold    = 0.5
+	DefaultParityMinSamples   = 4
+	paritySamplesKept         = 16 // judged samples averaged per rank
+	parityPendingMax          = 8  // samples waiting to be judged per rank
+	feedWarnInterval          = time.Minute
+	feedWindowSlots           = 10
+)
+
+func (f FeedTrust) validate(bad func(string, ...any)) {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"CheckInterval", f.CheckInterval}, {"SilentAfter", f.SilentAfter}, {"Window", f.Window}, {"ParityDelay", f.ParityDelay}} {
+		if d.v < 0 {
+			bad("FeedTrust.%s is %v, want >= 0 (0 means the default)", d.name, d.v)
+		}
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"SilentBookings", f.SilentBookings}, {"MinStores", f.MinStores}, {"ParityEvery", f.ParityEvery}, {"ParityMinSamples", f.ParityMinSamples}} {
+		if n.v < 0 {
+			bad("FeedTrust.%s is %d, want >= 0 (0 means the default)", n.name, n.v)
+		}
+	}
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{{"MaxLossRatio", f.MaxLossRatio}, {"ParityThreshold", f.ParityThreshold}} {
+		if math.IsNaN(r.v) || r.v < 0 || r.v > 1 {
+			bad("FeedTrust.%s is %v, want a value in [0, 1] (0 means the default)", r.name, r.v)
+		}
+	}
+}
+
+func (f FeedTrust) normalized() FeedTrust {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defInt := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defF := func(v *float64, d float64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&f.CheckInterval, DefaultFeedCheckInterval)
+	def(&f.SilentAfter, DefaultFeedSilentAfter)
+	def(&f.Window, DefaultFeedWindow)
+	def(&f.ParityDelay, DefaultParityDelay)
+	defInt(&f.SilentBookings, DefaultFeedSilentBookings)
+	defInt(&f.MinStores, DefaultFeedMinStores)
+	defInt(&f.ParityEvery, DefaultParityEvery)
+	defInt(&f.ParityMinSamples, DefaultParityMinSamples)
+	defF(&f.MaxLossRatio, DefaultFeedMaxLossRatio)
+	defF(&f.ParityThreshold, DefaultParityThreshold)
+	return f
+}
+
+// FeedState is the service's judgement of one worker rank's KV-event feed.
+type FeedState uint8
+
+const (
+	// FeedHealthy: the feed's stores are applied and it publishes while the
+	// rank is served. The rank is routed on the event index.
+	FeedHealthy FeedState = iota
+	// FeedSilent: requests that must have made the engine store blocks were
+	// booked on the rank, and its feed sent nothing since (wrong endpoint,
+	// events off in the engine, a bind listener the engine never reached).
+	FeedSilent
+	// FeedMisSpeaking: most stored events of the feed are lost (unknown parent,
+	// block size, token count, undecodable...): the engine speaks a dialect or
+	// configuration the index cannot use.
+	FeedMisSpeaking
+)
+
+// String returns "healthy", "silent" or "mis-speaking".
+func (f FeedState) String() string {
+	switch f {
+	case FeedHealthy:
+		return "healthy"
+	case FeedSilent:
+		return "silent"
+	case FeedMisSpeaking:
+		return "mis-speaking"
+	default:
+		return fmt.Sprintf("FeedState(%d)", uint8(f))
+	}
+}
+
+// FeedHealth is what the service knows of one worker rank's KV-event feed.
+type FeedHealth struct {
+	Worker kvindex.WorkerRank
+	State  FeedState
+	// Trusted is false while State is not FeedHealthy: the rank is then routed
+	// as in approximate mode, on the service's own recent bookings of it (with
+	// Config.RouterTTL), until its feed is healthy again.
+	Trusted bool
+	// Since is when State last changed (the rank's registration at first).
+	Since time.Time
+	// StoresApplied and StoresLost are the stored events applied and lost over
+	// the last FeedTrust.Window.
+	StoresApplied, StoresLost uint64
+	// PendingStores counts bookings since the feed's last batch that left the
+	// engine blocks to store.
+	PendingStores int
+	// Parity is the mean share of a sampled request's blocks (router hashes)
+	// that the engine then reported holding, over the last judged samples; 1
+	// means router and engine tokenise and block alike, near 0 that they differ
+	// (tokenizer, chat template, block size or cache salt). NaN before the
+	// first sample. ParitySamples counts the samples judged in all.
+	Parity        float64
+	ParitySamples uint64
+	// LowParity is true when at least FeedTrust.ParityMinSamples samples were
+	// judged and Parity is below FeedTrust.ParityThreshold.
+	LowParity bool
+}
+
+// paritySample is one sampled booking waiting to be judged.
+type paritySample struct {
+	seqs    []uint64
+	at      time.Time
+	batches uint64 // the feed's batch count when it was booked
+}
+
+// rankHealth is the feed state of one worker rank. The booking path touches
+// only the atomics (untrusted, expect*, bookings) and, for one booking in
+// ParityEvery, mu; everything else belongs to the monitor (checkFeeds), which
+// runs on one goroutine at a time.
+type rankHealth struct {
+	key kvindex.WorkerRank
+
+	untrusted   atomic.Bool
+	state       atomic.Uint32 // FeedState, for readers
+	expect      atomic.Int64  // bookings expecting stores since the last batch
+	expectSince atomic.Int64  // unix nanos of the first of them; 0 none
+	bookings    atomic.Uint64 // bookings on the rank, for parity sampling
+	batches     atomic.Uint64 // the feed's batch count at the last check
+
+	mu      sync.Mutex // guards pending and the read-side copy below
+	pending []paritySample
+	view    FeedHealth // the last check's result, for FeedHealth()
+
+	// Monitor-owned.
+	since                      time.Time
+	lastApplied, lastLost      uint64
+	slots                      [feedWindowSlots]struct{ applied, lost uint64 }
+	slot                       int
+	slotStart                  time.Time
+	ratios                     [paritySamplesKept]float64
+	nRatios, nextRatio         int
+	paritySamples              uint64
+	lastWarnState, lastWarnPar time.Time
+}
+
+// healthFor returns the feed state of wr, creating it.
+func (s *SelectionService) healthFor(wr kvindex.WorkerRank) *rankHealth {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	h := s.health[wr]
+	if h == nil {
+		now := s.clock.Now()
+		h = &rankHealth{key: wr, since: now, slotStart: now}
+		h.view = FeedHealth{Worker: wr, Trusted: true, Since: now, Parity: math.NaN()}
+		s.health[wr] = h
+	}
+	return h
+}
+
+// dropHealthLocked forgets the feed state of every rank of worker id that keep does
+// not name, taking untrusted ones off p's count. s.mu is held for writing.
+func (s *SelectionService) dropHealthLocked(p *partition, id string, keep map[kvindex.WorkerRank]bool) {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	for wr, h := range s.health {
+		if wr.Worker != id {
+			continue
+		}
+		if keep[wr] {
+			continue
+		}
+		if h.untrusted.Load() && p != nil {
+			p.untrusted.Add(-1)
+		}
+		delete(s.health, wr)
+	}
+}
+
+// booked records a booking on the rank for the checks: whether it leaves the
+// engine blocks to store, and (sampled) its hashes for the parity check. It
+// runs on the booking path.
+func (s *SelectionService) booked(h *rankHealth, seqs []uint64, cached int) {
+	if s.trust.Off || h == nil {
+		return
+	}
+	now := s.clock.Now()
+	if len(seqs) > cached {
+		if h.expect.Add(1) == 1 {
+			h.expectSince.Store(now.UnixNano())
+		}
+	}
+	if len(seqs) == 0 || (h.bookings.Add(1)-1)%uint64(s.trust.ParityEvery) != 0 {
+		return
+	}
+	h.mu.Lock()
+	if len(h.pending) < parityPendingMax {
+		h.pending = append(h.pending, paritySample{seqs: append([]uint64(nil), seqs...), at: now, batches: h.batches.Load()})
+	}
+	h.mu.Unlock()
+}
+
+// feedSource is what the monitor reads of one rank's feed.
+type feedSource interface {
+	Stats(kvindex.WorkerRank) kvevents.HandlerStats
+}
+
+// lostStores counts a source's stored events lost for a reason that is not by
+// design, plus its undecodable batches.
+func lostStores(st kvevents.HandlerStats) uint64 {
+	n := st.StoresRejected + st.DecodeErrors
+	for r := range kvevents.SkipReason(kvevents.NumSkipReasons) {
+		switch r {
+		case kvevents.SkipMalformed, kvevents.SkipTokenRange, kvevents.SkipLimit, kvevents.SkipUnknownMedium:
+			n += st.Skipped[r] // decoder reasons, which the handler cannot tell by kind
+		}
+	}
+	return n
+}
+
+// checkFeeds judges every rank's feed once, at now; it is the body of the
+// monitor goroutine (and of tests, with a test clock). Calls must not overlap.
+func (s *SelectionService) checkFeeds(now time.Time) {
+	if s.handler == nil || s.trust.Off {
+		return
+	}
+	s.healthMu.Lock()
+	hs := make([]*rankHealth, 0, len(s.health))
+	for _, h := range s.health {
+		hs = append(hs, h)
+	}
+	s.healthMu.Unlock()
+	for _, h := range hs {
+		s.checkRank(h, s.handler, now)
+	}
+}
+
+func (s *SelectionService) checkRank(h *rankHealth, src feedSource, now time.Time) {
+	t := s.trust
+	st := src.Stats(h.key)
+	if st.Batches != h.batches.Load() {
+		h.batches.Store(st.Batches)
+		h.expect.Store(0)
+		h.expectSince.Store(0)
+	}
+	// Slide the loss window: one slot per Window/slots.
+	slotLen := t.Window / feedWindowSlots
+	for now.Sub(h.slotStart) >= slotLen && slotLen > 0 {
+		h.slot = (h.slot + 1) % feedWindowSlots
+		h.slots[h.slot] = struct{ applied, lost uint64 }{}
+		h.slotStart = h.slotStart.Add(slotLen)
+		if now.Sub(h.slotStart) > t.Window {
+			h.slotStart = now // idle for a long time: skip ahead
+		}
+	}
+	lost := lostStores(st)
+	h.slots[h.slot].applied += st.StoresApplied - min(h.lastApplied, st.StoresApplied)
+	h.slots[h.slot].lost += lost - min(h.lastLost, lost)
+	h.lastApplied, h.lastLost = st.StoresApplied, lost
+	var applied, lostW uint64
+	for _, sl := range h.slots {
+		applied += sl.applied
+		lostW += sl.lost
+	}
+
+	state := FeedHealthy
+	pending := h.expect.Load()
+	if since := h.expectSince.Load(); pending >= int64(t.SilentBookings) && since != 0 && now.Sub(time.Unix(0, since)) >= t.SilentAfter {
+		state = FeedSilent
+	}
+	if total := applied + lostW; total >= uint64(t.MinStores) && float64(lostW) > t.MaxLossRatio*float64(total) {
+		state = FeedMisSpeaking
+	}
+	prev := FeedState(h.state.Load())
+	if state != prev {
+		h.since = now
+		h.state.Store(uint32(state))
+		s.setTrusted(h, state == FeedHealthy)
+		if state == FeedHealthy {
+			s.logger.Info("kv event feed healthy again; routing on its events", "worker", h.key.String(), "was", prev.String())
+		} else {
+			h.lastWarnState = now
+			s.logger.Warn("kv event feed not trusted; routing this worker on its own bookings (approximate) until it heals",
+				"worker", h.key.String(), "state", state.String(), "pending_stores", pending,
+				"stores_applied", applied, "stores_lost", lostW, "skipped", skippedByReason(st))
+		}
+	} else if state != FeedHealthy && now.Sub(h.lastWarnState) >= feedWarnInterval {
+		h.lastWarnState = now
+		s.logger.Warn("kv event feed still not trusted", "worker", h.key.String(), "state", state.String(),
+			"since", h.since, "stores_applied", applied, "stores_lost", lostW, "skipped", skippedByReason(st))
+	}
+
+	s.judgeParity(h, st.Batches, now)
+	mean := math.NaN()
+	if h.nRatios > 0 {
+		sum := 0.0
+		for _, r := range h.ratios[:h.nRatios] {
+			sum += r
+		}
+		mean = sum / float64(h.nRatios)
+	}
+	low := h.nRatios >= t.ParityMinSamples && mean < t.ParityThreshold
+	if low && (h.lastWarnPar.IsZero() || now.Sub(h.lastWarnPar) >= feedWarnInterval) {
+		h.lastWarnPar = now
+		s.logger.Warn("token parity low: the engine does not store the blocks the router hashed for its requests (tokenizer, chat template, block size or cache salt differ)",
+			"worker", h.key.String(), "parity", mean, "samples", h.nRatios, "threshold", t.ParityThreshold)
+	}
+	h.mu.Lock()
+	h.view = FeedHealth{
+		Worker: h.key, State: state, Trusted: state == FeedHealthy, Since: h.since,
+		StoresApplied: applied, StoresLost: lostW, PendingStores: int(max(pending, 0)),
+		Parity: mean, ParitySamples: h.paritySamples, LowParity: low,
+	}
+	h.mu.Unlock()
+}
+
+// skippedByReason lists a source's non-zero skip counters, for log lines.
+func skippedByReason(st kvevents.HandlerStats) map[string]uint64 {
+	out := map[string]uint64{}
+	for r, n := range st.Skipped {
+		if n > 0 {
+			out[kvevents.SkipReason(r).String()] = n
+		}
+	}
+	if st.DecodeErrors > 0 {
+		out["undecodable_batch"] = st.DecodeErrors
+	}
+	return out
+}
+
+// setTrusted switches the rank between event routing and its own bookings,
+// keeping its partition's count of untrusted ranks. Lock order: s.mu, then
+// s.healthMu.
+func (s *SelectionService) setTrusted(h *rankHealth, trusted bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	if s.health[h.key] != h || h.untrusted.Load() == !trusted {
+		return // forgotten meanwhile, or already so
+	}
+	h.untrusted.Store(!trusted)
+	if p := s.workerPart[h.key.Worker]; p != nil {
+		if trusted {
+			p.untrusted.Add(-1)
+		} else {
+			p.untrusted.Add(1)
+		}
+	}
+}
+
+// judgeParity judges the rank's samples that are old enough and that the
+// engine has published after: the share of each sample's blocks the rank now
+// holds in the event index.
+func (s *SelectionService) judgeParity(h *rankHealth, batches uint64, now time.Time) {
+	h.mu.Lock()
+	var ready []paritySample
+	keep := h.pending[:0]
+	for _, ps := range h.pending {
+		if now.Sub(ps.at) >= s.trust.ParityDelay && batches > ps.batches {
+			ready = append(ready, ps)
+		} else if now.Sub(ps.at) < 10*s.trust.ParityDelay+s.trust.Window {
+			keep = append(keep, ps) // a feed silent this long is judged as silent, not here
+		}
+	}
+	h.pending = keep
+	h.mu.Unlock()
+	if len(ready) == 0 {
+		return
+	}
+	s.mu.RLock()
+	p := s.workerPart[h.key.Worker]
+	s.mu.RUnlock()
+	if p == nil || p.index == nil {
+		return
+	}
+	for _, ps := range ready {
+		held := 0
+		for _, m := range p.index.FindMatches(ps.seqs, kvindex.MatchOptions{}) {
+			if m.Worker == h.key {
+				held = m.Total()
+			}
+		}
+		h.ratios[h.nextRatio] = float64(min(held, len(ps.seqs))) / float64(len(ps.seqs))
+		h.nextRatio = (h.nextRatio + 1) % paritySamplesKept
+		h.nRatios = min(h.nRatios+1, paritySamplesKept)
+		h.paritySamples++
+	}
+}
+
+// FeedHealth returns the judgement of every worker rank's KV-event feed as of
+// the last check, sorted by worker rank. It is empty without the built-in event
+// feed or with FeedTrust.Off.
+func (s *SelectionService) FeedHealth() []FeedHealth {
+	if s.handler == nil || s.trust.Off {
+		return nil
+	}
+	s.healthMu.Lock()
+	out := make([]FeedHealth, 0, len(s.health))
+	for _, h := range s.health {
+		h.mu.Lock()
+		out = append(out, h.view)
+		h.mu.Unlock()
+	}
+	s.healthMu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i].Worker, out[j].Worker
+		if a.Worker != b.Worker {
+			return a.Worker < b.Worker
+		}
+		return a.Rank < b.Rank
+	})
+	return out
+}

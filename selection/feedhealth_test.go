@@ -1,0 +1,276 @@
+package selection
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/internal/fakeengine"
+	"github.com/kvselect/kvselect/kvindex"
+)
+
+// syncBuffer is a log sink safe for the service's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// feedRig is a service with real fake engines over loopback ZeroMQ, whose feed
+// checks the test drives itself (checkFeeds on the test clock).
+type feedRig struct {
+	t       *testing.T
+	s       *SelectionService
+	clk     *fakeClock
+	logs    *syncBuffer
+	engines map[string]*fakeengine.Engine
+}
+
+const rigBlock = 4
+
+func newFeedRig(t *testing.T, trust FeedTrust, ids ...string) *feedRig {
+	t.Helper()
+	cfg := DefaultConfig(rigBlock)
+	trust.CheckInterval = time.Hour // the test calls checkFeeds
+	cfg.FeedTrust = trust
+	r := &feedRig{t: t, clk: newFakeClock(), logs: &syncBuffer{}, engines: map[string]*fakeengine.Engine{}}
+	s, err := NewSelectionServiceBuilder(cfg).Clock(r.clk).Rand(rand.NewPCG(5, 5)).SweepInterval(-1).
+		Logger(slog.New(slog.NewTextHandler(r.logs, nil))).
+		EventFeed(FeedOptions{ReconnectMin: time.Millisecond, ReconnectMax: 10 * time.Millisecond}).Build(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	r.s = s
+	for i, id := range ids {
+		e, err := fakeengine.New(fakeengine.Options{BlockSize: rigBlock, CapacityBlocks: 4096})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		require.NoError(t, e.Start(ctx))
+		cancel()
+		t.Cleanup(func() { _ = e.Close() })
+		rec, err := s.UpsertWorker(catalog.Worker{
+			ID: id, Endpoint: fmt.Sprintf("127.0.0.%d:8000", i+1), DPSize: 1, BlockSize: rigBlock,
+			KVEventEndpoints: map[int]string{0: e.PubEndpoint()},
+		})
+		require.NoError(t, err)
+		require.Equal(t, catalog.Schedulable, rec.Lifecycle, rec.Reasons)
+		r.engines[id] = e
+	}
+	for _, e := range r.engines {
+		require.NoError(t, e.WaitSubscribed(context.Background()))
+	}
+	return r
+}
+
+// settle waits until the service has handled every batch engine id published.
+func (r *feedRig) settle(id string) {
+	r.t.Helper()
+	want := r.engines[id].NextSeq()
+	require.Eventually(r.t, func() bool {
+		for _, st := range r.s.EventStats() {
+			if st.Worker.Worker == id {
+				return st.Handler.Batches == want
+			}
+		}
+		return want == 0
+	}, 20*time.Second, time.Millisecond)
+}
+
+func (r *feedRig) health(id string) FeedHealth {
+	r.t.Helper()
+	for _, h := range r.s.FeedHealth() {
+		if h.Worker.Worker == id {
+			return h
+		}
+	}
+	r.t.Fatalf("no feed health for %s", id)
+	return FeedHealth{}
+}
+
+// book books tokens on worker id and frees the booking.
+func (r *feedRig) book(id string, tokens []uint32) Result {
+	r.t.Helper()
+	res, err := r.s.SelectAndReserve(context.Background(), Request{Tokens: tokens, Allowed: []string{id}})
+	require.NoError(r.t, err)
+	require.Equal(r.t, id, res.WorkerID)
+	require.NoError(r.t, r.s.FreeReservation(res.ReservationID))
+	return res
+}
+
+func (r *feedRig) overlap(id string, tokens []uint32) int {
+	r.t.Helper()
+	ov, err := r.s.OverlapScores(context.Background(), Request{Tokens: tokens})
+	require.NoError(r.t, err)
+	return ov[kvindex.WorkerRank{Worker: id}].Device
+}
+
+// rootless publishes what engine e would store for tokens, but with every run
+// hanging from a parent the router never saw: a feed that drops every root.
+func rootless(t *testing.T, e *fakeengine.Engine, tokens []uint32) {
+	t.Helper()
+	hs := e.BlockHashes(tokens, "", "")
+	_, err := e.PublishEvents(fakeengine.Event{Kind: fakeengine.BlockStored, BlockHashes: hs,
+		HasParent: true, ParentHash: 0xdead, TokenIDs: tokens[:len(hs)*rigBlock], BlockSize: rigBlock})
+	require.NoError(t, err)
+}
+
+func TestFeedThatDropsEveryRootFallsBackAndHeals(t *testing.T) {
+	r := newFeedRig(t, FeedTrust{}, "bad", "good")
+	good := r.engines["good"]
+	var prompts [][]uint32
+	for i := range DefaultFeedMinStores {
+		p := toks(8*rigBlock, i+1)
+		prompts = append(prompts, p)
+		r.book("bad", p)
+		rootless(t, r.engines["bad"], p)
+		_, err := good.Serve(fakeengine.Request{Tokens: p})
+		require.NoError(t, err)
+	}
+	r.settle("bad")
+	r.settle("good")
+	require.Zero(t, r.overlap("bad", prompts[0]), "nothing of the bad feed is indexed")
+	r.s.checkFeeds(r.clk.Now())
+
+	bad, ok := r.health("bad"), r.health("good")
+	require.Equal(t, FeedMisSpeaking, bad.State)
+	require.False(t, bad.Trusted)
+	require.EqualValues(t, DefaultFeedMinStores, bad.StoresLost)
+	require.Equal(t, FeedHealthy, ok.State)
+	require.True(t, ok.Trusted)
+	require.EqualValues(t, DefaultFeedMinStores, ok.StoresApplied)
+	logs := r.logs.String()
+	require.Contains(t, logs, "kv event feed not trusted")
+	require.Contains(t, logs, "state=mis-speaking")
+	require.Contains(t, logs, "reason=unknown_parent") // the handler's own warning
+
+	// Untrusted, the worker is routed on its own bookings, as in approximate
+	// mode: what was booked on it counts as cached there.
+	fresh := toks(6*rigBlock, 77)
+	r.book("bad", fresh)
+	require.Equal(t, 6, r.overlap("bad", fresh))
+	res, err := r.s.Select(context.Background(), Request{Tokens: fresh})
+	require.NoError(t, err)
+	require.Equal(t, "bad", res.WorkerID)
+	require.Equal(t, 6, res.Overlap.Device)
+
+	// The engine is fixed: its stores apply again. Once the lost ones have left
+	// the window the feed is trusted again and routing is on its events.
+	for i := range DefaultFeedMinStores {
+		_, err := r.engines["bad"].Serve(fakeengine.Request{Tokens: toks(8*rigBlock, 50+i)})
+		require.NoError(t, err)
+	}
+	r.settle("bad")
+	r.clk.Advance(DefaultFeedWindow + time.Second)
+	r.s.checkFeeds(r.clk.Now())
+	bad = r.health("bad")
+	require.Equal(t, FeedHealthy, bad.State, "%+v", bad)
+	require.True(t, bad.Trusted)
+	require.Zero(t, r.overlap("bad", fresh), "its own bookings no longer count")
+	require.Equal(t, 8, r.overlap("bad", toks(8*rigBlock, 50)))
+	require.Contains(t, r.logs.String(), "kv event feed healthy again")
+}
+
+func TestSilentFeedFallsBackUntilItPublishes(t *testing.T) {
+	r := newFeedRig(t, FeedTrust{}, "quiet")
+	for i := range DefaultFeedSilentBookings {
+		r.book("quiet", toks(4*rigBlock, 10*(i+1)))
+	}
+	r.s.checkFeeds(r.clk.Now())
+	require.Equal(t, FeedHealthy, r.health("quiet").State, "not silent before SilentAfter")
+	r.clk.Advance(DefaultFeedSilentAfter)
+	r.s.checkFeeds(r.clk.Now())
+	h := r.health("quiet")
+	require.Equal(t, FeedSilent, h.State)
+	require.Equal(t, DefaultFeedSilentBookings, h.PendingStores)
+	require.False(t, h.Trusted)
+	require.Contains(t, r.logs.String(), "state=silent")
+
+	// A booking that is all cache hits expects nothing: it does not count.
+	_, err := r.engines["quiet"].Serve(fakeengine.Request{Tokens: toks(4*rigBlock, 10)})
+	require.NoError(t, err)
+	r.settle("quiet")
+	r.s.checkFeeds(r.clk.Now())
+	h = r.health("quiet")
+	require.Equal(t, FeedHealthy, h.State)
+	require.True(t, h.Trusted)
+	require.Zero(t, h.PendingStores)
+}
+
+func TestFeedChecksCanBeTurnedOff(t *testing.T) {
+	r := newFeedRig(t, FeedTrust{Off: true}, "quiet")
+	for i := range 2 * DefaultFeedSilentBookings {
+		r.book("quiet", toks(4*rigBlock, 10*(i+1)))
+	}
+	r.clk.Advance(time.Hour)
+	r.s.checkFeeds(r.clk.Now())
+	require.Empty(t, r.s.FeedHealth())
+	require.Zero(t, r.s.partitions[DefaultModel].untrusted.Load())
+}
+
+func TestTokenParity(t *testing.T) {
+	cases := []struct {
+		name  string
+		serve func([]uint32) []uint32 // what the engine's own tokenizer makes of the router's tokens
+		low   bool
+	}{
+		{"identical tokenizer", func(p []uint32) []uint32 { return p }, false},
+		{"one extra token", func(p []uint32) []uint32 { return append([]uint32{7}, p...) }, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newFeedRig(t, FeedTrust{ParityEvery: 1}, "w")
+			for i := range DefaultParityMinSamples {
+				p := toks(6*rigBlock+1, 20+i)
+				r.book("w", p)
+				_, err := r.engines["w"].Serve(fakeengine.Request{Tokens: tc.serve(p)})
+				require.NoError(t, err)
+			}
+			r.settle("w")
+			r.s.checkFeeds(r.clk.Now())
+			require.True(t, math.IsNaN(r.health("w").Parity), "judged only after ParityDelay")
+			r.clk.Advance(DefaultParityDelay)
+			r.s.checkFeeds(r.clk.Now())
+			h := r.health("w")
+			require.EqualValues(t, DefaultParityMinSamples, h.ParitySamples)
+			require.Equal(t, tc.low, h.LowParity)
+			require.Equal(t, FeedHealthy, h.State, "parity does not decide trust")
+			if tc.low {
+				require.Less(t, h.Parity, DefaultParityThreshold)
+				require.Contains(t, r.logs.String(), "token parity low")
+			} else {
+				require.Equal(t, 1.0, h.Parity)
+				require.False(t, strings.Contains(r.logs.String(), "token parity low"))
+			}
+		})
+	}
+}
+
+func TestFeedTrustValidation(t *testing.T) {
+	cfg := DefaultConfig(16)
+	cfg.FeedTrust = FeedTrust{CheckInterval: -1, SilentBookings: -1, MaxLossRatio: 2, ParityThreshold: math.NaN()}
+	err := cfg.Validate()
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	for _, f := range []string{"FeedTrust.CheckInterval", "FeedTrust.SilentBookings", "FeedTrust.MaxLossRatio", "FeedTrust.ParityThreshold"} {
+		require.ErrorContains(t, err, f)
+	}
+}
