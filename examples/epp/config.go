@@ -195,6 +195,15 @@ func (c *config) settings() []setting {
 		{env: "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", flag: "disk-cache-hit-weight", def: "0.25", help: "credit of disk-tier hits [0, 1]", parse: floatMin(&r.DiskCacheHitWeight, 0)},
 		{env: "DYN_ROUTER_TEMPERATURE", flag: "router-temperature", def: "0", help: "0: cheapest worker; > 0: softmax sampling", parse: floatMin(&r.Temperature, 0)},
 		{env: "DYN_ROUTER_USE_KV_EVENTS", aliases: []string{"DYN_USE_KV_EVENTS"}, flag: "use-kv-events", def: "true", help: "subscribe to engine KV events (false: approximate index)", parse: boolean(&r.UseKVEvents)},
+		{env: "DYN_EPP_KV_FEED_CHECKS", flag: "kv-feed-checks", def: "true", help: "judge each worker's KV-event feed (silent, mis-speaking: routed on its own bookings until it heals) and token parity",
+			parse: func(c *config, v string) error {
+				var on bool
+				if err := boolean(&on)(c, v); err != nil {
+					return err
+				}
+				c.Router.FeedTrust.Off = !on
+				return nil
+			}},
 		{env: "DYN_ROUTER_TRACK_ACTIVE_BLOCKS", flag: "track-active-blocks", def: "true", help: "count booked requests' blocks as decode load", parse: boolean(&r.TrackActiveBlocks)},
 		{env: "DYN_ROUTER_ASSUME_KV_REUSE", flag: "assume-kv-reuse", def: "true", help: "requests sharing a prefix share active blocks", parse: boolean(&r.AssumeKVReuse)},
 		{env: "DYN_ROUTER_TRACK_PREFILL_TOKENS", flag: "track-prefill-tokens", def: "true", help: "count uncached prompt tokens as prefill load", parse: boolean(&r.TrackPrefillTokens)},

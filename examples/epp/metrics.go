@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"strconv"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
+	"github.com/kvselect/kvselect/kvindex/kvevents"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
 )
@@ -76,7 +78,11 @@ var (
 
 	evLabels    = []string{"role", "worker", "rank"}
 	dEvApplied  = prometheus.NewDesc("kvselect_kv_events_applied_total", "KV events applied to the index.", evLabels, nil)
-	dEvSkipped  = prometheus.NewDesc("kvselect_kv_events_skipped_total", "KV events skipped (filtered, malformed, unknown parent...).", evLabels, nil)
+	dEvSkipped  = prometheus.NewDesc("kvselect_kv_events_skipped_total", "KV events not applied, by reason (kvevents.SkipReason names; undecodable_batch counts whole batches).", append(evLabels, "reason"), nil)
+	dFeedState  = prometheus.NewDesc("kvselect_kv_feed_state", "1 for the feed's current state (healthy, silent, mis-speaking), 0 for the others.", append(evLabels, "state"), nil)
+	dFeedTrust  = prometheus.NewDesc("kvselect_kv_feed_trusted", "1 while the worker rank is routed on its KV events, 0 while on its own bookings (feed not trusted).", evLabels, nil)
+	dParity     = prometheus.NewDesc("kvselect_kv_token_parity", "Mean share of sampled requests' router blocks the engine then reported holding (1: router and engine tokenise alike).", evLabels, nil)
+	dParityN    = prometheus.NewDesc("kvselect_kv_token_parity_samples_total", "Bookings judged by the token-parity check.", evLabels, nil)
 	dEvBatches  = prometheus.NewDesc("kvselect_kv_event_batches_total", "KV event batches received live.", evLabels, nil)
 	dEvGaps     = prometheus.NewDesc("kvselect_kv_event_gaps_total", "Sequence gaps detected.", evLabels, nil)
 	dEvReplays  = prometheus.NewDesc("kvselect_kv_event_replays_total", "Replays by result.", append(evLabels, "result"), nil)
@@ -90,6 +96,13 @@ var (
 	dTokErrors    = prometheus.NewDesc("kvselect_tokenizer_errors_total", "Tokenizer errors by kind.", []string{"kind"}, nil)
 	dTokLatency   = prometheus.NewDesc("kvselect_tokenizer_upstream_seconds", "Tokenizer upstream call latency.", nil, nil)
 )
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
 
@@ -125,7 +138,10 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, e := range s.EventStats() {
 			lv := []string{role, e.Worker.Worker, strconv.Itoa(e.Worker.Rank)}
 			counter(dEvApplied, float64(e.Handler.EventsApplied), lv...)
-			counter(dEvSkipped, float64(e.Handler.SkippedTotal()), lv...)
+			for r, n := range e.Handler.Skipped {
+				counter(dEvSkipped, float64(n), append(lv, kvevents.SkipReason(r).String())...)
+			}
+			counter(dEvSkipped, float64(e.Handler.DecodeErrors), append(lv, "undecodable_batch")...)
 			counter(dEvBatches, float64(e.Received), lv...)
 			counter(dEvGaps, float64(e.Gaps), lv...)
 			counter(dEvReplays, float64(e.ReplaysOK), append(lv, "ok")...)
@@ -137,6 +153,17 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 				d = 1
 			}
 			gauge(dEvDegraded, d, lv...)
+		}
+		for _, h := range s.FeedHealth() {
+			lv := []string{role, h.Worker.Worker, strconv.Itoa(h.Worker.Rank)}
+			for _, st := range []selection.FeedState{selection.FeedHealthy, selection.FeedSilent, selection.FeedMisSpeaking} {
+				gauge(dFeedState, b2f(h.State == st), append(lv, st.String())...)
+			}
+			gauge(dFeedTrust, b2f(h.Trusted), lv...)
+			if !math.IsNaN(h.Parity) {
+				gauge(dParity, h.Parity, lv...)
+			}
+			counter(dParityN, float64(h.ParitySamples), lv...)
 		}
 	}
 	if c.cache != nil {
