@@ -20,11 +20,22 @@ import (
 // system prompts, so lookups walk real shared prefixes. mod, when set, edits the
 // configuration.
 func benchService(b *testing.B, n int, mod func(*Config)) (*SelectionService, [][]uint32) {
+	return benchServiceFeed(b, n, mod, false)
+}
+
+// benchServiceFeed is benchService; with feed, the service runs its built-in
+// event feed (a bind listener on loopback that no engine dials) and judges its
+// feeds, so bookings pay for the feed checks.
+func benchServiceFeed(b *testing.B, n int, mod func(*Config), feed bool) (*SelectionService, [][]uint32) {
 	cfg := DefaultConfig(16)
 	if mod != nil {
 		mod(&cfg)
 	}
-	s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().SweepInterval(-1).Rand(rand.NewPCG(1, 1)).Build(context.Background())
+	bld := NewSelectionServiceBuilder(cfg).ExternalEvents()
+	if feed {
+		bld = NewSelectionServiceBuilder(cfg).BindEvents("tcp://127.0.0.1:0")
+	}
+	s, err := bld.SweepInterval(-1).Rand(rand.NewPCG(1, 1)).Build(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -75,19 +86,23 @@ func benchService(b *testing.B, n int, mod func(*Config)) (*SelectionService, []
 // with a warm index; p50-ns is the median of one SelectAndReserve + Free.
 // workers=64/queued is the in-run baseline: the same with queueing on (a
 // threshold no worker reaches), so the decision runs under the model's lock.
+// workers=64/feed-checks runs the built-in feed with its checks (compare with
+// workers=64).
 func BenchmarkSelectAndReserve(b *testing.B) {
 	for _, bc := range []struct {
 		name string
 		n    int
 		mod  func(*Config)
+		feed bool
 	}{
-		{"workers=8", 8, nil},
-		{"workers=64", 64, nil},
-		{"workers=64/queued", 64, queuedConfig},
-		{"workers=512", 512, nil},
+		{"workers=8", 8, nil, false},
+		{"workers=64", 64, nil, false},
+		{"workers=64/queued", 64, queuedConfig, false},
+		{"workers=64/feed-checks", 64, nil, true},
+		{"workers=512", 512, nil, false},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			s, prompts := benchService(b, bc.n, bc.mod)
+			s, prompts := benchServiceFeed(b, bc.n, bc.mod, bc.feed)
 			ctx := context.Background()
 			ids := make([]string, 4096)
 			for i := range ids {

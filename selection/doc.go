@@ -53,6 +53,36 @@
 // With Config.UseKVEvents false, each model keeps a kvindex.Approx fed with the
 // service's own bookings, so prefix affinity still works for a TTL.
 //
+// # Feed health
+//
+// With the built-in event feed, the service judges each worker rank's feed
+// every FeedTrust.CheckInterval, on its Clock (FeedHealth reports it; the
+// reference EPP exports it as metrics):
+//
+//   - silent: FeedTrust.SilentBookings bookings that left the engine new blocks
+//     to store (fewer cached blocks than the request has) were made on the rank
+//     since its feed's last batch, the oldest FeedTrust.SilentAfter ago;
+//   - mis-speaking: over FeedTrust.Window, at least FeedTrust.MinStores stored
+//     events arrived and more than FeedTrust.MaxLossRatio of them were lost
+//     (refused by the index or undecodable; skips by design do not count);
+//   - healthy otherwise.
+//
+// A rank that is not healthy is not trusted: its index matches are replaced by
+// those of a per-model kvindex.Approx holding the bookings made on untrusted
+// ranks (with Config.RouterTTL), so it is routed as in approximate mode while
+// the other ranks stay on their events; it returns to its events as soon as a
+// check finds its feed healthy. Changes of state are logged (WARN when trust is
+// lost, then once a minute while it lasts; INFO when it returns).
+//
+// Token parity: one booking in FeedTrust.ParityEvery per rank is sampled; once
+// FeedTrust.ParityDelay has passed and the feed has published since, the share
+// of the request's router block hashes that the rank then holds in the event
+// index is one parity sample. The mean of the last 16 is FeedHealth.Parity; a
+// mean below FeedTrust.ParityThreshold (after ParityMinSamples samples) is
+// logged once a minute: router and engine tokenise, template, block or salt
+// differently, and prefix matches on that rank are wrong. Parity is reported,
+// not acted on. FeedTrust.Off turns all of this off.
+//
 // # Concurrency
 //
 // SelectionService is safe for concurrent use. Decisions of one model run in
@@ -60,8 +90,10 @@
 // it; a change to the model's workers takes that lock exclusively, so no booking
 // lands on a rank the change removed. Index lookups and event application use
 // the index's own lock; the ledger has its own read-write lock, shared by the
-// load reads of concurrent decisions. Build starts the KV-event feed and the expiry sweeper;
-// Close stops them and waits. The ledger's load-dropped hook never takes a lock a
+// load reads of concurrent decisions. Build starts the KV-event feed, the feed
+// checker and the expiry sweeper; Close stops them and waits. The booking path
+// touches a rank's feed state through atomics only (and a mutex for one
+// booking in FeedTrust.ParityEvery). The ledger's load-dropped hook never takes a lock a
 // ledger caller may hold.
 //
 // # Invariants

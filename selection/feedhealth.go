@@ -252,23 +252,18 @@ func (s *SelectionService) dropHealthLocked(p *partition, id string, keep map[kv
 
 // booked records a booking on the rank for the checks: whether it leaves the
 // engine blocks to store, and (sampled) its hashes for the parity check. It
-// runs on the booking path.
+// runs on the booking path; h is not nil only while feeds are judged.
 func (s *SelectionService) booked(h *rankHealth, seqs []uint64, cached int) {
-	if s.trust.Off || h == nil {
-		return
-	}
-	now := s.clock.Now()
-	if len(seqs) > cached {
-		if h.expect.Add(1) == 1 {
-			h.expectSince.Store(now.UnixNano())
-		}
+	if len(seqs) > cached && h.expect.Add(1) == 1 {
+		h.expectSince.Store(s.clock.Now().UnixNano())
 	}
 	if len(seqs) == 0 || (h.bookings.Add(1)-1)%uint64(s.trust.ParityEvery) != 0 {
 		return
 	}
+	ps := paritySample{seqs: append([]uint64(nil), seqs...), at: s.clock.Now(), batches: h.batches.Load()}
 	h.mu.Lock()
 	if len(h.pending) < parityPendingMax {
-		h.pending = append(h.pending, paritySample{seqs: append([]uint64(nil), seqs...), at: now, batches: h.batches.Load()})
+		h.pending = append(h.pending, ps)
 	}
 	h.mu.Unlock()
 }

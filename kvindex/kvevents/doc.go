@@ -15,6 +15,9 @@
 // and "data_parallel_rank", "dp_rank" or "attn_dp_rank". A batch's dp_rank, when
 // present, overrides the rank its source was registered with.
 //
+// docs/ENGINES.md lists, engine by engine, what each sends and where that was
+// read; this comment says what the decoder accepts.
+//
 // Each event is either a tagged positional array (vLLM before 0.26, SGLang):
 //
 //	["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
@@ -28,21 +31,28 @@
 // and later) whose other keys carry the same field names, plus "locality",
 // "cache_salt" and "metadata"; unknown keys are ignored. Position 7 of a stored
 // array may also hold SGLang's metadata map {"cache_salt": ...} instead of a LoRA
-// name.
+// name. An event may also arrive as msgpack bytes holding one encoded event
+// (llm-d's storage-tier publisher); the bytes are decoded as that event.
 //
 // Field mapping:
 //
 //   - Block hashes (and the parent hash) may be unsigned integers (kept as is),
 //     signed integers (reinterpreted as two's complement) or bytes (the last 8
 //     bytes read big-endian, shorter ones left-padded with zeros), so both of
-//     vLLM's hash modes yield the same 64-bit value. A nil parent means the run
-//     starts a sequence.
+//     vLLM's hash modes yield the same 64-bit value. A parent that is nil,
+//     absent, or 0 (as some array-form encoders write for a root block) means
+//     the run starts a sequence; 0 is never looked up as a block.
 //   - token_ids must be integers in [0, 2^32). The bigram form
 //     [[a,b],[b,c],...] is flattened to a, b, c, ...
 //   - medium, case-insensitively: absent, nil, "", GPU, CUDA, DEVICE and HBM are
 //     kvindex.TierDevice; CPU, CPU_PINNED, HOST and DRAM are TierHost; DISK,
-//     LOCAL_DISK, SSD, NVME, FILE, STORAGE and EXTERNAL are TierDisk. Anything
-//     else skips the event (SkipUnknownMedium).
+//     LOCAL_DISK, SSD, NVME, FILE, FS, FILE_SYSTEM, STORAGE, SHARED_STORAGE, OBJ,
+//     OBJECT, OBJECT_STORE and EXTERNAL are TierDisk. Anything else skips the
+//     event (SkipUnknownMedium).
+//   - block_size nil or 0 means the index's block size.
+//   - A stored event with block hashes and no token ids (offloading connectors
+//     announce copies of blocks on another tier that way) cannot be keyed by the
+//     router and is skipped as SkipNoTokens.
 //   - lora_name is the LoRA name. When only the legacy lora_id is set (and is not
 //     0 or empty), the LoRA name becomes "lora-id:<id>", so blocks of such an
 //     adapter never match requests for the base model.
@@ -60,6 +70,25 @@
 // kv_cache_spec_kind other than full_attention, mla_attention or
 // sink_full_attention (SkipNonMainKind), locality other than LOCAL (SkipLocality;
 // absent is accepted). Unknown event types are skipped too (SkipUnknownType).
+// Hybrid models: only the full-attention group (group 0) builds prefix
+// matches. Blocks of a sliding-window, mamba-like or other group never extend
+// them, because such a group does not keep a whole prefix: a request can reuse
+// the main group's blocks only as far as the engine also holds the other
+// groups' state, which the router does not model, so a match may overcount
+// for such models. These skips are by design (SkipReason.ByDesign) and are not
+// warned about.
+//
+// # Feed health
+//
+// Every skip is counted per source and reason (HandlerStats.Skipped). Skips
+// that mean the index lost something (every reason that is not ByDesign, and
+// undecodable batches) are logged: the first at once, then at most one line per
+// source and reason every HandlerOptions.WarnInterval, with the count since the
+// previous line. A removal that names blocks the index does not hold is
+// SkipUnknownBlock (its known blocks are still removed), never "applied".
+// Stored events are counted apart (StoresApplied, StoresRejected) so that a
+// consumer can judge a feed by the share of stores it loses; the selection
+// service does (see its FeedHealth).
 //
 // # Untrusted input
 //
@@ -120,8 +149,10 @@
 // replay endpoint starts with a replay from seq 0, before any live batch, so a
 // router that starts (or restarts) next to a warm, idle engine knows its cache at
 // once; an engine that is not reachable yet fails that replay harmlessly (the
-// first live batch then drives the source). A first batch with seq > 0, or a
-// batch beyond watermark+1, opens a gap: with a replay endpoint the
+// first live batch then drives the source). Engines number their first batch 0
+// (vLLM, SGLang, TensorRT-LLM) or 1 (some vLLM-compatible publishers): either is
+// a clean start. A first batch with a higher seq, or a batch beyond
+// watermark+1, opens a gap: with a replay endpoint the
 // Feed asks the engine's ROUTER, through a DEALER, for every buffered batch from
 // the first missing seq (["", start]; replies with or without the topic frame; the
 // stream ends at seq -1 or an empty payload), applies those it lacks in order, then
