@@ -334,6 +334,19 @@ func TestDecodeEvents(t *testing.T) {
 			skipped: skips(SkipMalformed, 2, SkipNoTokens, 1),
 		},
 		{
+			name: "TensorRT-LLM's C++ writer: every integer as int64",
+			payload: v(func(e mp) mp {
+				e = e.arr(3).f(1).arr(1).m(5).str("type").str("BlockStored").
+					str("block_hashes").arr(1).raw([]byte{0xd3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe}).
+					str("parent_block_hash").null().str("token_ids").arr(4)
+				for _, tk := range toks8[:4] {
+					e = e.raw([]byte{0xd3, 0, 0, 0, 0, 0, 0, 0, byte(tk)})
+				}
+				return e.str("block_size").raw([]byte{0xd3, 0, 0, 0, 0, 0, 0, 0, 4}).raw([]byte{0xd3, 0, 0, 0, 0, 0, 0, 0, 2})
+			}),
+			want: []kvindex.Event{{Kind: kvindex.EventStored, BlockHashes: []uint64{^uint64(1)}, Tokens: toks8[:4], BlockSize: 4}},
+		},
+		{
 			name: "SGLang short tuple ending at lora_id, negative hashes, two-element batch",
 			payload: arrayBatch(noRank, v(func(e mp) mp {
 				return e.arr(6).str("BlockStored").arr(2).i(-2).i(-3).i(-1).tokens(toks8).i(4).null()
