@@ -23,9 +23,9 @@ import (
 //     h[i] = XXH64(seed, input).
 //   - sha256 (SGLang): link is the previous 32-byte digest, nothing for the first
 //     block; d[i] = SHA-256(input) and h[i] = be64(d[i][:8]).
-//   - radix-key (TensorRT-LLM): link is le64(hi[i-1]) || le64(lo[i-1]), 16 zero
-//     bytes for the first block; the 128-bit key is hi[i] = XXH64(seed, input),
-//     lo[i] = XXH64(splitmix64(seed), input), and h[i] = lo[i].
+//   - radix-key (TensorRT-LLM): link is the previous 32-byte key, le64(seed)
+//     for the first block; k[i] = SHA-256(input) and h[i] = be64(k[i][:8]), the
+//     key's leading bytes, which TensorRT-LLM writes as a signed int64.
 type blockHasher struct {
 	scheme    HashScheme
 	seed      uint64
@@ -79,19 +79,20 @@ func (bh blockHasher) appendSHA256(dst []uint64, tokens []uint32, lora, salt str
 }
 
 func (bh blockHasher) appendRadixKeys(dst []uint64, tokens []uint32, lora, salt string) []uint64 {
-	hiSeed, loSeed := bh.seed, splitmix64(bh.seed)
-	hi, lo := xxhash.NewWithSeed(hiSeed), xxhash.NewWithSeed(loSeed)
-	w := io.MultiWriter(hi, lo)
+	d := sha256.New()
 	var buf [64]byte
-	var key [16]byte // hi || lo of the previous block, little-endian
+	var key [sha256.Size]byte
 	for i := 0; (i+1)*bh.blockSize <= len(tokens); i++ {
-		hi.ResetWithSeed(hiSeed)
-		lo.ResetWithSeed(loSeed)
-		_, _ = w.Write(key[:])
-		bh.writeBlock(w, &buf, tokens, i, lora, salt)
-		binary.LittleEndian.PutUint64(key[:8], hi.Sum64())
-		binary.LittleEndian.PutUint64(key[8:], lo.Sum64())
-		dst = append(dst, lo.Sum64())
+		d.Reset()
+		if i == 0 {
+			binary.LittleEndian.PutUint64(buf[:8], bh.seed)
+			_, _ = d.Write(buf[:8])
+		} else {
+			_, _ = d.Write(key[:])
+		}
+		bh.writeBlock(d, &buf, tokens, i, lora, salt)
+		d.Sum(key[:0])
+		dst = append(dst, binary.BigEndian.Uint64(key[:8]))
 	}
 	return dst
 }

@@ -27,10 +27,14 @@ const (
 	// DialectSGLangEAGLE is DialectSGLang with token_ids as EAGLE bigrams
 	// (TokenPairs).
 	DialectSGLangEAGLE
-	// DialectTRTLLM is TensorRT-LLM's native ZMQ publisher: vLLM-compatible map
-	// events, the low 64 bits of 128-bit block keys as uint64 hashes, seq from 0,
-	// replay with the topic frame. Like every dialect, a request's newly stored
-	// blocks form one BlockStored and a partial tail block is never published.
+	// DialectTRTLLM is TensorRT-LLM's native ZMQ publisher
+	// (kv_cache_events.py, streamingEventSink): map events with exactly vLLM's
+	// core keys (type, block_hashes, parent_block_hash, token_ids, block_size,
+	// lora_id, medium, lora_name; no group fields), the first 8 bytes of SHA-256
+	// radix block keys as signed int64 hashes (so negatives are common), nil root
+	// parent, seq from 0, replay with the topic frame. Like every dialect, a
+	// request's newly stored blocks form one BlockStored and a partial tail block
+	// is never published.
 	DialectTRTLLM
 	// DialectZeroParent is DialectVLLMArray with the integer 0 as root parent.
 	DialectZeroParent
@@ -63,7 +67,7 @@ var dialectSummaries = [numDialects]string{
 	DialectVLLMArray:   "vLLM < 0.26: positional events, uint64 hashes, replay without topic",
 	DialectSGLang:      "SGLang: full-length positional events, SHA-256 int64 hashes, replay without topic",
 	DialectSGLangEAGLE: "SGLang with EAGLE: as sglang, token_ids as bigram pairs",
-	DialectTRTLLM:      "TensorRT-LLM ZMQ: map events, low 64 bits of 128-bit block keys, replay with topic",
+	DialectTRTLLM:      "TensorRT-LLM ZMQ: map events without group fields, SHA-256 radix-key int64 hashes, replay with topic",
 	DialectZeroParent:  "vllm-array with the integer 0 as root parent",
 	DialectFirstSeq1:   "vllm-map with sequence numbers from 1",
 	DialectExternal:    "external vLLM-compatible engine: positional events, root parent 0, seq from 1",
@@ -138,7 +142,7 @@ func (d Dialect) Apply(o Options) Options {
 		o.TokenPairs = d == DialectSGLangEAGLE
 	case DialectTRTLLM:
 		o.ExtraFields = false
-		o.HashScheme = HashSchemeRadixKey
+		o.HashFormat, o.HashScheme = HashInt64, HashSchemeRadixKey
 	case DialectZeroParent:
 		vllmArray()
 		o.RootParent = RootParentZero

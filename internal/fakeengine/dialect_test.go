@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"testing"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/stretchr/testify/require"
 	"github.com/tinylib/msgp/msgp"
 )
@@ -45,7 +44,7 @@ func TestDialectApply(t *testing.T) {
 			HashScheme: HashSchemeSHA256, ReplayLayout: ReplayNoTopic}},
 		{DialectSGLangEAGLE, Options{Encoding: EncodingArray, ArrayFullLength: true, HashFormat: HashInt64,
 			HashScheme: HashSchemeSHA256, ReplayLayout: ReplayNoTopic, TokenPairs: true}},
-		{DialectTRTLLM, Options{HashScheme: HashSchemeRadixKey}},
+		{DialectTRTLLM, Options{HashFormat: HashInt64, HashScheme: HashSchemeRadixKey}},
 		{DialectZeroParent, Options{Encoding: EncodingArray, ReplayLayout: ReplayNoTopic, RootParent: RootParentZero}},
 		{DialectFirstSeq1, Options{ExtraFields: true, FirstSeq: 1}},
 		{DialectExternal, Options{Encoding: EncodingArray, ReplayLayout: ReplayNoTopic, RootParent: RootParentZero, FirstSeq: 1}},
@@ -116,20 +115,20 @@ func refSHA256(tokens []uint32, bs int) []uint64 {
 	return out
 }
 
-// refRadixKey is the documented 128-bit key chain (no LoRA, no salt).
+// refRadixKey is the documented radix-key chain (no LoRA, no salt): SHA-256 over
+// the previous key (le64(seed) for the first block) and the tokens, published as
+// the key's first 8 bytes big-endian.
 func refRadixKey(tokens []uint32, bs int, seed uint64) []uint64 {
 	var out []uint64
-	key := make([]byte, 16)
+	prev := binary.LittleEndian.AppendUint64(nil, seed)
 	for i := 0; (i+1)*bs <= len(tokens); i++ {
-		in := append([]byte(nil), key...)
+		h := sha256.New()
+		h.Write(prev)
 		for _, t := range tokens[i*bs : (i+1)*bs] {
-			in = binary.LittleEndian.AppendUint32(in, t)
+			h.Write(binary.LittleEndian.AppendUint32(nil, t))
 		}
-		hi, lo := xxhash.NewWithSeed(seed), xxhash.NewWithSeed(splitmix64(seed))
-		hi.Write(in)
-		lo.Write(in)
-		key = binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, hi.Sum64()), lo.Sum64())
-		out = append(out, lo.Sum64())
+		prev = h.Sum(nil)
+		out = append(out, binary.BigEndian.Uint64(prev[:8]))
 	}
 	return out
 }
@@ -341,25 +340,57 @@ func checkRootParent(t *testing.T, o Options, ev map[string]any) {
 	}
 }
 
-func TestSGLangHashesAreSignedOnTheWire(t *testing.T) {
-	e := newCacheEngine(t, DialectSGLang.Apply(Options{BlockSize: 2}))
-	p := seqTokens(0, 64)
-	_, err := e.Serve(Request{Tokens: p})
+func TestSHA256HashesAreSignedOnTheWire(t *testing.T) {
+	for _, dl := range []Dialect{DialectSGLang, DialectTRTLLM} {
+		t.Run(dl.String(), func(t *testing.T) {
+			e := newCacheEngine(t, dl.Apply(Options{BlockSize: 2}))
+			p := seqTokens(0, 64)
+			_, err := e.Serve(Request{Tokens: p})
+			require.NoError(t, err)
+			d := lastBatch(t, e)
+			negative := 0
+			for i, h := range d.events[0]["block_hashes"].([]any) {
+				want := e.BlockHashes(p, "", "")[i]
+				switch v := h.(type) {
+				case int64:
+					require.Less(t, v, int64(0), "non-negative ids are written unsigned, as msgspec does")
+					require.Equal(t, want, uint64(v))
+					negative++
+				case uint64:
+					require.Equal(t, want, v)
+				}
+			}
+			require.Positive(t, negative, "32 SHA-256 ids include negative ones")
+		})
+	}
+}
+
+// TestTRTLLMEventKeys checks that the trtllm dialect writes exactly the keys of
+// TensorRT-LLM's publisher: no extra_keys, no group fields.
+func TestTRTLLMEventKeys(t *testing.T) {
+	e := newCacheEngine(t, DialectTRTLLM.Apply(Options{BlockSize: 2, CapacityBlocks: 2}))
+	_, err := e.Serve(Request{Tokens: seqTokens(0, 4)})
+	require.NoError(t, err)
+	_, err = e.Serve(Request{Tokens: seqTokens(100, 4)}) // evicts both
 	require.NoError(t, err)
 	d := lastBatch(t, e)
-	negative := 0
-	for i, h := range d.events[0]["block_hashes"].([]any) {
-		want := e.BlockHashes(p, "", "")[i]
-		switch v := h.(type) {
-		case int64:
-			require.Less(t, v, int64(0), "non-negative ids are written unsigned, as msgspec does")
-			require.Equal(t, want, uint64(v))
-			negative++
-		case uint64:
-			require.Equal(t, want, v)
+	require.Len(t, d.events, 2)
+	keys := func(ev map[string]any) []string {
+		var out []string
+		for k := range ev {
+			out = append(out, k)
 		}
+		return out
 	}
-	require.Positive(t, negative, "32 SHA-256 ids include negative ones")
+	require.Equal(t, "BlockRemoved", d.events[0]["type"])
+	require.ElementsMatch(t, []string{"type", "block_hashes", "medium"}, keys(d.events[0]))
+	require.Equal(t, "BlockStored", d.events[1]["type"])
+	require.ElementsMatch(t, []string{"type", "block_hashes", "parent_block_hash", "token_ids",
+		"block_size", "lora_id", "medium", "lora_name"}, keys(d.events[1]))
+	require.Equal(t, MediumGPU, d.events[1]["medium"])
+	require.Nil(t, d.events[1]["lora_name"])
+	require.Nil(t, d.events[1]["parent_block_hash"])
+	require.True(t, d.hasDP, "the rank is always set")
 }
 
 func TestRestartWithFirstSeq(t *testing.T) {

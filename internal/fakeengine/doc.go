@@ -19,7 +19,7 @@
 //     BatchAsMap); events are maps with a "type" key (vLLM v0.26+, the default) or
 //     tagged positional arrays (EncodingArray); hashes are uint64, int64 or 32-byte
 //     bin (HashFormat), derived by the engine's own XXH64 chain, SGLang's SHA-256
-//     chain or TensorRT-LLM-like 128-bit block keys (HashScheme). Lower-level
+//     chain or TensorRT-LLM-like SHA-256 radix keys (HashScheme). Lower-level
 //     options change one trait each: RootParent (a root run's parent as nil, left
 //     out or 0), TokenPairs (EAGLE bigram token_ids), ArrayFullLength (SGLang's
 //     positional layout and a batch that always has 3 elements), ExtraFields

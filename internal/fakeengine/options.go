@@ -154,9 +154,11 @@ const (
 	// a signed int64 (pair it with HashInt64). It ignores HashSeed: like real SGLang
 	// instances, two engines publish the same ids for the same tokens.
 	HashSchemeSHA256
-	// HashSchemeRadixKey mimics TensorRT-LLM: each block has a 128-bit key
-	// derived from its parent's key and its tokens (two XXH64 lanes seeded from
-	// HashSeed), and the published id is the key's low 64 bits, unsigned.
+	// HashSchemeRadixKey mimics TensorRT-LLM: each block has a 32-byte radix key,
+	// SHA-256 over its parent's key (HashSeed, le64, for the first block) and the
+	// block's tokens, and the published id is the key's first 8 bytes big-endian,
+	// which TensorRT-LLM writes as a signed int64 (pair it with HashInt64; ids of
+	// 2^63 and above then appear negative).
 	HashSchemeRadixKey
 )
 

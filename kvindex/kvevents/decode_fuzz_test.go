@@ -8,11 +8,18 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/kvindex"
 )
 
-// fuzzSeeds returns the fixtures of the decoder tests, as fuzzing seeds.
+// fuzzSeeds returns the fixtures of the decoder tests and the wire variants of
+// the engines (wireVariantSeeds), as fuzzing seeds.
 func fuzzSeeds(t testing.TB) [][]byte {
+	return append(fixtureSeeds(t), wireVariantSeeds()...)
+}
+
+// fixtureSeeds returns the fixtures of the decoder tests.
+func fixtureSeeds(t testing.TB) [][]byte {
 	toks := seqTokens(1, 8)
 	return [][]byte{
 		payloadA(t),
@@ -39,6 +46,98 @@ func fuzzSeeds(t testing.TB) [][]byte {
 			str("attn_dp_rank").i(2),
 		arrayBatch(0, storedArr([]uint64{1}, nil, toks[:4], 4,
 			v(func(e mp) mp { return e.null().str("GPU").m(1).str("cache_salt").str("s") }))),
+	}
+}
+
+// dialectFormat is the encoder Format that a fake-engine dialect publishes with.
+func dialectFormat(d fakeengine.Dialect) fakeengine.Format {
+	o := d.Apply(fakeengine.Options{})
+	return fakeengine.Format{
+		Events: o.Encoding, BatchAsMap: o.BatchAsMap, Hashes: o.HashFormat, ExtraFields: o.ExtraFields,
+		RootParent: o.RootParent, TokenPairs: o.TokenPairs, ArrayFullLength: o.ArrayFullLength,
+	}
+}
+
+// wireVariantSeeds returns batches in the wire variants engines really send (see
+// docs/ENGINES.md): every fake-engine dialect (full-length SGLang arrays with int64
+// hashes, EAGLE token pairs, TensorRT-LLM's signed radix-key hashes, hybrid group
+// events), every root-parent spelling (nil, absent, integer 0, zero bytes), the
+// llm-d storage tier's bin-wrapped events, tokenless stores with block_size 0, and
+// the mediums of offloading connectors.
+func wireVariantSeeds() [][]byte {
+	const bs = 4
+	toks := seqTokens(70000, 2*bs) // above 16 bits
+	hashes := []uint64{0xdab89baa7b5857c0, 0x1f00_0000_0000_0001}
+	root := fakeengine.Event{Kind: fakeengine.BlockStored, BlockHashes: hashes, TokenIDs: toks,
+		BlockSize: bs, Medium: fakeengine.MediumGPU}
+	child := fakeengine.Event{Kind: fakeengine.BlockStored, BlockHashes: []uint64{0x8000_0000_0000_0000},
+		ParentHash: hashes[1], HasParent: true, TokenIDs: toks[:bs], BlockSize: bs, Medium: fakeengine.MediumGPU}
+	removed := fakeengine.Event{Kind: fakeengine.BlockRemoved, BlockHashes: hashes, Medium: fakeengine.MediumGPU}
+	mirror := func(ev fakeengine.Event) fakeengine.Event {
+		ev.HasGroup, ev.GroupIdx = true, fakeengine.MirrorGroup
+		if ev.Kind == fakeengine.BlockStored {
+			ev.SpecKind, ev.SlidingWindow = fakeengine.MirrorSpecKind, fakeengine.MirrorSlidingWindow
+		}
+		return ev
+	}
+	batch := func(f fakeengine.Format, rank bool, evs ...fakeengine.Event) []byte {
+		return fakeengine.AppendBatch(nil, fakeengine.Batch{Timestamp: 1760000000.25, Events: evs, HasDPRank: rank}, f)
+	}
+
+	var out [][]byte
+	for _, d := range fakeengine.Dialects() {
+		f := dialectFormat(d)
+		evs := []fakeengine.Event{root, child, removed}
+		if d == fakeengine.DialectHybrid {
+			evs = append(evs, mirror(root), mirror(child), mirror(removed))
+		}
+		out = append(out, batch(f, true, evs...), batch(f, false, fakeengine.Event{Kind: fakeengine.AllBlocksCleared}))
+	}
+	for _, f := range []fakeengine.Format{{}, {Events: fakeengine.EncodingArray}, {BatchAsMap: true}} {
+		for _, rp := range []fakeengine.RootParentForm{fakeengine.RootParentAbsent, fakeengine.RootParentZero} {
+			f.RootParent = rp
+			out = append(out, batch(f, true, root))
+		}
+	}
+	// Hashes as bytes, and a root parent of 32 and of 8 zero bytes.
+	out = append(out, batch(fakeengine.Format{Hashes: fakeengine.HashBytes32}, true, child, removed))
+	for _, n := range []int{32, 8} {
+		out = append(out, arrayBatch(0, v(func(e mp) mp {
+			return e.arr(7).str("BlockStored").hashes(hashes...).bin(make([]byte, n)).tokens(toks).i(bs).null().str("GPU")
+		})))
+	}
+	// Stores without tokens and with block_size 0, in every tier medium met.
+	for i, m := range []string{"Disk", "SHARED_STORAGE", "OBJECT_STORE", "CPU", "file_system"} {
+		f := fakeengine.Format{Events: fakeengine.Encoding(i % 2), RootParent: fakeengine.RootParentZero}
+		out = append(out, batch(f, i%2 == 0,
+			fakeengine.Event{Kind: fakeengine.BlockStored, BlockHashes: hashes, Medium: m},
+			fakeengine.Event{Kind: fakeengine.BlockStored, BlockHashes: hashes[:1], TokenIDs: toks[:bs], Medium: m},
+			fakeengine.Event{Kind: fakeengine.BlockRemoved, BlockHashes: hashes, Medium: m}))
+	}
+	// The llm-d storage tier: [ts, events] where each event is a bin holding a
+	// separately encoded positional event with root parent 0 and no tokens.
+	inner := fakeengine.Format{Events: fakeengine.EncodingArray, RootParent: fakeengine.RootParentZero}
+	wrapped := mp(nil).arr(2).f(1760000000.5).arr(3)
+	for _, ev := range []fakeengine.Event{
+		{Kind: fakeengine.BlockStored, BlockHashes: hashes, Medium: "SHARED_STORAGE"},
+		{Kind: fakeengine.BlockRemoved, BlockHashes: hashes[:1], Medium: "OBJECT_STORE"},
+		root,
+	} {
+		wrapped = wrapped.bin(fakeengine.AppendEvent(nil, &ev, inner))
+	}
+	return append(out, wrapped)
+}
+
+// TestWireVariantSeedsDecode checks that the wire-variant seeds are batches the
+// decoder accepts, so fuzzing starts from the real shapes rather than errors.
+func TestWireVariantSeedsDecode(t *testing.T) {
+	d, err := NewDecoder(DecoderOptions{})
+	require.NoError(t, err)
+	for i, s := range wireVariantSeeds() {
+		b, err := d.Decode(s)
+		require.NoError(t, err, "seed %d", i)
+		require.Zero(t, b.Skipped[SkipMalformed], "seed %d", i)
+		require.Positive(t, len(b.Events)+b.SkippedTotal(), "seed %d", i)
 	}
 }
 
