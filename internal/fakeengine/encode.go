@@ -298,21 +298,24 @@ func appendGroup(dst []byte, ev *Event, group bool) []byte {
 	return appendInt(dst, int64(ev.GroupIdx))
 }
 
-// appendTokenIDs writes token_ids, as a flat array or, with pairs and at least two
-// tokens, as the n-1 bigrams [t0,t1], [t1,t2], ..., [t(n-2),t(n-1)].
+// appendTokenIDs writes token_ids, as a flat array or, with pairs, as SGLang's
+// EAGLE bigrams: one pair per token, [t(i), t(i+1)], the last one looking ahead
+// into the next block, whose first token the event does not carry; the fake
+// repeats t(n-1) there.
 func appendTokenIDs(dst []byte, tokens []uint32, pairs bool) []byte {
-	if !pairs || len(tokens) < 2 {
-		dst = msgp.AppendArrayHeader(dst, uint32(len(tokens)))
-		for _, t := range tokens {
+	dst = msgp.AppendArrayHeader(dst, uint32(len(tokens)))
+	for i, t := range tokens {
+		if !pairs {
 			dst = msgp.AppendUint32(dst, t)
+			continue
 		}
-		return dst
-	}
-	dst = msgp.AppendArrayHeader(dst, uint32(len(tokens)-1))
-	for i := 0; i+1 < len(tokens); i++ {
+		next := t
+		if i+1 < len(tokens) {
+			next = tokens[i+1]
+		}
 		dst = msgp.AppendArrayHeader(dst, 2)
-		dst = msgp.AppendUint32(dst, tokens[i])
-		dst = msgp.AppendUint32(dst, tokens[i+1])
+		dst = msgp.AppendUint32(dst, t)
+		dst = msgp.AppendUint32(dst, next)
 	}
 	return dst
 }

@@ -262,15 +262,15 @@ func TestAppendBatchTokenPairs(t *testing.T) {
 	ev := Event{Kind: BlockStored, BlockHashes: []uint64{5, 6}, TokenIDs: []uint32{1, 2, 3, 300}, BlockSize: 2}
 	for _, enc := range []Encoding{EncodingMap, EncodingArray} {
 		got := AppendBatch(nil, goldenBatch(ev), Format{Events: enc, TokenPairs: true})
-		// n tokens, n-1 pairs; 300 is a uint16.
-		require.Contains(t, hex.EncodeToString(got), hex.EncodeToString(unhex(t, "93 92 01 02 92 02 03 92 03 cd 01 2c")))
+		// One pair per token, the last repeating its token; 300 is a uint16.
+		require.Contains(t, hex.EncodeToString(got), hex.EncodeToString(unhex(t, "94 92 01 02 92 02 03 92 03 cd 01 2c 92 cd 01 2c cd 01 2c")))
 		d := decodeBatch(t, got)
 		require.Equal(t, []uint32{1, 2, 3, 300}, asTokens(t, d.events[0]["token_ids"]))
 	}
-	// One token has no pair: written flat.
+	// One token is one pair.
 	one := Event{Kind: BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{9}, BlockSize: 1}
 	d := decodeBatch(t, AppendBatch(nil, goldenBatch(one), Format{TokenPairs: true}))
-	require.Equal(t, []any{int64(9)}, d.events[0]["token_ids"])
+	require.Equal(t, []any{[]any{int64(9), int64(9)}}, d.events[0]["token_ids"])
 }
 
 func TestAppendBatchArrayFullLength(t *testing.T) {

@@ -124,20 +124,22 @@ func asInt(t testing.TB, v any) int64 {
 func asTokens(t testing.TB, v any) []uint32 {
 	t.Helper()
 	var out []uint32
+	var ahead uint32
 	for i, x := range v.([]any) {
 		pair, ok := x.([]any)
 		if !ok {
 			out = append(out, uint32(asInt(t, x)))
 			continue
 		}
+		// A bigram per token: the token is the first element, the second looks
+		// ahead and must be the next pair's first.
 		require.Len(t, pair, 2, "bigram %d", i)
 		first := uint32(asInt(t, pair[0]))
-		if i == 0 {
-			out = append(out, first)
-		} else {
-			require.Equal(t, out[len(out)-1], first, "bigram %d does not chain", i)
+		if i > 0 {
+			require.Equal(t, ahead, first, "bigram %d does not chain", i)
 		}
-		out = append(out, uint32(asInt(t, pair[1])))
+		out = append(out, first)
+		ahead = uint32(asInt(t, pair[1]))
 	}
 	return out
 }

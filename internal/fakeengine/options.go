@@ -262,10 +262,10 @@ type Options struct {
 	// RootParent is how a stored run without a parent spells parent_block_hash.
 	// Default RootParentNil; RootParentAbsent needs EncodingMap.
 	RootParent RootParentForm
-	// TokenPairs writes token_ids in SGLang's EAGLE bigram form: n tokens become
-	// the n-1 pairs [t0,t1], [t1,t2], ..., [t(n-2),t(n-1)], which a consumer
-	// flattens to the first pair, then the second element of every later pair.
-	// Needs BlockSize >= 2 (one token has no pair).
+	// TokenPairs writes token_ids in SGLang's EAGLE bigram form, one pair per
+	// token, [t(i), t(i+1)] (a block of n tokens is n pairs; the last looks
+	// ahead into the next block, see appendTokenIDs); a consumer takes the
+	// first element of every pair. Needs BlockSize >= 2.
 	TokenPairs bool
 	// ArrayFullLength writes events the way SGLang's newest encoder does (no
 	// omit_defaults on its own fields): a positional BlockStored always carries

@@ -921,8 +921,10 @@ func readToken(b []byte) (uint32, []byte, SkipReason) {
 	return uint32(v), rest, keep
 }
 
-// readTokens reads token_ids: an array of ints, or the bigram form
-// [[a,b],[b,c],...] which is flattened to a, b, c, ...
+// readTokens reads token_ids: an array of ints, or SGLang's bigram (EAGLE) form
+// [[t0,t1],[t1,t2],...,[t(n-1),t(n)]], one pair per token position, whose tokens
+// are the first elements t0..t(n-1) (the last pair looks one token ahead, into
+// the next block). Consecutive pairs must overlap.
 func (d *Decoder) readTokens(b []byte, f *eventFields) ([]byte, SkipReason) {
 	if f.sawTokens {
 		return nil, SkipMalformed
@@ -940,14 +942,12 @@ func (d *Decoder) readTokens(b []byte, f *eventFields) ([]byte, SkipReason) {
 	}
 	bigram := msgp.NextType(b) == msgp.ArrayType
 	count := uint64(n)
-	if bigram {
-		count++
-	}
 	if count > uint64(d.opts.MaxTokensPerEvent) {
 		return nil, SkipLimit
 	}
 	d.tokens = slices.Grow(d.tokens, int(count))
 	start := len(d.tokens)
+	var ahead uint32 // the second element of the previous pair
 	for i := uint32(0); i < n; i++ {
 		var (
 			t uint32
@@ -979,13 +979,13 @@ func (d *Decoder) readTokens(b []byte, f *eventFields) ([]byte, SkipReason) {
 		if first, b, r = readToken(b); r != keep {
 			return nil, r
 		}
-		if i == 0 {
-			d.tokens = append(d.tokens, first)
+		if i > 0 && first != ahead {
+			return nil, SkipMalformed // not overlapping pairs
 		}
-		if t, b, r = readToken(b); r != keep {
+		d.tokens = append(d.tokens, first)
+		if ahead, b, r = readToken(b); r != keep {
 			return nil, r
 		}
-		d.tokens = append(d.tokens, t)
 	}
 	f.tOff, f.tLen = start, len(d.tokens)-start
 	return b, keep

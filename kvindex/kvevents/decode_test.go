@@ -385,16 +385,22 @@ func TestDecodeEvents(t *testing.T) {
 			},
 		},
 		{
-			name: "bigram token ids are flattened",
-			payload: arrayBatch(0, v(func(e mp) mp {
-				e = e.arr(5).str("BlockStored").hashes(1, 2).null().arr(7)
-				for i := range 7 {
-					e = e.arr(2).u(uint64(10 + i)).u(uint64(11 + i))
-				}
-				return e.i(4)
-			})),
+			name: "bigram token ids: one pair per token, the first element is the token",
+			payload: arrayBatch(0,
+				v(func(e mp) mp {
+					e = e.arr(5).str("BlockStored").hashes(1, 2).null().arr(8)
+					for i := range 8 {
+						e = e.arr(2).u(uint64(10 + i)).u(uint64(11 + i))
+					}
+					return e.i(4)
+				}),
+				v(func(e mp) mp { // pairs that do not overlap
+					return e.arr(5).str("BlockStored").hashes(3).null().arr(2).arr(2).u(1).u(2).arr(2).u(5).u(6).i(2)
+				}),
+			),
 			want: []kvindex.Event{{Kind: kvindex.EventStored, BlockHashes: []uint64{1, 2},
 				Tokens: seqTokens(10, 8), BlockSize: 4}},
+			skipped: skips(SkipMalformed, 1),
 		},
 		{
 			name: "all token widths",
@@ -793,8 +799,8 @@ func TestDecodeLimits(t *testing.T) {
 		storedArr([]uint64{1, 2}, nil, toks, 4),
 		storedArr([]uint64{1}, nil, toks[:4], 9),
 		v(func(e mp) mp {
-			e = e.arr(5).str("BlockStored").hashes(1, 2).null().arr(7)
-			for i := range 7 {
+			e = e.arr(5).str("BlockStored").hashes(1, 2).null().arr(8)
+			for i := range 8 {
 				e = e.arr(2).i(int64(i)).i(int64(i + 1))
 			}
 			return e.i(4)
