@@ -45,7 +45,12 @@
 // Events whose parent block is unknown (lost or reordered) are dropped and counted,
 // never attached at the root, since that would claim prefixes the worker does not
 // hold. Engine block sizes that are whole multiples of the index block size are
-// split into index blocks; other sizes are rejected with ErrBlockSize.
+// split into index blocks; other sizes are rejected with ErrBlockSize. A removal
+// of blocks a worker rank does not hold removes the ones it holds and reports
+// ErrUnknownBlock. No worker rank holds more than its limit of engine blocks per
+// tier (Options.MaxBlocksPerRank, or SetRankLimit for its worker): a store
+// beyond it is refused with ErrRankFull, so a broken or hostile feed cannot grow
+// the index without bound.
 //
 // # Concurrency
 //

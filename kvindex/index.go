@@ -21,6 +21,11 @@ var (
 	// store was lost or skipped, or the engine removes what it never announced).
 	// The blocks it does hold are removed; the unknown ones change nothing.
 	ErrUnknownBlock = errors.New("kvindex: removed block unknown")
+	// ErrRankFull: storing the run would make the worker rank hold more blocks
+	// on its tier than its limit (Options.MaxBlocksPerRank, SetRankLimit): an
+	// engine that stores without ever removing is broken or hostile, and must
+	// not grow the index without bound. The run is refused.
+	ErrRankFull = errors.New("kvindex: worker rank holds its limit of blocks")
 	// ErrInvalidEvent: the event is malformed (unknown kind or tier, negative rank,
 	// empty worker name, repeated block hashes, extra digests of the wrong length).
 	ErrInvalidEvent = errors.New("kvindex: invalid event")
@@ -31,7 +36,17 @@ type Options struct {
 	// BlockSize is the number of tokens per index block; it must be positive and
 	// equal the block size requests are hashed with. Required.
 	BlockSize int
+	// MaxBlocksPerRank is the most engine blocks one worker rank may hold on one
+	// tier, unless SetRankLimit says otherwise for its worker; stores beyond it
+	// are refused with ErrRankFull. 0 means DefaultMaxBlocksPerRank; negative is
+	// invalid.
+	MaxBlocksPerRank int
 }
+
+// DefaultMaxBlocksPerRank is Options.MaxBlocksPerRank's default: about 1M
+// blocks, more than any one engine's cache holds (a 16-token block of a large
+// model is hundreds of KiB of KV cache).
+const DefaultMaxBlocksPerRank = 1 << 20
 
 // Index is the event-fed block index: for each worker rank it knows which blocks
 // are in its KV cache, on which tier, and answers which worker ranks hold the
@@ -40,9 +55,12 @@ type Options struct {
 // RemoveWorker are serialised with them.
 type Index struct {
 	blockSize int
+	maxBlocks int
 
 	mu sync.RWMutex
 	t  tree
+	// limits are per-worker block limits set by SetRankLimit. Guarded by mu.
+	limits map[string]int
 
 	// Counters, readable without the lock.
 	applied        atomic.Uint64
@@ -59,7 +77,28 @@ func New(opts Options) (*Index, error) {
 	if opts.BlockSize <= 0 {
 		return nil, fmt.Errorf("%w: Options.BlockSize is %d, want > 0", ErrBlockSize, opts.BlockSize)
 	}
-	return &Index{blockSize: opts.BlockSize, t: newTree()}, nil
+	if opts.MaxBlocksPerRank < 0 {
+		return nil, fmt.Errorf("%w: Options.MaxBlocksPerRank is %d, want >= 0", ErrInvalidEvent, opts.MaxBlocksPerRank)
+	}
+	mb := opts.MaxBlocksPerRank
+	if mb == 0 {
+		mb = DefaultMaxBlocksPerRank
+	}
+	return &Index{blockSize: opts.BlockSize, maxBlocks: mb, t: newTree(), limits: map[string]int{}}, nil
+}
+
+// SetRankLimit sets how many engine blocks each rank of worker may hold per
+// tier (n <= 0: back to Options.MaxBlocksPerRank). It does not drop blocks a
+// rank already holds beyond a lowered limit; it refuses further stores.
+// RemoveWorker forgets the limit.
+func (ix *Index) SetRankLimit(worker string, n int) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if n <= 0 {
+		delete(ix.limits, worker)
+		return
+	}
+	ix.limits[worker] = n
 }
 
 // BlockSize returns the tokens per index block.
@@ -169,6 +208,17 @@ func (ix *Index) store(w WorkerRank, ev *Event) error {
 	if ws != nil && ws.ratio != 0 && ws.ratio != plan.ratio {
 		ix.rejected.Add(1)
 		return fmt.Errorf("%w: event block size %d differs from the %d this worker rank used before", ErrBlockSize, bs, ws.ratio*ix.blockSize)
+	}
+	limit, held := ix.maxBlocks, 0
+	if l, ok := ix.limits[w.Worker]; ok {
+		limit = l
+	}
+	if ws != nil {
+		held = len(ws.blocks[ev.Tier])
+	}
+	if held+nb > limit {
+		ix.rejected.Add(1)
+		return fmt.Errorf("%w: %d blocks held on tier %d and %d more, limit %d, worker rank %s", ErrRankFull, held, ev.Tier, nb, limit, w)
 	}
 	parent := &t.root
 	if ev.HasParent {
@@ -355,6 +405,7 @@ func (ix *Index) ClearRank(w WorkerRank) {
 func (ix *Index) RemoveWorker(worker string) int {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	delete(ix.limits, worker)
 	n := 0
 	for w, ws := range ix.t.workers {
 		if w.Worker == worker {

@@ -403,3 +403,37 @@ func TestApproxOptions(t *testing.T) {
 	a.Record(WorkerRank{Worker: "x"}, nil)
 	require.Zero(t, a.Stats().Entries)
 }
+
+func TestRankLimitRefusesStoresBeyondIt(t *testing.T) {
+	ix, err := New(Options{BlockSize: 1, MaxBlocksPerRank: 3})
+	require.NoError(t, err)
+	w := WorkerRank{Worker: "w"}
+	store := func(w WorkerRank, hs ...uint64) error {
+		toks := make([]uint32, len(hs))
+		for i, h := range hs {
+			toks[i] = uint32(h)
+		}
+		return ix.Apply(w, Event{Kind: EventStored, BlockHashes: hs, Tokens: toks})
+	}
+	require.NoError(t, store(w, 1, 2))
+	require.ErrorIs(t, store(w, 3, 4), ErrRankFull, "2 held + 2 > 3")
+	require.NoError(t, store(w, 5))
+	require.ErrorIs(t, store(w, 6), ErrRankFull)
+	require.ErrorIs(t, store(WorkerRank{Worker: "x"}, 1, 2, 3, 4), ErrRankFull, "one run beyond the limit")
+	// Another tier has its own count; a removal makes room.
+	require.NoError(t, ix.Apply(w, Event{Kind: EventStored, Tier: TierHost, BlockHashes: []uint64{7}, Tokens: []uint32{7}}))
+	require.NoError(t, ix.Apply(w, Event{Kind: EventRemoved, BlockHashes: []uint64{5}}))
+	require.NoError(t, store(w, 6))
+
+	// A per-worker limit wins over the default, and is forgotten with the worker.
+	ix.SetRankLimit("big", 10)
+	require.NoError(t, store(WorkerRank{Worker: "big", Rank: 1}, 1, 2, 3, 4, 5, 6))
+	require.Equal(t, 1, ix.RemoveWorker("big"))
+	require.ErrorIs(t, store(WorkerRank{Worker: "big"}, 1, 2, 3, 4), ErrRankFull)
+	ix.SetRankLimit("big", 10)
+	ix.SetRankLimit("big", 0)
+	require.ErrorIs(t, store(WorkerRank{Worker: "big"}, 1, 2, 3, 4), ErrRankFull)
+
+	_, err = New(Options{BlockSize: 1, MaxBlocksPerRank: -1})
+	require.Error(t, err)
+}

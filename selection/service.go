@@ -56,6 +56,9 @@ type SelectionService struct {
 	// byHost maps a worker endpoint's host and host:port to its id, for
 	// attributing topics of engines that dial in. Guarded by mu.
 	byHost map[string]string
+	// rankRange is each worker's first data-parallel rank and rank count, so
+	// events of ranks it does not have are refused. Guarded by mu.
+	rankRange map[string][2]int
 
 	// trust is cfg.FeedTrust with defaults; health is every event-mode rank's
 	// feed state (see feedhealth.go), guarded by healthMu (taken after mu).
@@ -84,6 +87,7 @@ func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, r
 		partitions: make(map[string]*partition),
 		workerPart: make(map[string]*partition),
 		byHost:     make(map[string]string),
+		rankRange:  make(map[string][2]int),
 		seeds:      rng,
 		trust:      cfg.FeedTrust.normalized(),
 		health:     make(map[kvindex.WorkerRank]*rankHealth),
@@ -197,8 +201,16 @@ func (r routingApplier) Apply(w kvindex.WorkerRank, ev kvindex.Event) error {
 	if p == nil || p.index == nil {
 		return errUnroutable
 	}
+	if rr, ok := r.s.rankRange[w.Worker]; !ok || w.Rank < rr[0] || w.Rank >= rr[0]+rr[1] {
+		return fmt.Errorf("%w: rank %d of worker %q (ranks %d..%d)", kvevents.ErrUnknownRank, w.Rank, w.Worker, rr[0], rr[0]+rr[1]-1)
+	}
 	return p.index.Apply(w, ev)
 }
+
+// rankLimitFactor times a worker's declared KV capacity is the most blocks one
+// of its ranks may hold per tier in the index (kvindex.SetRankLimit); it
+// leaves room for removals that lag behind stores.
+const rankLimitFactor = 4
 
 // ApplyEvent applies one KV event of a worker rank to its model's index, for
 // services built with ExternalEvents (it works with the built-in feed too, but
@@ -303,6 +315,10 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 	}
 	s.workerPart[w.ID] = p
 	s.partOf.Store(w.ID, p)
+	s.rankRange[w.ID] = [2]int{w.DPStart, min(max(w.DPSize, 0), catalog.MaxDPSize)}
+	if p.index != nil {
+		p.index.SetRankLimit(w.ID, rankLimitFactor*w.TotalKVBlocks)
+	}
 	if hadPrev {
 		s.unmapHostLocked(prevRec.Worker)
 	}
@@ -373,6 +389,7 @@ func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
 	}
 	s.dropHealthLocked(p, id, nil)
 	delete(s.workerPart, id)
+	delete(s.rankRange, id)
 	s.partOf.Delete(id)
 	// Rebuild before clearing the ledger: rebuild waits for lock-free bookings
 	// in flight, and none can pass its re-check afterwards, so no booking on

@@ -21,6 +21,9 @@ var (
 	// declared length larger than the bytes that remain. Problems inside one event are
 	// not errors: the event is skipped and counted (see SkipReason).
 	ErrMalformed = errors.New("kvevents: malformed batch")
+	// ErrUnknownRank is what an Applier returns for an event of a data-parallel
+	// rank its worker does not have; IndexHandler counts it as SkipUnknownRank.
+	ErrUnknownRank = errors.New("kvevents: no such data-parallel rank")
 	// ErrInvalidOptions reports an options struct that a constructor rejected.
 	ErrInvalidOptions = errors.New("kvevents: invalid options")
 )
@@ -114,6 +117,12 @@ const (
 	// (storage-tier publishers announce offloaded copies of blocks by hash
 	// only); the router cannot key them.
 	SkipNoTokens
+	// SkipUnknownRank: the batch names a data-parallel rank the worker does not
+	// have (the Applier returned ErrUnknownRank).
+	SkipUnknownRank
+	// SkipRankFull: the worker rank holds its limit of blocks
+	// (kvindex.ErrRankFull).
+	SkipRankFull
 	// SkipUnknownBlock: a removal named blocks the index does not hold for the
 	// worker rank (their store was lost or skipped); the known ones were removed.
 	SkipUnknownBlock
@@ -138,6 +147,8 @@ var skipReasonNames = [NumSkipReasons]string{
 	SkipInvalidEvent:  "invalid_event",
 	SkipApplyError:    "apply_error",
 	SkipNoTokens:      "no_tokens",
+	SkipUnknownRank:   "unknown_rank",
+	SkipRankFull:      "rank_full",
 	SkipUnknownBlock:  "unknown_block",
 }
 

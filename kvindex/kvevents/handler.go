@@ -23,8 +23,10 @@ type Handler interface {
 // different sources call it concurrently, so it must be safe for concurrent use.
 type Applier interface {
 	// Apply applies one event to worker rank w, returning nil or an error that
-	// wraps kvindex.ErrUnknownParent, ErrBlockSize, ErrTokenCount or
-	// ErrInvalidEvent. Apply must not keep the event's slices after it returns.
+	// wraps kvindex.ErrUnknownParent, ErrBlockSize, ErrTokenCount,
+	// ErrInvalidEvent, ErrUnknownBlock, ErrRankFull, or this package's
+	// ErrUnknownRank (w names a rank its worker does not have). Apply must not
+	// keep the event's slices after it returns.
 	Apply(w kvindex.WorkerRank, ev kvindex.Event) error
 	// ClearRank drops every block of worker rank w.
 	ClearRank(w kvindex.WorkerRank)
@@ -209,11 +211,9 @@ func (h *IndexHandler) HandleBatch(src kvindex.WorkerRank, seq uint64, payload [
 	}
 
 	target := src
-	if batch.HasDPRank && batch.DPRank != src.Rank {
+	other := batch.HasDPRank && batch.DPRank != src.Rank
+	if other {
 		target.Rank = batch.DPRank
-		if !slices.Contains(st.ranks, batch.DPRank) {
-			st.ranks = append(st.ranks, batch.DPRank)
-		}
 	}
 
 	var applied, stores, rejected uint64
@@ -237,6 +237,11 @@ func (h *IndexHandler) HandleBatch(src kvindex.WorkerRank, seq uint64, payload [
 		applied++
 		if stored {
 			stores++
+		}
+		if other && !slices.Contains(st.ranks, target.Rank) {
+			// Only ranks the Applier took are remembered for ResetSource, so
+			// made-up ranks cost nothing here.
+			st.ranks = append(st.ranks, target.Rank)
 		}
 	}
 	if applied > 0 {
@@ -263,6 +268,10 @@ func classify(err error) SkipReason {
 		return SkipInvalidEvent
 	case errors.Is(err, kvindex.ErrUnknownBlock):
 		return SkipUnknownBlock
+	case errors.Is(err, ErrUnknownRank):
+		return SkipUnknownRank
+	case errors.Is(err, kvindex.ErrRankFull):
+		return SkipRankFull
 	default:
 		return SkipApplyError
 	}

@@ -283,3 +283,27 @@ func TestIndexHandlerWithIndex(t *testing.T) {
 	h.ResetSource(src)
 	require.Empty(t, ix.FindMatches(hasher.SeqHashes(toks), kvindex.MatchOptions{}))
 }
+
+func TestIndexHandlerRefusedRanksAreNotRemembered(t *testing.T) {
+	rec := &recorder{}
+	h := newTestHandler(t, rec, HandlerOptions{})
+	src := kvindex.WorkerRank{Worker: "w"}
+	rec.fail = func(ev kvindex.Event) error {
+		if ev.BlockHashes[0] == 7 {
+			return fmt.Errorf("rank 7: %w", ErrUnknownRank)
+		}
+		if ev.BlockHashes[0] == 8 {
+			return fmt.Errorf("full: %w", kvindex.ErrRankFull)
+		}
+		return nil
+	}
+	h.HandleBatch(src, 0, arrayBatch(7, storedArr([]uint64{7}, nil, seqTokens(0, 4), 4)))
+	h.HandleBatch(src, 1, arrayBatch(1, storedArr([]uint64{8}, nil, seqTokens(0, 4), 4)))
+	h.HandleBatch(src, 2, arrayBatch(2, storedArr([]uint64{9}, nil, seqTokens(0, 4), 4)))
+	st := h.Stats(src)
+	require.EqualValues(t, 1, st.Skipped[SkipUnknownRank])
+	require.EqualValues(t, 1, st.Skipped[SkipRankFull])
+	require.EqualValues(t, 2, st.StoresRejected)
+	h.ResetSource(src)
+	require.ElementsMatch(t, []kvindex.WorkerRank{src, {Worker: "w", Rank: 2}}, rec.cleared)
+}
