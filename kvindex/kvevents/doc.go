@@ -167,10 +167,15 @@
 // orphan every later store, whose parent would be unknown). A seq lower than the
 // previous live seq means the engine restarted: the Feed calls Handler.ResetSource
 // and starts over from that batch (replaying from 0 when it is > 0 and a replay
-// endpoint is known). When a source's queue stays full for OverflowWait, its
+// endpoint is known). A live batch numbered more than FeedOptions.MaxSeqJump
+// beyond the watermark is suspect (one forged or corrupt frame must not mark a
+// million batches lost, nor become the baseline that makes the real stream look
+// like a restart): it is dropped and counted, unless SuspectRun consecutive
+// batches number on from it, which resets the source and starts over there.
+// When a source's queue stays full for OverflowWait, its
 // queued batches are dropped, Handler.ResetSource is called and the source
 // resynchronises: a replay from 0 when possible, otherwise from the next live
 // batch, degraded. A reset clears the degraded flag. ResetSource is called only for
-// a restart, an overflow, an endpoint change (AddSource with a new config) and
-// ForgetSource.
+// a restart, a confirmed jump, an overflow, an endpoint change (AddSource with a
+// new config) and ForgetSource.
 package kvevents

@@ -38,7 +38,11 @@ const (
 	DefaultReplayTimeout        = 2 * time.Minute
 	DefaultMaxConcurrentReplays = 8
 	DefaultMaxBoundSources      = 4096
-	DefaultOverflowWait         = 100 * time.Millisecond
+	DefaultMaxSeqJump           = 100_000
+	// SuspectRun is how many consecutive batches far ahead (see
+	// FeedOptions.MaxSeqJump) confirm that a stream really moved on.
+	SuspectRun          = 3
+	DefaultOverflowWait = 100 * time.Millisecond
 )
 
 // FeedOptions configures a Feed. The zero value of every field except Handler means
@@ -76,6 +80,14 @@ type FeedOptions struct {
 	// topics (each has a queue and a goroutine). Messages for further ranks are
 	// counted as unattributed. Default 4096.
 	MaxBoundSources int
+	// MaxSeqJump is how far ahead of a source's watermark a live batch may be
+	// numbered and still be taken as a gap. A batch further ahead is suspect (a
+	// forged or corrupt sequence number): it is dropped and counted
+	// (SourceStats.Suspect) and moves nothing, unless SuspectRun batches in a
+	// row confirm it by numbering on from it, in which case the stream really
+	// moved on and the source is reset and starts over from there. Default
+	// 100000 (ten times vLLM's replay buffer).
+	MaxSeqJump uint64
 	// Logger receives connection and resync notices. Nil: no logging; the counters in
 	// Stats carry the same information.
 	Logger *slog.Logger
@@ -105,6 +117,9 @@ func (o *FeedOptions) withDefaults() (FeedOptions, error) {
 		case *v == 0:
 			*v = def
 		}
+	}
+	if out.MaxSeqJump == 0 {
+		out.MaxSeqJump = DefaultMaxSeqJump
 	}
 	defInt("QueueLen", &out.QueueLen, DefaultQueueLen)
 	defInt("MaxConcurrentReplays", &out.MaxConcurrentReplays, DefaultMaxConcurrentReplays)

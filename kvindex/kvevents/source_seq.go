@@ -46,6 +46,10 @@ type sequencer struct {
 
 	hasLive  bool   // lastLive is set
 	lastLive uint64 // last live seq taken from the queue (restart detection)
+
+	maxJump     uint64 // a live seq more than this beyond the watermark is suspect; 0: never
+	suspectRun  int    // consecutive suspect batches numbering on from each other
+	suspectLast uint64 // the last suspect seq
 }
 
 // next is the seq the sequencer expects to apply next.
@@ -78,8 +82,37 @@ func (q *sequencer) handle(ctx context.Context, it item) {
 	}
 }
 
+// suspect reports whether live batch seq is too far ahead of the watermark to be
+// believed, counting it; a run of SuspectRun such batches, each numbered one
+// after the previous, is believed: the source is then reset (its history is
+// lost either way) and starts over from seq.
+func (q *sequencer) suspect(seq uint64) bool {
+	if !q.hasWM || q.maxJump == 0 || seq <= q.wm || seq-q.wm <= q.maxJump {
+		q.suspectRun = 0
+		return false
+	}
+	if q.suspectRun > 0 && seq == q.suspectLast+1 {
+		q.suspectRun++
+	} else {
+		q.suspectRun = 1
+	}
+	q.suspectLast = seq
+	q.st.suspect.Add(1)
+	if q.suspectRun < SuspectRun {
+		return true
+	}
+	q.suspectRun = 0
+	q.st.jumps.Add(1)
+	q.reset()
+	q.hasLive = false
+	return false
+}
+
 // live processes one live batch.
 func (q *sequencer) live(ctx context.Context, seq uint64, payload []byte) {
+	if q.suspect(seq) {
+		return // dropped: neither a gap nor the new restart baseline
+	}
 	if q.hasLive && seq < q.lastLive {
 		// The publisher's sequence went backwards: the engine restarted with an empty
 		// cache. Forget what it held and start over from this batch.

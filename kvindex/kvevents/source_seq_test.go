@@ -51,16 +51,18 @@ func TestSequencer(t *testing.T) {
 		gaps, lost, stale      uint64
 		replaysOK, replaysFail uint64
 		restarts               uint64
+		suspect, jumps         uint64
 		degraded               bool
 		asked                  []uint64
 	}
 	cases := []struct {
-		name   string
-		replay *fakeReplay
-		live   []uint64
-		resync bool // send a resync marker after live
-		after  []uint64
-		want   want
+		name    string
+		replay  *fakeReplay
+		maxJump uint64
+		live    []uint64
+		resync  bool // send a resync marker after live
+		after   []uint64
+		want    want
 	}{
 		{name: "in order", live: seqRange(0, 4), want: want{applied: seqRange(0, 4)}},
 		{name: "gap without replay", live: []uint64{0, 1, 5, 6}, want: want{
@@ -106,6 +108,19 @@ func TestSequencer(t *testing.T) {
 				applied: seqRange(1, 6), resets: 1, stale: 1, replaysOK: 1, asked: []uint64{0}}},
 		{name: "a first batch of 2 is a gap", live: []uint64{2, 3}, want: want{
 			applied: []uint64{2, 3}, gaps: 1, lost: 2, degraded: true}},
+		{name: "a forged far-ahead seq is dropped and clears nothing", maxJump: 100,
+			live: []uint64{0, 1, 1_000_000, 2, 3}, want: want{applied: seqRange(0, 3), suspect: 1}},
+		{name: "a jump within the bound is a gap", maxJump: 100,
+			live: []uint64{0, 1, 101, 102}, want: want{applied: []uint64{0, 1, 101, 102}, gaps: 1, lost: 99, degraded: true}},
+		{name: "a confirmed jump starts over", maxJump: 100,
+			live: []uint64{0, 1, 5000, 5001, 5002, 5003}, want: want{
+				applied: []uint64{5002, 5003}, resets: 1, suspect: 3, jumps: 1, gaps: 1, lost: 5002, degraded: true}},
+		{name: "a confirmed jump replays from 0", maxJump: 100, replay: &fakeReplay{have: seqRange(4990, 5002)},
+			live: []uint64{0, 1, 5000, 5001, 5002, 5003}, want: want{
+				applied: seqRange(4990, 5003), resets: 1, suspect: 3, jumps: 1, gaps: 1, lost: 4990, stale: 1,
+				replaysFail: 1, degraded: true, asked: []uint64{0}}},
+		{name: "suspects that do not number on are never believed", maxJump: 100,
+			live: []uint64{0, 9000, 7000, 9001, 8000, 1}, want: want{applied: []uint64{0, 1}, suspect: 4}},
 		{name: "duplicate live batch is stale", live: []uint64{0, 1, 1, 2}, want: want{
 			applied: seqRange(0, 2), stale: 1}},
 		{name: "resync with replay", replay: &fakeReplay{have: seqRange(0, 5)},
@@ -117,6 +132,7 @@ func TestSequencer(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			q, rec, st := newTestSequencer(t, tc.replay)
+			q.maxJump = tc.maxJump
 			feedLive(q, tc.live...)
 			if tc.resync {
 				q.handle(context.Background(), item{kind: itemResync})
@@ -130,6 +146,7 @@ func TestSequencer(t *testing.T) {
 				gaps: st.gaps.Load(), lost: st.lost.Load(), stale: st.stale.Load(),
 				replaysOK: st.replaysOK.Load(), replaysFail: st.replaysFailed.Load(),
 				restarts: st.restarts.Load(), degraded: st.degraded.Load(),
+				suspect: st.suspect.Load(), jumps: st.jumps.Load(),
 			}
 			if tc.replay != nil {
 				got.asked = tc.replay.asked

@@ -45,6 +45,10 @@ type SourceStats struct {
 	// ReplaysFailed counts the others (dial or timeout error, late start, holes,
 	// truncation).
 	ReplaysOK, ReplaysFailed uint64
+	// Suspect counts live batches dropped because they were numbered more than
+	// FeedOptions.MaxSeqJump beyond the watermark; Jumps counts the runs of them
+	// that were confirmed (each followed by a ResetSource).
+	Suspect, Jumps uint64
 	// Restarts counts sequence regressions (the engine restarted), each followed by a
 	// ResetSource.
 	Restarts uint64
@@ -68,6 +72,7 @@ type counters struct {
 	received, applied, stale, framesSkipped  atomic.Uint64
 	gaps, lost, replaysOK, replaysFailed     atomic.Uint64
 	restarts, overflows, dropped, reconnects atomic.Uint64
+	suspect, jumps                           atomic.Uint64
 	lastSeq, watermark                       atomic.Uint64
 	connected, degraded                      atomic.Bool
 }
@@ -84,6 +89,8 @@ func (c *counters) snapshot(s *SourceStats) {
 	s.ReplaysOK = c.replaysOK.Load()
 	s.ReplaysFailed = c.replaysFailed.Load()
 	s.Restarts = c.restarts.Load()
+	s.Suspect = c.suspect.Load()
+	s.Jumps = c.jumps.Load()
 	s.Overflows = c.overflows.Load()
 	s.Dropped = c.dropped.Load()
 	s.Reconnects = c.reconnects.Load()
