@@ -522,6 +522,15 @@ func (s *SelectionService) replayOf(wr kvindex.WorkerRank) (string, bool) {
 	return ep, ep != ""
 }
 
+// EventBindStats returns the counters of the bound event listener
+// (BindEvents); nil without one.
+func (s *SelectionService) EventBindStats() []kvevents.BindStats {
+	if s.feed == nil || s.bound == nil {
+		return nil
+	}
+	return s.feed.BindStats()
+}
+
 // EventBindAddr returns the address of the bound event listener (BindEvents), or
 // nil.
 func (s *SelectionService) EventBindAddr() net.Addr { return s.bound }

@@ -89,6 +89,15 @@ var (
 	dEvRestarts = prometheus.NewDesc("kvselect_kv_event_restarts_total", "Engine restarts detected (sequence went back).", evLabels, nil)
 	dEvOverflow = prometheus.NewDesc("kvselect_kv_event_overflows_total", "Queue overflows (source cleared and resynchronised).", evLabels, nil)
 	dEvDegraded = prometheus.NewDesc("kvselect_kv_event_source_degraded", "1 when batches of the source are known to be missing.", evLabels, nil)
+	dEvFrames   = prometheus.NewDesc("kvselect_kv_event_frames_skipped_total", "Messages with a bad frame layout (live or replayed), dropped.", evLabels, nil)
+	dEvLost     = prometheus.NewDesc("kvselect_kv_event_batches_lost_total", "Batches known to be missing and not recovered by a replay.", evLabels, nil)
+	dEvStale    = prometheus.NewDesc("kvselect_kv_event_batches_stale_total", "Batches dropped because their seq was already applied.", evLabels, nil)
+	dEvSuspect  = prometheus.NewDesc("kvselect_kv_event_batches_suspect_total", "Live batches dropped for a seq far beyond the watermark.", evLabels, nil)
+	dEvJumps    = prometheus.NewDesc("kvselect_kv_event_jumps_total", "Confirmed sequence jumps (source reset).", evLabels, nil)
+	dEvDropped  = prometheus.NewDesc("kvselect_kv_event_batches_dropped_total", "Batches discarded by queue overflows.", evLabels, nil)
+	dEvReconn   = prometheus.NewDesc("kvselect_kv_event_reconnects_total", "SUB reconnections after the first connection.", evLabels, nil)
+	dEvConn     = prometheus.NewDesc("kvselect_kv_event_source_connected", "1 while the source's SUB socket is connected (or its bind listener serves).", evLabels, nil)
+	dBindMsgs   = prometheus.NewDesc("kvselect_kv_bind_messages_total", "Messages reaching the bind listener, by result (received, frames_skipped, unattributed).", []string{"role", "endpoint", "result"}, nil)
 
 	dTokHits      = prometheus.NewDesc("kvselect_tokenizer_cache_hits_total", "Tokenizer cache hits.", nil, nil)
 	dTokMisses    = prometheus.NewDesc("kvselect_tokenizer_cache_misses_total", "Tokenizer cache misses.", nil, nil)
@@ -153,6 +162,19 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 				d = 1
 			}
 			gauge(dEvDegraded, d, lv...)
+			counter(dEvFrames, float64(e.FramesSkipped), lv...)
+			counter(dEvLost, float64(e.LostBatches), lv...)
+			counter(dEvStale, float64(e.Stale), lv...)
+			counter(dEvSuspect, float64(e.Suspect), lv...)
+			counter(dEvJumps, float64(e.Jumps), lv...)
+			counter(dEvDropped, float64(e.Dropped), lv...)
+			counter(dEvReconn, float64(e.Reconnects), lv...)
+			gauge(dEvConn, b2f(e.Connected), lv...)
+		}
+		for _, b := range s.EventBindStats() {
+			counter(dBindMsgs, float64(b.Received), role, b.Endpoint, "received")
+			counter(dBindMsgs, float64(b.FramesSkipped), role, b.Endpoint, "frames_skipped")
+			counter(dBindMsgs, float64(b.Unattributed), role, b.Endpoint, "unattributed")
 		}
 		for _, h := range s.FeedHealth() {
 			lv := []string{role, h.Worker.Worker, strconv.Itoa(h.Worker.Rank)}

@@ -176,3 +176,51 @@ func TestMetricsCollector(t *testing.T) {
 		require.True(t, names[n], n)
 	}
 }
+
+// With KV events on, every event-plane counter and the feed judgement reach the
+// metrics endpoint, the skip counter by reason.
+func TestMetricsCollectorEventPlane(t *testing.T) {
+	for _, env := range []map[string]string{
+		{"DYN_EPP_KV_EVENT_PORT": "1"},                 // dial a port nobody serves
+		{"DYN_EPP_KV_EVENT_BIND": "tcp://127.0.0.1:0"}, // engines would dial in
+	} {
+		env["DYN_EPP_TOKENIZER_SERVICE_URL"] = "http://127.0.0.1:1"
+		cfg, err := load(t, env)
+		require.NoError(t, err)
+		e, err := newEPP(context.Background(), cfg, nil, nil)
+		require.NoError(t, err)
+		e.apply(discovery.Snapshot{Workers: []catalog.Worker{{ID: "a", Endpoint: "127.0.0.1:8000", DPSize: 1,
+			KVEventEndpoints: map[int]string{0: "tcp://127.0.0.1:1"}}}, Synced: true})
+		families, err := e.reg.Gather()
+		require.NoError(t, err)
+		e.close()
+		labels := map[string][]map[string]string{}
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				l := map[string]string{}
+				for _, p := range m.GetLabel() {
+					l[p.GetName()] = p.GetValue()
+				}
+				labels[f.GetName()] = append(labels[f.GetName()], l)
+			}
+		}
+		require.NotEmpty(t, labels["kvselect_kv_feed_state"], env)
+		require.NotEmpty(t, labels["kvselect_kv_feed_trusted"], env)
+		if _, bind := env["DYN_EPP_KV_EVENT_BIND"]; bind {
+			require.Len(t, labels["kvselect_kv_bind_messages_total"], 3)
+			continue
+		}
+		for _, n := range []string{"kvselect_kv_events_skipped_total", "kvselect_kv_event_frames_skipped_total",
+			"kvselect_kv_event_batches_lost_total", "kvselect_kv_event_batches_stale_total", "kvselect_kv_event_batches_suspect_total",
+			"kvselect_kv_event_source_connected", "kvselect_kv_event_reconnects_total"} {
+			require.NotEmpty(t, labels[n], n)
+		}
+		reasons := map[string]bool{}
+		for _, l := range labels["kvselect_kv_events_skipped_total"] {
+			reasons[l["reason"]] = true
+		}
+		for _, r := range []string{"unknown_parent", "unknown_block", "block_size", "undecodable_batch", "rank_full"} {
+			require.True(t, reasons[r], r)
+		}
+	}
+}
