@@ -397,3 +397,14 @@ func TestTokenizeResultIsTheCallers(t *testing.T) {
 	require.Equal(t, []uint32{1, 2, 3}, r2.Tokens)
 	require.True(t, json.Valid(r2.Features))
 }
+
+func TestPathWithQueryStringRoutesLikeItsPath(t *testing.T) {
+	b := newBackend(t, reply(200, `{"token_ids":[1,2]}`))
+	c := newClient(t, tokenize.Options{Protocol: tokenize.ProtocolVLLMRender, BaseURL: b.URL})
+	res, err := c.Tokenize(context.Background(), tokenize.Request{Path: tokenize.PathChatCompletions + "?api-version=2024-06-01", Body: chatBody("hi")})
+	require.NoError(t, err)
+	require.Equal(t, []uint32{1, 2}, res.Tokens)
+	require.Equal(t, "/v1/chat/completions/render", b.last(t).Path)
+	_, err = c.Tokenize(context.Background(), tokenize.Request{Path: "/v1/embeddings?x=1", Body: chatBody("hi")})
+	require.ErrorIs(t, err, tokenize.ErrBadRequest)
+}

@@ -41,8 +41,8 @@ func Protocols() []string {
 // Request is the client's OpenAI request as the gateway received it. The zero
 // value is invalid (no path).
 type Request struct {
-	// Path is PathChatCompletions or PathCompletions; anything else is
-	// ErrBadRequest.
+	// Path is PathChatCompletions or PathCompletions, with or without a query
+	// string; anything else is ErrBadRequest.
 	Path string
 	// Body is the original JSON body, never modified by this package. Callers
 	// must not modify it while Tokenize runs.
@@ -90,8 +90,10 @@ func (r *Result) clone() Result {
 }
 
 // isChat reports whether path is the chat path; it fails for an unknown path.
+// A query string (Azure-style ?api-version=...) does not change the route.
 func isChat(path string) (bool, error) {
-	switch path {
+	p, _, _ := strings.Cut(path, "?")
+	switch p {
 	case PathChatCompletions:
 		return true, nil
 	case PathCompletions:
@@ -132,7 +134,11 @@ func buildRequest(protocol string, chat bool, req Request) (outbound, error) {
 	if protocol == ProtocolVLLMRender {
 		// The render endpoints take the OpenAI body as is and run the engine's
 		// own preprocessing on it, so nothing is rewritten.
-		return outbound{path: req.Path + "/render", body: req.Body}, nil
+		path := PathCompletions
+		if chat {
+			path = PathChatCompletions
+		}
+		return outbound{path: path + "/render", body: req.Body}, nil
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(req.Body, &fields); err != nil {
