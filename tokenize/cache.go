@@ -20,6 +20,7 @@ import (
 const (
 	DefaultCacheMaxBytes    = 64 << 20
 	DefaultCacheCallTimeout = 2 * DefaultTimeout
+	DefaultCacheMaxCalls    = 1024
 )
 
 // entryOverhead is the cost charged per cached entry on top of its token and
@@ -51,6 +52,13 @@ type CacheOptions struct {
 	// least the inner Client's Timeout. Default DefaultCacheCallTimeout (10 s);
 	// negative is an error.
 	CallTimeout time.Duration
+	// MaxCalls bounds the upstream calls in progress, detached ones included (a
+	// call whose callers all left still runs until it ends or CallTimeout
+	// passes, holding a copy of its request body). A miss that would start one
+	// more is refused at once with ErrUnavailable (503), so a hanging tokenizer
+	// costs at most MaxCalls goroutines and bodies. Default
+	// DefaultCacheMaxCalls (1024); negative is an error.
+	MaxCalls int
 	// ShareResults makes Tokenize return the cached Tokens and Features slices
 	// themselves instead of copies: no allocation on a hit, but the caller must
 	// treat the Result as read-only (a write would change the answer for every
@@ -76,6 +84,7 @@ type Cache struct {
 	share       bool
 	maxBytes    int64
 	log         *slog.Logger
+	slots       chan struct{} // one per upstream call in progress (MaxCalls)
 
 	life      sync.RWMutex // write-held only by Close; guards closed
 	closed    bool
@@ -128,6 +137,9 @@ func NewCache(inner Tokenizer, opts CacheOptions) (*Cache, error) {
 	if opts.CallTimeout < 0 {
 		problems = append(problems, fmt.Sprintf("call timeout %v is negative", opts.CallTimeout))
 	}
+	if opts.MaxCalls < 0 {
+		problems = append(problems, fmt.Sprintf("max calls %d is negative", opts.MaxCalls))
+	}
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
 	}
@@ -156,6 +168,7 @@ func NewCache(inner Tokenizer, opts CacheOptions) (*Cache, error) {
 		share:       opts.ShareResults,
 		maxBytes:    maxBytes,
 		log:         opts.Logger,
+		slots:       make(chan struct{}, orDefault(opts.MaxCalls, DefaultCacheMaxCalls)),
 	}
 	c.base, c.stop = context.WithCancel(context.Background())
 	return c, nil
@@ -237,6 +250,13 @@ func (c *Cache) miss(ctx context.Context, req Request, k uint64) (Result, error)
 // it returns (also on error) carries a copy of the request, so callers that
 // joined the flight can check it was theirs.
 func (c *Cache) fill(ctx context.Context, req Request, k uint64) (*entry, error) {
+	select {
+	case c.slots <- struct{}{}:
+		defer func() { <-c.slots }()
+	default:
+		// Refused before the body is copied: a flood of misses costs nothing.
+		return &entry{model: req.Model, path: req.Path, body: req.Body}, fmt.Errorf("%w: %d tokenizer calls in progress (MaxCalls)", ErrUnavailable, cap(c.slots))
+	}
 	e := &entry{model: req.Model, path: req.Path, body: bytes.Clone(req.Body)}
 	if e.body == nil {
 		e.body = []byte{}

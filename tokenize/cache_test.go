@@ -412,3 +412,43 @@ func TestCacheCountsErrorKinds(t *testing.T) {
 	}
 	require.Equal(t, tokenize.ErrorCounts{BadRequest: 1, Unavailable: 1, Timeout: 1, Upstream: 1, Canceled: 1, Other: 1}, c.Stats().Errors)
 }
+
+// enteringTokenizer is a gatedTokenizer that says when a call reached it.
+type enteringTokenizer struct {
+	gatedTokenizer
+	entered chan struct{}
+}
+
+func (e *enteringTokenizer) Tokenize(ctx context.Context, req tokenize.Request) (tokenize.Result, error) {
+	e.entered <- struct{}{}
+	return e.gatedTokenizer.Tokenize(ctx, req)
+}
+
+// TestCacheMaxCallsBoundsDetachedCalls: calls whose callers left still count
+// until they end; one more miss is refused at once with ErrUnavailable, and a
+// slot frees when a call ends.
+func TestCacheMaxCallsBoundsDetachedCalls(t *testing.T) {
+	inner := &enteringTokenizer{gatedTokenizer: gatedTokenizer{fakeTokenizer: fakeTokenizer{n: 3}, gate: make(chan struct{})}, entered: make(chan struct{}, 8)}
+	c := newCache(t, inner, tokenize.CacheOptions{MaxCalls: 2})
+	for _, q := range []string{"a", "b"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Tokenize(ctx, chatReq(q))
+			done <- err
+		}()
+		<-inner.entered
+		cancel() // the caller leaves; its call goes on, detached
+		require.ErrorIs(t, <-done, tokenize.ErrCanceled)
+	}
+	_, err := c.Tokenize(context.Background(), chatReq("c"))
+	require.ErrorIs(t, err, tokenize.ErrUnavailable)
+	require.Equal(t, 503, tokenize.HTTPStatus(err))
+	close(inner.gate)
+	require.Eventually(t, func() bool {
+		_, err := c.Tokenize(context.Background(), chatReq("d"))
+		return err == nil
+	}, 10*time.Second, time.Millisecond)
+	_, err = tokenize.NewCache(inner, tokenize.CacheOptions{MaxCalls: -1})
+	require.ErrorIs(t, err, tokenize.ErrInvalidOptions)
+}

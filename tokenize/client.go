@@ -117,7 +117,7 @@ func New(opts Options) (*Client, error) {
 	return c, nil
 }
 
-func orDefault[T int64 | time.Duration](v, def T) T {
+func orDefault[T int | int64 | time.Duration](v, def T) T {
 	if v == 0 {
 		return def
 	}
@@ -287,7 +287,8 @@ func statusError(path string, resp *http.Response) error {
 		kind = ErrTimeout
 	case code == http.StatusTooManyRequests:
 		kind = ErrUnavailable
-	case code >= 400 && code <= 499:
+	case code == http.StatusBadRequest || code == http.StatusRequestEntityTooLarge || code == http.StatusUnprocessableEntity:
+		// The service refused the request itself: the client's fault.
 		kind = ErrBadRequest
 	default:
 		kind = ErrUpstream

@@ -218,7 +218,9 @@ func TestErrorClasses(t *testing.T) {
 		msg     string
 	}{
 		{"400 with vLLM error", reply(400, `{"object":"error","message":"messages: field required","type":"BadRequestError","code":400}`), tokenize.ErrBadRequest, 400, "field required"},
-		{"404 openai error", reply(404, `{"error":{"message":"The model x does not exist.","type":"NotFoundError","code":404}}`), tokenize.ErrBadRequest, 400, "does not exist"},
+		{"404 openai error", reply(404, `{"error":{"message":"The model x does not exist.","type":"NotFoundError","code":404}}`), tokenize.ErrUpstream, 502, "does not exist"},
+		{"401", reply(401, `no key`), tokenize.ErrUpstream, 502, "401"},
+		{"422", reply(422, `bad messages`), tokenize.ErrBadRequest, 400, "422"},
 		{"413", reply(413, `too large`), tokenize.ErrBadRequest, 400, "413"},
 		{"408", reply(408, ``), tokenize.ErrTimeout, 504, "408"},
 		{"429", reply(429, `slow down`), tokenize.ErrUnavailable, 503, "slow down"},

@@ -16,8 +16,8 @@ import (
 var (
 	// ErrBadRequest: the request cannot be tokenized as sent: a path other than
 	// the two OpenAI ones, a body that is not a JSON object or is larger than
-	// Options.MaxRequestBytes, a body without messages or prompt, or a 4xx answer
-	// from the service other than 408 and 429 (400).
+	// Options.MaxRequestBytes, a body without messages or prompt, or a 400, 413
+	// or 422 answer from the service (400).
 	ErrBadRequest = errors.New("tokenize: bad request")
 	// ErrUnavailable: the service could not be reached (connection refused or
 	// reset, DNS failure) or answered 429 (503).

@@ -53,12 +53,13 @@ func TestParseResponseShapes(t *testing.T) {
 	require.ErrorIs(t, err, tokenize.ErrUpstream)
 
 	for _, p := range []string{tokenize.ProtocolVLLMTokenize, tokenize.ProtocolSGLang} {
-		res, err := tokenize.ParseResponse(p, []byte(`{"tokens":[],"count":0,"max_model_len":-5}`))
-		require.NoError(t, err)
-		require.Empty(t, res.Tokens)
-		require.Zero(t, res.MaxModelLen)
+		_, err := tokenize.ParseResponse(p, []byte(`{"tokens":[],"count":0,"max_model_len":-5}`))
+		require.ErrorIs(t, err, tokenize.ErrUpstream, "a prompt has tokens: none is the service's fault")
 		_, err = tokenize.ParseResponse(p, []byte(`{"tokens":[[]] }`))
+		require.ErrorIs(t, err, tokenize.ErrUpstream)
+		res, err := tokenize.ParseResponse(p, []byte(`{"tokens":[[4],[5,6]] }`))
 		require.NoError(t, err)
+		require.Equal(t, []uint32{4}, res.Tokens)
 		for _, bad := range []string{`{"count":1}`, `{"tokens":null}`, `{"tokens":[[1],"x"]}`, `{"tokens":[[1],[-1]]}`, `{"tokens":[[-1]]}`, `[]`, `{"tokens":{}}`} {
 			_, err := tokenize.ParseResponse(p, []byte(bad))
 			require.ErrorIs(t, err, tokenize.ErrUpstream, "%s %s", p, bad)

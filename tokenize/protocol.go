@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -291,6 +292,9 @@ func parseResponse(protocol string, data []byte) (Result, error) {
 		res, err = parseTokenize(data)
 	default:
 		err = fmt.Errorf("unknown protocol %q", protocol)
+	}
+	if err == nil && len(res.Tokens) == 0 {
+		err = errors.New("no tokens for the prompt") // the service's fault: a prompt has tokens
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("%w: %s answer: %v", ErrUpstream, protocol, err)

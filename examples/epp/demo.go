@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -26,18 +28,26 @@ import (
 	"github.com/kvselect/kvselect/examples/epp/extproc"
 	"github.com/kvselect/kvselect/internal/extproctest"
 	"github.com/kvselect/kvselect/internal/fakeengine"
+	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/kvindex/kvevents"
 	"github.com/kvselect/kvselect/selection"
 )
 
 // demoOptions tune --demo.
 type demoOptions struct {
 	engines, requests int
-	workersFile       string
-	groups            int // shared system prompts
-	capacityTokens    int // each fake engine's KV cache, in tokens
-	concurrency       int
-	seed              uint64
-	logger            *slog.Logger
+	// workersFile names engines the user runs; the demo then starts no fake
+	// engines, and workers holds the file's workers once runDemo has read it.
+	workersFile    string
+	workers        []catalog.Worker
+	dialect        fakeengine.Dialect // the fake engines' KV-event dialect
+	model          string             // the model requests name; default demoModel, else the workers'
+	groups         int                // shared system prompts
+	capacityTokens int                // each fake engine's KV cache, in tokens
+	concurrency    int
+	parityDelay    time.Duration // FeedTrust.ParityDelay of the kvselect runs
+	seed           uint64
+	logger         *slog.Logger
 }
 
 const demoModel = "demo-model"
@@ -61,8 +71,19 @@ func (o *demoOptions) defaults() {
 	if o.concurrency <= 0 {
 		o.concurrency = 4
 	}
+	if o.parityDelay <= 0 {
+		o.parityDelay = 10 * time.Millisecond
+	}
 	if o.seed == 0 {
 		o.seed = 7
+		if o.workersFile != "" {
+			// Engines the user runs keep their caches between demos: new prompts
+			// every time, so that no run starts warm.
+			o.seed = uint64(time.Now().UnixNano())
+		}
+	}
+	if o.model == "" {
+		o.model = demoModel
 	}
 	if o.logger == nil {
 		o.logger = slog.New(slog.DiscardHandler)
@@ -74,12 +95,12 @@ type demoResult struct {
 	policy      string
 	requests    int
 	failed      int
-	prompt      int // prompt tokens, from the engines' usage reports
-	cached      int // cached prompt tokens, idem
-	ttfts       []float64
-	simulated   bool // TTFTs come from the fake engines' simulation
+	prompt      int       // prompt tokens, from the engines' usage reports
+	cached      int       // cached prompt tokens, idem
+	ttfts       []float64 // ms from sending a request to its first streamed byte
 	perEndpoint map[string]int
 	endpoints   []string
+	feeds       []feedRow // kvselect runs: each worker rank's KV-event feed at the end
 }
 
 func (r demoResult) hitRate() float64 {
@@ -93,7 +114,11 @@ func (r demoResult) hitRate() float64 {
 // server, once routed by kvselect and once round-robin, and prints the table.
 func runDemo(ctx context.Context, cfg *config, o demoOptions, out io.Writer) error {
 	o.defaults()
-	workload := demoWorkload(o)
+	if o.workersFile != "" {
+		if err := o.loadWorkers(ctx, cfg); err != nil {
+			return err
+		}
+	}
 	// The configured weights (kvselect's defaults unless the environment says
 	// otherwise), the same with Dynamo's default weights, and round-robin.
 	dynamo := *cfg
@@ -110,8 +135,8 @@ func runDemo(ctx context.Context, cfg *config, o demoOptions, out io.Writer) err
 		{"round-robin", cfg, "round-robin"},
 	}
 	var results []demoResult
-	for _, r := range runs {
-		res, err := demoRun(ctx, r.cfg, o, r.policy, workload)
+	for i, r := range runs {
+		res, err := demoRun(ctx, r.cfg, o, r.policy, demoWorkload(o, i))
 		if err != nil {
 			return fmt.Errorf("%s: %w", r.name, err)
 		}
@@ -127,14 +152,38 @@ func runDemo(ctx context.Context, cfg *config, o demoOptions, out io.Writer) err
 	return nil
 }
 
+// loadWorkers reads the workers file once: every run drives the same engines,
+// and requests name the workers' model.
+func (o *demoOptions) loadWorkers(ctx context.Context, cfg *config) error {
+	st, err := discovery.NewStatic(discovery.StaticOptions{Path: o.workersFile, Defaults: discovery.Defaults{Model: demoModel, BlockSize: cfg.BlockSize}})
+	if err != nil {
+		return err
+	}
+	snap, err := firstSnapshot(ctx, st)
+	if err != nil {
+		return err
+	}
+	if len(snap.Workers) == 0 {
+		return fmt.Errorf("%s names no workers", o.workersFile)
+	}
+	o.workers = snap.Workers
+	o.model = snap.Workers[0].Model
+	return nil
+}
+
 type demoRequest struct {
 	body []byte
 }
 
-// demoWorkload builds chat requests: each of o.groups system prompts (a few
-// hundred tokens, e.g. an agent's instructions) is shared by many users asking
-// short questions; requests of all groups arrive interleaved.
-func demoWorkload(o demoOptions) []demoRequest {
+// demoWorkload builds the chat requests of run number run: each of o.groups
+// system prompts (a few hundred tokens, e.g. an agent's instructions) is shared
+// by many users asking short questions; requests of all groups arrive
+// interleaved. Every run gets the same requests, except that the system prompts
+// start with the run's number, so that no run finds the previous run's prompts
+// in the engines' caches (engines the user runs are not restarted between runs).
+// Requests stream their answers, as chat clients do, so that the driver can time
+// the first byte.
+func demoWorkload(o demoOptions, run int) []demoRequest {
 	r := rand.New(rand.NewPCG(o.seed, 1))
 	words := strings.Fields("the router sends each request to the engine whose cache already holds the longest prefix of its prompt while keeping load balanced across every worker of the pool so that time to first token stays low")
 	sentence := func(n int) string {
@@ -149,18 +198,20 @@ func demoWorkload(o demoOptions) []demoRequest {
 	}
 	systems := make([]string, o.groups)
 	for g := range systems {
-		systems[g] = fmt.Sprintf("You are assistant number %d. ", g) + sentence(380)
+		systems[g] = fmt.Sprintf("Session %d. You are assistant number %d. ", run, g) + sentence(380)
 	}
 	reqs := make([]demoRequest, o.requests)
 	for i := range reqs {
 		g := r.IntN(o.groups)
 		body, _ := json.Marshal(map[string]any{
-			"model": demoModel,
+			"model": o.model,
 			"messages": []map[string]string{
 				{"role": "system", "content": systems[g]},
 				{"role": "user", "content": fmt.Sprintf("Question %d: ", i) + sentence(12+r.IntN(20))},
 			},
-			"max_tokens": 8,
+			"max_tokens":     8,
+			"stream":         true,
+			"stream_options": map[string]bool{"include_usage": true},
 		})
 		reqs[i] = demoRequest{body: body}
 	}
@@ -182,9 +233,16 @@ func (p *roundRobin) Pick(context.Context, extproc.PickRequest) (extproc.Pick, e
 // ones), an EPP, and drives the workload through ext_proc.
 func demoRun(ctx context.Context, base *config, o demoOptions, policy string, workload []demoRequest) (demoResult, error) {
 	cfg := *base
-	cfg.Model = demoModel
+	cfg.Model = o.model
 	cfg.TokenizerProtocol = "vllm-render"
-	var workers []catalog.Worker
+	// Judge the feeds often, so that the report at the end of a few-second run
+	// covers all of it, and sample parity often and soon: a sample is judged on
+	// what the engine holds when it is judged, and these small caches evict a
+	// request's last blocks within tens of milliseconds.
+	cfg.Router.FeedTrust.CheckInterval = 10 * time.Millisecond
+	cfg.Router.FeedTrust.ParityDelay = o.parityDelay
+	cfg.Router.FeedTrust.ParityEvery = 4
+	workers := o.workers
 	var engines []*fakeengine.Engine
 	defer func() {
 		for _, e := range engines {
@@ -192,24 +250,23 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 		}
 	}()
 	if o.workersFile != "" {
-		st, err := discovery.NewStatic(discovery.StaticOptions{Path: o.workersFile, Defaults: discovery.Defaults{Model: demoModel, BlockSize: cfg.BlockSize}})
-		if err != nil {
-			return demoResult{}, err
-		}
-		snap, err := firstSnapshot(ctx, st)
-		if err != nil {
-			return demoResult{}, err
-		}
-		workers = snap.Workers
 		if cfg.TokenizerURL == "" && len(workers) > 0 {
 			cfg.TokenizerURL = "http://" + workers[0].Endpoint
 		}
 	} else {
 		for i := range o.engines {
-			e, err := fakeengine.New(fakeengine.Options{
+			// SleepTTFT: the engine really waits its simulated TTFT (1 ms plus
+			// 20 us per uncached prompt token), so the client's clock sees cache hits.
+			opts := o.dialect.Apply(fakeengine.Options{
 				BlockSize: cfg.BlockSize, CapacityBlocks: o.capacityTokens / cfg.BlockSize, EnableReplay: true, EnableHTTP: true,
-				Model: demoModel, Topic: fmt.Sprintf("kv@127.0.0.1@%s", demoModel),
+				Model: o.model, Topic: fmt.Sprintf("kv@127.0.0.1@%s", o.model), SleepTTFT: true,
 			})
+			if opts.PubMode != fakeengine.PubBind {
+				// Engines that dial in need the EPP's bind listener and topics that
+				// name each engine's port; no dialect does that yet.
+				return demoResult{}, fmt.Errorf("dialect %s: engines that dial their PUB socket are not supported by the demo", o.dialect)
+			}
+			e, err := fakeengine.New(opts)
 			if err != nil {
 				return demoResult{}, err
 			}
@@ -221,7 +278,7 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 			}
 			engines = append(engines, e)
 			workers = append(workers, catalog.Worker{
-				ID: fmt.Sprintf("engine-%d", i), Identity: fmt.Sprintf("fake engine %d", i), Model: demoModel,
+				ID: fmt.Sprintf("engine-%d", i), Identity: fmt.Sprintf("fake engine %d", i), Model: o.model,
 				Endpoint: e.HTTPEndpoint(), DPSize: 1, BlockSize: cfg.BlockSize,
 				KVEventEndpoints: map[int]string{0: e.PubEndpoint()}, ReplayEndpoint: e.ReplayEndpoint(),
 			})
@@ -260,11 +317,19 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 			return demoResult{}, fmt.Errorf("engine never subscribed: %w", err)
 		}
 	}
-	return demoDrive(ctx, o, policy, workload, e.server, endpoints)
+	res, err := demoDrive(ctx, o, policy, workload, e.server, endpoints)
+	if err != nil {
+		return res, err
+	}
+	res.feeds, err = feedReport(ctx, e.svc, cfg.Router.FeedTrust, e.withDefaults(workers))
+	return res, err
 }
 
 // demoDrive sends the workload through server (over a loopback gRPC
 // connection, as Envoy would) and to the engines, and collects what they report.
+// A request's TTFT runs from the moment the driver sends it to the EPP to the
+// first byte of the streamed answer, as a client behind the gateway sees it
+// (routing and tokenization included).
 func demoDrive(ctx context.Context, o demoOptions, policy string, workload []demoRequest, server *extproc.Server, endpoints []string) (demoResult, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -299,8 +364,18 @@ func demoDrive(ctx context.Context, o demoOptions, policy string, workload []dem
 				if i >= len(workload) || ctx.Err() != nil {
 					return
 				}
+				var body *firstByteBody
+				forward := func(_ string, req *http.Request) (*http.Response, error) {
+					resp, err := httpc.Do(req)
+					if err == nil {
+						body = &firstByteBody{ReadCloser: resp.Body}
+						resp.Body = body
+					}
+					return resp, err
+				}
 				hdr := http.Header{"Content-Type": {"application/json"}}
-				resp, err := client.Roundtrip(ctx, extproctest.HTTPRequest{Path: "/v1/chat/completions", Headers: hdr, Body: workload[i].body}, extproctest.HTTPForward(httpc))
+				sent := time.Now()
+				resp, err := client.Roundtrip(ctx, extproctest.HTTPRequest{Path: "/v1/chat/completions", Headers: hdr, Body: workload[i].body}, forward)
 				mu.Lock()
 				res.requests++
 				if err != nil || resp.StatusCode != http.StatusOK {
@@ -312,14 +387,8 @@ func demoDrive(ctx context.Context, o demoOptions, policy string, workload []dem
 				p, c := usageOf(resp.Body)
 				res.prompt += p
 				res.cached += c
-				if v := resp.Header.Get(fakeengine.HeaderTTFT); v != "" || len(resp.Header[fakeengine.HeaderTTFT]) > 0 {
-					if v == "" {
-						v = resp.Header[fakeengine.HeaderTTFT][0]
-					}
-					if f, err := strconv.ParseFloat(v, 64); err == nil {
-						res.ttfts = append(res.ttfts, f)
-						res.simulated = true
-					}
+				if body != nil && !body.at.IsZero() {
+					res.ttfts = append(res.ttfts, float64(body.at.Sub(sent))/float64(time.Millisecond))
 				}
 				mu.Unlock()
 			}
@@ -327,6 +396,94 @@ func demoDrive(ctx context.Context, o demoOptions, policy string, workload []dem
 	}
 	wg.Wait()
 	return res, ctx.Err()
+}
+
+// firstByteBody is an upstream response body that notes when its first byte
+// arrived. Roundtrip reads it on the calling goroutine, before it returns.
+type firstByteBody struct {
+	io.ReadCloser
+	at time.Time
+}
+
+func (b *firstByteBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 && b.at.IsZero() {
+		b.at = time.Now()
+	}
+	return n, err
+}
+
+// feedRow is one worker rank's KV-event feed at the end of a kvselect run.
+type feedRow struct {
+	worker string // worker id, with the rank when the worker has several
+	// subscribed: the service has an event source for the rank; applied,
+	// skipped, decodeErrors and lostBatches are its counters.
+	subscribed   bool
+	applied      uint64
+	skipped      [kvevents.NumSkipReasons]uint64
+	decodeErrors uint64 // batches whose envelope could not be decoded
+	lostBatches  uint64 // batches known missing and not replayed
+	// judged: the service judges the rank's feed (FeedTrust not Off); the
+	// fields below are its FeedHealth.
+	judged        bool
+	state         selection.FeedState
+	trusted       bool
+	parity        float64 // NaN before the first sample
+	paritySamples uint64
+}
+
+// feedReport waits until the service has judged the end of the run (parity
+// samples of the last requests included), then reads its event counters and
+// feed health, one row per worker rank.
+func feedReport(ctx context.Context, svc *selection.SelectionService, trust selection.FeedTrust, workers []catalog.Worker) ([]feedRow, error) {
+	if svc.FeedHealth() != nil {
+		t := time.NewTimer(trust.ParityDelay + 3*trust.CheckInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+	multi := map[string]bool{}
+	for _, w := range workers {
+		multi[w.ID] = w.DPSize > 1
+	}
+	var rows []feedRow
+	index := map[kvindex.WorkerRank]int{}
+	row := func(wr kvindex.WorkerRank) *feedRow {
+		if i, ok := index[wr]; ok {
+			return &rows[i]
+		}
+		name := wr.Worker
+		if multi[wr.Worker] {
+			name = wr.String()
+		}
+		index[wr] = len(rows)
+		rows = append(rows, feedRow{worker: name, parity: math.NaN()})
+		return &rows[len(rows)-1]
+	}
+	for _, st := range svc.EventStats() {
+		r := row(st.Worker)
+		r.subscribed = true
+		r.applied, r.skipped, r.decodeErrors = st.Handler.EventsApplied, st.Handler.Skipped, st.Handler.DecodeErrors
+		r.lostBatches = st.LostBatches
+	}
+	for _, h := range svc.FeedHealth() {
+		r := row(h.Worker)
+		r.judged, r.state, r.trusted = true, h.State, h.Trusted
+		r.parity, r.paritySamples = h.Parity, h.ParitySamples
+	}
+	seen := map[string]bool{}
+	for wr := range index {
+		seen[wr.Worker] = true
+	}
+	for _, w := range workers { // workers the service follows no feed of
+		if !seen[w.ID] {
+			row(kvindex.WorkerRank{Worker: w.ID, Rank: w.DPStart})
+		}
+	}
+	return rows, nil
 }
 
 func firstSnapshot(ctx context.Context, src discovery.Source) (discovery.Snapshot, error) {
@@ -352,20 +509,37 @@ func firstSnapshot(ctx context.Context, src discovery.Source) (discovery.Snapsho
 	}
 }
 
-// usageOf reads prompt and cached tokens from an OpenAI response's usage block.
+// usageOf reads prompt and cached tokens from an OpenAI answer's usage block:
+// the last SSE chunk that has one (stream_options.include_usage), or the JSON
+// body of an answer that did not stream.
 func usageOf(body []byte) (prompt, cached int) {
-	var r struct {
-		Usage struct {
+	type usage struct {
+		Usage *struct {
 			PromptTokens  int `json:"prompt_tokens"`
 			PromptDetails struct {
 				CachedTokens int `json:"cached_tokens"`
 			} `json:"prompt_tokens_details"`
 		} `json:"usage"`
 	}
-	if json.Unmarshal(body, &r) != nil {
-		return 0, 0
+	read := func(b []byte) bool {
+		var u usage
+		if json.Unmarshal(b, &u) != nil || u.Usage == nil {
+			return false
+		}
+		prompt, cached = u.Usage.PromptTokens, u.Usage.PromptDetails.CachedTokens
+		return true
 	}
-	return r.Usage.PromptTokens, r.Usage.PromptDetails.CachedTokens
+	streamed := false
+	for line := range bytes.Lines(body) {
+		if data, ok := bytes.CutPrefix(bytes.TrimSpace(line), []byte("data:")); ok {
+			streamed = true
+			read(bytes.TrimSpace(data))
+		}
+	}
+	if !streamed {
+		read(body)
+	}
+	return prompt, cached
 }
 
 func percentile(v []float64, p float64) float64 {
@@ -378,13 +552,15 @@ func percentile(v []float64, p float64) float64 {
 }
 
 func printDemo(out io.Writer, results []demoResult, o demoOptions) {
-	fmt.Fprintf(out, "kvselect demo: %d engines, %d shared system prompts, %d chat requests per policy, %d in flight,\nrouted through the EPP's ext_proc server; hit rates and TTFTs as the engines report them.\n\n",
-		len(results[0].endpoints), o.groups, o.requests, o.concurrency)
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	ttft := "TTFT"
-	if results[0].simulated {
-		ttft = "simulated TTFT"
+	engines := fmt.Sprintf("%d fake engines speaking %s", len(results[0].endpoints), o.dialect)
+	if o.workersFile != "" {
+		engines = fmt.Sprintf("%d engines from %s", len(results[0].endpoints), o.workersFile)
 	}
+	fmt.Fprintf(out, "kvselect demo: %s, %d shared system prompts, %d chat requests per policy, %d in flight,\n"+
+		"routed through the EPP's ext_proc server; hit rates as the engines report them, TTFTs timed by the client.\n\n",
+		engines, o.groups, o.requests, o.concurrency)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	const ttft = "TTFT (client, first byte)"
 	fmt.Fprintf(tw, "policy\trequests\tfailed\tprefix-cache hit rate\t%s p50\t%s p90\trequests per worker\n", ttft, ttft)
 	for _, r := range results {
 		var per []string
@@ -402,4 +578,79 @@ func printDemo(out io.Writer, results []demoResult, o demoOptions) {
 			fmt.Fprintf(out, "%s: hit rate %.1fx round-robin's (engine-reported cached prompt tokens)\n", r.policy, r.hitRate()/rr.hitRate())
 		}
 	}
+	printFeeds(out, results)
+}
+
+// printFeeds prints, for each kvselect run, what its selection service saw of
+// every worker rank's KV events (EventStats) and how it judged the feed
+// (FeedHealth).
+func printFeeds(out io.Writer, results []demoResult) {
+	fmt.Fprintln(out, "\nKV-event feeds at the end of each kvselect run, as its selection service saw them:")
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "policy\tworker\tevents applied\tskipped or lost\tfeed\ttrusted\tparity (samples)")
+	for _, r := range results {
+		for _, f := range r.feeds {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.policy, f.worker, f.appliedText(), f.lossText(), f.stateText(), f.trustedText(), f.parityText())
+		}
+	}
+	_ = tw.Flush()
+}
+
+func (f feedRow) appliedText() string {
+	if !f.subscribed {
+		return "-"
+	}
+	return strconv.FormatUint(f.applied, 10)
+}
+
+// lossText lists the non-zero skip reasons, undecodable and lost batches.
+func (f feedRow) lossText() string {
+	if !f.subscribed {
+		return "-"
+	}
+	var parts []string
+	for reason, n := range f.skipped {
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", kvevents.SkipReason(reason), n))
+		}
+	}
+	if f.decodeErrors > 0 {
+		parts = append(parts, fmt.Sprintf("undecodable batches %d", f.decodeErrors))
+	}
+	if f.lostBatches > 0 {
+		parts = append(parts, fmt.Sprintf("lost batches %d", f.lostBatches))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (f feedRow) stateText() string {
+	switch {
+	case f.judged:
+		return f.state.String()
+	case f.subscribed:
+		return "not judged" // FeedTrust off
+	default:
+		return "no feed" // KV events off, or the worker names no event endpoint
+	}
+}
+
+func (f feedRow) trustedText() string {
+	switch {
+	case !f.judged:
+		return "-"
+	case f.trusted:
+		return "yes"
+	default:
+		return "no"
+	}
+}
+
+func (f feedRow) parityText() string {
+	if !f.judged || f.paritySamples == 0 || math.IsNaN(f.parity) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f (%d)", f.parity, f.paritySamples)
 }

@@ -3,6 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,37 +14,135 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvselect/kvselect/internal/fakeengine"
+	"github.com/kvselect/kvselect/kvindex/kvevents"
+	"github.com/kvselect/kvselect/selection"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction(fakeengine.LeakyZMQFunction))
 }
 
-// TestDemoSmoke runs the demo small: fake engines, the real ext_proc server,
-// the real tokenizer client and selection service. kvselect must beat
-// round-robin on engine-reported prefix-cache hits.
-func TestDemoSmoke(t *testing.T) {
+// TestDemoDialects runs the demo small, once per fake-engine dialect: fake
+// engines, the real ext_proc server, the real tokenizer client and selection
+// service. kvselect must at least double round-robin's engine-reported
+// prefix-cache hits, and its service must have followed every engine's feed:
+// healthy, trusted, no event skipped but by design, token parity 1.
+func TestDemoDialects(t *testing.T) {
+	cfg, err := load(t, nil)
+	require.NoError(t, err)
+	for _, d := range fakeengine.Dialects() {
+		t.Run(d.String(), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			o := demoOptions{engines: 4, requests: 120, concurrency: 4, dialect: d}
+			o.defaults()
+			kv, err := demoRun(ctx, cfg, o, "kvselect", demoWorkload(o, 0))
+			require.NoError(t, err)
+			rr, err := demoRun(ctx, cfg, o, "round-robin", demoWorkload(o, 1))
+			require.NoError(t, err)
+			require.Zero(t, kv.failed)
+			require.Zero(t, rr.failed)
+			require.Equal(t, o.requests, kv.requests)
+			require.Len(t, kv.ttfts, o.requests, "every streamed answer is timed")
+			require.GreaterOrEqual(t, kv.hitRate(), 2*rr.hitRate(), "kvselect %.2f vs round-robin %.2f", kv.hitRate(), rr.hitRate())
+			requireFeedsHealthy(t, kv.feeds, o.engines, d == fakeengine.DialectHybrid, false)
+
+			// Parity is judged on what the engine still holds: without evictions
+			// (caches far larger than the workload) it must be exactly 1.
+			roomy := o
+			roomy.requests, roomy.capacityTokens, roomy.parityDelay = 60, 1<<16, 100*time.Millisecond
+			kvRoomy, err := demoRun(ctx, cfg, roomy, "kvselect", demoWorkload(roomy, 2))
+			require.NoError(t, err)
+			requireFeedsHealthy(t, kvRoomy.feeds, o.engines, d == fakeengine.DialectHybrid, true)
+
+			var out bytes.Buffer
+			printDemo(&out, []demoResult{kv, rr}, o)
+			require.Contains(t, out.String(), "TTFT (client, first byte)")
+			require.Contains(t, out.String(), "hit rate")
+			require.Contains(t, out.String(), "speaking "+d.String())
+			require.Regexp(t, `kvselect\s+engine-0\s+\d+\s+\S.*healthy\s+yes`, out.String())
+		})
+	}
+}
+
+// requireFeedsHealthy checks a kvselect run's feed report: one healthy,
+// trusted feed per engine, events applied, nothing skipped (a hybrid model's
+// sliding-window group is skipped by design), and, with exactParity, parity
+// sampled and exactly 1.
+func requireFeedsHealthy(t *testing.T, feeds []feedRow, engines int, hybrid, exactParity bool) {
+	t.Helper()
+	require.Len(t, feeds, engines)
+	for _, f := range feeds {
+		require.True(t, f.subscribed, "%s: no event source", f.worker)
+		require.Positive(t, f.applied, "%s: no event applied", f.worker)
+		for reason, n := range f.skipped {
+			if hybrid && kvevents.SkipReason(reason) == kvevents.SkipNonMainGroup {
+				require.Positive(t, n, "%s: the sliding-window group is skipped", f.worker)
+				continue
+			}
+			require.Zero(t, n, "%s: %d events skipped as %s", f.worker, n, kvevents.SkipReason(reason))
+		}
+		require.Zero(t, f.decodeErrors, f.worker)
+		require.Zero(t, f.lostBatches, f.worker)
+		require.True(t, f.judged, f.worker)
+		require.Equal(t, selection.FeedHealthy, f.state, f.worker)
+		require.True(t, f.trusted, f.worker)
+		if exactParity {
+			require.Positive(t, f.paritySamples, "%s: parity sampled", f.worker)
+			require.Equal(t, 1.0, f.parity, "%s: parity over %d samples", f.worker, f.paritySamples)
+		}
+	}
+}
+
+// TestDemoWorkersFile drives engines named by a workers file, the way a user
+// points the demo at engines already running: the feed report covers them too.
+func TestDemoWorkersFile(t *testing.T) {
 	cfg, err := load(t, nil)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	o := demoOptions{engines: 2, requests: 120, groups: 4, concurrency: 4}
+	var file strings.Builder
+	file.WriteString("workers:\n")
+	for i := range 2 {
+		e, err := fakeengine.New(fakeengine.Options{
+			BlockSize: cfg.BlockSize, CapacityBlocks: 4096, EnableReplay: true, EnableHTTP: true,
+			Model: "user-model", Topic: "kv@127.0.0.1@user-model", SleepTTFT: true,
+		})
+		require.NoError(t, err)
+		require.NoError(t, e.Start(ctx))
+		t.Cleanup(func() { _ = e.Close() })
+		fmt.Fprintf(&file, "  - {id: mine-%d, endpoint: %q, model: user-model, kv_events_endpoint: %q, replay_endpoint: %q}\n",
+			i, e.HTTPEndpoint(), e.PubEndpoint(), e.ReplayEndpoint())
+	}
+	path := filepath.Join(t.TempDir(), "workers.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(file.String()), 0o600))
+
+	o := demoOptions{requests: 64, groups: 4, concurrency: 4, workersFile: path, parityDelay: 100 * time.Millisecond}
 	o.defaults()
-	workload := demoWorkload(o)
-	kv, err := demoRun(ctx, cfg, o, "kvselect", workload)
-	require.NoError(t, err)
-	rr, err := demoRun(ctx, cfg, o, "round-robin", workload)
+	require.NoError(t, o.loadWorkers(ctx, cfg))
+	require.Equal(t, "user-model", o.model)
+	kv, err := demoRun(ctx, cfg, o, "kvselect", demoWorkload(o, 0))
 	require.NoError(t, err)
 	require.Zero(t, kv.failed)
-	require.Zero(t, rr.failed)
-	require.Equal(t, 120, kv.requests)
-	require.Greater(t, kv.hitRate(), rr.hitRate(), "kvselect %.2f vs round-robin %.2f", kv.hitRate(), rr.hitRate())
-	require.Len(t, kv.ttfts, 120)
+	require.Len(t, kv.ttfts, o.requests)
+	requireFeedsHealthy(t, kv.feeds, 2, false, true)
+	require.Equal(t, "mine-0", kv.feeds[0].worker)
 
 	var out bytes.Buffer
-	printDemo(&out, []demoResult{kv, rr}, o)
-	require.Contains(t, out.String(), "round-robin")
-	require.Contains(t, out.String(), "hit rate")
+	printDemo(&out, []demoResult{kv}, o)
+	require.Contains(t, out.String(), "2 engines from "+path)
+	require.Regexp(t, `kvselect\s+mine-1\s+\d+\s+none\s+healthy\s+yes`, out.String())
+}
+
+func TestRunRejectsUnknownDialect(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"--demo", "--demo-engine-dialect", "vllm-mapp"}, func(string) string { return "" }, &out, &errb)
+	require.Equal(t, 2, code)
+	require.Contains(t, errb.String(), `--demo-engine-dialect: unknown dialect "vllm-mapp"`)
+	for _, d := range fakeengine.Dialects() {
+		require.Contains(t, errb.String(), d.String())
+	}
+	require.Empty(t, out.String(), "nothing ran")
 }
 
 func TestRunPrintsEnvTableAndRejectsBadConfig(t *testing.T) {

@@ -29,6 +29,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -46,6 +47,7 @@ import (
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/discovery"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
+	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
@@ -65,6 +67,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	demoEngines := fs.Int("demo-engines", 4, "demo: number of fake engines")
 	demoRequests := fs.Int("demo-requests", 480, "demo: requests per policy")
 	demoWorkers := fs.String("demo-workers-file", "", "demo: drive engines you already run (static workers file) instead of fake ones")
+	demoDialect := fs.String("demo-engine-dialect", fakeengine.DialectVLLMMap.String(), "demo: the KV-event dialect the fake engines speak, one of:"+dialectHelp())
 	printEnv := fs.Bool("print-env-table", false, "print the environment contract as a Markdown table and exit")
 	cfg, err := loadConfig(fs, args, getenv)
 	if err != nil {
@@ -74,13 +77,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
+	dialect, err := fakeengine.ParseDialect(*demoDialect)
+	if err != nil {
+		fmt.Fprintf(stderr, "--demo-engine-dialect: unknown dialect %q; want one of %s\n", *demoDialect, dialectNames())
+		return 2
+	}
 	if *printEnv {
 		fmt.Fprint(stdout, envTable())
 		return 0
 	}
 	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if *demo {
-		opts := demoOptions{engines: *demoEngines, requests: *demoRequests, workersFile: *demoWorkers}
+		opts := demoOptions{engines: *demoEngines, requests: *demoRequests, workersFile: *demoWorkers, dialect: dialect}
 		if err := runDemo(ctx, cfg, opts, stdout); err != nil {
 			fmt.Fprintln(stderr, "demo:", err)
 			return 1
@@ -96,6 +104,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return 1
 	}
 	return 0
+}
+
+// dialectHelp lists the fake engine's dialects, one a line, for the flag's help.
+func dialectHelp() string {
+	var b strings.Builder
+	for _, d := range fakeengine.Dialects() {
+		fmt.Fprintf(&b, "\n  %-13s %s", d, d.Summary())
+	}
+	return b.String()
+}
+
+// dialectNames lists the fake engine's dialect names, comma-separated.
+func dialectNames() string {
+	var names []string
+	for _, d := range fakeengine.Dialects() {
+		names = append(names, d.String())
+	}
+	return strings.Join(names, ", ")
 }
 
 // epp is one assembled Endpoint Picker: tokenizer, selection, ext_proc server.
@@ -128,7 +154,13 @@ func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure fun
 	if err != nil {
 		return nil, err
 	}
-	cache, err := tokenize.NewCache(client, tokenize.CacheOptions{ShareResults: true, Protocol: cfg.TokenizerProtocol, Model: cfg.Model, Logger: logger})
+	// A shared call outlives the caller that started it: it is bounded by the
+	// configured timeout (not the cache's default) and counted against the same
+	// admission as requests, so cancelled requests cannot pile up calls.
+	cache, err := tokenize.NewCache(client, tokenize.CacheOptions{
+		ShareResults: true, Protocol: cfg.TokenizerProtocol, Model: cfg.Model, Logger: logger,
+		CallTimeout: cfg.TokenizerTimeout, MaxCalls: cfg.MaxInflight,
+	})
 	if err != nil {
 		client.Close()
 		return nil, err
