@@ -41,6 +41,12 @@ type Options struct {
 	// are refused with ErrRankFull. 0 means DefaultMaxBlocksPerRank; negative is
 	// invalid.
 	MaxBlocksPerRank int
+	// OnStored, when set, is called after every stored run is applied, with the
+	// worker rank and the keys (sequence hashes, as Hasher computes them) of the
+	// index blocks the run covers, in prefix order. It runs under the index's
+	// write lock: it must be quick, must not keep keys, and must not call the
+	// Index.
+	OnStored func(w WorkerRank, keys []uint64)
 }
 
 // DefaultMaxBlocksPerRank is Options.MaxBlocksPerRank's default: about 1M
@@ -56,6 +62,7 @@ const DefaultMaxBlocksPerRank = 1 << 20
 type Index struct {
 	blockSize int
 	maxBlocks int
+	onStored  func(WorkerRank, []uint64)
 
 	mu sync.RWMutex
 	t  tree
@@ -84,7 +91,7 @@ func New(opts Options) (*Index, error) {
 	if mb == 0 {
 		mb = DefaultMaxBlocksPerRank
 	}
-	return &Index{blockSize: opts.BlockSize, maxBlocks: mb, t: newTree(), limits: map[string]int{}}, nil
+	return &Index{blockSize: opts.BlockSize, maxBlocks: mb, onStored: opts.OnStored, t: newTree(), limits: map[string]int{}}, nil
 }
 
 // SetRankLimit sets how many engine blocks each rank of worker may hold per
@@ -107,6 +114,7 @@ func (ix *Index) BlockSize() int { return ix.blockSize }
 // storePlan is the work of a stored event computed before taking the lock.
 type storePlan struct {
 	locals []uint64 // local hash of every index block
+	keys   []uint64 // the index blocks' keys, for Options.OnStored
 	ratio  int
 }
 
@@ -175,6 +183,7 @@ func (ix *Index) store(w WorkerRank, ev *Event) error {
 	plan := planPool.Get().(*storePlan)
 	defer planPool.Put(plan)
 	plan.ratio = bs / ix.blockSize
+	plan.keys = plan.keys[:0]
 	// A run that starts the sequence salts its first block; a run that continues
 	// one inherits the salt through the chain (see HashOptions.Seed).
 	ho := HashOptions{LoRAName: ev.LoRAName, CacheSalt: ev.CacheSalt}
@@ -243,6 +252,9 @@ func (ix *Index) store(w WorkerRank, ev *Event) error {
 				key = ChainHash(cur.key, local)
 			}
 			cur = t.child(cur, key)
+			if ix.onStored != nil {
+				plan.keys = append(plan.keys, cur.key)
+			}
 		}
 		old, had := m[hash]
 		if had && old == cur {
@@ -270,6 +282,9 @@ func (ix *Index) store(w WorkerRank, ev *Event) error {
 		m[hash] = cur
 	}
 	ix.applied.Add(1)
+	if ix.onStored != nil {
+		ix.onStored(w, plan.keys)
+	}
 	return nil
 }
 

@@ -437,3 +437,25 @@ func TestRankLimitRefusesStoresBeyondIt(t *testing.T) {
 	_, err = New(Options{BlockSize: 1, MaxBlocksPerRank: -1})
 	require.Error(t, err)
 }
+
+func TestOnStoredSeesTheRouterKeysOfEveryStoredBlock(t *testing.T) {
+	var got [][]uint64
+	var who []WorkerRank
+	ix, err := New(Options{BlockSize: 2, OnStored: func(w WorkerRank, keys []uint64) {
+		who = append(who, w)
+		got = append(got, append([]uint64(nil), keys...))
+	}})
+	require.NoError(t, err)
+	w := WorkerRank{Worker: "w", Rank: 1}
+	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	want := seqsOf(t, 2, toks)
+	// Engine blocks of 4 tokens, stored in two runs: every index block's key,
+	// in order, the second run chained to the first.
+	require.NoError(t, ix.Apply(w, Event{Kind: EventStored, BlockSize: 4, BlockHashes: []uint64{10}, Tokens: toks[:4]}))
+	require.NoError(t, ix.Apply(w, Event{Kind: EventStored, BlockSize: 4, BlockHashes: []uint64{11}, HasParent: true, ParentHash: 10, Tokens: toks[4:]}))
+	require.Equal(t, [][]uint64{want[:2], want[2:]}, got)
+	require.Equal(t, []WorkerRank{w, w}, who)
+	// A refused run calls nothing.
+	require.ErrorIs(t, ix.Apply(w, Event{Kind: EventStored, BlockSize: 4, BlockHashes: []uint64{12}, HasParent: true, ParentHash: 99, Tokens: toks[:4]}), ErrUnknownParent)
+	require.Len(t, got, 2)
+}

@@ -74,14 +74,18 @@
 // check finds its feed healthy. Changes of state are logged (WARN when trust is
 // lost, then once a minute while it lasts; INFO when it returns).
 //
-// Token parity: one booking in FeedTrust.ParityEvery per rank is sampled; once
-// FeedTrust.ParityDelay has passed and the feed has published since, the share
-// of the request's router block hashes that the rank then holds in the event
-// index is one parity sample. The mean of the last 16 is FeedHealth.Parity; a
-// mean below FeedTrust.ParityThreshold (after ParityMinSamples samples) is
-// logged once a minute: router and engine tokenise, template, block or salt
-// differently, and prefix matches on that rank are wrong. Parity is reported,
-// not acted on. FeedTrust.Off turns all of this off.
+// Token parity: one booking in FeedTrust.ParityEvery per rank is sampled. The
+// event index reports the router keys of every run it stores (kvindex
+// Options.OnStored), which marks the sample's blocks the engine stored;
+// FeedTrust.ParityDelay after the booking's PrefillComplete, the share of the
+// request's blocks that the rank held at booking, stored since, or holds now
+// is one parity sample (so evictions after the store do not count against
+// it; a booking freed before its first output is not judged). The mean of the
+// last 16 is FeedHealth.Parity; a mean below FeedTrust.ParityThreshold (after
+// ParityMinSamples samples) is logged once a minute: router and engine
+// tokenise, template, block or salt differently, and prefix matches on that
+// rank are wrong. Parity is reported, not acted on. FeedTrust.Off turns all of
+// this off.
 //
 // # Concurrency
 //

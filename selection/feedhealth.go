@@ -36,11 +36,12 @@ type FeedTrust struct {
 	MaxLossRatio float64
 	Window       time.Duration
 	// ParityEvery samples one booking in ParityEvery per worker rank for the
-	// token-parity check (see FeedHealth.Parity); ParityDelay after the booking
-	// (and once the engine has published since), the router's block hashes of the
-	// request are looked up among what the engine reported for that rank.
-	// ParityThreshold is the mean parity below which a rank is reported (WARN)
-	// once ParityMinSamples samples were judged. Defaults 16, 2 s, 0.5 and 4.
+	// token-parity check (see FeedHealth.Parity). ParityDelay after the
+	// booking's PrefillComplete, the sample is judged: the share of the
+	// request's router blocks that the rank held at booking, or that its
+	// engine reported storing since, or that it holds now. ParityThreshold is
+	// the mean parity below which a rank is reported (WARN) once
+	// ParityMinSamples samples were judged. Defaults 16, 1 s, 0.5 and 4.
 	ParityEvery      int
 	ParityDelay      time.Duration
 	ParityThreshold  float64
@@ -169,10 +170,11 @@ type FeedHealth struct {
 	// engine blocks to store.
 	PendingStores int
 	// Parity is the mean share of a sampled request's blocks (router hashes)
-	// that the engine then reported holding, over the last judged samples; 1
+	// that the engine held or stored for it, over the last judged samples; 1
 	// means router and engine tokenise and block alike, near 0 that they differ
-	// (tokenizer, chat template, block size or cache salt). NaN before the
-	// first sample. ParitySamples counts the samples judged in all.
+	// (tokenizer, chat template, block size or cache salt). Evictions do not
+	// lower it. NaN before the first sample. ParitySamples counts the samples
+	// judged in all; bookings freed before their first output are not judged.
 	Parity        float64
 	ParitySamples uint64
 	// LowParity is true when at least FeedTrust.ParityMinSamples samples were
@@ -180,11 +182,19 @@ type FeedHealth struct {
 	LowParity bool
 }
 
-// paritySample is one sampled booking waiting to be judged.
+// paritySample is one sampled booking waiting to be judged. keys, pos and
+// cached are fixed at booking; seen is written by the index's store hook and
+// read by the judge, both under the rank's mu; prefilled is set by
+// PrefillComplete (unix nanos) or to -1 by a free before it.
 type paritySample struct {
-	seqs    []uint64
-	at      time.Time
-	batches uint64 // the feed's batch count when it was booked
+	id        string
+	keys      []uint64         // the request's router block keys
+	pos       map[uint64]int32 // key -> position in keys
+	seen      []bool           // positions the engine reported storing since the booking
+	cached    int              // leading blocks the index said the rank held at booking
+	at        time.Time
+	rank      *rankHealth
+	prefilled atomic.Int64
 }
 
 // rankHealth is the feed state of one worker rank. The booking path touches
@@ -201,9 +211,10 @@ type rankHealth struct {
 	bookings    atomic.Uint64 // bookings on the rank, for parity sampling
 	batches     atomic.Uint64 // the feed's batch count at the last check
 
-	mu      sync.Mutex // guards pending and the read-side copy below
-	pending []paritySample
-	view    FeedHealth // the last check's result, for FeedHealth()
+	mu       sync.Mutex // guards pending (and its samples' seen) and view
+	pending  []*paritySample
+	sampling atomic.Int32 // len(pending), for the store hook's fast path
+	view     FeedHealth   // the last check's result, for FeedHealth()
 
 	// Monitor-owned.
 	since                      time.Time
@@ -227,6 +238,7 @@ func (s *SelectionService) healthFor(wr kvindex.WorkerRank) *rankHealth {
 		h = &rankHealth{key: wr, since: now, slotStart: now}
 		h.view = FeedHealth{Worker: wr, Trusted: true, Since: now, Parity: math.NaN()}
 		s.health[wr] = h
+		s.healthIdx.Store(wr, h)
 	}
 	return h
 }
@@ -247,25 +259,75 @@ func (s *SelectionService) dropHealthLocked(p *partition, id string, keep map[kv
 			p.untrusted.Add(-1)
 		}
 		delete(s.health, wr)
+		s.healthIdx.Delete(wr)
 	}
 }
 
 // booked records a booking on the rank for the checks: whether it leaves the
 // engine blocks to store, and (sampled) its hashes for the parity check. It
 // runs on the booking path; h is not nil only while feeds are judged.
-func (s *SelectionService) booked(h *rankHealth, seqs []uint64, cached int) {
+func (s *SelectionService) booked(h *rankHealth, seqs []uint64, cached int, id string) {
 	if len(seqs) > cached && h.expect.Add(1) == 1 {
 		h.expectSince.Store(s.clock.Now().UnixNano())
 	}
 	if len(seqs) == 0 || (h.bookings.Add(1)-1)%uint64(s.trust.ParityEvery) != 0 {
 		return
 	}
-	ps := paritySample{seqs: append([]uint64(nil), seqs...), at: s.clock.Now(), batches: h.batches.Load()}
+	ps := &paritySample{id: id, keys: append([]uint64(nil), seqs...), pos: make(map[uint64]int32, len(seqs)),
+		seen: make([]bool, len(seqs)), cached: min(cached, len(seqs)), at: s.clock.Now(), rank: h}
+	for i, k := range ps.keys {
+		ps.pos[k] = int32(i)
+	}
 	h.mu.Lock()
-	if len(h.pending) < parityPendingMax {
+	full := len(h.pending) >= parityPendingMax
+	if !full {
 		h.pending = append(h.pending, ps)
+		h.sampling.Store(int32(len(h.pending)))
 	}
 	h.mu.Unlock()
+	if !full {
+		s.samples.Store(id, ps)
+	}
+}
+
+// storedHook is the event index's OnStored: it marks, in the rank's pending
+// parity samples, the blocks the engine reports storing. It runs under the
+// index's write lock, so it only takes the rank's mu.
+func (s *SelectionService) storedHook(w kvindex.WorkerRank, keys []uint64) {
+	v, ok := s.healthIdx.Load(w)
+	if !ok {
+		return
+	}
+	h := v.(*rankHealth)
+	if h.sampling.Load() == 0 {
+		return
+	}
+	h.mu.Lock()
+	for _, ps := range h.pending {
+		for _, k := range keys {
+			if i, ok := ps.pos[k]; ok {
+				ps.seen[i] = true
+			}
+		}
+	}
+	h.mu.Unlock()
+}
+
+// sampleSettled records that booking id reached its first output (prefilled)
+// or was freed; a sample freed before its prefill completed is dropped, since
+// the engine may never have computed it.
+func (s *SelectionService) sampleSettled(id string, prefilled bool) {
+	v, ok := s.samples.Load(id)
+	if !ok {
+		return
+	}
+	ps := v.(*paritySample)
+	if prefilled {
+		ps.prefilled.CompareAndSwap(0, s.clock.Now().UnixNano())
+		return
+	}
+	ps.prefilled.CompareAndSwap(0, -1)
+	s.samples.Delete(id)
 }
 
 // feedSource is what the monitor reads of one rank's feed.
@@ -358,7 +420,7 @@ func (s *SelectionService) checkRank(h *rankHealth, src feedSource, now time.Tim
 			"since", h.since, "stores_applied", applied, "stores_lost", lostW, "skipped", skippedByReason(st))
 	}
 
-	s.judgeParity(h, st.Batches, now)
+	s.judgeParity(h, now)
 	mean := math.NaN()
 	if h.nRatios > 0 {
 		sum := 0.0
@@ -417,23 +479,43 @@ func (s *SelectionService) setTrusted(h *rankHealth, trusted bool) {
 	}
 }
 
-// judgeParity judges the rank's samples that are old enough and that the
-// engine has published after: the share of each sample's blocks the rank now
-// holds in the event index.
-func (s *SelectionService) judgeParity(h *rankHealth, batches uint64, now time.Time) {
+// judgeParity judges the rank's samples whose prefill completed ParityDelay
+// ago: a block counts as matching when the index said the rank held it at
+// booking, when the engine reported storing it since, or when the rank holds it
+// now. Reports since the booking make evictions harmless; the index at booking
+// and now covers blocks the engine already had. Samples freed before their
+// prefill, or never settled within the booking lease, are dropped.
+func (s *SelectionService) judgeParity(h *rankHealth, now time.Time) {
+	type ready struct {
+		ps   *paritySample
+		seen int // positions seen or cached at booking
+	}
+	var judged []ready
 	h.mu.Lock()
-	var ready []paritySample
 	keep := h.pending[:0]
 	for _, ps := range h.pending {
-		if now.Sub(ps.at) >= s.trust.ParityDelay && batches > ps.batches {
-			ready = append(ready, ps)
-		} else if now.Sub(ps.at) < 10*s.trust.ParityDelay+s.trust.Window {
-			keep = append(keep, ps) // a feed silent this long is judged as silent, not here
+		pf := ps.prefilled.Load()
+		switch {
+		case pf > 0 && now.Sub(time.Unix(0, pf)) >= s.trust.ParityDelay:
+			n := 0
+			for i, seen := range ps.seen {
+				if seen || i < ps.cached {
+					n++
+				}
+			}
+			judged = append(judged, ready{ps, n})
+			s.samples.Delete(ps.id)
+		case pf < 0 || now.Sub(ps.at) > s.cfg.ActiveRequestExpiry:
+			s.samples.Delete(ps.id)
+		default:
+			keep = append(keep, ps)
 		}
 	}
+	clear(h.pending[len(keep):])
 	h.pending = keep
+	h.sampling.Store(int32(len(keep)))
 	h.mu.Unlock()
-	if len(ready) == 0 {
+	if len(judged) == 0 {
 		return
 	}
 	s.mu.RLock()
@@ -442,14 +524,20 @@ func (s *SelectionService) judgeParity(h *rankHealth, batches uint64, now time.T
 	if p == nil || p.index == nil {
 		return
 	}
-	for _, ps := range ready {
+	for _, j := range judged {
 		held := 0
-		for _, m := range p.index.FindMatches(ps.seqs, kvindex.MatchOptions{}) {
+		for _, m := range p.index.FindMatches(j.ps.keys, kvindex.MatchOptions{}) {
 			if m.Worker == h.key {
 				held = m.Total()
 			}
 		}
-		h.ratios[h.nextRatio] = float64(min(held, len(ps.seqs))) / float64(len(ps.seqs))
+		n := j.seen
+		for i := range min(held, len(j.ps.keys)) {
+			if !j.ps.seen[i] && i >= j.ps.cached {
+				n++
+			}
+		}
+		h.ratios[h.nextRatio] = float64(n) / float64(len(j.ps.keys))
 		h.nextRatio = (h.nextRatio + 1) % paritySamplesKept
 		h.nRatios = min(h.nRatios+1, paritySamplesKept)
 		h.paritySamples++

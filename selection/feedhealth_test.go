@@ -234,6 +234,20 @@ func TestFeedChecksCanBeTurnedOff(t *testing.T) {
 	require.Zero(t, r.s.partitions[DefaultModel].untrusted.Load())
 }
 
+// serveBooked books tokens on worker id, has its engine serve what the
+// engine's own tokenizer makes of them, waits for the events, then settles the
+// booking as a gateway does: first output, then end of stream.
+func (r *feedRig) serveBooked(id string, tokens, engineTokens []uint32) {
+	r.t.Helper()
+	res, err := r.s.SelectAndReserve(context.Background(), Request{Tokens: tokens, Allowed: []string{id}})
+	require.NoError(r.t, err)
+	_, err = r.engines[id].Serve(fakeengine.Request{Tokens: engineTokens})
+	require.NoError(r.t, err)
+	r.settle(id)
+	require.NoError(r.t, r.s.PrefillComplete(res.ReservationID))
+	require.NoError(r.t, r.s.FreeReservation(res.ReservationID))
+}
+
 func TestTokenParity(t *testing.T) {
 	same := func(p []uint32) []uint32 { return p }
 	cases := []struct {
@@ -252,13 +266,10 @@ func TestTokenParity(t *testing.T) {
 			r := newFeedRigBlocks(t, FeedTrust{ParityEvery: 1}, tc.engineBlock, "w")
 			for i := range DefaultParityMinSamples {
 				p := toks(6*rigBlock+1, 20+i)
-				r.book("w", p)
-				_, err := r.engines["w"].Serve(fakeengine.Request{Tokens: tc.serve(p)})
-				require.NoError(t, err)
+				r.serveBooked("w", p, tc.serve(p))
 			}
-			r.settle("w")
 			r.s.checkFeeds(r.clk.Now())
-			require.True(t, math.IsNaN(r.health("w").Parity), "judged only after ParityDelay")
+			require.True(t, math.IsNaN(r.health("w").Parity), "judged only ParityDelay after the prefill")
 			r.clk.Advance(DefaultParityDelay)
 			r.s.checkFeeds(r.clk.Now())
 			h := r.health("w")
@@ -274,6 +285,31 @@ func TestTokenParity(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Parity is about what the engine stored for a request, not what it still
+// holds: evictions after the store, and prefixes the engine already held, keep
+// it at 1. A booking freed before its first output is not judged.
+func TestTokenParityIgnoresEvictionsAndCachedPrefixes(t *testing.T) {
+	r := newFeedRig(t, FeedTrust{ParityEvery: 1}, "w")
+	shared := toks(4*rigBlock, 90)
+	for i := range DefaultParityMinSamples {
+		p := append(append([]uint32(nil), shared...), toks(4*rigBlock, 60+i)...)
+		r.serveBooked("w", p, p) // from the second on, the shared prefix is cached: not stored again
+	}
+	var res Result
+	_, err := r.engines["w"].ResetPrefixCache() // then everything is evicted before the judgement
+	require.NoError(t, err)
+	r.settle("w")
+	res, err = r.s.SelectAndReserve(context.Background(), Request{Tokens: toks(8*rigBlock, 70), Allowed: []string{"w"}})
+	require.NoError(t, err)
+	require.NoError(t, r.s.FreeReservation(res.ReservationID)) // cancelled before any output
+	r.clk.Advance(DefaultParityDelay)
+	r.s.checkFeeds(r.clk.Now())
+	h := r.health("w")
+	require.EqualValues(t, DefaultParityMinSamples, h.ParitySamples)
+	require.Equal(t, 1.0, h.Parity)
+	require.False(t, h.LowParity)
 }
 
 func TestFeedTrustValidation(t *testing.T) {

@@ -610,7 +610,7 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 			if r.health.untrusted.Load() {
 				p.fallback.Record(r.key, pr.seqs)
 			}
-			s.booked(r.health, pr.seqs, c.device+c.host+c.disk)
+			s.booked(r.health, pr.seqs, c.device+c.host+c.disk, pr.id)
 		}
 		s.st.bookings.Add(1)
 		res.ReservationID = pr.id
@@ -647,6 +647,9 @@ func (s *SelectionService) PrefillComplete(id string) error {
 		return err
 	}
 	s.st.prefillDone.Add(1)
+	if s.healthOn() {
+		s.sampleSettled(id, true)
+	}
 	return nil
 }
 
@@ -662,6 +665,9 @@ func (s *SelectionService) FreeReservation(id string) error {
 		return err
 	}
 	s.st.frees.Add(1)
+	if s.healthOn() {
+		s.sampleSettled(id, false)
+	}
 	return nil
 }
 

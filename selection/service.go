@@ -65,6 +65,10 @@ type SelectionService struct {
 	trust    FeedTrust
 	healthMu sync.Mutex
 	health   map[kvindex.WorkerRank]*rankHealth
+	// healthIdx mirrors health for the index's store hook, which must not
+	// take healthMu; samples maps a sampled booking's id to its parity sample.
+	healthIdx sync.Map
+	samples   sync.Map
 
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -255,7 +259,11 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 		epoch:   s.clock.Now(),
 	}
 	if s.cfg.UseKVEvents {
-		p.index, _ = kvindex.New(kvindex.Options{BlockSize: s.cfg.BlockSize})
+		opts := kvindex.Options{BlockSize: s.cfg.BlockSize}
+		if s.healthOn() {
+			opts.OnStored = s.storedHook
+		}
+		p.index, _ = kvindex.New(opts)
 		if s.healthOn() {
 			p.fallback, _ = kvindex.NewApprox(kvindex.ApproxOptions{TTL: s.cfg.RouterTTL, MaxBlocks: s.cfg.ApproxMaxBlocks, Now: s.clock.Now})
 		}

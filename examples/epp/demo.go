@@ -235,10 +235,8 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 	cfg := *base
 	cfg.Model = o.model
 	cfg.TokenizerProtocol = "vllm-render"
-	// Judge the feeds often, so that the report at the end of a few-second run
-	// covers all of it, and sample parity often and soon: a sample is judged on
-	// what the engine holds when it is judged, and these small caches evict a
-	// request's last blocks within tens of milliseconds.
+	// Judge the feeds often, and sample parity often and soon, so that the
+	// report at the end of a few-second run covers all of it.
 	cfg.Router.FeedTrust.CheckInterval = 10 * time.Millisecond
 	cfg.Router.FeedTrust.ParityDelay = o.parityDelay
 	cfg.Router.FeedTrust.ParityEvery = 4

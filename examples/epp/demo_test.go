@@ -45,15 +45,9 @@ func TestDemoDialects(t *testing.T) {
 			require.Equal(t, o.requests, kv.requests)
 			require.Len(t, kv.ttfts, o.requests, "every streamed answer is timed")
 			require.GreaterOrEqual(t, kv.hitRate(), 2*rr.hitRate(), "kvselect %.2f vs round-robin %.2f", kv.hitRate(), rr.hitRate())
-			requireFeedsHealthy(t, kv.feeds, o.engines, d == fakeengine.DialectHybrid, false)
-
-			// Parity is judged on what the engine still holds: without evictions
-			// (caches far larger than the workload) it must be exactly 1.
-			roomy := o
-			roomy.requests, roomy.capacityTokens, roomy.parityDelay = 60, 1<<16, 100*time.Millisecond
-			kvRoomy, err := demoRun(ctx, cfg, roomy, "kvselect", demoWorkload(roomy, 2))
-			require.NoError(t, err)
-			requireFeedsHealthy(t, kvRoomy.feeds, o.engines, d == fakeengine.DialectHybrid, true)
+			// The small caches evict all the time; parity counts what the engine
+			// stored for each request, so it is still exactly 1.
+			requireFeedsHealthy(t, kv.feeds, o.engines, d == fakeengine.DialectHybrid, true)
 
 			var out bytes.Buffer
 			printDemo(&out, []demoResult{kv, rr}, o)
