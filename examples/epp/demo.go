@@ -101,6 +101,9 @@ type demoResult struct {
 	perEndpoint map[string]int
 	endpoints   []string
 	feeds       []feedRow // kvselect runs: each worker rank's KV-event feed at the end
+	// engineRenders counts the render answers the fake engines gave, and
+	// serviceRenders those of the separate render service (TensorRT-LLM).
+	engineRenders, serviceRenders uint64
 }
 
 func (r demoResult) hitRate() float64 {
@@ -242,6 +245,7 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 	cfg.Router.FeedTrust.ParityEvery = 4
 	workers := o.workers
 	var engines []*fakeengine.Engine
+	var renderService *fakeengine.Engine // the tokenizer, when it is not an engine
 	defer func() {
 		for _, e := range engines {
 			_ = e.Close()
@@ -282,6 +286,25 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 			})
 		}
 		cfg.TokenizerURL = "http://" + engines[0].HTTPEndpoint()
+		if o.dialect == fakeengine.DialectTRTLLM {
+			// TensorRT-LLM serves no tokenizer endpoint: a TRT-LLM pool takes its
+			// token ids from a vLLM render service for the same model, which runs
+			// without the engine (vllm launch render --model ...). A fake engine
+			// that only answers HTTP plays it.
+			rs, err := fakeengine.New(fakeengine.Options{BlockSize: cfg.BlockSize, EnableHTTP: true, Model: o.model})
+			if err != nil {
+				return demoResult{}, err
+			}
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err = rs.Start(sctx)
+			cancel()
+			if err != nil {
+				return demoResult{}, err
+			}
+			defer func() { _ = rs.Close() }()
+			renderService = rs
+			cfg.TokenizerURL = "http://" + rs.HTTPEndpoint()
+		}
 	}
 	if len(workers) == 0 {
 		return demoResult{}, errors.New("no workers")
@@ -318,6 +341,12 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 	res, err := demoDrive(ctx, o, policy, workload, e.server, endpoints)
 	if err != nil {
 		return res, err
+	}
+	for _, en := range engines {
+		res.engineRenders += en.HTTPStats().Renders
+	}
+	if renderService != nil {
+		res.serviceRenders = renderService.HTTPStats().Renders
 	}
 	res.feeds, err = feedReport(ctx, e.svc, cfg.Router.FeedTrust, e.withDefaults(workers))
 	return res, err

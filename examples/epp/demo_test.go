@@ -45,6 +45,13 @@ func TestDemoDialects(t *testing.T) {
 			require.Equal(t, o.requests, kv.requests)
 			require.Len(t, kv.ttfts, o.requests, "every streamed answer is timed")
 			require.GreaterOrEqual(t, kv.hitRate(), 2*rr.hitRate(), "kvselect %.2f vs round-robin %.2f", kv.hitRate(), rr.hitRate())
+			if d == fakeengine.DialectTRTLLM {
+				// Token ids came from the separate vLLM render service.
+				require.Zero(t, kv.engineRenders)
+				require.Positive(t, kv.serviceRenders)
+			} else {
+				require.Positive(t, kv.engineRenders)
+			}
 			// The small caches evict all the time; parity counts what the engine
 			// stored for each request, so it is still exactly 1.
 			requireFeedsHealthy(t, kv.feeds, o.engines, d == fakeengine.DialectHybrid, true)
