@@ -321,3 +321,52 @@ func TestFeedTrustValidation(t *testing.T) {
 		require.ErrorContains(t, err, f)
 	}
 }
+
+// An engine that dials into the bind listener replays its gaps from the replay
+// endpoint of its worker record, like a dialed source.
+func TestBoundEngineReplaysGapsFromItsWorkerRecord(t *testing.T) {
+	s, err := NewSelectionServiceBuilder(DefaultConfig(rigBlock)).SweepInterval(-1).BindEvents("tcp://127.0.0.1:0").
+		EventFeed(FeedOptions{ReconnectMin: time.Millisecond, ReconnectMax: 10 * time.Millisecond}).Build(context.Background())
+	require.NoError(t, err)
+	defer s.Close()
+	e, err := fakeengine.New(fakeengine.Dialect(fakeengine.DialectExternal).Apply(fakeengine.Options{
+		BlockSize: rigBlock, CapacityBlocks: 4096, EnableReplay: true,
+		PubMode: fakeengine.PubDial, PubEndpoint: "tcp://" + s.EventBindAddr().String(), Topic: "kv@127.0.0.1@m",
+	}))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, e.Start(ctx))
+	defer e.Close()
+	_, err = s.UpsertWorker(catalog.Worker{ID: "w", Endpoint: "127.0.0.1:8000", DPSize: 1, BlockSize: rigBlock, ReplayEndpoint: e.ReplayEndpoint()})
+	require.NoError(t, err)
+	var prompts [][]uint32
+	serve := func(seed int) {
+		p := toks(4*rigBlock, seed)
+		prompts = append(prompts, p)
+		_, err := e.Serve(fakeengine.Request{Tokens: p})
+		require.NoError(t, err)
+	}
+	// The listener learns the engine's topic from its first batch (a PUB that
+	// dials in drops what it sends before the connection is up: keep serving).
+	require.Eventually(t, func() bool {
+		serve(len(prompts) + 1)
+		return len(s.EventStats()) == 1
+	}, 20*time.Second, 5*time.Millisecond)
+	e.DropNext(3)
+	for range 5 {
+		serve(len(prompts) + 1)
+	}
+	require.Eventually(t, func() bool {
+		st := s.EventStats()
+		return len(st) == 1 && st[0].Watermark+1 == e.NextSeq()
+	}, 20*time.Second, 5*time.Millisecond)
+	st := s.EventStats()[0]
+	require.True(t, st.Bound)
+	require.Positive(t, st.ReplaysOK, "the gap was replayed")
+	require.False(t, st.Degraded)
+	last := prompts[len(prompts)-1]
+	ov, err := s.OverlapScores(context.Background(), Request{Tokens: last})
+	require.NoError(t, err)
+	require.Equal(t, 4, ov[kvindex.WorkerRank{Worker: "w"}].Device)
+}
