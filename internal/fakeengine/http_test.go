@@ -464,7 +464,7 @@ func TestTokenizeClientsParseServer(t *testing.T) {
 			}
 
 			_, err = c.Tokenize(ctx, tokenize.Request{Path: tokenize.PathChatCompletions, Body: []byte(`{"model":"other","messages":[{"role":"user","content":"x"}]}`)})
-			require.ErrorIs(t, err, tokenize.ErrBadRequest, "404 from the service is the client's fault")
+			require.ErrorIs(t, err, tokenize.ErrUpstream, "a 404 from the service (unknown model) is a misconfigured service: 502")
 			require.Contains(t, err.Error(), "does not exist")
 		})
 	}
