@@ -31,8 +31,9 @@ func attacks(typ string) []attack {
 		{name: "frame 2^62", bytes: cat(hs, longHeader(0, 1<<62)), want: ReasonFrameTooLarge, afterReady: true},
 		{name: "frame 2^40", bytes: cat(hs, longHeader(0, 1<<40)), want: ReasonFrameTooLarge, afterReady: true},
 		{name: "frame 2^63+", bytes: cat(hs, longHeader(0, 1<<63|5)), want: ReasonFrameTooLarge, afterReady: true},
+		// zmq4 itself slices past the end of both of these (a panic).
 		{name: "ready name length past end", want: ReasonBadReady,
-			bytes: cat(g, commandBytes("READY", []byte{32, 'S', 'o', 'c'}))},
+			bytes: cat(g, commandBytes("READY", []byte{3, 'S', 'o'}))},
 		{name: "ready value length past end", want: ReasonBadReady,
 			bytes: cat(g, commandBytes("READY", append([]byte{11}, "Socket-Type\x00\x00\x00\xffPUB"...)))},
 		{name: "ready value length cut", want: ReasonBadReady,
