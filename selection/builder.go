@@ -60,6 +60,7 @@ type SelectionServiceBuilder struct {
 	feedOpts FeedOptions
 	external bool
 	bindAddr string
+	anyPeer  bool
 }
 
 // FeedOptions tune the KV-event feed the service runs when Config.UseKVEvents is
@@ -129,8 +130,25 @@ func (b *SelectionServiceBuilder) ExternalEvents() *SelectionServiceBuilder {
 // endpoint has that host (and port, when the topic names one); workers then need
 // no per-rank event endpoint to be schedulable. SelectionService.EventBindAddr
 // returns the bound address.
+//
+// Only peers at the IP address of a known worker's endpoint may connect, and a
+// message is taken only when its topic names the worker at the sending address;
+// a host-only topic that several workers share is refused as ambiguous (name
+// the port in the topic). Every refusal is counted (EventRefusals, and the
+// feed's BindStats).
 func (b *SelectionServiceBuilder) BindEvents(endpoint string) *SelectionServiceBuilder {
 	b.bindAddr = endpoint
+	return b
+}
+
+// BindEventsFromAnyPeer lifts BindEvents' address checks, for engines behind
+// NAT or a proxy whose connections do not come from their endpoint's address.
+// The risk: anyone who can reach the bound port can then publish events as any
+// worker and steer routing (a forged stream cannot clear a worker's index on
+// its own, see kvevents' sequence rules, but it can fill it with prefixes the
+// worker does not hold). Keep such a port on a private network.
+func (b *SelectionServiceBuilder) BindEventsFromAnyPeer() *SelectionServiceBuilder {
+	b.anyPeer = true
 	return b
 }
 
@@ -170,5 +188,5 @@ func (b *SelectionServiceBuilder) Build(ctx context.Context) (*SelectionService,
 	if b.bindAddr != "" && (b.external || !b.cfg.UseKVEvents) {
 		return nil, fmt.Errorf("%w: BindEvents needs UseKVEvents and the built-in feed (not ExternalEvents)", ErrInvalidConfig)
 	}
-	return newService(b.cfg.normalized(), clock, rand.New(src), logger, rec, sweep, b.feedOpts, b.external, b.bindAddr)
+	return newService(b.cfg.normalized(), clock, rand.New(src), logger, rec, sweep, b.feedOpts, b.external, b.bindAddr, b.anyPeer)
 }

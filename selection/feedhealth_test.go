@@ -334,11 +334,16 @@ func TestBoundEngineReplaysGapsFromItsWorkerRecord(t *testing.T) {
 		PubMode: fakeengine.PubDial, PubEndpoint: "tcp://" + s.EventBindAddr().String(), Topic: "kv@127.0.0.1@m",
 	}))
 	require.NoError(t, err)
+	// Only a known worker's address may connect: register it first.
+	w := catalog.Worker{ID: "w", Endpoint: "127.0.0.1:8000", DPSize: 1, BlockSize: rigBlock}
+	_, err = s.UpsertWorker(w)
+	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, e.Start(ctx))
 	defer e.Close()
-	_, err = s.UpsertWorker(catalog.Worker{ID: "w", Endpoint: "127.0.0.1:8000", DPSize: 1, BlockSize: rigBlock, ReplayEndpoint: e.ReplayEndpoint()})
+	w.ReplayEndpoint = e.ReplayEndpoint()
+	_, err = s.UpsertWorker(w)
 	require.NoError(t, err)
 	var prompts [][]uint32
 	serve := func(seed int) {

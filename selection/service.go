@@ -53,9 +53,12 @@ type SelectionService struct {
 	feed    *kvevents.Feed // nil without KV events
 	handler *kvevents.IndexHandler
 	bound   net.Addr // the bind listener's address, when BindEvents was used
-	// byHost maps a worker endpoint's host and host:port to its id, for
-	// attributing topics of engines that dial in. Guarded by mu.
-	byHost map[string]string
+	// byHost maps a worker endpoint's host, and its host:port, to the workers
+	// there, for attributing topics of engines that dial in (bindpeers.go).
+	// Guarded by mu.
+	byHost map[string]map[string]struct{}
+	// anyPeer lets the bind listener take events from any address.
+	anyPeer bool
 	// rankRange is each worker's first data-parallel rank and rank count, so
 	// events of ranks it does not have are refused. Guarded by mu.
 	rankRange map[string][2]int
@@ -85,12 +88,12 @@ type serviceCounters struct {
 	queueWaitNanos                                                 atomic.Int64
 }
 
-func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, rec Recorder, sweep time.Duration, fo FeedOptions, external bool, bind string) (*SelectionService, error) {
+func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, rec Recorder, sweep time.Duration, fo FeedOptions, external bool, bind string, anyPeer bool) (*SelectionService, error) {
 	s := &SelectionService{
 		cfg: cfg, base: cfg.weights(), clock: clock, logger: logger, rec: rec,
 		partitions: make(map[string]*partition),
 		workerPart: make(map[string]*partition),
-		byHost:     make(map[string]string),
+		byHost:     make(map[string]map[string]struct{}),
 		rankRange:  make(map[string][2]int),
 		seeds:      rng,
 		trust:      cfg.FeedTrust.normalized(),
@@ -125,7 +128,12 @@ func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, r
 			return nil, fmt.Errorf("%w: event feed: %w", ErrInvalidConfig, err)
 		}
 		if bind != "" {
-			s.bound, err = s.feed.Bind(kvevents.BindConfig{Endpoint: bind, Attribute: s.attributeTopic, ReplayEndpoint: s.replayOf})
+			bc := kvevents.BindConfig{Endpoint: bind, Attribute: s.attributeTopic, ReplayEndpoint: s.replayOf}
+			if !anyPeer {
+				bc.Admit, bc.Peer = s.admitPeer, s.peerTopic
+			}
+			s.anyPeer = anyPeer
+			s.bound, err = s.feed.Bind(bc)
 			if err != nil {
 				return nil, fmt.Errorf("%w: binding the event feed at %q: %w", ErrInvalidConfig, bind, err)
 			}
@@ -315,6 +323,16 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 				clearRanks = append(clearRanks, wr)
 			}
 		}
+		if s.bound != nil && prevRec.Worker.Endpoint != w.Endpoint {
+			// Another address is another engine: what the old one published
+			// (and the listener's attribution of its topic) is dropped.
+			for _, wr := range ranksOf(prevRec.Worker) {
+				if _, dialed := oldSrc[wr]; !dialed {
+					stale = append(stale, wr)
+					clearRanks = append(clearRanks, wr)
+				}
+			}
+		}
 	}
 	for _, wr := range clearRanks {
 		if p.index != nil {
@@ -330,10 +348,7 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 	if hadPrev {
 		s.unmapHostLocked(prevRec.Worker)
 	}
-	if host, _, err := net.SplitHostPort(w.Endpoint); err == nil {
-		s.byHost[host] = w.ID
-		s.byHost[w.Endpoint] = w.ID
-	}
+	s.mapHostLocked(w)
 	if hadPrev && oldP == p {
 		keep := map[kvindex.WorkerRank]bool{}
 		for _, wr := range ranksOf(w) {
@@ -491,32 +506,6 @@ func newReservationID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-func (s *SelectionService) unmapHostLocked(w catalog.Worker) {
-	if host, _, err := net.SplitHostPort(w.Endpoint); err == nil {
-		if s.byHost[host] == w.ID {
-			delete(s.byHost, host)
-		}
-		if s.byHost[w.Endpoint] == w.ID {
-			delete(s.byHost, w.Endpoint)
-		}
-	}
-}
-
-// attributeTopic maps a topic kv@<host>[:port]@<model> to the worker serving at
-// that host (and port). Unknown hosts are refused (counted by the feed).
-func (s *SelectionService) attributeTopic(topic string) (kvindex.WorkerRank, bool) {
-	wr, ok := kvevents.TopicWorker(topic)
-	if !ok {
-		return kvindex.WorkerRank{}, false
-	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if id, ok := s.byHost[wr.Worker]; ok {
-		return kvindex.WorkerRank{Worker: id}, true
-	}
-	return kvindex.WorkerRank{}, false
 }
 
 // replayOf returns the replay endpoint of a worker rank attributed by the bind

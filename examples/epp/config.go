@@ -32,6 +32,7 @@ type config struct {
 	KVEventPort       int
 	KVReplayPort      int
 	KVEventBind       string
+	KVEventBindAny    bool
 	TotalKVBlocks     int
 	MaxBatched        int
 	PrefillMaxBatched int
@@ -164,7 +165,8 @@ func (c *config) settings() []setting {
 		{env: "DYN_KV_CACHE_BLOCK_SIZE", flag: "block-size", def: "16", help: "KV block size in tokens; must equal the engines' block size", parse: intIn(&c.BlockSize, 1, 1<<16)},
 		{env: "DYN_EPP_KV_EVENT_PORT", flag: "kv-event-port", def: "5557", help: "engines' ZMQ PUB port (0: no KV events, approximate mode)", parse: intIn(&c.KVEventPort, 0, maxPort)},
 		{env: "DYN_EPP_KV_EVENT_REPLAY_PORT", flag: "kv-event-replay-port", def: "0", help: "engines' ZMQ replay ROUTER port (0: none)", parse: intIn(&c.KVReplayPort, 0, maxPort)},
-		{env: "DYN_EPP_KV_EVENT_BIND", flag: "kv-event-bind", help: "bind a SUB here (tcp://host:port) for engines that dial in, instead of dialing each engine", parse: str(&c.KVEventBind)},
+		{env: "DYN_EPP_KV_EVENT_BIND", flag: "kv-event-bind", help: "bind a SUB here (tcp://host:port) for engines that dial in, instead of dialing each engine; only workers' addresses may connect, each publishing its own topic", parse: str(&c.KVEventBind)},
+		{env: "DYN_EPP_KV_EVENT_BIND_ANY_PEER", flag: "kv-event-bind-any-peer", def: "false", help: "let any address publish on the bind port (engines behind NAT); anyone reaching the port can then publish as any worker", parse: boolean(&c.KVEventBindAny)},
 		{env: "DYN_EPP_TOTAL_KV_BLOCKS", flag: "total-kv-blocks", def: "0", help: "per-worker KV capacity in blocks (0: unknown)", parse: intIn(&c.TotalKVBlocks, 0, math.MaxInt32)},
 		{env: "DYN_EPP_MAX_NUM_BATCHED_TOKENS", flag: "max-num-batched-tokens", def: "0", required: "when DYN_ROUTER_QUEUE_THRESHOLD is set", help: "engines' max_num_batched_tokens, the busy base of queueing", parse: intIn(&c.MaxBatched, 0, math.MaxInt32)},
 		{env: "DYN_EPP_PREFILL_MAX_NUM_BATCHED_TOKENS", flag: "prefill-max-num-batched-tokens", def: "0", help: "prefill workers' value (0: the shared one)", parse: intIn(&c.PrefillMaxBatched, 0, math.MaxInt32)},

@@ -182,6 +182,9 @@ func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure fun
 				setup(b)
 				if r == roles.Prefill && cfg.KVEventBind != "" {
 					b.BindEvents(cfg.KVEventBind)
+					if cfg.KVEventBindAny {
+						b.BindEventsFromAnyPeer()
+					}
 				}
 			},
 		})
@@ -201,6 +204,9 @@ func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure fun
 		setup(b)
 		if cfg.KVEventBind != "" {
 			b.BindEvents(cfg.KVEventBind)
+			if cfg.KVEventBindAny {
+				b.BindEventsFromAnyPeer()
+			}
 		}
 		if e.svc, err = b.Build(ctx); err != nil {
 			e.close()

@@ -97,6 +97,7 @@ var (
 	dEvDropped  = prometheus.NewDesc("kvselect_kv_event_batches_dropped_total", "Batches discarded by queue overflows.", evLabels, nil)
 	dEvReconn   = prometheus.NewDesc("kvselect_kv_event_reconnects_total", "SUB reconnections after the first connection.", evLabels, nil)
 	dEvConn     = prometheus.NewDesc("kvselect_kv_event_source_connected", "1 while the source's SUB socket is connected (or its bind listener serves).", evLabels, nil)
+	dRefused    = prometheus.NewDesc("kvselect_kv_event_peers_refused_total", "ZMQ connections or messages the ZMTP guard refused, by reason (bad_greeting, frame_too_large, not_admitted, topic_refused, ...).", []string{"role", "reason"}, nil)
 	dBindMsgs   = prometheus.NewDesc("kvselect_kv_bind_messages_total", "Messages reaching the bind listener, by result (received, frames_skipped, unattributed).", []string{"role", "endpoint", "result"}, nil)
 
 	dTokHits      = prometheus.NewDesc("kvselect_tokenizer_cache_hits_total", "Tokenizer cache hits.", nil, nil)
@@ -170,6 +171,9 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(dEvDropped, float64(e.Dropped), lv...)
 			counter(dEvReconn, float64(e.Reconnects), lv...)
 			gauge(dEvConn, b2f(e.Connected), lv...)
+		}
+		for reason, n := range s.EventRefusals() {
+			counter(dRefused, float64(n), role, reason)
 		}
 		for _, b := range s.EventBindStats() {
 			counter(dBindMsgs, float64(b.Received), role, b.Endpoint, "received")

@@ -11,6 +11,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/kvindex/kvevents/internal/zmtpguard"
 )
 
 // BindConfig configures a bind listener: a SUB socket the feed binds, which engines
@@ -35,6 +36,40 @@ type BindConfig struct {
 	// false: none). Without it, gaps of bound sources are not repaired and the source
 	// is marked degraded.
 	ReplayEndpoint func(kvindex.WorkerRank) (string, bool)
+	// Admit decides whether a peer that connects (tcp endpoints) may speak at all,
+	// by its IP address; an error closes the connection before any of its bytes
+	// is read (counted as not_admitted in Feed.Refused). Nil admits every peer:
+	// then anyone who reaches the port can publish as any worker.
+	Admit func(peer net.IP) error
+	// Peer decides whether a message with topic may come from peer (tcp
+	// endpoints), for example whether the topic's worker is the one at that
+	// address; an error drops the message (topic_refused). Nil accepts every
+	// topic from every admitted peer.
+	Peer func(peer net.IP, topic string) error
+}
+
+// ipOf returns the IP of a TCP peer address, or nil.
+func ipOf(a net.Addr) net.IP {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return ta.IP
+	}
+	return nil
+}
+
+// admitBy adapts BindConfig.Admit to the guard's policy (nil stays nil).
+func admitBy(admit func(net.IP) error) func(net.Addr) error {
+	if admit == nil {
+		return nil
+	}
+	return func(a net.Addr) error { return admit(ipOf(a)) }
+}
+
+// peerTopic adapts BindConfig.Peer to the guard's message policy.
+func peerTopic(peer func(net.IP, string) error) func(net.Addr, []byte) error {
+	if peer == nil {
+		return nil
+	}
+	return func(a net.Addr, topic []byte) error { return peer(ipOf(a), string(topic)) }
 }
 
 // TopicWorker parses the topic convention "kv@<host>[:port]@<model>" used by llm-d
@@ -102,12 +137,24 @@ func (f *Feed) Bind(cfg BindConfig) (net.Addr, error) {
 	if stopped {
 		return nil, ErrFeedStopped
 	}
+	listenAt := cfg.Endpoint
+	if strings.HasPrefix(cfg.Endpoint, "tcp://") {
+		g, err := zmtpguard.Register(f.guardLimits(), zmtpguard.Policy{
+			Admit:   admitBy(cfg.Admit),
+			Message: peerTopic(cfg.Peer),
+			Refused: f.refused,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: ZMTP guard: %w", ErrInvalidOptions, err)
+		}
+		listenAt = g.Endpoint(cfg.Endpoint)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b.sockCtx, b.cancel = ctx, cancel
 	b.sock = zmq4.NewSub(ctx, f.socketOptions()...)
 	err := b.sock.SetOption(zmq4.OptionSubscribe, "")
 	if err == nil {
-		err = b.sock.Listen(cfg.Endpoint)
+		err = b.sock.Listen(listenAt)
 	}
 	if err != nil {
 		closeSocket(b.sock)

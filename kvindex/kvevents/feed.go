@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/kvindex/kvevents/internal/zmtpguard"
 )
 
 // Errors returned by the Feed.
@@ -39,6 +40,9 @@ const (
 	DefaultMaxConcurrentReplays = 8
 	DefaultMaxBoundSources      = 4096
 	DefaultMaxSeqJump           = 100_000
+	DefaultMaxFrameBytes        = 64 << 20
+	DefaultHandshakeTimeout     = 5 * time.Second
+	DefaultMaxPeers             = 256
 	// SuspectRun is how many consecutive batches far ahead (see
 	// FeedOptions.MaxSeqJump) confirm that a stream really moved on.
 	SuspectRun          = 3
@@ -80,6 +84,21 @@ type FeedOptions struct {
 	// topics (each has a queue and a goroutine). Messages for further ranks are
 	// counted as unattributed. Default 4096.
 	MaxBoundSources int
+	// MaxFrameBytes is the largest ZMQ frame a peer may send (an engine's batch
+	// payload is one frame); larger ones close the connection before any of it
+	// is read. Default DefaultMaxFrameBytes. Every connection, dialed or bound,
+	// runs through a ZMTP guard (internal/zmtpguard) that checks the greeting,
+	// the READY, every frame header and every command before the ZMQ library
+	// sees a byte, and closes the connection on any violation (counted by
+	// reason in Refused).
+	MaxFrameBytes int64
+	// HandshakeTimeout bounds a peer's ZMTP greeting and READY, on dialed and
+	// accepted connections. A bind listener shakes hands with each engine on a
+	// goroutine of its own, so a silent peer delays no one. Default 5 s.
+	HandshakeTimeout time.Duration
+	// MaxPeers is the most connections a bind listener holds at once (in
+	// handshake or open); more are closed at once and counted. Default 256.
+	MaxPeers int
 	// MaxSeqJump is how far ahead of a source's watermark a live batch may be
 	// numbered and still be taken as a gap. A batch further ahead is suspect (a
 	// forged or corrupt sequence number): it is dropped and counted
@@ -121,6 +140,14 @@ func (o *FeedOptions) withDefaults() (FeedOptions, error) {
 	if out.MaxSeqJump == 0 {
 		out.MaxSeqJump = DefaultMaxSeqJump
 	}
+	switch {
+	case out.MaxFrameBytes < 0:
+		bad("MaxFrameBytes %d < 0", out.MaxFrameBytes)
+	case out.MaxFrameBytes == 0:
+		out.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	defInt("MaxPeers", &out.MaxPeers, DefaultMaxPeers)
+	defDur("HandshakeTimeout", &out.HandshakeTimeout, DefaultHandshakeTimeout)
 	defInt("QueueLen", &out.QueueLen, DefaultQueueLen)
 	defInt("MaxConcurrentReplays", &out.MaxConcurrentReplays, DefaultMaxConcurrentReplays)
 	defInt("MaxBoundSources", &out.MaxBoundSources, DefaultMaxBoundSources)
@@ -158,6 +185,8 @@ const (
 type Feed struct {
 	opts      FeedOptions
 	replaySem chan struct{}
+	guard     *zmtpguard.Transport // the dial side's ZMTP guard
+	refusals  refusals
 
 	// life serialises the calls that start or stop sources (AddSource, RemoveSource,
 	// ForgetSource, Bind, Run's start and shutdown), so a source's Handler calls never
@@ -184,13 +213,17 @@ func NewFeed(opts FeedOptions) (*Feed, error) {
 	if err != nil {
 		return nil, err
 	}
-	registerDialTransport()
-	return &Feed{
+	f := &Feed{
 		opts:      o,
 		replaySem: make(chan struct{}, o.MaxConcurrentReplays),
 		sources:   make(map[kvindex.WorkerRank]*source),
 		removing:  make(map[kvindex.WorkerRank]struct{}),
-	}, nil
+	}
+	f.guard, err = zmtpguard.Register(f.guardLimits(), zmtpguard.Policy{Refused: f.refused})
+	if err != nil {
+		return nil, fmt.Errorf("%w: ZMTP guard: %w", ErrInvalidOptions, err)
+	}
+	return f, nil
 }
 
 // Run starts every source and bind listener added so far, and those added later,

@@ -34,7 +34,7 @@ func (f *Feed) replay(ctx context.Context, endpoint string, start uint64, st *co
 
 	sock := zmq4.NewDealer(sctx, f.socketOptions()...)
 	defer closeSocket(sock)
-	if err := sock.Dial(dialEndpoint(endpoint)); err != nil {
+	if err := sock.Dial(f.dialEndpoint(endpoint)); err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrReplay, endpoint, err)
 	}
 	if err := sock.Send(zmq4.NewMsgFrom([]byte{}, AppendSeq(nil, start))); err != nil {

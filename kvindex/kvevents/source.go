@@ -211,7 +211,7 @@ func (s *source) recvLoop(ctx context.Context) {
 	for ctx.Err() == nil {
 		sctx, scancel := context.WithCancel(ctx)
 		sock := zmq4.NewSub(sctx, s.feed.socketOptions()...)
-		err := sock.Dial(dialEndpoint(s.cfg.Endpoint))
+		err := sock.Dial(s.feed.dialEndpoint(s.cfg.Endpoint))
 		if err == nil {
 			err = sock.SetOption(zmq4.OptionSubscribe, "")
 		}

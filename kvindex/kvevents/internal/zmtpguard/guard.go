@@ -148,8 +148,12 @@ const (
 	ReasonTooManyConns                       // listener already holds MaxConns
 	ReasonNotAdmitted                        // Policy.Admit said no
 	ReasonTopicRefused                       // Policy.Message said no, or topic too long
-	numReasons
+
+	// NumReasons bounds the Reason values, for arrays indexed by them.
+	NumReasons
 )
+
+const numReasons = NumReasons
 
 var reasonNames = [numReasons]string{
 	ReasonBadGreeting:      "bad_greeting",

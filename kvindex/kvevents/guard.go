@@ -1,0 +1,80 @@
+package kvevents
+
+import (
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvselect/kvselect/kvindex/kvevents/internal/zmtpguard"
+)
+
+// guardLimits are the ZMTP guard's limits for this feed's connections.
+func (f *Feed) guardLimits() zmtpguard.Limits {
+	return zmtpguard.Limits{
+		MaxFrame:         f.opts.MaxFrameBytes,
+		HandshakeTimeout: f.opts.HandshakeTimeout,
+		MaxConns:         f.opts.MaxPeers,
+	}
+}
+
+// dialEndpoint maps a validated tcp:// endpoint to the guarded transport;
+// others (ipc://) are dialed as they are.
+func (f *Feed) dialEndpoint(ep string) string {
+	if strings.HasPrefix(ep, "tcp://") {
+		return f.guard.Endpoint(ep)
+	}
+	return ep
+}
+
+// refusals counts the guard's refusals by reason and limits their log lines to
+// one per reason a minute.
+type refusals struct {
+	counts [zmtpguard.NumReasons]atomic.Uint64
+	mu     sync.Mutex
+	last   [zmtpguard.NumReasons]time.Time
+}
+
+// refusalWarnInterval is the least time between two log lines for one reason.
+const refusalWarnInterval = time.Minute
+
+// refused is the guards' Policy.Refused: count, and warn at most once a minute
+// per reason.
+func (f *Feed) refused(r zmtpguard.Reason, remote net.Addr, err error) {
+	if int(r) >= len(f.refusals.counts) {
+		return
+	}
+	f.refusals.counts[r].Add(1)
+	if f.opts.Logger == nil {
+		return
+	}
+	now := time.Now()
+	f.refusals.mu.Lock()
+	warn := now.Sub(f.refusals.last[r]) >= refusalWarnInterval
+	if warn {
+		f.refusals.last[r] = now
+	}
+	f.refusals.mu.Unlock()
+	if warn {
+		peer := ""
+		if remote != nil {
+			peer = remote.String()
+		}
+		f.opts.Logger.Warn("kvevents: refused a ZMQ peer (further ones for this reason are only counted for a minute)",
+			"reason", r.String(), "peer", peer, "error", err)
+	}
+}
+
+// Refused returns how many connections or messages the feed's ZMTP guards
+// refused, by reason name (see the guard's reasons: bad_greeting,
+// frame_too_large, not_admitted, topic_refused, ...); only non-zero ones.
+func (f *Feed) Refused() map[string]uint64 {
+	out := map[string]uint64{}
+	for r := range f.refusals.counts {
+		if n := f.refusals.counts[r].Load(); n > 0 {
+			out[zmtpguard.Reason(r).String()] = n
+		}
+	}
+	return out
+}
