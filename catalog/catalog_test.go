@@ -42,7 +42,7 @@ func TestUpsertAdd(t *testing.T) {
 	require.Equal(t, time.Date(2025, 1, 1, 0, 0, 1, 0, time.UTC), rec.UpdatedAt)
 	require.True(t, rec.Worker.Equal(complete("a")))
 
-	w := Worker{ID: "b", Endpoint: "h:1", DPSize: 1} // no block size, no events, no max batched
+	w := Worker{ID: "b", Endpoint: "10.9.9.9:1", DPSize: 1} // no block size, no events, no max batched
 	rec, ch, err = c.Upsert(w)
 	require.NoError(t, err)
 	require.Equal(t, Added, ch.Kind)
@@ -90,7 +90,7 @@ func TestUpsertChangeClassification(t *testing.T) {
 		{"replay endpoint", func(w *Worker) { w.ReplayEndpoint = "" }, PartEvents, Schedulable},
 		{"dp ranges", func(w *Worker) {
 			w.DPSize = 2
-			w.KVEventEndpoints = map[int]string{0: "tcp://h:1", 1: "tcp://h:2"}
+			w.KVEventEndpoints = map[int]string{0: "tcp://10.9.9.9:1", 1: "tcp://10.9.9.9:2"}
 		}, PartEvents, Schedulable},
 		{"block size", func(w *Worker) { w.BlockSize = 32 }, PartEvents, Schedulable},
 		{"model", func(w *Worker) { w.Model = "qwen" }, PartModel, Schedulable},

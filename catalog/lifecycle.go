@@ -100,6 +100,9 @@ type Requirements struct {
 	// Queueing: the service decides "busy" from max_num_batched_tokens, so
 	// workers must report it.
 	Queueing bool
+	// Endpoints says which endpoint addresses may be used (the zero value is
+	// the safe default, see EndpointPolicy).
+	Endpoints EndpointPolicy
 }
 
 // String renders the requirements for logs, e.g. "kv_events=true queueing=false".
@@ -113,7 +116,11 @@ func (r Requirements) String() string {
 // ReasonNoEndpoint (empty Endpoint), ReasonNoBlockSize (BlockSize <= 0),
 // ReasonNoDPSize (DPSize <= 0), ReasonNoMaxBatched (queueing on and
 // MaxNumBatchedTokens <= 0), then ReasonNoEventEndpoint.ForRank(r) for each
-// rank r, ascending, without a non-empty event endpoint (events on).
+// rank r, ascending, without a non-empty event endpoint (events on). An
+// endpoint that req.Endpoints refuses adds its reason (ReasonEndpointHostname,
+// ReasonEndpointNotRoutable, ReasonEventEndpointScheme): for the worker's
+// endpoint as it is, for a rank's event endpoint ForRank(r) (events on), for
+// the replay endpoint with the suffix ":replay".
 //
 // Evaluate is a pure function. It expects a worker that passes Validate; for
 // any other worker it still returns without panicking, but the result means
@@ -122,6 +129,8 @@ func Evaluate(w Worker, req Requirements) (Lifecycle, []Reason) {
 	var reasons []Reason
 	if w.Endpoint == "" {
 		reasons = append(reasons, ReasonNoEndpoint)
+	} else if r := req.Endpoints.endpointProblem(w.Endpoint); r != "" {
+		reasons = append(reasons, r)
 	}
 	if w.BlockSize <= 0 {
 		reasons = append(reasons, ReasonNoBlockSize)
@@ -135,9 +144,17 @@ func Evaluate(w Worker, req Requirements) (Lifecycle, []Reason) {
 	if req.KVEvents {
 		for i := range min(w.DPSize, MaxDPSize) {
 			rank := w.DPStart + i
-			if w.KVEventEndpoints[rank] == "" {
+			ep := w.KVEventEndpoints[rank]
+			if ep == "" {
 				reasons = append(reasons, ReasonNoEventEndpoint.ForRank(rank))
+			} else if r := req.Endpoints.zmqProblem(ep); r != "" {
+				reasons = append(reasons, r.ForRank(rank))
 			}
+		}
+	}
+	if w.ReplayEndpoint != "" {
+		if r := req.Endpoints.zmqProblem(w.ReplayEndpoint); r != "" {
+			reasons = append(reasons, r+":replay")
 		}
 	}
 	if len(reasons) > 0 {

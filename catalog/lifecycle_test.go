@@ -2,6 +2,7 @@ package catalog
 
 import (
 	"encoding/json"
+	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -31,11 +32,11 @@ func TestEvaluate(t *testing.T) {
 		{"empty event endpoint counts as missing", func(w *Worker) { w.KVEventEndpoints = map[int]string{0: ""} }, events, []Reason{ReasonNoEventEndpoint.ForRank(0)}},
 		{"multi-rank, one rank missing", func(w *Worker) {
 			w.DPStart, w.DPSize = 8, 4
-			w.KVEventEndpoints = map[int]string{8: "tcp://h:1", 9: "tcp://h:2", 11: "tcp://h:4"}
+			w.KVEventEndpoints = map[int]string{8: "tcp://10.9.9.9:1", 9: "tcp://10.9.9.9:2", 11: "tcp://10.9.9.9:4"}
 		}, events, []Reason{ReasonNoEventEndpoint.ForRank(10)}},
 		{"multi-rank, all present", func(w *Worker) {
 			w.DPStart, w.DPSize = 8, 2
-			w.KVEventEndpoints = map[int]string{8: "tcp://h:1", 9: "tcp://h:2"}
+			w.KVEventEndpoints = map[int]string{8: "tcp://10.9.9.9:1", 9: "tcp://10.9.9.9:2"}
 		}, both, nil},
 		{"everything missing, in order", func(w *Worker) { *w = Worker{ID: "a"} }, both,
 			[]Reason{ReasonNoEndpoint, ReasonNoBlockSize, ReasonNoDPSize, ReasonNoMaxBatched}},
@@ -88,4 +89,43 @@ func TestLifecycleString(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, `{"l":"draining"}`, string(b))
 	require.Equal(t, "kv_events=true queueing=false", Requirements{KVEvents: true}.String())
+}
+
+func TestEvaluateEndpointPolicy(t *testing.T) {
+	ok := func(ep string) Worker {
+		return Worker{ID: "w", Endpoint: ep, DPSize: 1, BlockSize: 16, KVEventEndpoints: map[int]string{0: "tcp://10.0.0.5:5557"}}
+	}
+	ev := Requirements{KVEvents: true}
+	for ep, want := range map[string][]Reason{
+		"10.0.0.5:8000":             nil,
+		"127.0.0.1:8000":            nil,
+		"[2001:db8::5]:8000":        nil,
+		"vllm-0.vllm.ns.svc:8000":   {ReasonEndpointHostname},
+		"localhost:8000":            {ReasonEndpointHostname},
+		"169.254.169.254:80":        {ReasonEndpointNotRoutable},
+		"0.0.0.0:8000":              {ReasonEndpointNotRoutable},
+		"[::]:8000":                 {ReasonEndpointNotRoutable},
+		"255.255.255.255:8000":      {ReasonEndpointNotRoutable},
+		"224.0.0.1:8000":            {ReasonEndpointNotRoutable},
+		"[fe80::1%eth0]:8000":       {ReasonEndpointNotRoutable},
+		"[fe80::1]:8000":            {ReasonEndpointNotRoutable},
+		"[::ffff:169.254.1.1]:8000": {ReasonEndpointNotRoutable},
+	} {
+		life, reasons := Evaluate(ok(ep), ev)
+		require.Equal(t, want, reasons, ep)
+		require.Equal(t, len(want) == 0, life == Schedulable, ep)
+	}
+	// Event and replay endpoints are judged too, ipc only when allowed.
+	w := ok("10.0.0.5:8000")
+	w.KVEventEndpoints = map[int]string{0: "ipc:///etc/passwd"}
+	w.ReplayEndpoint = "tcp://169.254.169.254:5558"
+	_, reasons := Evaluate(w, ev)
+	require.Equal(t, []Reason{ReasonEventEndpointScheme.ForRank(0), ReasonEndpointNotRoutable + ":replay"}, reasons)
+	// An allowlist and the switches lift the refusals.
+	lax := Requirements{KVEvents: true, Endpoints: EndpointPolicy{AllowHostnames: true, AllowIPC: true,
+		Allow: []netip.Prefix{netip.MustParsePrefix("169.254.0.0/16")}}}
+	life, reasons := Evaluate(w, lax)
+	require.Equal(t, Schedulable, life, reasons)
+	life, _ = Evaluate(ok("vllm-0:8000"), lax)
+	require.Equal(t, Schedulable, life)
 }

@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/kvselect/kvselect/catalog"
 )
 
 // QueuePolicy orders requests that wait in the admission queue within one strict
@@ -114,6 +116,16 @@ type Config struct {
 	// ActiveRequestExpiry is the lease of a booking: one not freed by then is an
 	// orphan and its load is released. > 0; 0 means 300 s.
 	ActiveRequestExpiry time.Duration
+	// Endpoints says which worker and KV-event endpoint addresses may be routed
+	// to (the catalog reports the others in the record's reasons and never
+	// routes to them). Its zero value accepts IP literals of unicast addresses
+	// (loopback and private ones included) and tcp:// event endpoints, and
+	// refuses hostnames, link-local (cloud metadata), unspecified, broadcast
+	// and multicast addresses and ipc:// endpoints; DefaultConfig and
+	// DynamoConfig also accept hostnames (a gateway that resolves names can
+	// route to them; an Envoy original-destination cluster cannot, so the
+	// reference EPP refuses them).
+	Endpoints catalog.EndpointPolicy
 	// FeedTrust decides when a worker rank's KV-event feed is not trusted
 	// (silent or mis-speaking, see FeedState) and its rank is routed on the
 	// service's own bookings instead, and runs the token-parity self-check.
@@ -173,6 +185,7 @@ func DynamoConfig(blockSize int) Config {
 		TrackActiveBlocks:  true,
 		AssumeKVReuse:      true,
 		TrackPrefillTokens: true,
+		Endpoints:          catalog.EndpointPolicy{AllowHostnames: true},
 	}
 }
 

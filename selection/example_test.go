@@ -21,8 +21,9 @@ func ExampleSelectionServiceBuilder() {
 	}
 	defer svc.Close()
 
-	for _, id := range []string{"pod-a", "pod-b"} {
-		rec, err := svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: id + ":8000", DPSize: 1, BlockSize: 4})
+	for i, id := range []string{"pod-a", "pod-b"} {
+		ep := fmt.Sprintf("10.0.0.%d:8000", i+1) // pod IPs: endpoints are IP literals
+		rec, err := svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: ep, DPSize: 1, BlockSize: 4})
 		if err != nil {
 			panic(err)
 		}
@@ -46,6 +47,6 @@ func ExampleSelectionServiceBuilder() {
 	// Output:
 	// pod-a schedulable
 	// pod-b schedulable
-	// pod-b:8000 cached blocks: 2 to prefill: 4
+	// 10.0.0.2:8000 cached blocks: 2 to prefill: 4
 	// true 404
 }

@@ -101,7 +101,7 @@ func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, r
 	}
 	var err error
 	s.cat, err = catalog.New(catalog.Options{
-		Requirements: catalog.Requirements{KVEvents: cfg.UseKVEvents && !external && bind == "", Queueing: cfg.QueueThreshold != nil},
+		Requirements: catalog.Requirements{KVEvents: cfg.UseKVEvents && !external && bind == "", Queueing: cfg.QueueThreshold != nil, Endpoints: cfg.Endpoints},
 		Now:          clock.Now,
 	})
 	if err != nil {

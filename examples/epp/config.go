@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -197,6 +198,24 @@ func (c *config) settings() []setting {
 		{env: "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", flag: "disk-cache-hit-weight", def: "0.25", help: "credit of disk-tier hits [0, 1]", parse: floatMin(&r.DiskCacheHitWeight, 0)},
 		{env: "DYN_ROUTER_TEMPERATURE", flag: "router-temperature", def: "0", help: "0: cheapest worker; > 0: softmax sampling", parse: floatMin(&r.Temperature, 0)},
 		{env: "DYN_ROUTER_USE_KV_EVENTS", aliases: []string{"DYN_USE_KV_EVENTS"}, flag: "use-kv-events", def: "true", help: "subscribe to engine KV events (false: approximate index)", parse: boolean(&r.UseKVEvents)},
+		{env: "DYN_EPP_ALLOW_HOSTNAMES", flag: "allow-hostnames", def: "false", help: "route to workers whose endpoint names a host (Envoy's original-destination cluster needs an IP: leave false behind Envoy)", parse: boolean(&r.Endpoints.AllowHostnames)},
+		{env: "DYN_EPP_ALLOW_IPC_EVENTS", flag: "allow-ipc-events", def: "false", help: "accept ipc:// KV-event and replay endpoints (engines on the EPP's own host)", parse: boolean(&r.Endpoints.AllowIPC)},
+		{env: "DYN_EPP_ALLOW_ADDRESSES", flag: "allow-addresses", help: "comma-separated CIDRs routed although refused by default (link-local, multicast, unspecified, broadcast)",
+			parse: func(c *config, v string) error {
+				var out []netip.Prefix
+				for _, f := range strings.Split(v, ",") {
+					if f = strings.TrimSpace(f); f == "" {
+						continue
+					}
+					p, err := netip.ParsePrefix(f)
+					if err != nil {
+						return fmt.Errorf("%q is not a CIDR prefix (e.g. 169.254.0.0/16)", f)
+					}
+					out = append(out, p)
+				}
+				c.Router.Endpoints.Allow = out
+				return nil
+			}},
 		{env: "DYN_EPP_KV_FEED_CHECKS", flag: "kv-feed-checks", def: "true", help: "judge each worker's KV-event feed (silent, mis-speaking: routed on its own bookings until it heals) and token parity",
 			parse: func(c *config, v string) error {
 				var on bool
@@ -256,6 +275,7 @@ var errConfig = errors.New("epp: invalid configuration")
 // returns the configuration or one error naming every bad variable.
 func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (*config, error) {
 	c := &config{Router: selection.DefaultConfig(16)}
+	c.Router.Endpoints.AllowHostnames = false // the destination header must be an IP
 	sets := c.settings()
 	flagVals := make(map[string]*string, len(sets))
 	for _, s := range sets {

@@ -43,6 +43,7 @@ func TestConfigDefaults(t *testing.T) {
 	want.QueueLimit = 1024
 	want.RouterTTL = 120 * time.Second
 	want.ActiveRequestExpiry = 300 * time.Second
+	want.Endpoints.AllowHostnames = false // Envoy's original destination needs an IP
 	require.Equal(t, want, c.Router)
 	// A real run needs the pool, the namespace and the tokenizer.
 	err = c.requireForServing()

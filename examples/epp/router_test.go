@@ -224,3 +224,35 @@ func TestMetricsCollectorEventPlane(t *testing.T) {
 		}
 	}
 }
+
+// Discovery hands the EPP what the cluster says; addresses it cannot or must
+// not route to stay unschedulable, with the reason in the record.
+func TestEPPRefusesUnroutableEndpoints(t *testing.T) {
+	cfg, err := load(t, map[string]string{"DYN_EPP_TOKENIZER_SERVICE_URL": "http://127.0.0.1:1", "DYN_EPP_KV_EVENT_PORT": "0"})
+	require.NoError(t, err)
+	e, err := newEPP(context.Background(), cfg, nil, nil)
+	require.NoError(t, err)
+	defer e.close()
+	e.apply(discovery.Snapshot{Workers: []catalog.Worker{
+		{ID: "ok", Endpoint: "10.0.0.1:8000", DPSize: 1},
+		{ID: "metadata", Endpoint: "169.254.169.254:80", DPSize: 1},
+		{ID: "name", Endpoint: "vllm-0.vllm:8000", DPSize: 1},
+		{ID: "zoned", Endpoint: "[fe80::1%eth0]:8000", DPSize: 1},
+	}, Synced: true})
+	got := map[string][]catalog.Reason{}
+	for _, r := range e.svc.Workers() {
+		got[r.Worker.ID] = r.Reasons
+	}
+	require.Empty(t, got["ok"])
+	require.Equal(t, []catalog.Reason{catalog.ReasonEndpointNotRoutable}, got["metadata"])
+	require.Equal(t, []catalog.Reason{catalog.ReasonEndpointHostname}, got["name"])
+	require.Equal(t, []catalog.Reason{catalog.ReasonEndpointNotRoutable}, got["zoned"])
+
+	cfg, err = load(t, map[string]string{"DYN_EPP_TOKENIZER_SERVICE_URL": "http://127.0.0.1:1", "DYN_EPP_KV_EVENT_PORT": "0",
+		"DYN_EPP_ALLOW_HOSTNAMES": "true", "DYN_EPP_ALLOW_ADDRESSES": "169.254.0.0/16"})
+	require.NoError(t, err)
+	require.True(t, cfg.Router.Endpoints.AllowHostnames)
+	require.Len(t, cfg.Router.Endpoints.Allow, 1)
+	_, err = load(t, map[string]string{"DYN_EPP_ALLOW_ADDRESSES": "169.254.0.0"})
+	require.ErrorContains(t, err, "DYN_EPP_ALLOW_ADDRESSES")
+}
