@@ -149,6 +149,10 @@ const (
 	DefaultMaxNumBatchedTokens = 10_000_000
 )
 
+// MaxWeight bounds every weight, the temperature and the queue threshold: a
+// larger one makes costs overflow to +Inf and every worker tie.
+const MaxWeight = 1e6
+
 // kvselect's default weights, where they differ from Dynamo's (1 and 1).
 const (
 	DefaultOverlapScoreCredit = 4.0
@@ -198,8 +202,8 @@ func (c Config) Validate() error {
 		bad("BlockSize is %d, want > 0", c.BlockSize)
 	}
 	nonNeg := func(name string, v float64) {
-		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
-			bad("%s is %v, want a finite value >= 0", name, v)
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > MaxWeight {
+			bad("%s is %v, want a value in [0, %g]", name, v, MaxWeight)
 		}
 	}
 	unit := func(name string, v float64) {
@@ -216,8 +220,8 @@ func (c Config) Validate() error {
 	unit("HostCacheHitWeight", c.HostCacheHitWeight)
 	unit("DiskCacheHitWeight", c.DiskCacheHitWeight)
 	nonNeg("Temperature", c.Temperature)
-	if c.RouterTTL < 0 {
-		bad("RouterTTL is %v, want >= 0", c.RouterTTL)
+	if c.RouterTTL < 0 || (c.RouterTTL > 0 && c.RouterTTL < time.Millisecond) {
+		bad("RouterTTL is %v, want >= 1ms (or 0 for the default)", c.RouterTTL)
 	}
 	if c.ApproxMaxBlocks < 0 {
 		bad("ApproxMaxBlocks is %d, want >= 0", c.ApproxMaxBlocks)
@@ -231,8 +235,8 @@ func (c Config) Validate() error {
 	if c.QueueLimit < 0 {
 		bad("QueueLimit is %d, want >= 0", c.QueueLimit)
 	}
-	if c.ActiveRequestExpiry < 0 {
-		bad("ActiveRequestExpiry is %v, want > 0 (or 0 for the default)", c.ActiveRequestExpiry)
+	if c.ActiveRequestExpiry < 0 || (c.ActiveRequestExpiry > 0 && c.ActiveRequestExpiry < time.Millisecond) {
+		bad("ActiveRequestExpiry is %v, want >= 1ms (or 0 for the default)", c.ActiveRequestExpiry)
 	}
 	if c.IndexerThreads < 0 {
 		bad("IndexerThreads is %d, want >= 0", c.IndexerThreads)

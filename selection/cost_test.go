@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -122,6 +123,15 @@ func TestConfigValidation(t *testing.T) {
 	ok := DynamoConfig(16)
 	ok.OverlapScoreCredit = 1.5
 	require.NoError(t, ok.Validate())
+	// Weights so large that costs overflow, and durations that round to the
+	// default, are refused by name.
+	huge := DynamoConfig(16)
+	huge.OverlapScoreCredit, huge.PrefillLoadScale, huge.DecodeActiveRequestWeight = 1e308, 1e7, 2e6
+	huge.RouterTTL, huge.ActiveRequestExpiry = time.Nanosecond, time.Microsecond
+	err = huge.Validate()
+	for _, field := range []string{"OverlapScoreCredit", "PrefillLoadScale", "DecodeActiveRequestWeight", "RouterTTL", "ActiveRequestExpiry"} {
+		require.ErrorContains(t, err, field)
+	}
 }
 
 func TestDeprecatedOverlapScoreWeight(t *testing.T) {

@@ -234,6 +234,9 @@ func (c *config) settings() []setting {
 				if err := floatMin(&s, 0)(c, v); err != nil {
 					return err
 				}
+				if s > 0 && s < 0.001 || s > 30*86400 {
+					return fmt.Errorf("%v s is outside [0.001, %d] (0 means the default)", s, 30*86400)
+				}
 				c.Router.RouterTTL = time.Duration(s * float64(time.Second))
 				return nil
 			}},

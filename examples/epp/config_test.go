@@ -138,3 +138,18 @@ func sortedEnv() []string {
 	sort.Strings(out)
 	return out
 }
+
+func TestConfigRefusesValuesThatWouldBeSilentlyChanged(t *testing.T) {
+	for env, val := range map[string]string{
+		"DYN_ROUTER_TTL_SECS":                "1e-10",
+		"DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT": "1e308",
+		"DYN_ROUTER_PREFILL_LOAD_SCALE":      "1e7",
+		"DYN_ROUTER_TEMPERATURE":             "1e9",
+	} {
+		cfg, err := load(t, map[string]string{env: val, "DYN_EPP_TOKENIZER_SERVICE_URL": "http://127.0.0.1:1"})
+		if err == nil {
+			err = cfg.Router.Validate()
+		}
+		require.Error(t, err, env)
+	}
+}
