@@ -17,7 +17,10 @@
 // a block size, at least one data-parallel rank, max_num_batched_tokens when
 // queueing is on, and a KV-event endpoint for every rank when KV events are on.
 // Anything missing is named by a Reason, per rank for event endpoints
-// ("kv_event_endpoint_missing:rank=1").
+// ("kv_event_endpoint_missing:rank=1"). So is an endpoint the service must not
+// route to or read from (Requirements.Endpoints, an EndpointPolicy): by
+// default a hostname, a link-local (cloud metadata), unspecified, broadcast or
+// multicast address, or an ipc:// event endpoint.
 //
 //	from         what happens                          to
 //	(absent)     Upsert                                Incomplete or Schedulable (Evaluate)
