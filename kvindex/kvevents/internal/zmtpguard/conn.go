@@ -122,10 +122,23 @@ func (c *conn) Write(p []byte) (int, error) {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if c.out.done {
-		return c.nc.Write(p)
+	if err := c.nc.SetWriteDeadline(time.Now().Add(c.t.lim.WriteTimeout)); err != nil {
+		return 0, c.ioErr(err)
 	}
-	return c.out.write(c, p)
+	var (
+		n   int
+		err error
+	)
+	if c.out.done {
+		n, err = c.nc.Write(p)
+	} else {
+		n, err = c.out.write(c, p)
+	}
+	var ne net.Error
+	if err != nil && errors.As(err, &ne) && ne.Timeout() {
+		return n, c.refuse(ReasonWriteTimeout, "write of %d bytes not taken in %v", len(p), c.t.lim.WriteTimeout)
+	}
+	return n, err
 }
 
 // Close closes the TCP connection once and releases its listener slot.

@@ -33,6 +33,9 @@
 //     Policy.Message set, a message's first frame (at most MaxTopic) is buffered and
 //     shown to it; a refusal drops the whole message and keeps the connection.
 //
+// Every write has a deadline (Limits.WriteTimeout): zmq4 writes under its
+// socket's lock, so a peer that stops reading would otherwise stall the socket.
+//
 // Any other violation closes the connection, is counted by Reason (Stats) and
 // reported to Policy.Refused. zmq4 never sees the offending bytes: its next Read
 // returns a *RefusedError (wrapping ErrRefused), a net.Error that is not a timeout,

@@ -20,6 +20,7 @@ const (
 	DefaultMaxParts         = 64
 	DefaultMaxTopic         = 1 << 10
 	DefaultHandshakeTimeout = 5 * time.Second
+	DefaultWriteTimeout     = 10 * time.Second
 	DefaultMaxConns         = 256
 )
 
@@ -62,6 +63,11 @@ type Limits struct {
 	// MaxConns is the most accepted connections one listener holds open at once,
 	// handshaking or handed to zmq4; more are closed at once. Default 256.
 	MaxConns int
+	// WriteTimeout bounds every write to a peer. zmq4 writes without a deadline
+	// while holding its socket's lock, so a peer that stops reading would stall
+	// every connection of the socket; a write that cannot finish in time closes
+	// the connection (ReasonWriteTimeout). Default 10 s.
+	WriteTimeout time.Duration
 }
 
 func (l Limits) resolve() (Limits, error) {
@@ -78,6 +84,7 @@ func (l Limits) resolve() (Limits, error) {
 	check("MaxTopic", l.MaxTopic < 0)
 	check("HandshakeTimeout", l.HandshakeTimeout < 0)
 	check("MaxConns", l.MaxConns < 0)
+	check("WriteTimeout", l.WriteTimeout < 0)
 	if len(errs) > 0 {
 		return l, errors.Join(errs...)
 	}
@@ -101,6 +108,9 @@ func (l Limits) resolve() (Limits, error) {
 	def(&l.MaxConns, DefaultMaxConns)
 	if l.HandshakeTimeout == 0 {
 		l.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if l.WriteTimeout == 0 {
+		l.WriteTimeout = DefaultWriteTimeout
 	}
 	if l.MaxCommand < minCommand {
 		return l, fmt.Errorf("%w: MaxCommand %d is below %d", ErrInvalidLimits, l.MaxCommand, minCommand)
@@ -148,6 +158,7 @@ const (
 	ReasonTooManyConns                       // listener already holds MaxConns
 	ReasonNotAdmitted                        // Policy.Admit said no
 	ReasonTopicRefused                       // Policy.Message said no, or topic too long
+	ReasonWriteTimeout                       // the peer did not take a write within WriteTimeout
 
 	// NumReasons bounds the Reason values, for arrays indexed by them.
 	NumReasons
@@ -170,6 +181,7 @@ var reasonNames = [numReasons]string{
 	ReasonTooManyConns:     "too_many_conns",
 	ReasonNotAdmitted:      "not_admitted",
 	ReasonTopicRefused:     "topic_refused",
+	ReasonWriteTimeout:     "write_timeout",
 }
 
 // String returns the reason's snake_case name, fit for a metric label.

@@ -174,3 +174,23 @@ func TestRegisterValidates(t *testing.T) {
 	require.Equal(t, "frame_too_large", ReasonFrameTooLarge.String())
 	require.Equal(t, "reason(99)", Reason(99).String())
 }
+
+// A peer that stops reading cannot stall zmq4's writer: the write times out and
+// the connection is refused.
+func TestWriteToAPeerThatStopsReadingTimesOut(t *testing.T) {
+	tr, err := Register(Limits{WriteTimeout: 20 * time.Millisecond}, Policy{})
+	require.NoError(t, err)
+	ours, theirs := net.Pipe() // unbuffered: a write waits for a reader
+	defer theirs.Close()
+	c := newConn(tr, ours, false, nil)
+	c.t.c.open.Add(1) // as the transport does for every connection it opens
+	c.out.done = true // past the handshake
+	start := time.Now()
+	_, err = c.Write(make([]byte, 64))
+	require.ErrorIs(t, err, ErrRefused)
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.EqualValues(t, 1, tr.Stats().Refused[ReasonWriteTimeout])
+	_, err = c.Write([]byte{1})
+	require.ErrorIs(t, err, ErrRefused, "a refused connection stays refused")
+	require.Equal(t, "write_timeout", ReasonWriteTimeout.String())
+}
