@@ -46,7 +46,7 @@ type conn struct {
 	remote  net.Addr
 	server  bool
 	onClose func()
-	stop    func() bool // unhooks the socket context (dialed connections)
+	stop    atomic.Pointer[func() bool] // unhooks the socket context (dialed connections); set after the hook may already run
 
 	failed    atomic.Pointer[RefusedError] // set once, by the first refusal
 	closed    atomic.Bool                  // Close was called (by zmq4, the listener or a refusal)
@@ -145,8 +145,8 @@ func (c *conn) Write(p []byte) (int, error) {
 func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
-		if c.stop != nil {
-			c.stop()
+		if stop := c.stop.Load(); stop != nil {
+			(*stop)()
 		}
 		c.closeErr = c.nc.Close()
 		c.t.c.open.Add(-1)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4/transport"
@@ -31,7 +32,8 @@ func (z zmqTransport) Dial(ctx context.Context, d transport.Dialer, addr string)
 		_ = c.Close()
 		return nil, err
 	}
-	c.stop = context.AfterFunc(ctx, func() { _ = c.Close() })
+	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	c.stop.Store(&stop)
 	return c, nil
 }
 
@@ -51,7 +53,8 @@ func (z zmqTransport) Listen(ctx context.Context, addr string) (net.Listener, er
 	}
 	l.wg.Add(1)
 	go l.acceptLoop()
-	l.stop = context.AfterFunc(ctx, func() { _ = l.Close() })
+	stop := context.AfterFunc(ctx, func() { _ = l.Close() })
+	l.stop.Store(&stop)
 	return l, nil
 }
 
@@ -77,9 +80,9 @@ func (zmqTransport) Addr(ep string) (string, error) {
 type listener struct {
 	t     *Transport
 	ln    net.Listener
-	ready chan *conn    // handshaken connections, taken by Accept
-	done  chan struct{} // closed by Close
-	stop  func() bool   // unhooks the context
+	ready chan *conn                  // handshaken connections, taken by Accept
+	done  chan struct{}               // closed by Close
+	stop  atomic.Pointer[func() bool] // unhooks the context; set after the hook may already run
 
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -106,8 +109,8 @@ func (l *listener) Accept() (net.Conn, error) {
 func (l *listener) Close() error {
 	var err error
 	l.closeOnce.Do(func() {
-		if l.stop != nil {
-			l.stop()
+		if stop := l.stop.Load(); stop != nil {
+			(*stop)()
 		}
 		close(l.done)
 		err = l.ln.Close()
