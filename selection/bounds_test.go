@@ -39,3 +39,16 @@ func TestEventsOfMadeUpRanksAndOverfullRanksAreRefused(t *testing.T) {
 	require.ErrorIs(t, store(3, 10), kvevents.ErrUnknownRank)
 	require.NoError(t, store(2, 9), "no declared capacity: the default limit")
 }
+
+func TestCancelledCallerBooksNothing(t *testing.T) {
+	s, err := NewSelectionServiceBuilder(DefaultConfig(1)).ExternalEvents().SweepInterval(-1).Build(context.Background())
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.UpsertWorker(catalog.Worker{ID: "w", Endpoint: "10.0.0.1:8000", DPSize: 1, BlockSize: 1})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = s.SelectAndReserve(ctx, Request{ReservationID: "r", Tokens: []uint32{1, 2}})
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, s.FreeReservation("r"), ErrUnknownReservation, "nothing was booked")
+}

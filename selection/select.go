@@ -186,8 +186,9 @@ func (s *SelectionService) Select(ctx context.Context, req Request) (Result, err
 // lock). When queueing is on and every
 // eligible worker is busy it waits in the model's admission queue until capacity
 // frees, ctx is done (nothing is booked; ctx's error is returned) or the service
-// closes. Errors: ErrBadRequest, ErrNotReady, ErrNoEndpoints, ErrConflict (the
-// reservation id is booked), ErrOverloaded (queue full), ErrClosed, ctx errors.
+// closes. A ctx already done books nothing. Errors: ErrBadRequest, ErrNotReady,
+// ErrNoEndpoints, ErrConflict (the reservation id is booked), ErrOverloaded
+// (queue full), ErrClosed, ctx errors.
 func (s *SelectionService) SelectAndReserve(ctx context.Context, req Request) (Result, error) {
 	return s.decide(ctx, &req, true)
 }
@@ -202,6 +203,9 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 	}()
 	if s.closed.Load() {
 		return Result{}, ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return Result{}, err // the caller is gone: book nothing
 	}
 	if reserve && req.ReservationID == "" {
 		req.ReservationID = newReservationID()
