@@ -144,9 +144,11 @@ func (b *SelectionServiceBuilder) BindEvents(endpoint string) *SelectionServiceB
 // BindEventsFromAnyPeer lifts BindEvents' address checks, for engines behind
 // NAT or a proxy whose connections do not come from their endpoint's address.
 // The risk: anyone who can reach the bound port can then publish events as any
-// worker and steer routing (a forged stream cannot clear a worker's index on
-// its own, see kvevents' sequence rules, but it can fill it with prefixes the
-// worker does not hold). Keep such a port on a private network.
+// worker and steer routing. A single forged batch can fill a worker's index
+// with prefixes it does not hold, or clear it (a sequence number that goes
+// back looks like an engine restart, and an AllBlocksCleared event like a
+// cache reset; only a forged number far ahead is held back, see kvevents'
+// FeedOptions.MaxSeqJump). Keep such a port on a network only engines reach.
 func (b *SelectionServiceBuilder) BindEventsFromAnyPeer() *SelectionServiceBuilder {
 	b.anyPeer = true
 	return b

@@ -162,31 +162,51 @@ func TestBindForgedPeers(t *testing.T) {
 	}
 }
 
-// TestBindForgedFarAheadSeq: with DYN_EPP_KV_EVENT_BIND_ANY_PEER anyone may
-// publish as any worker. A forged batch numbered a million past the real
-// stream is dropped as suspect: nothing is counted lost, the source is not
-// degraded, the real stream that resumes is not taken for a restart, and the
-// worker's index (probed through a routing decision) still holds its prefix.
-func TestBindForgedFarAheadSeq(t *testing.T) {
+// anyPeerWorker starts a bind-mode EPP with DYN_EPP_KV_EVENT_BIND_ANY_PEER
+// and one engine that has served (and so cached) prompt through its own API.
+func anyPeerWorker(t *testing.T, prompt string) (*eppProc, *dialEngine, string) {
+	t.Helper()
 	p, engines, ids := bindFleet(t, 1, map[string]string{"DYN_EPP_KV_EVENT_BIND_ANY_PEER": "true"})
 	e, id := engines[0], ids[0]
 	e.dial(t, p.bindPort)
 	flow(t, p, e.Engine, id)
-
-	// The engine caches a prompt through its own API, as a served request.
-	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 12)
 	applied := p.applied(id)
 	resp, err := p.httpc.Post("http://"+e.endpoint+"/v1/chat/completions", "application/json", strings.NewReader(string(chatBody(t, prompt))))
 	require.NoError(t, err)
 	_ = resp.Body.Close()
 	require.Equal(t, 200, resp.StatusCode)
 	p.eventually("the prompt's blocks applied", waitTimeout, func() bool { return p.applied(id) > applied })
+	require.GreaterOrEqual(t, p.promptOverlap(t, prompt, e.endpoint), 4.0, "the prompt is not in the index before the attack")
+	return p, e, id
+}
 
+// promptOverlap routes prompt and returns how many device blocks the chosen
+// worker (which must be dest) held of it in the EPP's index.
+func (p *eppProc) promptOverlap(t *testing.T, prompt, dest string) float64 {
+	t.Helper()
+	chosen := p.count("kvselect_overlap_chosen_blocks_total", labels{"role": role})
+	d, err := p.pick(t.Context(), prompt)
+	require.NoError(t, err)
+	require.Equal(t, 200, d.Status, "%s", d.ImmediateBody)
+	require.Equal(t, dest, d.Destination)
+	return p.count("kvselect_overlap_chosen_blocks_total", labels{"role": role}) - chosen
+}
+
+const probePrompt = "the quick brown fox jumps over the lazy dog and keeps running through the field "
+
+// TestBindForgedFarAheadSeq: with DYN_EPP_KV_EVENT_BIND_ANY_PEER anyone may
+// publish as any worker. A forged batch numbered a million past the real
+// stream is dropped as suspect: nothing is counted lost, the source is not
+// degraded, the real stream that resumes is not taken for a restart, and the
+// worker's index (probed through a routing decision) still holds its prefix.
+func TestBindForgedFarAheadSeq(t *testing.T) {
+	prompt := strings.Repeat(probePrompt, 6)
+	p, e, id := anyPeerWorker(t, prompt)
 	real := lastSeq(t, e.Engine)
 	lost0, suspect0 := p.source("kvselect_kv_event_batches_lost_total", id), p.source("kvselect_kv_event_batches_suspect_total", id)
-	applied = p.applied(id)
+	applied := p.applied(id)
 	pc := publisher(t, net.ParseIP("127.0.0.9"), fmt.Sprintf("127.0.0.1:%d", p.bindPort))
-	_, err = pc.Write(liveMessage(e.Topic(), real+1_000_000, forgedBatch()))
+	_, err := pc.Write(liveMessage(e.Topic(), real+1_000_000, forgedBatch()))
 	require.NoError(t, err)
 	p.eventually("forged batch counted suspect", waitTimeout, func() bool {
 		return p.source("kvselect_kv_event_batches_suspect_total", id) > suspect0
@@ -202,14 +222,7 @@ func TestBindForgedFarAheadSeq(t *testing.T) {
 	require.Zero(t, p.source("kvselect_kv_event_source_degraded", id), "source degraded")
 	require.Zero(t, p.source("kvselect_kv_event_restarts_total", id), "restart counted")
 	require.Zero(t, p.source("kvselect_kv_event_jumps_total", id), "jump confirmed")
-
-	// The index still holds the prompt: routing it finds the worker's blocks.
-	chosen := p.count("kvselect_overlap_chosen_blocks_total", labels{"role": role})
-	d, err := p.pick(t.Context(), prompt)
-	require.NoError(t, err)
-	require.Equal(t, 200, d.Status, "%s", d.ImmediateBody)
-	require.Equal(t, e.endpoint, d.Destination)
-	overlap := p.count("kvselect_overlap_chosen_blocks_total", labels{"role": role}) - chosen
+	overlap := p.promptOverlap(t, prompt, e.endpoint)
 	require.GreaterOrEqual(t, overlap, 4.0, "the worker's index lost the prompt's blocks")
 	t.Logf("forged seq %d (real %d): suspect %v -> %v, lost %v -> %v, degraded 0, restarts 0; applied %v; prompt overlap %v blocks",
 		real+1_000_000, real, suspect0, p.source("kvselect_kv_event_batches_suspect_total", id), lost0, lost, p.applied(id), overlap)

@@ -24,6 +24,9 @@
 //   - a tokenizer that accepts and never answers, under a small
 //     DYN_EPP_MAX_INFLIGHT_REQUESTS (503s, bounded goroutines and heap).
 //
+// Under -race the EPP binary is built with -race too, and a race it reports
+// fails the test.
+//
 // Everything listens on 127.0.0.1 (the forged peers dial from 127.0.0.2 and
 // 127.0.0.9, also loopback on Linux), every wait is bounded by a deadline and
 // polls /metrics or the EPP's log instead of sleeping, and every process and

@@ -146,6 +146,12 @@ func launch(t *testing.T, env map[string]string) *eppProc {
 	t.Cleanup(func() {
 		p.stop()
 		cancel()
+		for _, line := range p.logs.lines() {
+			if strings.Contains(line, "WARNING: DATA RACE") {
+				t.Errorf("the EPP reported a data race")
+				break
+			}
+		}
 		if t.Failed() {
 			t.Logf("EPP pid %d (exit: %v) log:\n%s", p.cmd.Process.Pid, p.exitErr, strings.Join(p.logs.lines(), "\n"))
 		}
@@ -215,15 +221,18 @@ func (p *eppProc) alive() {
 // the process exits.
 func (p *eppProc) eventually(what string, timeout time.Duration, cond func() bool) {
 	p.t.Helper()
-	deadline := time.Now().Add(timeout)
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(poll)
+	defer tick.Stop()
 	for !cond() {
-		if p.exited() {
+		select {
+		case <-p.done:
 			require.FailNow(p.t, what, "the EPP exited: %v", p.exitErr)
-		}
-		if time.Now().After(deadline) {
+		case <-deadline.C:
 			require.FailNow(p.t, what, "not within %v", timeout)
+		case <-tick.C:
 		}
-		time.Sleep(poll) // polling interval, not synchronisation: the condition is re-read
 	}
 }
 

@@ -14,7 +14,8 @@ import (
 // loaded machine takes a few minutes; a warm one, seconds).
 const buildTimeout = 5 * time.Minute
 
-// eppBinary is the path of the EPP binary TestMain built.
+// eppBinary is the path of the EPP binary TestMain built (with -race when
+// the tests run with it).
 var eppBinary string
 
 func TestMain(m *testing.M) {
@@ -32,7 +33,11 @@ func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
 	defer cancel()
 	start := time.Now()
-	build := exec.CommandContext(ctx, "go", "build", "-o", eppBinary, "github.com/kvselect/kvselect/examples/epp")
+	args := []string{"build", "-o", eppBinary}
+	if raceBuild {
+		args = append(args, "-race")
+	}
+	build := exec.CommandContext(ctx, "go", append(args, "github.com/kvselect/kvselect/examples/epp")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintf(os.Stderr, "attacktest: FAIL: cannot build the EPP binary (after %v): %v\n", time.Since(start).Round(time.Millisecond), err)

@@ -1,0 +1,5 @@
+//go:build !race
+
+package attacktest
+
+const raceBuild = false
