@@ -1,7 +1,6 @@
 package attacktest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -24,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvselect/kvselect/examples/epp/internal/epplog"
 	"github.com/kvselect/kvselect/internal/extproctest"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 )
@@ -58,7 +57,7 @@ type eppConfig struct {
 type eppProc struct {
 	t       *testing.T
 	cmd     *exec.Cmd
-	logs    *logSink
+	logs    *epplog.Sink
 	done    chan struct{} // closed once the process has exited and been reaped
 	exitErr error         // set before done is closed
 
@@ -102,19 +101,19 @@ func startEPP(t *testing.T, c eppConfig) *eppProc {
 			env[k] = v
 		}
 		p := launch(t, env)
-		rec, ok := p.waitLog(startTimeout, func(r logRec) bool { return r.msg() == "epp listening" })
+		rec, ok := p.waitLog(startTimeout, func(r epplog.Record) bool { return r.Msg() == "epp listening" })
 		if !ok {
 			if c.bind && attempt < 3 {
 				t.Logf("EPP start %d exited (%v), the bind port %d was probably taken: retrying", attempt, p.exitErr, bindPort)
 				continue
 			}
-			require.FailNow(t, "the EPP never listened", "exit: %v\n%s", p.exitErr, strings.Join(p.logs.lines(), "\n"))
+			require.FailNow(t, "the EPP never listened", "exit: %v\n%s", p.exitErr, strings.Join(p.logs.Lines(), "\n"))
 		}
 		p.bindPort = bindPort
-		p.extproc, p.metricsAddr = rec.str("extproc"), rec.str("metrics")
+		p.extproc, p.metricsAddr = rec.Str("extproc"), rec.Str("metrics")
 		require.NotEmpty(t, p.extproc)
 		require.NotEmpty(t, p.metricsAddr)
-		if _, ok := p.waitLog(startTimeout, func(r logRec) bool { return r.msg() == "discovery synced; serving" }); !ok {
+		if _, ok := p.waitLog(startTimeout, func(r epplog.Record) bool { return r.Msg() == "discovery synced; serving" }); !ok {
 			require.FailNow(t, "discovery never synced", "exit: %v", p.exitErr)
 		}
 		p.conn, err = grpc.NewClient(p.extproc, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -129,7 +128,7 @@ func startEPP(t *testing.T, c eppConfig) *eppProc {
 // developer's DYN_* cannot leak in) and registers its stop.
 func launch(t *testing.T, env map[string]string) *eppProc {
 	t.Helper()
-	p := &eppProc{t: t, logs: &logSink{}, done: make(chan struct{}), httpc: &http.Client{Timeout: waitTimeout}}
+	p := &eppProc{t: t, logs: &epplog.Sink{}, done: make(chan struct{}), httpc: &http.Client{Timeout: waitTimeout}}
 	// The context is a last resort: cleanup stops the process long before.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	p.cmd = exec.CommandContext(ctx, eppBinary)
@@ -146,14 +145,14 @@ func launch(t *testing.T, env map[string]string) *eppProc {
 	t.Cleanup(func() {
 		p.stop()
 		cancel()
-		for _, line := range p.logs.lines() {
+		for _, line := range p.logs.Lines() {
 			if strings.Contains(line, "WARNING: DATA RACE") {
 				t.Errorf("the EPP reported a data race")
 				break
 			}
 		}
 		if t.Failed() {
-			t.Logf("EPP pid %d (exit: %v) log:\n%s", p.cmd.Process.Pid, p.exitErr, strings.Join(p.logs.lines(), "\n"))
+			t.Logf("EPP pid %d (exit: %v) log:\n%s", p.cmd.Process.Pid, p.exitErr, strings.Join(p.logs.Lines(), "\n"))
 		}
 	})
 	return p
@@ -192,14 +191,14 @@ func (p *eppProc) exited() bool {
 
 // waitLog waits (bounded) for a log record matching match; false when the
 // process exited or the time ran out.
-func (p *eppProc) waitLog(timeout time.Duration, match func(logRec) bool) (logRec, bool) {
+func (p *eppProc) waitLog(timeout time.Duration, match func(epplog.Record) bool) (epplog.Record, bool) {
 	deadline := time.Now().Add(timeout)
 	for {
-		if recs := p.logs.find(match); len(recs) > 0 {
+		if recs := p.logs.Find(match); len(recs) > 0 {
 			return recs[0], true
 		}
 		if p.exited() || time.Now().After(deadline) {
-			return logRec{}, false
+			return epplog.Record{}, false
 		}
 		select {
 		case <-p.done:
@@ -474,66 +473,6 @@ func (p *eppProc) pick(ctx context.Context, prompt string) (extproctest.Decision
 }
 
 // --- logs -------------------------------------------------------------------
-
-// logRec is one line of the EPP's output; m is nil when it is not JSON.
-type logRec struct {
-	raw string
-	m   map[string]any
-}
-
-func (r logRec) msg() string           { return r.str("msg") }
-func (r logRec) str(key string) string { s, _ := r.m[key].(string); return s }
-
-// logSink collects the EPP's stdout and stderr line by line. exec copies the
-// process output into it from its own goroutines, which Cmd.Wait waits for.
-type logSink struct {
-	mu      sync.Mutex
-	partial []byte
-	recs    []logRec
-}
-
-func (l *logSink) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.partial = append(l.partial, b...)
-	for {
-		i := bytes.IndexByte(l.partial, '\n')
-		if i < 0 {
-			break
-		}
-		line := string(l.partial[:i])
-		l.partial = l.partial[i+1:]
-		rec := logRec{raw: line}
-		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) == nil {
-			rec.m = m
-		}
-		l.recs = append(l.recs, rec)
-	}
-	return len(b), nil
-}
-
-func (l *logSink) find(match func(logRec) bool) []logRec {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []logRec
-	for _, r := range l.recs {
-		if r.m != nil && match(r) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-func (l *logSink) lines() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := make([]string, len(l.recs))
-	for i, r := range l.recs {
-		out[i] = r.raw
-	}
-	return out
-}
 
 // errClosedByPeer reports whether err is how a TCP read ends when the other
 // side closed or reset the connection.

@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvselect/kvselect/examples/epp/internal/epplog"
 )
 
 const holdFinalizer = "e2e.kvselect.test/hold"
@@ -54,16 +56,16 @@ func TestAggregatedPoolLifecycle(t *testing.T) {
 
 	p := startEPP(t, hh, eppConfig{ns: s.ns, pool: "pool", fleet: f, tokenizer: tok})
 	serving := p.waitServing()
-	require.EqualValues(t, 4, serving.num("workers"))
+	require.EqualValues(t, 4, serving.Num("workers"))
 
 	// Startup census and pool resolution are logged.
-	census := p.waitLog(reconcileTimeout, "startup census", msgIs("discovery census"))
-	require.Equal(t, "kubernetes", census.str("source"))
-	require.EqualValues(t, 4, census.num("workers"))
-	require.Equal(t, true, census.m["synced"])
-	pool := p.waitLog(reconcileTimeout, "pool resolved", msgIs("inference pool resolved"))
-	require.EqualValues(t, f.port, pool.num("target_port"))
-	require.Equal(t, s.ns+"/pool", pool.str("pool"))
+	census := p.waitLog(reconcileTimeout, "startup census", epplog.MsgIs("discovery census"))
+	require.Equal(t, "kubernetes", census.Str("source"))
+	require.EqualValues(t, 4, census.Num("workers"))
+	require.Equal(t, true, census.M["synced"])
+	pool := p.waitLog(reconcileTimeout, "pool resolved", epplog.MsgIs("inference pool resolved"))
+	require.EqualValues(t, f.port, pool.Num("target_port"))
+	require.Equal(t, s.ns+"/pool", pool.Str("pool"))
 
 	// Every Ready member serves; a Ready pod of another app does not.
 	require.Equal(t, 4, p.workers("aggregated", "schedulable"))
@@ -115,8 +117,8 @@ func TestAggregatedPoolLifecycle(t *testing.T) {
 	p.eventually("selector change", func() bool { return p.servedBy(f.endpoint(5)) && !p.servedBy(f.endpoint(4)) })
 	require.True(t, p.servedBy(f.endpoint(0)))
 	require.Equal(t, 2, p.workers("aggregated", "schedulable"), "llm-0 and other")
-	require.NotEmpty(t, p.logs.find(func(r logRec) bool {
-		m, _ := r.m["match_labels"].(map[string]any)
-		return r.msg() == "inference pool resolved" && m["tier"] == "gold" && len(m) == 1
+	require.NotEmpty(t, p.logs.Find(func(r epplog.Record) bool {
+		m, _ := r.M["match_labels"].(map[string]any)
+		return r.Msg() == "inference pool resolved" && m["tier"] == "gold" && len(m) == 1
 	}), "the new selector is logged")
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/examples/epp/internal/epplog"
 )
 
 // Pods of the role-split pool, by fleet index.
@@ -77,9 +79,9 @@ func (p *eppProc) pair(f *fleet, idx ...int) (status, dest, prefill int) {
 // excluded reports whether the EPP logged the worker of pod as excluded for
 // reason (with value, when not empty).
 func (p *eppProc) excluded(s *space, pod int, reason, value string) bool {
-	return len(p.logs.find(func(r logRec) bool {
-		return r.msg() == "worker excluded" && r.str("id") == s.workerID(podNames[pod]) &&
-			r.str("reason") == reason && (value == "" || r.str("value") == value)
+	return len(p.logs.Find(func(r epplog.Record) bool {
+		return r.Msg() == "worker excluded" && r.Str("id") == s.workerID(podNames[pod]) &&
+			r.Str("reason") == reason && (value == "" || r.Str("value") == value)
 	})) > 0
 }
 
@@ -93,13 +95,13 @@ func TestDisaggregated(t *testing.T) {
 	hh := need(t)
 	s, f, tok := rolePool(t, hh)
 	p := startEPP(t, hh, eppConfig{ns: s.ns, pool: "pool", fleet: f, tokenizer: tok, topology: "disaggregated"})
-	require.EqualValues(t, nPods, p.waitServing().num("workers"))
+	require.EqualValues(t, nPods, p.waitServing().Num("workers"))
 
 	// Startup census: the role counts as discovery sees them.
-	census := p.waitLog(reconcileTimeout, "startup census", msgIs("discovery census"))
-	require.Equal(t, roleLabel, census.str("role_label"))
+	census := p.waitLog(reconcileTimeout, "startup census", epplog.MsgIs("discovery census"))
+	require.Equal(t, roleLabel, census.Str("role_label"))
 	for role, n := range map[string]float64{"prefill": 2, "decode": 2, "(none)": 1, "both": 1} {
-		require.Equal(t, n, census.num("roles", role), "census of %s: %s", role, census.raw)
+		require.Equal(t, n, census.Num("roles", role), "census of %s: %s", role, census.Raw)
 	}
 	// Two catalogs; the unlabelled and the invalid pod are excluded with
 	// their reasons.
@@ -202,22 +204,22 @@ func TestDisaggregated(t *testing.T) {
 	resp := p.send(request{prompt: "still nobody decoding?"})
 	require.Equal(t, http.StatusServiceUnavailable, resp.Decision.Status)
 	require.Equal(t, "no endpoint available\n", string(resp.Body), "the client gets no details")
-	require.NotEmpty(t, p.logs.find(msgIs("role has no ready workers", "role", "decode")))
-	require.NotEmpty(t, p.logs.find(func(r logRec) bool {
-		return r.msg() == "request rejected" && r.num("status") == 503 &&
-			strings.Contains(r.str("err"), "no ready workers") && strings.Contains(r.str("err"), "decode")
+	require.NotEmpty(t, p.logs.Find(epplog.MsgIs("role has no ready workers", "role", "decode")))
+	require.NotEmpty(t, p.logs.Find(func(r epplog.Record) bool {
+		return r.Msg() == "request rejected" && r.Num("status") == 503 &&
+			strings.Contains(r.Str("err"), "no ready workers") && strings.Contains(r.Str("err"), "decode")
 	}), "the rejection names the empty decode role")
-	zero := p.waitLog(reconcileTimeout, "census at decode zero", func(r logRec) bool {
-		return r.msg() == "discovery census" && r.num("roles", "decode") == 0
+	zero := p.waitLog(reconcileTimeout, "census at decode zero", func(r epplog.Record) bool {
+		return r.Msg() == "discovery census" && r.Num("roles", "decode") == 0
 	})
-	require.Equal(t, float64(1), zero.num("roles", "prefill"), zero.raw)
+	require.Equal(t, float64(1), zero.Num("roles", "prefill"), zero.Raw)
 
 	// Decode back: a relabelled pod serves again.
 	s.setLabel(podNames[dc1], roleLabel, "decode")
 	p.eventually("decode back from zero", func() bool {
 		return p.send(request{prompt: "decode is back"}).StatusCode == http.StatusOK
 	})
-	require.NotEmpty(t, p.logs.find(msgIs("role has ready workers again", "role", "decode")))
+	require.NotEmpty(t, p.logs.Find(epplog.MsgIs("role has ready workers again", "role", "decode")))
 	st, d, pre = p.pair(f, dc1, dc0)
 	require.Equal(t, http.StatusOK, st)
 	require.Equal(t, []int{dc1, dc0}, []int{d, pre})
@@ -237,10 +239,10 @@ func TestDisaggregatedEmptyRoleAtStartup(t *testing.T) {
 
 	p := startEPP(t, hh, eppConfig{ns: s.ns, pool: "pool", fleet: f, tokenizer: tok, topology: "disaggregated"})
 	p.waitServing()
-	p.waitLog(reconcileTimeout, "empty decode role reported at startup", msgIs("role has no ready workers", "role", "decode"))
-	census := p.waitLog(reconcileTimeout, "startup census", msgIs("discovery census"))
-	require.Equal(t, float64(2), census.num("roles", "prefill"), census.raw)
-	require.Equal(t, float64(-1), census.num("roles", "decode"), "no decode pod was ever seen: %s", census.raw)
+	p.waitLog(reconcileTimeout, "empty decode role reported at startup", epplog.MsgIs("role has no ready workers", "role", "decode"))
+	census := p.waitLog(reconcileTimeout, "startup census", epplog.MsgIs("discovery census"))
+	require.Equal(t, float64(2), census.Num("roles", "prefill"), census.Raw)
+	require.Equal(t, float64(-1), census.Num("roles", "decode"), "no decode pod was ever seen: %s", census.Raw)
 	require.Equal(t, 0, p.workers("decode", "schedulable"))
 	resp := p.send(request{prompt: "is anyone decoding?"})
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
@@ -249,7 +251,7 @@ func TestDisaggregatedEmptyRoleAtStartup(t *testing.T) {
 	p.eventually("first decode pod", func() bool {
 		return p.send(request{prompt: "decoding now"}).StatusCode == http.StatusOK
 	})
-	p.waitLog(reconcileTimeout, "decode role ready", msgIs("role has ready workers again", "role", "decode"))
+	p.waitLog(reconcileTimeout, "decode role ready", epplog.MsgIs("role has ready workers again", "role", "decode"))
 }
 
 // TestAggregatedParity runs the EPP with the topology unset over the same
@@ -259,7 +261,7 @@ func TestAggregatedParity(t *testing.T) {
 	hh := need(t)
 	s, f, tok := rolePool(t, hh)
 	p := startEPP(t, hh, eppConfig{ns: s.ns, pool: "pool", fleet: f, tokenizer: tok})
-	require.EqualValues(t, nPods, p.waitServing().num("workers"))
+	require.EqualValues(t, nPods, p.waitServing().Num("workers"))
 	require.Equal(t, nPods, p.workers("aggregated", "schedulable"))
 	require.Equal(t, -1, p.workers("prefill", "schedulable"), "no role catalogs")
 	require.Equal(t, -1, p.workers("decode", "schedulable"), "no role catalogs")
@@ -272,5 +274,5 @@ func TestAggregatedParity(t *testing.T) {
 	require.Empty(t, resp.Decision.Prefiller)
 	require.Empty(t, resp.Decision.Headers["x-prefiller-host-port"])
 	require.Equal(t, s.ids(pf0, pf1, dc0, dc1, unl, bad), sorted(p.eventSources()["aggregated"]))
-	require.Empty(t, p.logs.find(msgIs("worker excluded")), "labels are not read")
+	require.Empty(t, p.logs.Find(epplog.MsgIs("worker excluded")), "labels are not read")
 }

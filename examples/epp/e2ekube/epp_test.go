@@ -3,17 +3,14 @@
 package e2ekube
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvselect/kvselect/examples/epp/internal/epplog"
 	"github.com/kvselect/kvselect/internal/extproctest"
 )
 
@@ -82,7 +80,7 @@ func (c eppConfig) env(kubeconfig string) []string {
 type eppProc struct {
 	t       *testing.T
 	cmd     *exec.Cmd
-	logs    *logSink
+	logs    *epplog.Sink
 	done    chan struct{} // closed when the process has exited and been reaped
 	exitErr error         // set before done is closed
 
@@ -97,7 +95,7 @@ type eppProc struct {
 // discovery; see waitServing. The process is stopped in t.Cleanup.
 func startEPP(t *testing.T, hh *harness, c eppConfig) *eppProc {
 	t.Helper()
-	p := &eppProc{t: t, logs: &logSink{}, done: make(chan struct{}), httpc: &http.Client{Timeout: requestTimeout}}
+	p := &eppProc{t: t, logs: &epplog.Sink{}, done: make(chan struct{}), httpc: &http.Client{Timeout: requestTimeout}}
 	p.cmd = exec.Command(hh.eppBinary)
 	p.cmd.Env = c.env(hh.eppKubeconfig)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
@@ -109,18 +107,18 @@ func startEPP(t *testing.T, hh *harness, c eppConfig) *eppProc {
 	}()
 	t.Cleanup(func() {
 		p.stop()
-		for _, line := range p.logs.lines() {
+		for _, line := range p.logs.Lines() {
 			if strings.Contains(line, "WARNING: DATA RACE") {
 				t.Errorf("the EPP reported a data race")
 				break
 			}
 		}
 		if t.Failed() {
-			t.Logf("EPP pid %d log (%s):\n%s", p.cmd.Process.Pid, p.exitErr, strings.Join(p.logs.lines(), "\n"))
+			t.Logf("EPP pid %d log (%s):\n%s", p.cmd.Process.Pid, p.exitErr, strings.Join(p.logs.Lines(), "\n"))
 		}
 	})
-	rec := p.waitLog(startTimeout, "the EPP never listened", func(r logRec) bool { return r.msg() == "epp listening" })
-	p.extproc, p.metricsAddr = rec.str("extproc"), rec.str("metrics")
+	rec := p.waitLog(startTimeout, "the EPP never listened", func(r epplog.Record) bool { return r.Msg() == "epp listening" })
+	p.extproc, p.metricsAddr = rec.Str("extproc"), rec.Str("metrics")
 	require.NotEmpty(t, p.extproc)
 	require.NotEmpty(t, p.metricsAddr)
 	conn, err := grpc.NewClient(p.extproc, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -132,9 +130,9 @@ func startEPP(t *testing.T, hh *harness, c eppConfig) *eppProc {
 }
 
 // waitServing waits for the first synced discovery snapshot.
-func (p *eppProc) waitServing() logRec {
+func (p *eppProc) waitServing() epplog.Record {
 	p.t.Helper()
-	return p.waitLog(startTimeout, "discovery never synced", func(r logRec) bool { return r.msg() == "discovery synced; serving" })
+	return p.waitLog(startTimeout, "discovery never synced", func(r epplog.Record) bool { return r.Msg() == "discovery synced; serving" })
 }
 
 // stop ends the process with SIGTERM (SIGKILL after 15 s) and closes the
@@ -176,17 +174,17 @@ func (p *eppProc) exited() bool {
 
 // waitLog waits (bounded) for a log record matching match and returns the
 // first one; it fails at once when the process has exited.
-func (p *eppProc) waitLog(timeout time.Duration, what string, match func(logRec) bool) logRec {
+func (p *eppProc) waitLog(timeout time.Duration, what string, match func(epplog.Record) bool) epplog.Record {
 	p.t.Helper()
-	var found logRec
+	var found epplog.Record
 	require.Eventually(p.t, func() bool {
-		if recs := p.logs.find(match); len(recs) > 0 {
+		if recs := p.logs.Find(match); len(recs) > 0 {
 			found = recs[0]
 			return true
 		}
 		return p.exited()
 	}, timeout, poll, what)
-	if found.m == nil { // the process exited: done is closed, exitErr is set
+	if found.M == nil { // the process exited: done is closed, exitErr is set
 		require.FailNow(p.t, what, "the EPP exited: %v", p.exitErr)
 	}
 	return found
@@ -344,96 +342,3 @@ func (p *eppProc) counter(name string, labels map[string]string) float64 {
 }
 
 // --- logs -------------------------------------------------------------------
-
-// logRec is one line of the EPP's output; m is nil when it is not JSON.
-type logRec struct {
-	raw string
-	m   map[string]any
-}
-
-func (r logRec) msg() string           { return r.str("msg") }
-func (r logRec) str(key string) string { s, _ := r.m[key].(string); return s }
-
-// num reads a numeric attribute (JSON numbers decode as float64); -1 when
-// absent.
-func (r logRec) num(path ...string) float64 {
-	var cur any = r.m
-	for _, k := range path {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return -1
-		}
-		cur = m[k]
-	}
-	f, ok := cur.(float64)
-	if !ok {
-		return -1
-	}
-	return f
-}
-
-// logSink collects the EPP's stdout and stderr line by line. exec copies the
-// process output into it from its own goroutines, which Cmd.Wait waits for.
-type logSink struct {
-	mu      sync.Mutex
-	partial []byte
-	recs    []logRec
-}
-
-func (l *logSink) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.partial = append(l.partial, b...)
-	for {
-		i := bytes.IndexByte(l.partial, '\n')
-		if i < 0 {
-			break
-		}
-		line := string(l.partial[:i])
-		l.partial = l.partial[i+1:]
-		rec := logRec{raw: line}
-		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) == nil {
-			rec.m = m
-		}
-		l.recs = append(l.recs, rec)
-	}
-	return len(b), nil
-}
-
-func (l *logSink) find(match func(logRec) bool) []logRec {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []logRec
-	for _, r := range l.recs {
-		if r.m != nil && match(r) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-func (l *logSink) lines() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := make([]string, len(l.recs))
-	for i, r := range l.recs {
-		out[i] = r.raw
-	}
-	return out
-}
-
-// msgIs matches records by message and, optionally, attribute values.
-func msgIs(msg string, attrs ...string) func(logRec) bool {
-	return func(r logRec) bool {
-		if r.msg() != msg {
-			return false
-		}
-		for i := 0; i+1 < len(attrs); i += 2 {
-			if fmt.Sprint(r.m[attrs[i]]) != attrs[i+1] {
-				return false
-			}
-		}
-		return true
-	}
-}

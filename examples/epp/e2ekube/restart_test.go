@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/examples/epp/internal/epplog"
 )
 
 // longPrompt is a prompt of many complete KV blocks.
@@ -49,7 +51,7 @@ func TestRestartRecovers(t *testing.T) {
 	}
 	cfg := eppConfig{ns: s.ns, pool: "pool", fleet: f, tokenizer: tok}
 	p := startEPP(t, hh, cfg)
-	require.EqualValues(t, 3, p.waitServing().num("workers"))
+	require.EqualValues(t, 3, p.waitServing().Num("workers"))
 	for i := range 3 {
 		require.Eventually(t, f.engines[i].Subscribed, reconcileTimeout, poll, "KV events of llm-%d", i)
 	}
@@ -75,9 +77,9 @@ func TestRestartRecovers(t *testing.T) {
 	s.runPod("llm-3", f.ips[3], map[string]string{"app": "llm"})
 
 	q := startEPP(t, hh, cfg)
-	require.EqualValues(t, 3, q.waitServing().num("workers"), "llm-0, llm-1, llm-3")
-	census := q.waitLog(reconcileTimeout, "startup census", msgIs("discovery census"))
-	require.EqualValues(t, 3, census.num("workers"))
+	require.EqualValues(t, 3, q.waitServing().Num("workers"), "llm-0, llm-1, llm-3")
+	census := q.waitLog(reconcileTimeout, "startup census", epplog.MsgIs("discovery census"))
+	require.EqualValues(t, 3, census.Num("workers"))
 	require.False(t, q.servedBy(f.endpoint(2)), "the pod deleted while the EPP was down")
 	require.Zero(t, q.counter("kvselect_overlap_chosen_blocks_total", nil), "a new process has made no decision yet")
 
