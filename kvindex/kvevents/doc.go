@@ -129,6 +129,17 @@
 // go-zeromq gives up dialing on its own, so every source redials in its own loop
 // with jittered exponential backoff (FeedOptions.ReconnectMin..ReconnectMax).
 //
+// go-zeromq trusts its peers (a declared frame size is allocated as is, a short
+// READY is sliced past its end, a listener shakes hands inline with no
+// deadline), so every tcp:// connection, dialed or accepted, goes through a ZMTP
+// guard (internal/zmtpguard) that validates each inbound byte first: frames up
+// to FeedOptions.MaxFrameBytes, handshakes within FeedOptions.HandshakeTimeout
+// on a goroutine per accepted peer, at most FeedOptions.MaxPeers connections
+// per listener, a deadline on every write. A violation closes that connection;
+// Feed.Refused counts them by reason and the Logger gets one line per reason a
+// minute. A bind listener also asks BindConfig.Admit whether a peer may speak at
+// all and BindConfig.Peer whether a message's topic may come from it.
+//
 // # Ownership and concurrency
 //
 // NewFeed starts nothing. Run starts every source and listener, including those
