@@ -7,8 +7,9 @@
 // Discovery (for example the EPP's pod watcher) computes the desired set of
 // workers and hands it to Reconcile or Catalog.Sync, which plan and apply the
 // upserts and deletes that turn the current set into it. The selection package
-// routes only to Schedulable records and uses OnChange to start and stop each
-// worker's KV-event feed.
+// keeps a Catalog, routes only to its Schedulable records, and starts and stops
+// each worker's KV-event sources itself as UpsertWorker and DeleteWorker change
+// the worker's record.
 //
 // # Lifecycle
 //

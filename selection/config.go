@@ -62,13 +62,14 @@ type Config struct {
 	BlockSize int
 
 	// OverlapScoreCredit is how many prefill blocks one device-tier cached block
-	// saves. Finite, >= 0 (values above 1 give extra credit). Default 1.
+	// saves. In [0, MaxWeight] (values above 1 give extra credit). Default 4
+	// (DefaultConfig; DynamoConfig: 1).
 	OverlapScoreCredit float64
-	// PrefillLoadScale multiplies the prefill term after the credits. Finite,
-	// >= 0. Default 1.
+	// PrefillLoadScale multiplies the prefill term after the credits. In
+	// [0, MaxWeight]. Default 2.5 (DefaultConfig; DynamoConfig: 1).
 	PrefillLoadScale float64
 	// DecodeActiveRequestWeight is the block-equivalent cost of each active
-	// request. Finite, >= 0. Default 0.
+	// request. In [0, MaxWeight]. Default 0.
 	DecodeActiveRequestWeight float64
 	// OverlapScoreWeight is the deprecated alias of the old single weight. When
 	// set it wins: PrefillLoadScale = w, and w == 0 also sets
@@ -79,7 +80,7 @@ type Config struct {
 	HostCacheHitWeight float64
 	DiskCacheHitWeight float64
 	// Temperature 0 picks the cheapest worker (ties at random); > 0 samples a
-	// softmax over range-normalised costs. Finite, >= 0. Default 0.
+	// softmax over range-normalised costs. In [0, MaxWeight]. Default 0.
 	Temperature float64
 
 	// UseKVEvents subscribes to the engines' KV events (exact index). False
@@ -132,9 +133,8 @@ type Config struct {
 	// Used with the built-in event feed only. The zero value means the
 	// defaults (checks on).
 	FeedTrust FeedTrust
-	// IndexerThreads is accepted for compatibility with Dynamo's builder; every
-	// event source applies on its own goroutine, so it only bounds nothing
-	// today. >= 0; 0 means 4.
+	// IndexerThreads is accepted for compatibility with Dynamo's builder and
+	// unused: every event source applies on its own goroutine. >= 0.
 	IndexerThreads int
 }
 

@@ -37,8 +37,9 @@ var (
 
 // HTTPStatus returns the HTTP status code for an error returned by this package
 // (and by the packages it wraps): 400 bad request, 404 not found, 409 conflict, 429
-// overloaded, 503 not ready / no endpoints / closed, 499-style cancellations as
-// 503 with the caller gone, and 500 for anything else. A nil error is 200.
+// overloaded, 503 not ready / no endpoints / closed, 504 for a deadline that
+// passed, 499 (nginx's "client closed request") for a cancellation, and 500 for
+// anything else. A nil error is 200.
 func HTTPStatus(err error) int {
 	switch {
 	case err == nil:
