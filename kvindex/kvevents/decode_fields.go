@@ -1,0 +1,451 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"math"
+	"slices"
+	"strconv"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/kvselect/kvselect/kvindex"
+)
+
+// --- field readers: each consumes one value and returns keep or a skip reason ---
+
+func skipField(b []byte) ([]byte, SkipReason) {
+	rest, err := skipValue(b)
+	if err != nil {
+		return nil, SkipMalformed
+	}
+	return rest, keep
+}
+
+// readInt reads an integer of any width, or nil. ok is false for other types and
+// for unsigned values above MaxInt64.
+func readInt(b []byte) (v int64, isNil bool, rest []byte, ok bool) {
+	switch msgp.NextType(b) {
+	case msgp.IntType:
+		v, rest, err := msgp.ReadInt64Bytes(b)
+		return v, false, rest, err == nil
+	case msgp.UintType:
+		u, rest, err := msgp.ReadUint64Bytes(b)
+		if err != nil || u > math.MaxInt64 {
+			return 0, false, nil, false
+		}
+		return int64(u), false, rest, true
+	case msgp.NilType:
+		return 0, true, b[1:], true
+	}
+	return 0, false, nil, false
+}
+
+// readHash reads one block hash: an unsigned integer as is, a signed one
+// reinterpreted as two's complement, bytes as their last 8 bytes big-endian
+// (shorter byte strings are left-padded with zeros).
+func readHash(b []byte) (uint64, []byte, bool) {
+	switch msgp.NextType(b) {
+	case msgp.UintType:
+		u, rest, err := msgp.ReadUint64Bytes(b)
+		return u, rest, err == nil
+	case msgp.IntType:
+		i, rest, err := msgp.ReadInt64Bytes(b)
+		return uint64(i), rest, err == nil
+	case msgp.BinType:
+		v, rest, err := msgp.ReadBytesZC(b)
+		if err != nil {
+			return 0, nil, false
+		}
+		if len(v) > 8 {
+			v = v[len(v)-8:]
+		}
+		var h uint64
+		for _, c := range v {
+			h = h<<8 | uint64(c)
+		}
+		return h, rest, true
+	}
+	return 0, nil, false
+}
+
+func (d *Decoder) readHashes(b []byte, f *eventFields) ([]byte, SkipReason) {
+	if f.sawHashes {
+		return nil, SkipMalformed
+	}
+	f.sawHashes = true
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil || uint64(n) > uint64(len(b)) {
+		return nil, SkipMalformed
+	}
+	if uint64(n) > uint64(d.opts.MaxBlocksPerEvent) {
+		return nil, SkipLimit
+	}
+	d.hashes = slices.Grow(d.hashes, int(n))
+	for i := uint32(0); i < n; i++ {
+		var (
+			h  uint64
+			ok bool
+		)
+		if h, b, ok = readHash(b); !ok {
+			return nil, SkipMalformed
+		}
+		d.hashes = append(d.hashes, h)
+	}
+	f.hOff, f.hLen = len(d.hashes)-int(n), int(n)
+	return b, keep
+}
+
+func readParent(b []byte, f *eventFields) ([]byte, SkipReason) {
+	if msgp.IsNil(b) {
+		f.hasParent = false
+		return b[1:], keep
+	}
+	h, rest, ok := readHash(b)
+	if !ok {
+		return nil, SkipMalformed
+	}
+	// Array-form encoders write 0 (or zero bytes) for a run that starts the
+	// sequence; 0 is never looked up as a block.
+	f.parent, f.hasParent = h, h != 0
+	return rest, keep
+}
+
+// readToken reads one token id; it must be an integer in [0, 2^32).
+func readToken(b []byte) (uint32, []byte, SkipReason) {
+	// Fast path: positive fixint and the unsigned forms msgspec writes.
+	if len(b) > 0 {
+		switch c := b[0]; {
+		case c <= 0x7f:
+			return uint32(c), b[1:], keep
+		case c == 0xcc && len(b) >= 2:
+			return uint32(b[1]), b[2:], keep
+		case c == 0xcd && len(b) >= 3:
+			return uint32(b[1])<<8 | uint32(b[2]), b[3:], keep
+		case c == 0xce && len(b) >= 5:
+			return uint32(b[1])<<24 | uint32(b[2])<<16 | uint32(b[3])<<8 | uint32(b[4]), b[5:], keep
+		}
+	}
+	v, isNil, rest, ok := readInt(b)
+	switch {
+	case !ok && msgp.NextType(b) == msgp.UintType:
+		return 0, nil, SkipTokenRange // above MaxInt64
+	case !ok || isNil:
+		return 0, nil, SkipMalformed
+	case v < 0 || v > math.MaxUint32:
+		return 0, nil, SkipTokenRange
+	}
+	return uint32(v), rest, keep
+}
+
+// readTokens reads token_ids: an array of ints, or SGLang's bigram (EAGLE) form
+// [[t0,t1],[t1,t2],...,[t(n-1),t(n)]], one pair per token position, whose tokens
+// are the first elements t0..t(n-1) (the last pair looks one token ahead, into
+// the next block). Consecutive pairs must overlap.
+func (d *Decoder) readTokens(b []byte, f *eventFields) ([]byte, SkipReason) {
+	if f.sawTokens {
+		return nil, SkipMalformed
+	}
+	f.sawTokens = true
+	if msgp.IsNil(b) {
+		return b[1:], keep
+	}
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil || uint64(n) > uint64(len(b)) {
+		return nil, SkipMalformed
+	}
+	if n == 0 {
+		return b, keep
+	}
+	bigram := msgp.NextType(b) == msgp.ArrayType
+	count := uint64(n)
+	if count > uint64(d.opts.MaxTokensPerEvent) {
+		return nil, SkipLimit
+	}
+	d.tokens = slices.Grow(d.tokens, int(count))
+	start := len(d.tokens)
+	var ahead uint32 // the second element of the previous pair
+	for i := uint32(0); i < n; i++ {
+		var (
+			t uint32
+			r SkipReason
+		)
+		if !bigram {
+			// Inline the two forms nearly every token id takes.
+			if len(b) >= 5 && b[0] == 0xce {
+				d.tokens = append(d.tokens, binary.BigEndian.Uint32(b[1:]))
+				b = b[5:]
+				continue
+			}
+			if len(b) > 0 && b[0] <= 0x7f {
+				d.tokens = append(d.tokens, uint32(b[0]))
+				b = b[1:]
+				continue
+			}
+			if t, b, r = readToken(b); r != keep {
+				return nil, r
+			}
+			d.tokens = append(d.tokens, t)
+			continue
+		}
+		var m uint32
+		if m, b, err = msgp.ReadArrayHeaderBytes(b); err != nil || m != 2 {
+			return nil, SkipMalformed
+		}
+		var first uint32
+		if first, b, r = readToken(b); r != keep {
+			return nil, r
+		}
+		if i > 0 && first != ahead {
+			return nil, SkipMalformed // not overlapping pairs
+		}
+		d.tokens = append(d.tokens, first)
+		if ahead, b, r = readToken(b); r != keep {
+			return nil, r
+		}
+	}
+	f.tOff, f.tLen = start, len(d.tokens)-start
+	return b, keep
+}
+
+func (d *Decoder) readBlockSize(b []byte, f *eventFields) ([]byte, SkipReason) {
+	v, isNil, rest, ok := readInt(b)
+	switch {
+	case !ok:
+		return nil, SkipMalformed
+	case isNil || v == 0: // 0: offload connectors that leave it unset
+		f.blockSize = 0
+	case v < 0:
+		return nil, SkipMalformed
+	case v > int64(d.opts.MaxTokensPerEvent):
+		return nil, SkipLimit
+	default:
+		f.blockSize = int(v)
+	}
+	return rest, keep
+}
+
+func readLoRAID(b []byte, f *eventFields) ([]byte, SkipReason) {
+	switch msgp.NextType(b) {
+	case msgp.NilType:
+		f.loraID = nil
+		return b[1:], keep
+	case msgp.IntType, msgp.UintType, msgp.StrType:
+		rest, err := skipValue(b)
+		if err != nil {
+			return nil, SkipMalformed
+		}
+		f.loraID = b[:len(b)-len(rest)]
+		return rest, keep
+	}
+	return nil, SkipMalformed
+}
+
+// readOptString reads a string or nil into *dst (nil for nil).
+func readOptString(b []byte, dst *[]byte) ([]byte, SkipReason) {
+	if msgp.IsNil(b) {
+		*dst = nil
+		return b[1:], keep
+	}
+	s, rest, err := msgp.ReadStringZC(b)
+	if err != nil {
+		return nil, SkipMalformed
+	}
+	*dst = s
+	return rest, keep
+}
+
+// readLoRANameOrMetadata reads array position 7: vLLM's lora_name, or the metadata
+// map ({"cache_salt": ...}) that salted SGLang events put there.
+func readLoRANameOrMetadata(b []byte, f *eventFields) ([]byte, SkipReason) {
+	if msgp.NextType(b) == msgp.MapType {
+		return readMetadata(b, f)
+	}
+	return readOptString(b, &f.loraName)
+}
+
+// readMetadata reads SGLang's metadata map; only "cache_salt" is used.
+func readMetadata(b []byte, f *eventFields) ([]byte, SkipReason) {
+	if msgp.IsNil(b) {
+		return b[1:], keep
+	}
+	n, b, err := msgp.ReadMapHeaderBytes(b)
+	if err != nil || 2*uint64(n) > uint64(len(b)) {
+		return nil, SkipMalformed
+	}
+	for i := uint32(0); i < n; i++ {
+		var key []byte
+		if key, b, err = msgp.ReadStringZC(b); err != nil {
+			return nil, SkipMalformed
+		}
+		r := keep
+		if string(key) == "cache_salt" {
+			b, r = readOptString(b, &f.cacheSalt)
+		} else {
+			b, r = skipField(b)
+		}
+		if r != keep {
+			return nil, r
+		}
+	}
+	return b, keep
+}
+
+func readExtraKeys(b []byte, f *eventFields) ([]byte, SkipReason) {
+	switch msgp.NextType(b) {
+	case msgp.NilType:
+		f.extraKeys = nil
+		return b[1:], keep
+	case msgp.ArrayType:
+		rest, err := skipValue(b)
+		if err != nil {
+			return nil, SkipMalformed
+		}
+		f.extraKeys = b[:len(b)-len(rest)]
+		return rest, keep
+	}
+	return nil, SkipMalformed
+}
+
+func readGroup(b []byte) ([]byte, SkipReason) {
+	v, isNil, rest, ok := readInt(b)
+	switch {
+	case !ok:
+		return nil, SkipMalformed
+	case !isNil && v != 0:
+		return nil, SkipNonMainGroup
+	}
+	return rest, keep
+}
+
+// upperASCII copies s upper-cased into buf and returns the filled part, or nil when
+// s does not fit.
+func upperASCII(buf []byte, s []byte) []byte {
+	if len(s) > len(buf) {
+		return nil
+	}
+	for i, c := range s {
+		if 'a' <= c && c <= 'z' {
+			c -= 'a' - 'A'
+		}
+		buf[i] = c
+	}
+	return buf[:len(s)]
+}
+
+func readSpecKind(b []byte) ([]byte, SkipReason) {
+	var s []byte
+	rest, r := readOptString(b, &s)
+	if r != keep || s == nil {
+		return rest, r
+	}
+	var buf [32]byte
+	switch string(upperASCII(buf[:], s)) {
+	case "FULL_ATTENTION", "MLA_ATTENTION", "SINK_FULL_ATTENTION":
+		return rest, keep
+	}
+	return nil, SkipNonMainKind
+}
+
+func readLocality(b []byte) ([]byte, SkipReason) {
+	var s []byte
+	rest, r := readOptString(b, &s)
+	if r != keep || s == nil {
+		return rest, r
+	}
+	var buf [8]byte
+	if string(upperASCII(buf[:], s)) != "LOCAL" {
+		return nil, SkipLocality
+	}
+	return rest, keep
+}
+
+// tierOf maps an engine medium name to a tier (case-insensitive):
+//
+//	"", GPU, CUDA, DEVICE, HBM                               -> TierDevice
+//	CPU, CPU_PINNED, HOST, DRAM                              -> TierHost
+//	DISK, LOCAL_DISK, SSD, NVME, FILE, FS, FILE_SYSTEM, STORAGE,
+//	SHARED_STORAGE, OBJ, OBJECT, OBJECT_STORE, EXTERNAL      -> TierDisk
+func tierOf(medium []byte) (kvindex.Tier, bool) {
+	var buf [16]byte
+	up := upperASCII(buf[:], medium)
+	if up == nil {
+		return 0, false
+	}
+	switch string(up) {
+	case "", "GPU", "CUDA", "DEVICE", "HBM":
+		return kvindex.TierDevice, true
+	case "CPU", "CPU_PINNED", "HOST", "DRAM":
+		return kvindex.TierHost, true
+	case "DISK", "LOCAL_DISK", "SSD", "NVME", "FILE", "FS", "FILE_SYSTEM", "STORAGE", "SHARED_STORAGE",
+		"OBJ", "OBJECT", "OBJECT_STORE", "EXTERNAL":
+		return kvindex.TierDisk, true
+	}
+	return 0, false
+}
+
+func readMedium(b []byte, f *eventFields) ([]byte, SkipReason) {
+	var s []byte
+	rest, r := readOptString(b, &s)
+	if r != keep {
+		return rest, r
+	}
+	t, ok := tierOf(s)
+	if !ok {
+		return nil, SkipUnknownMedium
+	}
+	f.tier = t
+	return rest, keep
+}
+
+// --- strings ---
+
+// internBytes returns b as a string, sharing one copy per distinct value while the
+// intern table has room.
+func (d *Decoder) internBytes(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	if s, ok := d.intern[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if len(b) <= maxInternedLen && len(d.intern) < d.opts.MaxInternedStrings {
+		d.intern[s] = s
+	}
+	return s
+}
+
+// legacyLoRAName turns a legacy lora_id (integer or string) into the LoRA name
+// "lora-id:<id>", so blocks of an adapter identified only by id never match
+// base-model requests. A nil id, 0 (engines number adapters from 1) and "" yield
+// "".
+func (d *Decoder) legacyLoRAName(raw []byte) (string, bool) {
+	d.scratch = append(d.scratch[:0], "lora-id:"...)
+	switch msgp.NextType(raw) {
+	case msgp.StrType:
+		s, _, err := msgp.ReadStringZC(raw)
+		if err != nil {
+			return "", false
+		}
+		if len(s) == 0 {
+			return "", true
+		}
+		d.scratch = append(d.scratch, s...)
+	default:
+		v, isNil, _, ok := readInt(raw)
+		if !ok {
+			// An unsigned id above MaxInt64: keep its decimal form.
+			u, _, err := msgp.ReadUint64Bytes(raw)
+			if err != nil {
+				return "", false
+			}
+			d.scratch = strconv.AppendUint(d.scratch, u, 10)
+			break
+		}
+		if isNil || v == 0 {
+			return "", true
+		}
+		d.scratch = strconv.AppendInt(d.scratch, v, 10)
+	}
+	return d.internBytes(d.scratch), true
+}
