@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/btree"
-
 	"github.com/kvselect/kvselect/kvindex"
 )
 
@@ -104,58 +102,6 @@ type Booking struct {
 	Lease time.Duration
 }
 
-// Reservation is a snapshot of one live booking, as returned by Get.
-type Reservation struct {
-	ID                   string
-	Worker               kvindex.WorkerRank
-	PrefillTokens        int
-	PrefillDone          bool
-	ExpectedOutputTokens int
-	Blocks               int // sequence hashes the booking holds (as given, duplicates included)
-	PrivateBlocks        int // blocks it holds outside the shared block index (Booking.PrivateBlocks)
-	Lease                time.Duration
-	BookedAt             time.Time
-	Deadline             time.Time // Expire frees the booking at or after this time
-}
-
-// Load is a worker rank's active load.
-type Load struct {
-	// ActivePrefillTokens is the sum of the prefill tokens of live bookings whose
-	// prefill has not completed.
-	ActivePrefillTokens int64
-	// ActiveBlocks is the number of distinct sequence hashes over live bookings
-	// plus the sum of their private blocks.
-	ActiveBlocks int
-	// ActiveRequests is the number of live bookings.
-	ActiveRequests int
-}
-
-// CandidateLoad is a candidate worker rank's load and the number of the request's
-// sequence hashes that would be new to it, as returned by AppendLoads (the
-// request's private blocks, new everywhere, are the caller's to add).
-type CandidateLoad struct {
-	Worker    kvindex.WorkerRank
-	Load      Load
-	NewBlocks int
-	// Stamp is what the read saw of Worker, for BookAt.
-	Stamp Stamp
-}
-
-// Stats are the ledger's counters since New. Each is read atomically, but the set
-// is not one snapshot while calls are in flight.
-type Stats struct {
-	Booked           int64 // successful Book calls
-	PrefillCompleted int64 // bookings whose prefill was marked complete (first call only)
-	Freed            int64 // bookings settled by Free
-	Expired          int64 // bookings settled by Expire
-	Removed          int64 // bookings settled by RemoveWorker
-	Conflicts        int64 // Book calls rejected with ErrConflict
-	Stale            int64 // BookAt calls rejected with ErrStale
-	Invalid          int64 // Book calls rejected with ErrInvalid
-	UnknownIDs       int64 // PrefillComplete, Free and Touch calls with an unknown id
-	Active           int64 // live bookings
-}
-
 // booking is the ledger's record of one live reservation. id, worker, rank and
 // the booking's own figures never change after Book publishes it; settled,
 // prefillDone, the lease fields and the list links are guarded by rank.mu.
@@ -176,100 +122,11 @@ type booking struct {
 	prev, next  *booking
 }
 
-// hashBuf holds a booking's sequence hashes, ordered by block stripe, and
-// idx[i], the stripe entry of seqs[i]. Recycled through hashBufPool.
-type hashBuf struct {
-	seqs []uint64
-	idx  []int32
-	runs stripeRuns
-}
-
-// maxPooledHashes bounds the hash buffer a recycled booking keeps.
-const maxPooledHashes = 4096
-
-var hashBufPool = sync.Pool{New: func() any { return new(hashBuf) }}
-
-func putHashBuf(b *hashBuf) {
-	if cap(b.seqs) > maxPooledHashes || cap(b.idx) > maxPooledHashes {
-		return
-	}
-	b.seqs, b.idx = b.seqs[:0], b.idx[:0]
-	hashBufPool.Put(b)
-}
-
 func leaseLess(a, b *booking) bool {
 	if c := a.deadline.Compare(b.deadline); c != 0 {
 		return c < 0
 	}
 	return a.order < b.order
-}
-
-// rankState is one worker rank's load entry. It is created by the first Book on
-// the worker rank or by AppendRanks and lives until RemoveWorker, so concurrent
-// calls can hold it without the registry lock.
-//
-// The load counters are atomics: Book, settlements and PrefillComplete change
-// them under mu, and AppendRankLoads reads them without it. version is a sequence
-// counter: odd while a Book is changing the entry, advanced by two per Book.
-type rankState struct {
-	// What AppendRankLoads reads, together in one cache line.
-	version  atomic.Uint64
-	prefill  atomic.Int64
-	blocks   atomic.Int64 // distinct active hashes
-	private  atomic.Int64 // sum of the private blocks of the live bookings
-	requests atomic.Int64
-	dead     atomic.Bool // removed from the registry by RemoveWorker; set under mu
-	slot     int32       // dense number naming the worker rank in the block index
-
-	key kvindex.WorkerRank
-
-	mu       sync.Mutex
-	head     *booking // live bookings, doubly linked
-	leases   *btree.BTreeG[*booking]
-	released bool // its slot has been given back
-}
-
-func (r *rankState) load() Load {
-	return Load{
-		ActivePrefillTokens: r.prefill.Load(),
-		ActiveBlocks:        int(r.blocks.Load() + r.private.Load()),
-		ActiveRequests:      int(r.requests.Load()),
-	}
-}
-
-// current reports whether a decision made on what s saw of a worker rank still
-// holds for r, its entry now: r is the entry s saw (or s saw none and r has
-// never been booked) and no Book has reached r since. r.mu must be held.
-func (s Stamp) current(r *rankState) bool {
-	v := r.version.Load()
-	if s.r == nil {
-		return v == 0
-	}
-	return s.r == r && s.v == v
-}
-
-const (
-	// blockStripes is the number of independently locked parts of the block
-	// index; a hash's part is chosen by its bits.
-	blockStripes = 8
-	stripeShift  = 61 // 64 - log2(blockStripes)
-	// idStripes is the number of independently locked parts of the id map.
-	idStripes = 32
-)
-
-// blockStripe is one part of the inverted block index with its lock, padded so
-// that neighbouring stripes do not share a cache line.
-type blockStripe struct {
-	mu sync.Mutex
-	a  activeBlocks
-	_  [64]byte
-}
-
-// idStripe is one part of the map from reservation id to live booking.
-type idStripe struct {
-	mu sync.Mutex
-	m  map[string]*booking
-	_  [48]byte
 }
 
 // Ledger records the reservations of dispatched requests and the active load they
@@ -330,51 +187,6 @@ func New(opts Options) (*Ledger, error) {
 		l.blocks[i].a = newActiveBlocks()
 	}
 	return l, nil
-}
-
-// stripeOf returns the block stripe of sequence hash h for a ledger's seed.
-func stripeOf(h, seed uint64) int {
-	return int(((h ^ seed) * 0xD6E8FEB86659FD93) >> stripeShift)
-}
-
-// idStripe returns the id-map stripe of id.
-func (l *Ledger) idStripe(id string) *idStripe {
-	return &l.ids[maphash.String(l.idSeed, id)%idStripes]
-}
-
-// stripeRuns marks where each block stripe's hashes end in a slice grouped by
-// stripe: stripe s holds [runs[s-1], runs[s]) (from 0 for stripe 0).
-type stripeRuns [blockStripes]int32
-
-// span returns the bounds of stripe s.
-func (r *stripeRuns) span(s int) (int, int) {
-	if s == 0 {
-		return 0, int(r[0])
-	}
-	return int(r[s-1]), int(r[s])
-}
-
-// byStripe writes src to dst grouped by block stripe (a counting sort), records
-// the runs and returns dst resized to len(src).
-func (l *Ledger) byStripe(dst, src []uint64, runs *stripeRuns) []uint64 {
-	var start [blockStripes]int32
-	seed := l.stripeSeed
-	for _, h := range src {
-		start[stripeOf(h, seed)]++
-	}
-	at := int32(0)
-	for i, n := range start {
-		start[i] = at
-		at += n
-		runs[i] = at
-	}
-	dst = slices.Grow(dst[:0], len(src))[:len(src)]
-	for _, h := range src {
-		s := stripeOf(h, seed)
-		dst[start[s]] = h
-		start[s]++
-	}
-	return dst
 }
 
 func validate(b *Booking) error {
@@ -501,88 +313,6 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 	return nil
 }
 
-// rankFor returns the load entry of w, creating it if there is none.
-func (l *Ledger) rankFor(w kvindex.WorkerRank) *rankState {
-	if r := l.lookup(w); r != nil {
-		return r
-	}
-	l.regMu.Lock()
-	defer l.regMu.Unlock()
-	if r := l.ranks[w]; r != nil {
-		return r
-	}
-	r := &rankState{key: w, leases: btree.NewG(16, leaseLess)}
-	if n := len(l.freeSlots); n > 0 {
-		r.slot = l.freeSlots[n-1]
-		l.freeSlots = l.freeSlots[:n-1]
-	} else {
-		r.slot = l.nextSlot.Add(1) - 1
-	}
-	l.ranks[w] = r
-	l.byWorker[w.Worker] = append(l.byWorker[w.Worker], r)
-	return r
-}
-
-// lookup returns the load entry of w, or nil when w has none.
-func (l *Ledger) lookup(w kvindex.WorkerRank) *rankState {
-	l.regMu.RLock()
-	r := l.ranks[w]
-	l.regMu.RUnlock()
-	return r
-}
-
-// addRefs adds bk's references to the block index, one stripe at a time, records
-// the entry of each hash in bk.buf.idx and returns how many hashes were new to
-// bk's worker rank. bk.rank.mu must be held.
-func (l *Ledger) addRefs(bk *booking) int {
-	buf, slot := bk.buf, bk.rank.slot
-	seqs, idx := buf.seqs, buf.idx[:len(buf.seqs)]
-	added := 0
-	for s := range l.blocks {
-		from, to := buf.runs.span(s)
-		if from == to {
-			continue
-		}
-		st := &l.blocks[s]
-		st.mu.Lock()
-		for i := from; i < to; i++ {
-			j, isNew := st.a.inc(seqs[i], slot)
-			idx[i] = j
-			if isNew {
-				added++
-			}
-		}
-		st.mu.Unlock()
-	}
-	buf.idx = idx
-	return added
-}
-
-// dropRefs removes bk's references from the block index, sweeping each stripe it
-// touched, and returns how many hashes bk's worker rank no longer holds.
-// bk.rank.mu must be held.
-func (l *Ledger) dropRefs(bk *booking) int {
-	buf, slot := bk.buf, bk.rank.slot
-	seqs, idx := buf.seqs, buf.idx
-	gone := 0
-	for s := range l.blocks {
-		from, to := buf.runs.span(s)
-		if from == to {
-			continue
-		}
-		st := &l.blocks[s]
-		st.mu.Lock()
-		for i := from; i < to; i++ {
-			if st.a.dec(idx[i], seqs[i], slot) {
-				gone++
-			}
-		}
-		st.a.sweep()
-		st.mu.Unlock()
-	}
-	return gone
-}
-
 // find returns the live booking id, or nil.
 func (l *Ledger) find(id string) *booking {
 	ids := l.idStripe(id)
@@ -686,17 +416,6 @@ func (l *Ledger) Touch(id string) error {
 	return nil
 }
 
-// rankList returns the registered worker ranks.
-func (l *Ledger) rankList() []*rankState {
-	l.regMu.RLock()
-	defer l.regMu.RUnlock()
-	out := make([]*rankState, 0, len(l.ranks))
-	for _, r := range l.ranks {
-		out = append(out, r)
-	}
-	return out
-}
-
 // Expire frees every booking whose deadline is at or before now and returns how
 // many it freed; OnChange hears of the affected worker ranks in the order of
 // their earliest expired deadline (ties in booking order). Its cost is one look
@@ -793,18 +512,6 @@ func (l *Ledger) RemoveWorker(worker string) int {
 	return n
 }
 
-// release gives a removed worker rank's slot back, once. r.mu must be held and
-// r must have no booking left.
-func (l *Ledger) release(r *rankState) {
-	if r.released {
-		return
-	}
-	r.released = true
-	l.regMu.Lock()
-	l.freeSlots = append(l.freeSlots, r.slot)
-	l.regMu.Unlock()
-}
-
 // settle removes a booking the caller has taken from the id map and everything
 // it added. bk.rank.mu must be held.
 func (l *Ledger) settle(bk *booking) {
@@ -836,217 +543,6 @@ func (l *Ledger) settle(bk *booking) {
 		if r.dead.Load() {
 			l.release(r)
 		}
-	}
-}
-
-// Load returns the active load of worker rank w; the zero Load when it has none.
-func (l *Ledger) Load(w kvindex.WorkerRank) Load {
-	r := l.lookup(w)
-	if r == nil {
-		return Load{}
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.load()
-}
-
-// NewBlocks returns how many of seqs are not active on worker rank w: the shared
-// blocks a request with these sequence hashes would add to w's active blocks. A
-// hash listed twice counts once. A request's private blocks (Booking.PrivateBlocks)
-// are not counted: they are new everywhere, so the caller adds them.
-func (l *Ledger) NewBlocks(w kvindex.WorkerRank, seqs []uint64) int {
-	return l.AppendLoads(make([]CandidateLoad, 0, 1), []kvindex.WorkerRank{w}, seqs)[0].NewBlocks
-}
-
-// Rank is a resolved handle on one worker rank's load entry, from AppendRanks.
-// It spares AppendRankLoads a lookup by name per candidate. A handle whose
-// worker was removed since it was made still works: AppendRankLoads looks it up
-// again by name.
-type Rank struct {
-	key kvindex.WorkerRank
-	r   *rankState
-}
-
-// Worker returns the worker rank the handle names.
-func (k Rank) Worker() kvindex.WorkerRank { return k.key }
-
-// AppendRanks appends a handle for each of workers to dst, making an empty load
-// entry for each worker rank that has none, and returns the extended slice. An
-// entry lives until RemoveWorker of its worker; callers resolve a worker's
-// ranks when they start considering it and again after removing it.
-func (l *Ledger) AppendRanks(dst []Rank, workers []kvindex.WorkerRank) []Rank {
-	for _, w := range workers {
-		dst = append(dst, Rank{key: w, r: l.rankFor(w)})
-	}
-	return dst
-}
-
-// AppendLoads appends to dst, for each of workers in order, its load, the
-// number of seqs it does not have active (as NewBlocks) and a Stamp of what was
-// read, and returns the extended slice. It is AppendRankLoads with one lookup
-// by name per candidate (unresolved handles).
-func (l *Ledger) AppendLoads(dst []CandidateLoad, workers []kvindex.WorkerRank, seqs []uint64) []CandidateLoad {
-	refs := make([]Rank, len(workers))
-	for i, w := range workers {
-		refs[i].key = w
-	}
-	return l.AppendRankLoads(dst, refs, seqs)
-}
-
-// AppendRankLoads appends to dst, for each of ranks in order, its load, the
-// number of seqs it does not have active (as NewBlocks) and a Stamp of what was
-// read, and returns the extended slice. Its cost is one pass over seqs, one
-// index lookup per distinct hash when any candidate has active blocks, one
-// increment per worker rank holding each of them, and a few atomic reads per
-// candidate; never one lookup per (candidate, hash). It takes no lock a Book or
-// Free holds for long: candidates' loads are read without their locks, the
-// block index a stripe at a time. The selection service calls it on its hot
-// path.
-//
-// Each candidate's load is read at one point; different candidates' at nearby
-// points, and a candidate being booked concurrently may be read mid-change
-// (BookAt then refuses a booking on it).
-func (l *Ledger) AppendRankLoads(dst []CandidateLoad, ranks []Rank, seqs []uint64) []CandidateLoad {
-	if len(ranks) == 0 {
-		return dst
-	}
-	base := len(dst)
-	dst = slices.Grow(dst, len(ranks))[:base+len(ranks)]
-	sc := scratchPool.Get().(*requestScratch)
-	slots := slices.Grow(sc.slots[:0], len(ranks))[:len(ranks)]
-	anyBlocks := false
-	for i, k := range ranks {
-		c := &dst[base+i]
-		c.Worker = k.key
-		slots[i] = -1
-		r := k.r
-		if r == nil || r.dead.Load() { // no entry when resolved, or removed since: by name
-			r = l.lookup(k.key)
-		}
-		if r == nil {
-			c.Load, c.Stamp = Load{}, Stamp{}
-			continue
-		}
-		// The version first: a Book that starts after it changes it.
-		c.Stamp = Stamp{r: r, v: r.version.Load()}
-		shared := r.blocks.Load()
-		c.Load = Load{
-			ActivePrefillTokens: r.prefill.Load(),
-			ActiveBlocks:        int(shared + r.private.Load()),
-			ActiveRequests:      int(r.requests.Load()),
-		}
-		slots[i] = r.slot
-		anyBlocks = anyBlocks || shared > 0
-	}
-	// Read after the candidates: every slot they hold is below it.
-	nslots := l.nextSlot.Load()
-	distinct := l.scanRequest(sc, seqs, nslots, anyBlocks)
-	for i, slot := range slots {
-		c := &dst[base+i]
-		c.NewBlocks = distinct
-		if slot >= 0 {
-			c.NewBlocks -= min(sc.shared(slot), distinct)
-		}
-	}
-	sc.slots = slots
-	scratchPool.Put(sc)
-	return dst
-}
-
-// scratchPool recycles the per-call scratch of scanRequest.
-var scratchPool = sync.Pool{New: func() any { return new(requestScratch) }}
-
-// scanRequest deduplicates seqs into sc and, when lookup is set, counts per slot
-// (below slots) how many of the distinct hashes it has active, locking one
-// block stripe at a time. It returns the number of distinct hashes; the counts
-// are valid until sc's next use.
-func (l *Ledger) scanRequest(sc *requestScratch, seqs []uint64, slots int32, lookup bool) int {
-	sc.begin(len(seqs), slots)
-	uniq := sc.uniq[:0]
-	for _, h := range seqs {
-		if sc.add(h) {
-			uniq = append(uniq, h)
-		}
-	}
-	sc.uniq = uniq
-	if !lookup || len(uniq) == 0 {
-		return len(uniq)
-	}
-	sorted := l.byStripe(sc.sorted, uniq, &sc.runs)
-	sc.sorted = sorted
-	for s := range l.blocks {
-		from, to := sc.runs.span(s)
-		if from == to {
-			continue
-		}
-		st := &l.blocks[s]
-		st.mu.Lock()
-		if st.a.live() > 0 {
-			for _, h := range sorted[from:to] {
-				if e := st.a.holders(h); e != nil {
-					sc.credit(e)
-				}
-			}
-		}
-		st.mu.Unlock()
-	}
-	return len(uniq)
-}
-
-// Get returns a snapshot of the live booking id, and false when there is none.
-func (l *Ledger) Get(id string) (Reservation, bool) {
-	bk := l.find(id)
-	if bk == nil {
-		return Reservation{}, false
-	}
-	r := bk.rank
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if bk.settled {
-		return Reservation{}, false
-	}
-	return Reservation{
-		ID:                   bk.id,
-		Worker:               bk.worker,
-		PrefillTokens:        bk.prefill,
-		PrefillDone:          bk.prefillDone,
-		ExpectedOutputTokens: bk.expected,
-		Blocks:               len(bk.buf.seqs),
-		PrivateBlocks:        bk.private,
-		Lease:                bk.lease,
-		BookedAt:             bk.bookedAt,
-		Deadline:             bk.deadline,
-	}, true
-}
-
-// Loads returns a snapshot of the load of every worker rank that has any (each
-// worker rank's read at one point); worker ranks without live bookings are
-// absent.
-func (l *Ledger) Loads() map[kvindex.WorkerRank]Load {
-	out := make(map[kvindex.WorkerRank]Load)
-	for _, r := range l.rankList() {
-		r.mu.Lock()
-		if r.head != nil && !r.dead.Load() {
-			out[r.key] = r.load()
-		}
-		r.mu.Unlock()
-	}
-	return out
-}
-
-// Stats returns the ledger's counters. It does not take the lock.
-func (l *Ledger) Stats() Stats {
-	return Stats{
-		Booked:           l.booked.Load(),
-		PrefillCompleted: l.prefillDone.Load(),
-		Freed:            l.freed.Load(),
-		Expired:          l.expired.Load(),
-		Removed:          l.removed.Load(),
-		Conflicts:        l.conflicts.Load(),
-		Stale:            l.stale.Load(),
-		Invalid:          l.invalid.Load(),
-		UnknownIDs:       l.unknown.Load(),
-		Active:           l.active.Load(),
 	}
 }
 

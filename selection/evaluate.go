@@ -1,0 +1,249 @@
+package selection
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/reservation"
+)
+
+// evaluation is one look at a partition's candidates for a request.
+type evaluation struct {
+	rs          *rankSet
+	cands       []candidate
+	allBusy     bool
+	bestOverlap int
+	bestPrefill int
+}
+
+// evalScratch is one decision's working memory, pooled so the hot path does not
+// allocate.
+type evalScratch struct {
+	matches  []kvindex.Match // the request's overlaps, from the index
+	rs       *rankSet        // the rank snapshot matchIdx refers to
+	matchIdx []int32         // matchIdx[j]: rank index of matches[j] in rs, -1 if none
+	cands    []candidate
+	refs     []reservation.Rank
+	loads    []reservation.CandidateLoad
+	byIdx    []int32
+	ev       evaluation
+	// the previous resolve on this scratch, for reuse (see resolve)
+	memoRS   *rankSet
+	memoKeys []kvindex.WorkerRank
+	memoIdx  []int32
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(evalScratch) }}
+
+// refresh re-maps the matches when the partition's ranks changed since sc.rs.
+func (sc *evalScratch) refresh(p *partition) {
+	if cur := p.ranksOf(); cur != sc.rs {
+		sc.resolve(cur)
+	}
+}
+
+// resolve maps sc.matches to rank indices of rs into sc.matchIdx. Consecutive
+// requests on one scratch usually match the same worker ranks in the same
+// order (a shared system prompt, listed in the index's order), so a match
+// naming the same worker rank as the previous resolve's at that position reuses
+// its index instead of a map lookup.
+func (sc *evalScratch) resolve(rs *rankSet) {
+	sc.rs = rs
+	if sc.memoRS != rs {
+		sc.memoRS, sc.memoKeys, sc.memoIdx = rs, sc.memoKeys[:0], sc.memoIdx[:0]
+	}
+	idx := sc.matchIdx[:0]
+	for j, m := range sc.matches {
+		if j < len(sc.memoKeys) && sc.memoKeys[j] == m.Worker {
+			idx = append(idx, sc.memoIdx[j])
+			continue
+		}
+		i, ok := rs.pos[m.Worker]
+		if !ok {
+			i = -1
+		}
+		idx = append(idx, i)
+	}
+	sc.matchIdx = idx
+	sc.memoKeys = sc.memoKeys[:0]
+	for _, m := range sc.matches {
+		sc.memoKeys = append(sc.memoKeys, m.Worker)
+	}
+	sc.memoIdx = append(sc.memoIdx[:0], idx...)
+}
+
+// evaluate scores every eligible candidate of sc.rs, reading their loads from
+// the ledger at one point of its history.
+func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch) (*evaluation, error) {
+	rs := sc.rs
+	if len(rs.ranks) == 0 {
+		return nil, fmt.Errorf("%w: model %q has no schedulable worker", ErrNotReady, pr.model)
+	}
+	var cands []candidate
+	var refs []reservation.Rank
+	var byIdx []int32 // rank index -> candidate index; nil when every rank is eligible
+	if pr.allowed == nil {
+		cands = append(sc.cands[:0], rs.template...)
+		refs = rs.refs
+	} else {
+		if cap(sc.byIdx) < len(rs.ranks) {
+			sc.byIdx = make([]int32, len(rs.ranks))
+		}
+		byIdx = sc.byIdx[:len(rs.ranks)]
+		cands, refs = sc.cands[:0], sc.refs[:0]
+		for i, r := range rs.ranks {
+			byIdx[i] = -1
+			if _, ok := pr.allowed[r.key.Worker]; !ok {
+				continue
+			}
+			byIdx[i] = int32(len(cands))
+			cands = append(cands, rs.template[i])
+			refs = append(refs, rs.refs[i])
+		}
+		sc.refs = refs
+		if len(cands) == 0 {
+			sc.cands = cands
+			return nil, fmt.Errorf("%w: none of the %d allowed workers serves model %q", ErrNoEndpoints, len(pr.allowed), pr.model)
+		}
+	}
+	sc.cands = cands
+	sc.loads = s.ledger.AppendRankLoads(sc.loads[:0], refs, pr.active)
+	for i := range cands {
+		l := &sc.loads[i]
+		cands[i].activePrefill = l.Load.ActivePrefillTokens
+		cands[i].activeBlocks = l.Load.ActiveBlocks
+		cands[i].activeRequests = l.Load.ActiveRequests
+		cands[i].newBlocks = l.NewBlocks + pr.private // private blocks are new everywhere
+		cands[i].stamp = l.Stamp
+	}
+	for j, m := range sc.matches {
+		ci := sc.matchIdx[j]
+		if ci >= 0 && byIdx != nil {
+			ci = byIdx[ci]
+		}
+		if ci >= 0 {
+			c := &cands[ci]
+			c.device, c.host, c.disk = m.Device, m.Host, m.Disk
+		}
+	}
+	ev := &sc.ev
+	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt}
+	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
+	busy := 0
+	for i := range cands {
+		c := &cands[i]
+		c.cost = logit(c, in, &pr.w)
+		ev.bestOverlap = max(ev.bestOverlap, c.device)
+		ev.bestPrefill = min(ev.bestPrefill, effectivePrefill(c, pr, &pr.w, s.cfg.BlockSize))
+		if s.busy(c) {
+			busy++
+		}
+	}
+	ev.allBusy = busy == len(cands)
+	return ev, nil
+}
+
+// busy reports whether c's active prefill exceeds the queue threshold times its
+// max_num_batched_tokens. Always false when queueing is off.
+func (s *SelectionService) busy(c *candidate) bool {
+	if s.cfg.QueueThreshold == nil {
+		return false
+	}
+	base := c.maxBatched
+	if base <= 0 {
+		base = DefaultMaxNumBatchedTokens
+	}
+	return float64(c.activePrefill) > *s.cfg.QueueThreshold*float64(base)
+}
+
+func effectivePrefill(c *candidate, pr *prepared, w *weights, bs int) int {
+	cached := min(cachedTokens(c, w, bs), pr.isl)
+	return pr.isl - cached
+}
+
+// errStale is commit's report of a lock-free booking a concurrent one made stale.
+var errStale = errors.New("selection: decision stale")
+
+// commit picks among the candidates that are not busy (all of them when every one
+// is busy, which only Select reaches) and books the pick when reserve is set:
+// with BookAt at the stamp of the pick's load when lockFree (errStale when a concurrent
+// booking reached the pick since), plainly otherwise. p.mu is held, for reading
+// at least, when reserve is set.
+func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, reserve, lockFree bool) (Result, error) {
+	pool := ev.cands
+	if !ev.allBusy && s.cfg.QueueThreshold != nil {
+		n := 0
+		for _, c := range ev.cands {
+			if !s.busy(&c) {
+				pool[n] = c
+				n++
+			}
+		}
+		pool = pool[:n]
+	}
+	c := pool[pick(pool, pr.w.temperature, &p.rng)]
+	// pick may reuse cost for softmax weights: recompute for the result.
+	c.cost = logit(&c, costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}, &pr.w)
+	r := ev.rs.ranks[c.idx]
+	eff := effectivePrefill(&c, pr, &pr.w, s.cfg.BlockSize)
+	res := Result{
+		WorkerID: r.key.Worker, DPRank: r.key.Rank, Endpoint: r.endpoint, BlockSize: s.cfg.BlockSize,
+		Overlap:                Overlap{Device: c.device, Host: c.host, Disk: c.disk},
+		RequestBlocks:          len(pr.seqs),
+		EffectivePrefillTokens: eff,
+		PotentialDecodeBlocks:  c.activeBlocks + c.newBlocks,
+		Cost:                   c.cost,
+		Busy:                   ev.allBusy,
+	}
+	if reserve {
+		prefill := 0
+		if pr.w.trackPrefill {
+			prefill = eff
+		}
+		b := reservation.Booking{
+			ID: pr.id, Worker: r.key, SeqHashes: pr.active, PrivateBlocks: pr.private,
+			PrefillTokens: prefill, ExpectedOutputTokens: pr.expected,
+		}
+		var err error
+		if lockFree {
+			err = s.ledger.BookAt(b, c.stamp)
+		} else {
+			err = s.ledger.Book(b)
+		}
+		if err != nil {
+			return Result{}, s.bookError(err)
+		}
+		if p.approx != nil {
+			p.approx.Record(r.key, pr.seqs)
+		}
+		if r.health != nil {
+			if r.health.untrusted.Load() {
+				p.fallback.Record(r.key, pr.seqs)
+			}
+			s.booked(r.health, pr.seqs, c.device+c.host+c.disk, pr.id)
+		}
+		s.st.bookings.Add(1)
+		res.ReservationID = pr.id
+	}
+	s.st.selections.Add(1)
+	s.st.chosenOverlap.Add(uint64(c.device))
+	s.st.bestOverlap.Add(uint64(ev.bestOverlap))
+	s.st.requestBlocks.Add(uint64(len(pr.seqs)))
+	return res, nil
+}
+
+// bookError maps a ledger error of a booking to the service's errors.
+func (s *SelectionService) bookError(err error) error {
+	switch {
+	case errors.Is(err, reservation.ErrStale):
+		return errStale
+	case errors.Is(err, reservation.ErrConflict):
+		s.st.conflicts.Add(1)
+		return fmt.Errorf("%w: %w", ErrConflict, err)
+	default:
+		return fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+}

@@ -1,0 +1,61 @@
+package selection
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/reservation"
+)
+
+// PrefillComplete marks the end of a booking's prefill (its first output): the
+// prompt tokens stop counting as prefill load; its blocks stay active. Calling it
+// again is a no-op. Unknown id: ErrUnknownReservation (harmless).
+func (s *SelectionService) PrefillComplete(id string) error {
+	if err := s.ledger.PrefillComplete(id); err != nil {
+		if errors.Is(err, reservation.ErrUnknownReservation) {
+			s.st.unknownIDs.Add(1)
+			return fmt.Errorf("%w: %w", ErrUnknownReservation, err)
+		}
+		return err
+	}
+	s.st.prefillDone.Add(1)
+	if s.healthOn() {
+		s.sampleSettled(id, true)
+	}
+	return nil
+}
+
+// FreeReservation releases everything a booking added (end of stream, cancel,
+// error). Freeing twice, or an unknown or expired id, is ErrUnknownReservation and
+// changes nothing.
+func (s *SelectionService) FreeReservation(id string) error {
+	if err := s.ledger.Free(id); err != nil {
+		if errors.Is(err, reservation.ErrUnknownReservation) {
+			s.st.unknownIDs.Add(1)
+			return fmt.Errorf("%w: %w", ErrUnknownReservation, err)
+		}
+		return err
+	}
+	s.st.frees.Add(1)
+	if s.healthOn() {
+		s.sampleSettled(id, false)
+	}
+	return nil
+}
+
+// ExpireReservations frees every booking whose lease has passed by the clock and
+// returns how many. The service's sweeper calls it periodically; call it yourself
+// with a fake clock or a disabled sweeper.
+func (s *SelectionService) ExpireReservations() int {
+	return s.ledger.Expire(s.clock.Now())
+}
+
+// loadDropped is the ledger's hook: some worker's load went down, so a waiting
+// request may now fit. It runs outside the ledger's lock and takes no service lock
+// that a ledger caller might hold.
+func (s *SelectionService) loadDropped(w kvindex.WorkerRank) {
+	if p, ok := s.partOf.Load(w.Worker); ok {
+		p.(*partition).signalIfWaiting()
+	}
+}
