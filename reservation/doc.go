@@ -92,9 +92,12 @@
 // read (the worker rank's entry and a sequence number that every Book
 // advances, odd while the Book is changing it), and BookAt books only if the
 // chosen worker rank's entry and sequence number are still the ones stamped
-// (ErrStale otherwise). Because only
-// Book raises a load, a decision BookAt accepts is one that some serial order of
-// the concurrent calls would have made; the selection service retries on
+// (ErrStale otherwise). Loads rise only through Book, so the rank chosen as the
+// cheapest is still no dearer than it looked, and every other candidate is at
+// least as dear as it looked or became cheaper only through settlements the
+// decision may be ordered before: a decision BookAt accepts is one that some
+// serial order of the concurrent calls would have made. This is the one place
+// the argument is made; the selection service relies on it and retries on
 // ErrStale. A candidate read while a Book or a settlement was changing it may
 // be seen part-way; its load then lies between its loads before and after that
 // call, and BookAt refuses a booking on a candidate whose Book was under way.

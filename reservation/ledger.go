@@ -229,13 +229,8 @@ func (l *Ledger) Book(b Booking) error { return l.book(&b, Stamp{}, false) }
 // BookAt is Book for a decision made on loads read by AppendRankLoads or
 // AppendLoads: seen is the chosen candidate's CandidateLoad.Stamp. It books only
 // if no Book reached b.Worker, and RemoveWorker did not drop its entry, since
-// that read; otherwise it returns ErrStale and changes nothing.
-// Loads only rise through Book, so a worker rank chosen as the cheapest on those
-// loads is still no dearer than it looked, and every other candidate is at least
-// as dear as it looked or became cheaper only through settlements the decision
-// may be ordered before: a decision BookAt accepts is one some serial order of
-// the calls would have made. This lets callers decide concurrently without a
-// lock around read-decide-book.
+// that read; otherwise it returns ErrStale and changes nothing. The package doc
+// ("Read, decide, book") says why a decision it accepts is a serial one.
 func (l *Ledger) BookAt(b Booking, seen Stamp) error { return l.book(&b, seen, true) }
 
 func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {

@@ -12,10 +12,8 @@
 // lock, and bookings on different ranks do not exclude each other in the
 // ledger either: the booking is reservation.Ledger.BookAt, which refuses it if
 // another booking reached the chosen rank after its load was read, and the
-// request then decides again (Stats.Retries). Loads rise only through bookings,
-// so an accepted decision is one some serial order of the concurrent requests
-// would have made: two requests never both decide on the load from before the
-// other's booking of the same rank. With queueing the whole decision runs under
+// request then decides again (Stats.Retries); reservation's package doc shows
+// that an accepted decision is a serial one. With queueing the whole decision runs under
 // the model's lock, since admission needs a consistent view of the queue. The
 // response tells the caller where to send the request; the caller reports the
 // first output (PrefillComplete) and the end of the request (FreeReservation).

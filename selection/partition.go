@@ -21,11 +21,9 @@ type rankInfo struct {
 	health     *rankHealth // nil without feed checks
 }
 
-// partition is everything one model needs. Two requests of one model never both
-// decide on the same stale load: without queueing each books with
-// reservation.Ledger.BookAt, which refuses a decision a concurrent booking made
-// stale (the request then decides again); with queueing, pick and book happen
-// under mu.
+// partition is everything one model needs. Without queueing a decision books
+// with reservation.Ledger.BookAt (see the package doc); with queueing, pick and
+// book happen under mu.
 type partition struct {
 	model  string
 	index  *kvindex.Index  // with KV events

@@ -179,13 +179,11 @@ func (s *SelectionService) Select(ctx context.Context, req Request) (Result, err
 }
 
 // SelectAndReserve picks a worker for req and books it atomically: two
-// concurrent calls never both decide on the load from before the other's booking
-// of the same worker rank (without queueing the booking is refused as stale and
-// the decision made again; with queueing pick and book run under the model's
-// lock). When queueing is on and every
-// eligible worker is busy it waits in the model's admission queue until capacity
-// frees, ctx is done (nothing is booked; ctx's error is returned) or the service
-// closes. A ctx already done books nothing. Errors: ErrBadRequest, ErrNotReady,
+// concurrent calls never both decide on the load from before the other's
+// booking of the same worker rank (see the package doc). When queueing is on
+// and every eligible worker is busy it waits in the model's admission queue
+// until capacity frees, ctx is done (nothing is booked; ctx's error is
+// returned) or the service closes. A ctx already done books nothing. Errors: ErrBadRequest, ErrNotReady,
 // ErrNoEndpoints, ErrConflict (the reservation id is booked), ErrOverloaded
 // (queue full), ErrClosed, ctx errors.
 func (s *SelectionService) SelectAndReserve(ctx context.Context, req Request) (Result, error) {
