@@ -90,16 +90,7 @@ func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Sco
 	if p == nil {
 		return nil, errNoModel(pr.model)
 	}
-	var matches []kvindex.Match
-	if p.index != nil {
-		matches = p.index.FindMatches(pr.seqs, kvindex.MatchOptions{})
-		if p.untrusted.Load() > 0 {
-			matches = p.withFallback(matches, pr.seqs)
-		}
-	} else {
-		matches = p.approx.FindMatches(pr.seqs, kvindex.MatchOptions{})
-	}
-	sc := &evalScratch{matches: matches}
+	sc := &evalScratch{matches: p.matches(nil, pr.seqs)}
 	sc.resolve(p.ranksOf())
 	ev, err := s.evaluate(p, pr, sc)
 	if err != nil {

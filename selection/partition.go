@@ -98,6 +98,21 @@ func (rs *rankSet) untrustedRank(w kvindex.WorkerRank) bool {
 	return ok && rs.ranks[i].health != nil && rs.ranks[i].health.untrusted.Load()
 }
 
+// matches returns every rank's overlap with seqs, in buf's storage: from the
+// event index (ranks whose feed is not trusted from the fallback), or from the
+// approximate index without KV events. It takes no partition lock; the indexes
+// have their own.
+func (p *partition) matches(buf []kvindex.Match, seqs []uint64) []kvindex.Match {
+	if p.index == nil {
+		return p.approx.AppendMatches(buf[:0], seqs, kvindex.MatchOptions{})
+	}
+	ms := p.index.AppendMatches(buf[:0], seqs, kvindex.MatchOptions{})
+	if p.untrusted.Load() > 0 {
+		ms = p.withFallback(ms, seqs)
+	}
+	return ms
+}
+
 // withFallback replaces, in the event index's matches ms, those of untrusted
 // ranks by the fallback index's matches of those ranks.
 func (p *partition) withFallback(ms []kvindex.Match, seqs []uint64) []kvindex.Match {

@@ -221,14 +221,7 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 	// Overlap lookups run outside the partition lock; the index has its own.
 	mbuf := matchPool.Get().(*[]kvindex.Match)
 	defer func() { *mbuf = (*mbuf)[:0]; matchPool.Put(mbuf) }()
-	if p.index != nil {
-		*mbuf = p.index.AppendMatches((*mbuf)[:0], pr.seqs, kvindex.MatchOptions{})
-		if p.untrusted.Load() > 0 {
-			*mbuf = p.withFallback(*mbuf, pr.seqs)
-		}
-	} else {
-		*mbuf = p.approx.AppendMatches((*mbuf)[:0], pr.seqs, kvindex.MatchOptions{})
-	}
+	*mbuf = p.matches(*mbuf, pr.seqs)
 	sc := scratchPool.Get().(*evalScratch)
 	defer scratchPool.Put(sc)
 	sc.matches = *mbuf
