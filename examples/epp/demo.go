@@ -243,6 +243,9 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 	cfg.Router.FeedTrust.CheckInterval = 10 * time.Millisecond
 	cfg.Router.FeedTrust.ParityDelay = o.parityDelay
 	cfg.Router.FeedTrust.ParityEvery = 4
+	// The demo forwards requests itself (no Envoy), so engines named by host
+	// (localhost:8000 in a workers file) can be routed to.
+	cfg.Router.Endpoints.AllowHostnames = true
 	workers := o.workers
 	var engines []*fakeengine.Engine
 	var renderService *fakeengine.Engine // the tokenizer, when it is not an engine
