@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,14 @@ type BindConfig struct {
 	// address; an error drops the message (topic_refused). Nil accepts every
 	// topic from every admitted peer.
 	Peer func(peer net.IP, topic string) error
+}
+
+// excerptTopic is a topic for a log line: at most 128 bytes, quoted.
+func excerptTopic(t []byte) string {
+	if len(t) > 128 {
+		t = t[:128]
+	}
+	return strconv.Quote(string(t))
 }
 
 // ipOf returns the IP of a TCP peer address, or nil.
@@ -229,6 +238,7 @@ func (b *binding) recvLoop(ctx context.Context) {
 		fr, err := ParseLiveFrames(msg.Frames)
 		if err != nil {
 			b.framesSkipped.Add(1)
+			b.feed.drop("bad_frames", b.cfg.Endpoint, "error", err)
 			continue
 		}
 		b.received.Add(1)
@@ -238,6 +248,7 @@ func (b *binding) recvLoop(ctx context.Context) {
 			s = b.sourceFor(string(fr.Topic))
 			if s == nil {
 				b.unattributed.Add(1)
+				b.feed.drop("unattributed_topic", b.cfg.Endpoint, "topic", excerptTopic(fr.Topic))
 				continue
 			}
 			if len(cache) < maxTopicCache {

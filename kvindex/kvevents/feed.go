@@ -187,6 +187,7 @@ type Feed struct {
 	replaySem chan struct{}
 	guard     *zmtpguard.Transport // the dial side's ZMTP guard
 	refusals  refusals
+	notices   notices
 
 	// life serialises the calls that start or stop sources (AddSource, RemoveSource,
 	// ForgetSource, Bind, Run's start and shutdown), so a source's Handler calls never

@@ -3,7 +3,10 @@ package kvevents
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -391,7 +394,10 @@ func TestFeedOverflowResyncs(t *testing.T) {
 
 func TestFeedBindMode(t *testing.T) {
 	rec := newBatchRecorder(t)
-	f, err := NewFeed(testOpts(rec))
+	var logs syncLog
+	opts := testOpts(rec)
+	opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	f, err := NewFeed(opts)
 	require.NoError(t, err)
 	addr, err := f.Bind(BindConfig{Endpoint: "tcp://127.0.0.1:0", Rank: 2})
 	require.NoError(t, err)
@@ -430,6 +436,9 @@ func TestFeedBindMode(t *testing.T) {
 	bs := f.BindStats()
 	require.Equal(t, addr.String(), bs[0].Addr)
 	require.Equal(t, uint64(33), bs[0].Received)
+	// The stray messages are said once, not dropped in silence.
+	require.Equal(t, 1, strings.Count(logs.String(), "kind=unattributed_topic"), logs.String())
+	require.Contains(t, logs.String(), `not-a-kv-topic`)
 
 	// A removed bound source is created again from scratch by its next message.
 	require.NoError(t, f.RemoveSource(wb))
@@ -595,4 +604,22 @@ func TestFeedStopsDuringStalledHandshake(t *testing.T) {
 	case <-time.After(waitFor):
 		t.Fatal("Run blocked on a stalled handshake")
 	}
+}
+
+// syncLog is a log sink safe for the feed's goroutines.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -66,6 +66,35 @@ func (f *Feed) refused(r zmtpguard.Reason, remote net.Addr, err error) {
 	}
 }
 
+// notices limits the feed's warnings about dropped messages to one per kind a
+// minute.
+type notices struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+// drop logs, at most once a minute per kind, that messages of kind were
+// dropped (they are counted in Stats or BindStats either way).
+func (f *Feed) drop(kind, where string, args ...any) {
+	if f.opts.Logger == nil {
+		return
+	}
+	now := time.Now()
+	f.notices.mu.Lock()
+	if f.notices.last == nil {
+		f.notices.last = map[string]time.Time{}
+	}
+	warn := now.Sub(f.notices.last[kind]) >= refusalWarnInterval
+	if warn {
+		f.notices.last[kind] = now
+	}
+	f.notices.mu.Unlock()
+	if warn {
+		f.opts.Logger.Warn("kvevents: dropped a message (further ones of this kind are only counted for a minute)",
+			append([]any{"kind", kind, "at", where}, args...)...)
+	}
+}
+
 // Refused returns how many connections or messages the feed's ZMTP guards
 // refused, by reason name (see the guard's reasons: bad_greeting,
 // frame_too_large, not_admitted, topic_refused, ...); only non-zero ones.

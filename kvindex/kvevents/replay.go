@@ -69,6 +69,7 @@ func (f *Feed) replay(ctx context.Context, endpoint string, start uint64, st *co
 			switch {
 			case err != nil:
 				st.framesSkipped.Add(1)
+				f.drop("bad_replay_frames", endpoint, "error", err)
 			case end:
 				return nil
 			default:

@@ -258,6 +258,7 @@ func (s *source) readLoop(ctx context.Context, sock zmq4.Socket) error {
 		f, err := ParseLiveFrames(msg.Frames)
 		if err != nil {
 			s.st.framesSkipped.Add(1)
+			s.feed.drop("bad_frames", s.wr.String(), "error", err)
 			continue
 		}
 		s.deliver(ctx, f)
