@@ -107,8 +107,9 @@ type FeedOptions struct {
 	// moved on and the source is reset and starts over from there. Default
 	// 100000 (ten times vLLM's replay buffer).
 	MaxSeqJump uint64
-	// Logger receives connection and resync notices. Nil: no logging; the counters in
-	// Stats carry the same information.
+	// Logger receives connection notices and, rate-limited per kind, warnings of
+	// lost, suspect and dropped batches, restarts, overflows and refused peers.
+	// Nil: no logging; the counters in Stats carry the same information.
 	Logger *slog.Logger
 }
 

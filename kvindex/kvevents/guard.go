@@ -76,6 +76,12 @@ type notices struct {
 // drop logs, at most once a minute per kind, that messages of kind were
 // dropped (they are counted in Stats or BindStats either way).
 func (f *Feed) drop(kind, where string, args ...any) {
+	f.notice(kind, "kvevents: dropped a message (further ones of this kind are only counted for a minute)",
+		append([]any{"kind", kind, "at", where}, args...)...)
+}
+
+// notice logs msg as a warning, at most once a minute per kind.
+func (f *Feed) notice(kind, msg string, args ...any) {
 	if f.opts.Logger == nil {
 		return
 	}
@@ -90,8 +96,7 @@ func (f *Feed) drop(kind, where string, args ...any) {
 	}
 	f.notices.mu.Unlock()
 	if warn {
-		f.opts.Logger.Warn("kvevents: dropped a message (further ones of this kind are only counted for a minute)",
-			append([]any{"kind", kind, "at", where}, args...)...)
+		f.opts.Logger.Warn(msg, args...)
 	}
 }
 

@@ -84,7 +84,7 @@ func newSource(f *Feed, cfg SourceConfig, bound bool) *source {
 func (s *source) start(parent context.Context, fwg *sync.WaitGroup) {
 	ctx, cancel := context.WithCancel(parent)
 	s.cancel = cancel
-	seq := &sequencer{src: s.wr, h: s.feed.opts.Handler, st: &s.st, maxJump: s.feed.opts.MaxSeqJump}
+	seq := &sequencer{src: s.wr, h: s.feed.opts.Handler, st: &s.st, maxJump: s.feed.opts.MaxSeqJump, note: s.feed.notice}
 	if s.cfg.ReplayEndpoint != "" {
 		ep := s.cfg.ReplayEndpoint
 		seq.replay = func(ctx context.Context, start uint64, yield func(Frame)) error {

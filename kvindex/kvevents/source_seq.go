@@ -47,7 +47,10 @@ type sequencer struct {
 	hasLive  bool   // lastLive is set
 	lastLive uint64 // last live seq taken from the queue (restart detection)
 
-	maxJump     uint64 // a live seq more than this beyond the watermark is suspect; 0: never
+	maxJump uint64 // a live seq more than this beyond the watermark is suspect; 0: never
+	// note, when set, logs an event of the stream (rate-limited per kind by
+	// the feed); the counters say the same.
+	note        func(kind, msg string, args ...any)
 	suspectRun  int    // consecutive suspect batches numbering on from each other
 	suspectLast uint64 // the last suspect seq
 }
@@ -99,10 +102,13 @@ func (q *sequencer) suspect(seq uint64) bool {
 	q.suspectLast = seq
 	q.st.suspect.Add(1)
 	if q.suspectRun < SuspectRun {
+		q.log("suspect_seq", "kvevents: dropped a batch numbered far beyond the source's watermark (forged or corrupt?)",
+			"seq", seq, "watermark", q.wm, "max_jump", q.maxJump)
 		return true
 	}
 	q.suspectRun = 0
 	q.st.jumps.Add(1)
+	q.log("seq_jump", "kvevents: the source's sequence jumped far ahead and stayed there; starting over from it", "seq", seq, "watermark", q.wm)
 	q.reset()
 	q.hasLive = false
 	return false
@@ -117,6 +123,7 @@ func (q *sequencer) live(ctx context.Context, seq uint64, payload []byte) {
 		// The publisher's sequence went backwards: the engine restarted with an empty
 		// cache. Forget what it held and start over from this batch.
 		q.st.restarts.Add(1)
+		q.log("restart", "kvevents: engine restarted (sequence went back); its index entries are cleared", "seq", seq, "last_seq", q.lastLive)
 		q.reset()
 	}
 	q.hasLive, q.lastLive = true, seq
@@ -144,6 +151,7 @@ func (q *sequencer) live(ctx context.Context, seq uint64, payload []byte) {
 // is reset and rebuilt from the replay buffer when there is one. Without one, the next
 // live batch starts the source again (degraded, since the history before it is lost).
 func (q *sequencer) resync(ctx context.Context) {
+	q.log("overflow", "kvevents: a source's queue overflowed; its queued batches were dropped and it resynchronises")
 	q.reset()
 	if q.replay != nil {
 		q.replayFrom(ctx, 0, 0)
@@ -192,6 +200,8 @@ func (q *sequencer) replayFrom(ctx context.Context, start, target uint64) {
 
 // lose records n batches that will never be applied and marks the source degraded.
 func (q *sequencer) lose(n uint64) {
+	q.log("lost_batches", "kvevents: batches lost (no replay, or the replay fell short); the source is degraded until it resets",
+		"lost", n, "watermark", q.wm)
 	q.st.lost.Add(n)
 	q.st.degraded.Store(true)
 }
@@ -201,4 +211,11 @@ func (q *sequencer) apply(seq uint64, payload []byte) {
 	q.hasWM, q.wm = true, seq
 	q.st.applied.Add(1)
 	q.st.watermark.Store(seq)
+}
+
+// log reports one stream event through note, when set.
+func (q *sequencer) log(kind, msg string, args ...any) {
+	if q.note != nil {
+		q.note(kind, msg, append([]any{"source", q.src.String()}, args...)...)
+	}
 }

@@ -155,3 +155,17 @@ func TestSequencer(t *testing.T) {
 		})
 	}
 }
+
+func TestSequencerSaysWhatHappened(t *testing.T) {
+	q, _, _ := newTestSequencer(t, nil)
+	q.maxJump = 100
+	var kinds []string
+	q.note = func(kind, _ string, args ...any) {
+		require.Equal(t, "source", args[0])
+		kinds = append(kinds, kind)
+	}
+	feedLive(q, 0, 1, 5, 1_000_000, 6, 2)
+	q.handle(context.Background(), item{kind: itemResync})
+	// After the restart, 2 is a start in the middle of the new stream: lost.
+	require.Equal(t, []string{"lost_batches", "suspect_seq", "restart", "lost_batches", "overflow"}, kinds)
+}
