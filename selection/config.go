@@ -149,8 +149,8 @@ const (
 	DefaultMaxNumBatchedTokens = 10_000_000
 )
 
-// MaxWeight bounds every weight, the temperature and the queue threshold: a
-// larger one makes costs overflow to +Inf and every worker tie.
+// MaxWeight bounds every cost weight and the temperature: a larger one makes
+// costs overflow to +Inf and every worker tie.
 const MaxWeight = 1e6
 
 // kvselect's default weights, where they differ from Dynamo's (1 and 1).
@@ -226,8 +226,8 @@ func (c Config) Validate() error {
 	if c.ApproxMaxBlocks < 0 {
 		bad("ApproxMaxBlocks is %d, want >= 0", c.ApproxMaxBlocks)
 	}
-	if c.QueueThreshold != nil {
-		nonNeg("QueueThreshold", *c.QueueThreshold)
+	if t := c.QueueThreshold; t != nil && (math.IsNaN(*t) || math.IsInf(*t, 0) || *t < 0) {
+		bad("QueueThreshold is %v, want a finite value >= 0", *t)
 	}
 	if c.QueuePolicy > QueueWSPT {
 		bad("QueuePolicy is %v, want fcfs, lcfs or wspt", c.QueuePolicy)
