@@ -69,7 +69,9 @@
 // those of a per-model kvindex.Approx holding the bookings made on untrusted
 // ranks (with Config.RouterTTL), so it is routed as in approximate mode while
 // the other ranks stay on their events; it returns to its events as soon as a
-// check finds its feed healthy. Changes of state are logged (WARN when trust is
+// check finds its feed healthy (a silent feed by publishing again, a
+// mis-speaking one by getting at least FeedTrust.MinStores stores within the
+// window, most of them applied: silence alone does not heal it). Changes of state are logged (WARN when trust is
 // lost, then once a minute while it lasts; INFO when it returns).
 //
 // Token parity: one booking in FeedTrust.ParityEvery per rank is sampled. The

@@ -398,10 +398,15 @@ func (s *SelectionService) checkRank(h *rankHealth, src feedSource, now time.Tim
 	if since := h.expectSince.Load(); pending >= int64(t.SilentBookings) && since != 0 && now.Sub(time.Unix(0, since)) >= t.SilentAfter {
 		state = FeedSilent
 	}
-	if total := applied + lostW; total >= uint64(t.MinStores) && float64(lostW) > t.MaxLossRatio*float64(total) {
+	prev := FeedState(h.state.Load())
+	switch total := applied + lostW; {
+	case total >= uint64(t.MinStores) && float64(lostW) > t.MaxLossRatio*float64(total):
+		state = FeedMisSpeaking
+	case total < uint64(t.MinStores) && prev == FeedMisSpeaking && state == FeedHealthy:
+		// Too few stores to prove it healed: a feed that went quiet is not
+		// trusted again on silence alone.
 		state = FeedMisSpeaking
 	}
-	prev := FeedState(h.state.Load())
 	if state != prev {
 		h.since = now
 		h.state.Store(uint32(state))

@@ -180,6 +180,11 @@ func TestFeedThatDropsEveryRootFallsBackAndHeals(t *testing.T) {
 	require.Equal(t, "bad", res.WorkerID)
 	require.Equal(t, 6, res.Overlap.Device)
 
+	// Quiet for a whole window is not healed: too few stores to judge.
+	r.clk.Advance(DefaultFeedWindow + time.Second)
+	r.s.checkFeeds(r.clk.Now())
+	require.Equal(t, FeedMisSpeaking, r.health("bad").State)
+
 	// The engine is fixed: its stores apply again. Once the lost ones have left
 	// the window the feed is trusted again and routing is on its events.
 	for i := range DefaultFeedMinStores {
