@@ -9,10 +9,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -22,7 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/kvselect/kvselect/examples/epp/internal/epplog"
+	"github.com/kvselect/kvselect/examples/epp/internal/eppproc"
 	"github.com/kvselect/kvselect/internal/extproctest"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 )
@@ -55,11 +53,8 @@ type eppConfig struct {
 
 // eppProc is one running EPP subprocess and the clients driving it.
 type eppProc struct {
-	t       *testing.T
-	cmd     *exec.Cmd
-	logs    *epplog.Sink
-	done    chan struct{} // closed once the process has exited and been reaped
-	exitErr error         // set before done is closed
+	*eppproc.Process
+	t *testing.T
 
 	extproc, metricsAddr string
 	bindPort             int // with eppConfig.bind
@@ -101,20 +96,20 @@ func startEPP(t *testing.T, c eppConfig) *eppProc {
 			env[k] = v
 		}
 		p := launch(t, env)
-		rec, ok := p.waitLog(startTimeout, func(r epplog.Record) bool { return r.Msg() == "epp listening" })
+		addrs, ok := p.WaitListening(startTimeout)
 		if !ok {
 			if c.bind && attempt < 3 {
-				t.Logf("EPP start %d exited (%v), the bind port %d was probably taken: retrying", attempt, p.exitErr, bindPort)
+				t.Logf("EPP start %d exited (%v), the bind port %d was probably taken: retrying", attempt, p.Err(), bindPort)
 				continue
 			}
-			require.FailNow(t, "the EPP never listened", "exit: %v\n%s", p.exitErr, strings.Join(p.logs.Lines(), "\n"))
+			require.FailNow(t, "the EPP never listened", "exit: %v\n%s", p.Err(), p.Output())
 		}
 		p.bindPort = bindPort
-		p.extproc, p.metricsAddr = rec.Str("extproc"), rec.Str("metrics")
+		p.extproc, p.metricsAddr = addrs.ExtProc, addrs.Metrics
 		require.NotEmpty(t, p.extproc)
 		require.NotEmpty(t, p.metricsAddr)
-		if _, ok := p.waitLog(startTimeout, func(r epplog.Record) bool { return r.Msg() == "discovery synced; serving" }); !ok {
-			require.FailNow(t, "discovery never synced", "exit: %v", p.exitErr)
+		if _, ok := p.WaitLog(startTimeout, eppproc.MsgIs("discovery synced; serving")); !ok {
+			require.FailNow(t, "discovery never synced", "exit: %v", p.Err())
 		}
 		p.conn, err = grpc.NewClient(p.extproc, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		require.NoError(t, err)
@@ -124,94 +119,38 @@ func startEPP(t *testing.T, c eppConfig) *eppProc {
 	}
 }
 
-// launch starts the binary with exactly env (nothing is inherited, so a
-// developer's DYN_* cannot leak in) and registers its stop.
+// launch starts the binary with exactly env and registers its stop.
 func launch(t *testing.T, env map[string]string) *eppProc {
 	t.Helper()
-	p := &eppProc{t: t, logs: &epplog.Sink{}, done: make(chan struct{}), httpc: &http.Client{Timeout: waitTimeout}}
 	// The context is a last resort: cleanup stops the process long before.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	p.cmd = exec.CommandContext(ctx, eppBinary)
-	for k, v := range env {
-		p.cmd.Env = append(p.cmd.Env, k+"="+v)
-	}
-	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
-	p.cmd.SysProcAttr = childAttr()
-	require.NoError(t, p.cmd.Start())
-	go func() { // owned by p: stop waits for done
-		p.exitErr = p.cmd.Wait()
-		close(p.done)
-	}()
+	t.Cleanup(cancel) // runs after the stop below
+	proc, err := eppproc.Start(ctx, eppBinary, env)
+	require.NoError(t, err)
+	p := &eppProc{Process: proc, t: t, httpc: &http.Client{Timeout: waitTimeout}}
 	t.Cleanup(func() {
 		p.stop()
-		cancel()
-		for _, line := range p.logs.Lines() {
-			if strings.Contains(line, "WARNING: DATA RACE") {
-				t.Errorf("the EPP reported a data race")
-				break
-			}
-		}
-		if t.Failed() {
-			t.Logf("EPP pid %d (exit: %v) log:\n%s", p.cmd.Process.Pid, p.exitErr, strings.Join(p.logs.Lines(), "\n"))
-		}
+		p.Report(t)
 	})
 	return p
 }
 
-// stop ends the process with SIGTERM (SIGKILL after 10 s) and waits for it.
-// Idempotent.
+// stop closes the clients and ends the process with SIGTERM (SIGKILL after
+// 10 s). Idempotent.
 func (p *eppProc) stop() {
 	if p.conn != nil {
 		_ = p.conn.Close()
 		p.conn = nil
 	}
 	p.httpc.CloseIdleConnections()
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-func (p *eppProc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// waitLog waits (bounded) for a log record matching match; false when the
-// process exited or the time ran out.
-func (p *eppProc) waitLog(timeout time.Duration, match func(epplog.Record) bool) (epplog.Record, bool) {
-	deadline := time.Now().Add(timeout)
-	for {
-		if recs := p.logs.Find(match); len(recs) > 0 {
-			return recs[0], true
-		}
-		if p.exited() || time.Now().After(deadline) {
-			return epplog.Record{}, false
-		}
-		select {
-		case <-p.done:
-		case <-time.After(poll):
-		}
-	}
+	p.Stop(syscall.SIGTERM, 10*time.Second)
 }
 
 // alive asserts the process is still running and answers /metrics.
 func (p *eppProc) alive() {
 	p.t.Helper()
-	require.False(p.t, p.exited(), "the EPP exited: %v", p.exitErr)
-	require.NoError(p.t, p.cmd.Process.Signal(syscall.Signal(0)), "the EPP process is gone")
+	require.False(p.t, p.Exited(), "the EPP exited: %v", p.Err())
+	require.NoError(p.t, p.Signal(syscall.Signal(0)), "the EPP process is gone")
 	_, err := p.scrape()
 	require.NoError(p.t, err, "/metrics does not answer")
 }
@@ -226,8 +165,8 @@ func (p *eppProc) eventually(what string, timeout time.Duration, cond func() boo
 	defer tick.Stop()
 	for !cond() {
 		select {
-		case <-p.done:
-			require.FailNow(p.t, what, "the EPP exited: %v", p.exitErr)
+		case <-p.Done():
+			require.FailNow(p.t, what, "the EPP exited: %v", p.Err())
 		case <-deadline.C:
 			require.FailNow(p.t, what, "not within %v", timeout)
 		case <-tick.C:
@@ -238,72 +177,16 @@ func (p *eppProc) eventually(what string, timeout time.Duration, cond func() boo
 // rss is the EPP's resident set size in bytes.
 func (p *eppProc) rss() int64 {
 	p.t.Helper()
-	n, err := rssBytes(p.cmd.Process.Pid)
+	n, err := rssBytes(p.Pid())
 	require.NoError(p.t, err)
 	return n
 }
 
 // --- metrics ----------------------------------------------------------------
 
-// sample is one Prometheus series value.
-type sample struct {
-	name   string
-	labels map[string]string
-	value  float64
-}
-
 type labels map[string]string
 
-func (p *eppProc) scrape() ([]sample, error) {
-	resp, err := p.httpc.Get("http://" + p.metricsAddr + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("/metrics: %s", resp.Status)
-	}
-	var out []sample
-	for line := range strings.SplitSeq(string(raw), "\n") {
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		s, ok := parseSample(line)
-		if !ok {
-			return nil, fmt.Errorf("metrics line %q", line)
-		}
-		out = append(out, s)
-	}
-	return out, nil
-}
-
-// parseSample reads `name{k="v",...} value`; the label values the EPP writes
-// here never hold quotes or commas.
-func parseSample(line string) (sample, bool) {
-	sp := strings.LastIndexByte(line, ' ')
-	if sp < 0 {
-		return sample{}, false
-	}
-	v, err := strconv.ParseFloat(line[sp+1:], 64)
-	if err != nil {
-		return sample{}, false
-	}
-	s := sample{name: line[:sp], labels: map[string]string{}, value: v}
-	if i := strings.IndexByte(s.name, '{'); i >= 0 {
-		body := strings.TrimSuffix(s.name[i+1:], "}")
-		s.name = s.name[:i]
-		for kv := range strings.SplitSeq(body, ",") {
-			if k, val, ok := strings.Cut(kv, "="); ok {
-				s.labels[k] = strings.Trim(val, `"`)
-			}
-		}
-	}
-	return s, true
-}
+func (p *eppProc) scrape() ([]eppproc.Sample, error) { return eppproc.Scrape(p.httpc, p.metricsAddr) }
 
 // metric sums the series of name whose labels include want; -1 when no
 // series matches (the series does not exist yet).
@@ -311,23 +194,7 @@ func (p *eppProc) metric(name string, want labels) float64 {
 	p.t.Helper()
 	ss, err := p.scrape()
 	require.NoError(p.t, err)
-	sum, found := 0.0, false
-	for _, s := range ss {
-		if s.name != name {
-			continue
-		}
-		match := true
-		for k, v := range want {
-			if s.labels[k] != v {
-				match = false
-				break
-			}
-		}
-		if match {
-			sum += s.value
-			found = true
-		}
-	}
+	sum, found := eppproc.Sum(ss, name, want)
 	if !found {
 		return -1
 	}

@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kvselect/kvselect/examples/epp/internal/eppproc"
 )
 
 // buildTimeout bounds the one build of the EPP binary (a cold build cache on a
@@ -29,17 +29,11 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	eppBinary = filepath.Join(dir, "epp")
 	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
 	defer cancel()
 	start := time.Now()
-	args := []string{"build", "-o", eppBinary}
-	if raceBuild {
-		args = append(args, "-race")
-	}
-	build := exec.CommandContext(ctx, "go", append(args, "github.com/kvselect/kvselect/examples/epp")...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	eppBinary, err = eppproc.Build(ctx, dir, raceBuild)
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "attacktest: FAIL: cannot build the EPP binary (after %v): %v\n", time.Since(start).Round(time.Millisecond), err)
 		return 1
 	}

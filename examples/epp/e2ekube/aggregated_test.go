@@ -11,7 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kvselect/kvselect/examples/epp/internal/epplog"
+	"github.com/kvselect/kvselect/examples/epp/internal/eppproc"
 )
 
 const holdFinalizer = "e2e.kvselect.test/hold"
@@ -59,11 +59,11 @@ func TestAggregatedPoolLifecycle(t *testing.T) {
 	require.EqualValues(t, 4, serving.Num("workers"))
 
 	// Startup census and pool resolution are logged.
-	census := p.waitLog(reconcileTimeout, "startup census", epplog.MsgIs("discovery census"))
+	census := p.waitLog(reconcileTimeout, "startup census", eppproc.MsgIs("discovery census"))
 	require.Equal(t, "kubernetes", census.Str("source"))
 	require.EqualValues(t, 4, census.Num("workers"))
 	require.Equal(t, true, census.M["synced"])
-	pool := p.waitLog(reconcileTimeout, "pool resolved", epplog.MsgIs("inference pool resolved"))
+	pool := p.waitLog(reconcileTimeout, "pool resolved", eppproc.MsgIs("inference pool resolved"))
 	require.EqualValues(t, f.port, pool.Num("target_port"))
 	require.Equal(t, s.ns+"/pool", pool.Str("pool"))
 
@@ -117,7 +117,7 @@ func TestAggregatedPoolLifecycle(t *testing.T) {
 	p.eventually("selector change", func() bool { return p.servedBy(f.endpoint(5)) && !p.servedBy(f.endpoint(4)) })
 	require.True(t, p.servedBy(f.endpoint(0)))
 	require.Equal(t, 2, p.workers("aggregated", "schedulable"), "llm-0 and other")
-	require.NotEmpty(t, p.logs.Find(func(r epplog.Record) bool {
+	require.NotEmpty(t, p.Logs().Find(func(r eppproc.Record) bool {
 		m, _ := r.M["match_labels"].(map[string]any)
 		return r.Msg() == "inference pool resolved" && m["tier"] == "gold" && len(m) == 1
 	}), "the new selector is logged")

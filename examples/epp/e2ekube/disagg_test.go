@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvselect/kvselect/examples/epp/internal/epplog"
+	"github.com/kvselect/kvselect/examples/epp/internal/eppproc"
 )
 
 // Pods of the role-split pool, by fleet index.
@@ -79,7 +79,7 @@ func (p *eppProc) pair(f *fleet, idx ...int) (status, dest, prefill int) {
 // excluded reports whether the EPP logged the worker of pod as excluded for
 // reason (with value, when not empty).
 func (p *eppProc) excluded(s *space, pod int, reason, value string) bool {
-	return len(p.logs.Find(func(r epplog.Record) bool {
+	return len(p.Logs().Find(func(r eppproc.Record) bool {
 		return r.Msg() == "worker excluded" && r.Str("id") == s.workerID(podNames[pod]) &&
 			r.Str("reason") == reason && (value == "" || r.Str("value") == value)
 	})) > 0
@@ -98,7 +98,7 @@ func TestDisaggregated(t *testing.T) {
 	require.EqualValues(t, nPods, p.waitServing().Num("workers"))
 
 	// Startup census: the role counts as discovery sees them.
-	census := p.waitLog(reconcileTimeout, "startup census", epplog.MsgIs("discovery census"))
+	census := p.waitLog(reconcileTimeout, "startup census", eppproc.MsgIs("discovery census"))
 	require.Equal(t, roleLabel, census.Str("role_label"))
 	for role, n := range map[string]float64{"prefill": 2, "decode": 2, "(none)": 1, "both": 1} {
 		require.Equal(t, n, census.Num("roles", role), "census of %s: %s", role, census.Raw)
@@ -204,12 +204,12 @@ func TestDisaggregated(t *testing.T) {
 	resp := p.send(request{prompt: "still nobody decoding?"})
 	require.Equal(t, http.StatusServiceUnavailable, resp.Decision.Status)
 	require.Equal(t, "no endpoint available\n", string(resp.Body), "the client gets no details")
-	require.NotEmpty(t, p.logs.Find(epplog.MsgIs("role has no ready workers", "role", "decode")))
-	require.NotEmpty(t, p.logs.Find(func(r epplog.Record) bool {
+	require.NotEmpty(t, p.Logs().Find(eppproc.MsgIs("role has no ready workers", "role", "decode")))
+	require.NotEmpty(t, p.Logs().Find(func(r eppproc.Record) bool {
 		return r.Msg() == "request rejected" && r.Num("status") == 503 &&
 			strings.Contains(r.Str("err"), "no ready workers") && strings.Contains(r.Str("err"), "decode")
 	}), "the rejection names the empty decode role")
-	zero := p.waitLog(reconcileTimeout, "census at decode zero", func(r epplog.Record) bool {
+	zero := p.waitLog(reconcileTimeout, "census at decode zero", func(r eppproc.Record) bool {
 		return r.Msg() == "discovery census" && r.Num("roles", "decode") == 0
 	})
 	require.Equal(t, float64(1), zero.Num("roles", "prefill"), zero.Raw)
@@ -219,7 +219,7 @@ func TestDisaggregated(t *testing.T) {
 	p.eventually("decode back from zero", func() bool {
 		return p.send(request{prompt: "decode is back"}).StatusCode == http.StatusOK
 	})
-	require.NotEmpty(t, p.logs.Find(epplog.MsgIs("role has ready workers again", "role", "decode")))
+	require.NotEmpty(t, p.Logs().Find(eppproc.MsgIs("role has ready workers again", "role", "decode")))
 	st, d, pre = p.pair(f, dc1, dc0)
 	require.Equal(t, http.StatusOK, st)
 	require.Equal(t, []int{dc1, dc0}, []int{d, pre})
@@ -239,8 +239,8 @@ func TestDisaggregatedEmptyRoleAtStartup(t *testing.T) {
 
 	p := startEPP(t, hh, eppConfig{ns: s.ns, pool: "pool", fleet: f, tokenizer: tok, topology: "disaggregated"})
 	p.waitServing()
-	p.waitLog(reconcileTimeout, "empty decode role reported at startup", epplog.MsgIs("role has no ready workers", "role", "decode"))
-	census := p.waitLog(reconcileTimeout, "startup census", epplog.MsgIs("discovery census"))
+	p.waitLog(reconcileTimeout, "empty decode role reported at startup", eppproc.MsgIs("role has no ready workers", "role", "decode"))
+	census := p.waitLog(reconcileTimeout, "startup census", eppproc.MsgIs("discovery census"))
 	require.Equal(t, float64(2), census.Num("roles", "prefill"), census.Raw)
 	require.Equal(t, float64(-1), census.Num("roles", "decode"), "no decode pod was ever seen: %s", census.Raw)
 	require.Equal(t, 0, p.workers("decode", "schedulable"))
@@ -251,7 +251,7 @@ func TestDisaggregatedEmptyRoleAtStartup(t *testing.T) {
 	p.eventually("first decode pod", func() bool {
 		return p.send(request{prompt: "decoding now"}).StatusCode == http.StatusOK
 	})
-	p.waitLog(reconcileTimeout, "decode role ready", epplog.MsgIs("role has ready workers again", "role", "decode"))
+	p.waitLog(reconcileTimeout, "decode role ready", eppproc.MsgIs("role has ready workers again", "role", "decode"))
 }
 
 // TestAggregatedParity runs the EPP with the topology unset over the same
@@ -274,5 +274,5 @@ func TestAggregatedParity(t *testing.T) {
 	require.Empty(t, resp.Decision.Prefiller)
 	require.Empty(t, resp.Decision.Headers["x-prefiller-host-port"])
 	require.Equal(t, s.ids(pf0, pf1, dc0, dc1, unl, bad), sorted(p.eventSources()["aggregated"]))
-	require.Empty(t, p.logs.Find(epplog.MsgIs("worker excluded")), "labels are not read")
+	require.Empty(t, p.Logs().Find(eppproc.MsgIs("worker excluded")), "labels are not read")
 }

@@ -5,12 +5,9 @@ package e2ekube
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -19,7 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/kvselect/kvselect/examples/epp/internal/epplog"
+	"github.com/kvselect/kvselect/examples/epp/internal/eppproc"
 	"github.com/kvselect/kvselect/internal/extproctest"
 )
 
@@ -45,7 +42,7 @@ const roleLabel = "nvidia.com/dynamo-worker-role"
 
 // env is the EPP's whole environment: nothing is inherited from the test
 // process except PATH and HOME, so a developer's DYN_* cannot leak in.
-func (c eppConfig) env(kubeconfig string) []string {
+func (c eppConfig) env(kubeconfig string) map[string]string {
 	m := map[string]string{
 		"PATH": os.Getenv("PATH"), "HOME": os.Getenv("HOME"),
 		"KUBECONFIG":                    kubeconfig,
@@ -69,20 +66,13 @@ func (c eppConfig) env(kubeconfig string) []string {
 	for k, v := range c.extra {
 		m[k] = v
 	}
-	out := make([]string, 0, len(m))
-	for k, v := range m {
-		out = append(out, k+"="+v)
-	}
-	return out
+	return m
 }
 
 // eppProc is one running EPP subprocess and the Envoy-like client driving it.
 type eppProc struct {
-	t       *testing.T
-	cmd     *exec.Cmd
-	logs    *epplog.Sink
-	done    chan struct{} // closed when the process has exited and been reaped
-	exitErr error         // set before done is closed
+	*eppproc.Process
+	t *testing.T
 
 	extproc, metricsAddr string
 	conn                 *grpc.ClientConn
@@ -95,29 +85,14 @@ type eppProc struct {
 // discovery; see waitServing. The process is stopped in t.Cleanup.
 func startEPP(t *testing.T, hh *harness, c eppConfig) *eppProc {
 	t.Helper()
-	p := &eppProc{t: t, logs: &epplog.Sink{}, done: make(chan struct{}), httpc: &http.Client{Timeout: requestTimeout}}
-	p.cmd = exec.Command(hh.eppBinary)
-	p.cmd.Env = c.env(hh.eppKubeconfig)
-	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
-	p.cmd.SysProcAttr = childAttr()
-	require.NoError(t, p.cmd.Start())
-	go func() { // owned by p: stop waits for done
-		p.exitErr = p.cmd.Wait()
-		close(p.done)
-	}()
+	proc, err := eppproc.Start(context.Background(), hh.eppBinary, c.env(hh.eppKubeconfig))
+	require.NoError(t, err)
+	p := &eppProc{Process: proc, t: t, httpc: &http.Client{Timeout: requestTimeout}}
 	t.Cleanup(func() {
 		p.stop()
-		for _, line := range p.logs.Lines() {
-			if strings.Contains(line, "WARNING: DATA RACE") {
-				t.Errorf("the EPP reported a data race")
-				break
-			}
-		}
-		if t.Failed() {
-			t.Logf("EPP pid %d log (%s):\n%s", p.cmd.Process.Pid, p.exitErr, strings.Join(p.logs.Lines(), "\n"))
-		}
+		p.Report(t)
 	})
-	rec := p.waitLog(startTimeout, "the EPP never listened", func(r epplog.Record) bool { return r.Msg() == "epp listening" })
+	rec := p.waitLog(startTimeout, "the EPP never listened", eppproc.MsgIs("epp listening"))
 	p.extproc, p.metricsAddr = rec.Str("extproc"), rec.Str("metrics")
 	require.NotEmpty(t, p.extproc)
 	require.NotEmpty(t, p.metricsAddr)
@@ -130,9 +105,9 @@ func startEPP(t *testing.T, hh *harness, c eppConfig) *eppProc {
 }
 
 // waitServing waits for the first synced discovery snapshot.
-func (p *eppProc) waitServing() epplog.Record {
+func (p *eppProc) waitServing() eppproc.Record {
 	p.t.Helper()
-	return p.waitLog(startTimeout, "discovery never synced", func(r epplog.Record) bool { return r.Msg() == "discovery synced; serving" })
+	return p.waitLog(startTimeout, "discovery never synced", eppproc.MsgIs("discovery synced; serving"))
 }
 
 // stop ends the process with SIGTERM (SIGKILL after 15 s) and closes the
@@ -148,46 +123,21 @@ func (p *eppProc) end(sig syscall.Signal) {
 		p.conn = nil
 	}
 	p.httpc.CloseIdleConnections()
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(sig)
-	select {
-	case <-p.done:
-	case <-time.After(15 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-// exited reports whether the process has ended.
-func (p *eppProc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
+	p.Stop(sig, 15*time.Second)
 }
 
 // waitLog waits (bounded) for a log record matching match and returns the
 // first one; it fails at once when the process has exited.
-func (p *eppProc) waitLog(timeout time.Duration, what string, match func(epplog.Record) bool) epplog.Record {
+func (p *eppProc) waitLog(timeout time.Duration, what string, match func(eppproc.Record) bool) eppproc.Record {
 	p.t.Helper()
-	var found epplog.Record
-	require.Eventually(p.t, func() bool {
-		if recs := p.logs.Find(match); len(recs) > 0 {
-			found = recs[0]
-			return true
+	rec, ok := p.WaitLog(timeout, match)
+	if !ok {
+		if p.Exited() {
+			require.FailNow(p.t, what, "the EPP exited: %v", p.Err())
 		}
-		return p.exited()
-	}, timeout, poll, what)
-	if found.M == nil { // the process exited: done is closed, exitErr is set
-		require.FailNow(p.t, what, "the EPP exited: %v", p.exitErr)
+		require.FailNow(p.t, what, "not within %v", timeout)
 	}
-	return found
+	return rec
 }
 
 // request sends one chat completion through the Envoy-like client and, when
@@ -236,72 +186,26 @@ func (p *eppProc) servedBy(ep string) bool {
 func (p *eppProc) eventually(what string, cond func() bool) {
 	p.t.Helper()
 	start := time.Now()
-	require.Eventually(p.t, func() bool { return !p.exited() && cond() }, reconcileTimeout, poll, what)
+	require.Eventually(p.t, func() bool { return !p.Exited() && cond() }, reconcileTimeout, poll, what)
 	p.t.Logf("%-48s reconciled in %v", what, time.Since(start).Round(time.Millisecond))
 }
 
 // --- metrics ----------------------------------------------------------------
 
-// sample is one Prometheus series value.
-type sample struct {
-	name   string
-	labels map[string]string
-	value  float64
-}
-
-// metrics scrapes the EPP's /metrics (text format).
-func (p *eppProc) metrics() []sample {
+// metrics scrapes the EPP's /metrics.
+func (p *eppProc) metrics() []eppproc.Sample {
 	p.t.Helper()
-	resp, err := p.httpc.Get("http://" + p.metricsAddr + "/metrics")
+	ss, err := eppproc.Scrape(p.httpc, p.metricsAddr)
 	require.NoError(p.t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(p.t, err)
-	require.Equal(p.t, http.StatusOK, resp.StatusCode)
-	var out []sample
-	for _, line := range strings.Split(string(raw), "\n") {
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		s, ok := parseSample(line)
-		require.True(p.t, ok, "metrics line %q", line)
-		out = append(out, s)
-	}
-	return out
-}
-
-// parseSample reads `name{k="v",...} value`; label values here never hold
-// quotes or commas.
-func parseSample(line string) (sample, bool) {
-	sp := strings.LastIndexByte(line, ' ')
-	if sp < 0 {
-		return sample{}, false
-	}
-	v, err := strconv.ParseFloat(line[sp+1:], 64)
-	if err != nil {
-		return sample{}, false
-	}
-	s := sample{name: line[:sp], labels: map[string]string{}, value: v}
-	if i := strings.IndexByte(s.name, '{'); i >= 0 {
-		body := strings.TrimSuffix(s.name[i+1:], "}")
-		s.name = s.name[:i]
-		for _, kv := range strings.Split(body, ",") {
-			k, val, ok := strings.Cut(kv, "=")
-			if !ok {
-				continue
-			}
-			s.labels[k] = strings.Trim(val, `"`)
-		}
-	}
-	return s, true
+	return ss
 }
 
 // workers is the kvselect_workers gauge of a role and lifecycle.
 func (p *eppProc) workers(role, lifecycle string) int {
 	p.t.Helper()
 	for _, s := range p.metrics() {
-		if s.name == "kvselect_workers" && s.labels["role"] == role && s.labels["lifecycle"] == lifecycle {
-			return int(s.value)
+		if s.Name == "kvselect_workers" && s.Labels["role"] == role && s.Labels["lifecycle"] == lifecycle {
+			return int(s.Value)
 		}
 	}
 	return -1
@@ -313,32 +217,16 @@ func (p *eppProc) eventSources() map[string][]string {
 	p.t.Helper()
 	out := map[string][]string{}
 	for _, s := range p.metrics() {
-		if s.name == "kvselect_kv_event_batches_total" {
-			out[s.labels["role"]] = append(out[s.labels["role"]], s.labels["worker"])
+		if s.Name == "kvselect_kv_event_batches_total" {
+			out[s.Labels["role"]] = append(out[s.Labels["role"]], s.Labels["worker"])
 		}
 	}
 	return out
 }
 
-// counter sums a counter over the series matching labels.
+// counter sums a counter over the series matching labels (0 when none does).
 func (p *eppProc) counter(name string, labels map[string]string) float64 {
 	p.t.Helper()
-	var sum float64
-	for _, s := range p.metrics() {
-		if s.name != name {
-			continue
-		}
-		match := true
-		for k, v := range labels {
-			if s.labels[k] != v {
-				match = false
-			}
-		}
-		if match {
-			sum += s.value
-		}
-	}
+	sum, _ := eppproc.Sum(p.metrics(), name, labels)
 	return sum
 }
-
-// --- logs -------------------------------------------------------------------

@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvselect/kvselect/examples/epp/internal/eppproc"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 )
 
@@ -126,14 +125,8 @@ func setUp(ctx context.Context, adminKC, eppKC, crdPath, binDir string) (*harnes
 	}
 	fmt.Fprintf(os.Stderr, "e2ekube: InferencePool CRD established in %v\n", time.Since(start).Round(time.Millisecond))
 	start = time.Now()
-	hh.eppBinary = filepath.Join(binDir, "epp")
-	args := []string{"build", "-o", hh.eppBinary}
-	if os.Getenv(envRace) == "1" {
-		args = append(args, "-race")
-	}
-	build := exec.CommandContext(ctx, "go", append(args, "github.com/kvselect/kvselect/examples/epp")...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	hh.eppBinary, err = eppproc.Build(ctx, binDir, os.Getenv(envRace) == "1")
+	if err != nil {
 		return nil, fmt.Errorf("build the EPP: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "e2ekube: EPP built in %v\n", time.Since(start).Round(time.Millisecond))

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvselect/kvselect/examples/epp/internal/epplog"
+	"github.com/kvselect/kvselect/examples/epp/internal/eppproc"
 )
 
 // longPrompt is a prompt of many complete KV blocks.
@@ -78,7 +78,7 @@ func TestRestartRecovers(t *testing.T) {
 
 	q := startEPP(t, hh, cfg)
 	require.EqualValues(t, 3, q.waitServing().Num("workers"), "llm-0, llm-1, llm-3")
-	census := q.waitLog(reconcileTimeout, "startup census", epplog.MsgIs("discovery census"))
+	census := q.waitLog(reconcileTimeout, "startup census", eppproc.MsgIs("discovery census"))
 	require.EqualValues(t, 3, census.Num("workers"))
 	require.False(t, q.servedBy(f.endpoint(2)), "the pod deleted while the EPP was down")
 	require.Zero(t, q.counter("kvselect_overlap_chosen_blocks_total", nil), "a new process has made no decision yet")

@@ -1,10 +1,4 @@
-// Package epplog captures the reference EPP's output when a test runs it as a
-// process (the e2ekube and attacktest suites): line by line, each JSON log
-// record parsed. One job: let a test wait for and inspect what the EPP said.
-//
-// A Sink is safe for concurrent use: exec copies the process's stdout and
-// stderr into it from goroutines of its own while the test reads it.
-package epplog
+package eppproc
 
 import (
 	"bytes"
@@ -43,7 +37,9 @@ func (r Record) Num(path ...string) float64 {
 	return f
 }
 
-// Sink collects output written to it, one Record a line.
+// Sink collects output written to it, one Record a line. It is safe for
+// concurrent use: exec copies a process's stdout and stderr into it from
+// goroutines of its own while the test reads it.
 type Sink struct {
 	mu      sync.Mutex
 	partial []byte

@@ -6,15 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
 )
-
-// childAttr makes the kernel kill an EPP subprocess when the test process dies
-// without running its cleanups (a panic, a test timeout), so no EPP outlives
-// the run.
-func childAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-}
 
 // rssBytes reads a process's resident set size (VmRSS) from /proc.
 func rssBytes(pid int) (int64, error) {

@@ -2,12 +2,7 @@
 
 package attacktest
 
-import (
-	"errors"
-	"syscall"
-)
-
-func childAttr() *syscall.SysProcAttr { return nil }
+import "errors"
 
 // rssBytes is only implemented on Linux (/proc); tests that need it skip.
 func rssBytes(int) (int64, error) { return 0, errors.New("RSS is read from /proc, Linux only") }
