@@ -205,18 +205,21 @@ type rankHealth struct {
 	key kvindex.WorkerRank
 
 	untrusted   atomic.Bool
-	state       atomic.Uint32 // FeedState, for readers
 	expect      atomic.Int64  // bookings expecting stores since the last batch
 	expectSince atomic.Int64  // unix nanos of the first of them; 0 none
 	bookings    atomic.Uint64 // bookings on the rank, for parity sampling
-	batches     atomic.Uint64 // the feed's batch count at the last check
 
-	mu       sync.Mutex // guards pending (and its samples' seen) and view
-	pending  []*paritySample
+	mu      sync.Mutex // guards pending (and its samples' seen), want and view
+	pending []*paritySample
+	// want counts, per router key, the pending samples that hold it, so the
+	// store hook looks each stored key up once, not once per sample.
+	want     map[uint64]int32
 	sampling atomic.Int32 // len(pending), for the store hook's fast path
 	view     FeedHealth   // the last check's result, for FeedHealth()
 
 	// Monitor-owned.
+	state                      FeedState
+	batches                    uint64 // the feed's batch count at the last check
 	since                      time.Time
 	lastApplied, lastLost      uint64
 	slots                      [feedWindowSlots]struct{ applied, lost uint64 }
@@ -283,6 +286,12 @@ func (s *SelectionService) booked(h *rankHealth, seqs []uint64, cached int, id s
 	if !full {
 		h.pending = append(h.pending, ps)
 		h.sampling.Store(int32(len(h.pending)))
+		if h.want == nil {
+			h.want = make(map[uint64]int32)
+		}
+		for k := range ps.pos {
+			h.want[k]++
+		}
 	}
 	h.mu.Unlock()
 	if !full {
@@ -303,14 +312,26 @@ func (s *SelectionService) storedHook(w kvindex.WorkerRank, keys []uint64) {
 		return
 	}
 	h.mu.Lock()
-	for _, ps := range h.pending {
-		for _, k := range keys {
+	for _, k := range keys {
+		if h.want[k] == 0 {
+			continue
+		}
+		for _, ps := range h.pending {
 			if i, ok := ps.pos[k]; ok {
 				ps.seen[i] = true
 			}
 		}
 	}
 	h.mu.Unlock()
+}
+
+// forgetSampleLocked takes ps's keys out of h.want. h.mu is held.
+func (h *rankHealth) forgetSampleLocked(ps *paritySample) {
+	for k := range ps.pos {
+		if h.want[k]--; h.want[k] <= 0 {
+			delete(h.want, k)
+		}
+	}
 }
 
 // sampleSettled records that booking id reached its first output (prefilled)
@@ -328,11 +349,6 @@ func (s *SelectionService) sampleSettled(id string, prefilled bool) {
 	}
 	ps.prefilled.CompareAndSwap(0, -1)
 	s.samples.Delete(id)
-}
-
-// feedSource is what the monitor reads of one rank's feed.
-type feedSource interface {
-	Stats(kvindex.WorkerRank) kvevents.HandlerStats
 }
 
 // lostStores counts a source's stored events lost for a reason that is not by
@@ -361,15 +377,15 @@ func (s *SelectionService) checkFeeds(now time.Time) {
 	}
 	s.healthMu.Unlock()
 	for _, h := range hs {
-		s.checkRank(h, s.handler, now)
+		s.checkRank(h, now)
 	}
 }
 
-func (s *SelectionService) checkRank(h *rankHealth, src feedSource, now time.Time) {
+func (s *SelectionService) checkRank(h *rankHealth, now time.Time) {
 	t := s.trust
-	st := src.Stats(h.key)
-	if st.Batches != h.batches.Load() {
-		h.batches.Store(st.Batches)
+	st := s.handler.Stats(h.key)
+	if st.Batches != h.batches {
+		h.batches = st.Batches
 		h.expect.Store(0)
 		h.expectSince.Store(0)
 	}
@@ -398,7 +414,7 @@ func (s *SelectionService) checkRank(h *rankHealth, src feedSource, now time.Tim
 	if since := h.expectSince.Load(); pending >= int64(t.SilentBookings) && since != 0 && now.Sub(time.Unix(0, since)) >= t.SilentAfter {
 		state = FeedSilent
 	}
-	prev := FeedState(h.state.Load())
+	prev := h.state
 	switch total := applied + lostW; {
 	case total >= uint64(t.MinStores) && float64(lostW) > t.MaxLossRatio*float64(total):
 		state = FeedMisSpeaking
@@ -409,7 +425,7 @@ func (s *SelectionService) checkRank(h *rankHealth, src feedSource, now time.Tim
 	}
 	if state != prev {
 		h.since = now
-		h.state.Store(uint32(state))
+		h.state = state
 		s.setTrusted(h, state == FeedHealthy)
 		if state == FeedHealthy {
 			s.logger.Info("kv event feed healthy again; routing on its events", "worker", h.key.String(), "was", prev.String())
@@ -510,8 +526,10 @@ func (s *SelectionService) judgeParity(h *rankHealth, now time.Time) {
 			}
 			judged = append(judged, ready{ps, n})
 			s.samples.Delete(ps.id)
+			h.forgetSampleLocked(ps)
 		case pf < 0 || now.Sub(ps.at) > s.cfg.ActiveRequestExpiry:
 			s.samples.Delete(ps.id)
+			h.forgetSampleLocked(ps)
 		default:
 			keep = append(keep, ps)
 		}

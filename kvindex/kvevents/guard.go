@@ -28,12 +28,9 @@ func (f *Feed) dialEndpoint(ep string) string {
 	return ep
 }
 
-// refusals counts the guard's refusals by reason and limits their log lines to
-// one per reason a minute.
+// refusals counts the guard's refusals by reason.
 type refusals struct {
 	counts [zmtpguard.NumReasons]atomic.Uint64
-	mu     sync.Mutex
-	last   [zmtpguard.NumReasons]time.Time
 }
 
 // refusalWarnInterval is the least time between two log lines for one reason.
@@ -46,24 +43,12 @@ func (f *Feed) refused(r zmtpguard.Reason, remote net.Addr, err error) {
 		return
 	}
 	f.refusals.counts[r].Add(1)
-	if f.opts.Logger == nil {
-		return
+	peer := ""
+	if remote != nil {
+		peer = remote.String()
 	}
-	now := time.Now()
-	f.refusals.mu.Lock()
-	warn := now.Sub(f.refusals.last[r]) >= refusalWarnInterval
-	if warn {
-		f.refusals.last[r] = now
-	}
-	f.refusals.mu.Unlock()
-	if warn {
-		peer := ""
-		if remote != nil {
-			peer = remote.String()
-		}
-		f.opts.Logger.Warn("kvevents: refused a ZMQ peer (further ones for this reason are only counted for a minute)",
-			"reason", r.String(), "peer", peer, "error", err)
-	}
+	f.notice("refused:"+r.String(), "kvevents: refused a ZMQ peer (further ones for this reason are only counted for a minute)",
+		"reason", r.String(), "peer", peer, "error", err)
 }
 
 // notices limits the feed's warnings about dropped messages to one per kind a

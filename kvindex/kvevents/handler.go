@@ -238,11 +238,11 @@ func (h *IndexHandler) HandleBatch(src kvindex.WorkerRank, seq uint64, payload [
 		if stored {
 			stores++
 		}
-		if other && !slices.Contains(st.ranks, target.Rank) {
-			// Only ranks the Applier took are remembered for ResetSource, so
-			// made-up ranks cost nothing here.
-			st.ranks = append(st.ranks, target.Rank)
-		}
+	}
+	if other && applied > 0 && !slices.Contains(st.ranks, target.Rank) {
+		// Only ranks the Applier took are remembered for ResetSource, so
+		// made-up ranks cost nothing here.
+		st.ranks = append(st.ranks, target.Rank)
 	}
 	if applied > 0 {
 		st.applied.Add(applied)
