@@ -107,6 +107,7 @@ type binding struct {
 	cfg       BindConfig
 	attribute func(string) (kvindex.WorkerRank, bool)
 	sock      zmq4.Socket
+	guard     *zmtpguard.Transport // tcp endpoints: the listener's ZMTP guard
 	addr      net.Addr
 	sockCtx   context.Context    // the socket's context
 	cancel    context.CancelFunc // cancels sockCtx
@@ -148,7 +149,8 @@ func (f *Feed) Bind(cfg BindConfig) (net.Addr, error) {
 	}
 	listenAt := cfg.Endpoint
 	if strings.HasPrefix(cfg.Endpoint, "tcp://") {
-		g, err := zmtpguard.Register(f.guardLimits(), zmtpguard.Policy{
+		var err error
+		b.guard, err = zmtpguard.Register(f.guardLimits(), zmtpguard.Policy{
 			Admit:   admitBy(cfg.Admit),
 			Message: peerTopic(cfg.Peer),
 			Refused: f.refused,
@@ -156,7 +158,7 @@ func (f *Feed) Bind(cfg BindConfig) (net.Addr, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: ZMTP guard: %w", ErrInvalidOptions, err)
 		}
-		listenAt = g.Endpoint(cfg.Endpoint)
+		listenAt = b.guard.Endpoint(cfg.Endpoint)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b.sockCtx, b.cancel = ctx, cancel

@@ -187,7 +187,6 @@ type Feed struct {
 	opts      FeedOptions
 	replaySem chan struct{}
 	guard     *zmtpguard.Transport // the dial side's ZMTP guard
-	refusals  refusals
 	notices   notices
 
 	// life serialises the calls that start or stop sources (AddSource, RemoveSource,

@@ -4,7 +4,6 @@ import (
 	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvselect/kvselect/kvindex/kvevents/internal/zmtpguard"
@@ -28,21 +27,12 @@ func (f *Feed) dialEndpoint(ep string) string {
 	return ep
 }
 
-// refusals counts the guard's refusals by reason.
-type refusals struct {
-	counts [zmtpguard.NumReasons]atomic.Uint64
-}
-
 // refusalWarnInterval is the least time between two log lines for one reason.
 const refusalWarnInterval = time.Minute
 
-// refused is the guards' Policy.Refused: count, and warn at most once a minute
-// per reason.
+// refused is the guards' Policy.Refused (they count): warn at most once a
+// minute per reason.
 func (f *Feed) refused(r zmtpguard.Reason, remote net.Addr, err error) {
-	if int(r) >= len(f.refusals.counts) {
-		return
-	}
-	f.refusals.counts[r].Add(1)
 	peer := ""
 	if remote != nil {
 		peer = remote.String()
@@ -89,10 +79,18 @@ func (f *Feed) notice(kind, msg string, args ...any) {
 // refused, by reason name (see the guard's reasons: bad_greeting,
 // frame_too_large, not_admitted, topic_refused, ...); only non-zero ones.
 func (f *Feed) Refused() map[string]uint64 {
+	guards := []*zmtpguard.Transport{f.guard}
+	f.mu.Lock()
+	for _, b := range f.binds {
+		if b.guard != nil {
+			guards = append(guards, b.guard)
+		}
+	}
+	f.mu.Unlock()
 	out := map[string]uint64{}
-	for r := range f.refusals.counts {
-		if n := f.refusals.counts[r].Load(); n > 0 {
-			out[zmtpguard.Reason(r).String()] = n
+	for _, g := range guards {
+		for r, n := range g.Stats().Refused {
+			out[r.String()] += n
 		}
 	}
 	return out

@@ -13,8 +13,8 @@
 // # Job
 //
 // Register returns a Transport registered with zmq4 under a fresh scheme
-// ("kvtcp1", ...). Sockets dial and listen on Scheme()+"://host:port" (Endpoint maps
-// "tcp://" endpoints) and otherwise behave as with zmq4's "tcp"; a listener's Addr
+// ("kvtcp1", ...). Sockets dial and listen on the endpoints Endpoint maps
+// "tcp://" ones to, and otherwise behave as with zmq4's "tcp"; a listener's Addr
 // is the real bound address. Every connection, dialed or accepted, reads through a
 // pull parser (RFC 23 and 37) that releases bytes to zmq4 only once they are checked:
 //

@@ -250,7 +250,7 @@ var schemeSeq atomic.Uint64
 
 // Register validates l (zero fields take defaults), registers a new zmq4 transport
 // under a fresh name ("kvtcp1", "kvtcp2", ...) and returns it. Sockets use it by
-// dialing or listening on Scheme()+"://host:port" (see Endpoint); it speaks TCP.
+// dialing or listening on the endpoints Endpoint returns; it speaks TCP.
 // zmq4 cannot unregister a transport, so register once per configuration, not per
 // socket. It returns an error wrapping ErrInvalidLimits for bad limits, or zmq4's
 // registration error.
@@ -271,12 +271,6 @@ func Register(l Limits, p Policy) (*Transport, error) {
 		}
 	}
 }
-
-// Scheme returns the transport's zmq4 name, e.g. "kvtcp1".
-func (t *Transport) Scheme() string { return t.scheme }
-
-// Limits returns the limits in force, defaults filled in.
-func (t *Transport) Limits() Limits { return t.lim }
 
 // Endpoint maps "tcp://host:port" to the guarded scheme; other endpoints are
 // returned unchanged.

@@ -145,7 +145,7 @@ func listenSub(t *testing.T, tr *Transport) (zmq4.Socket, *receiver, string) {
 	t.Helper()
 	sub := zmq4.NewSub(context.Background(), quiet)
 	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, ""))
-	require.NoError(t, sub.Listen(tr.Scheme()+"://127.0.0.1:0"))
+	require.NoError(t, sub.Listen(tr.scheme+"://127.0.0.1:0"))
 	addr := sub.Addr().String()
 	return sub, newReceiver(t, sub), addr
 }
