@@ -39,7 +39,7 @@ const (
 	ReasonEventEndpointScheme Reason = "kv_event_endpoint_scheme"
 )
 
-// endpointProblem says why host (of a host:port) breaks p, or "".
+// hostProblem says why host (of a host:port) breaks p, or "".
 func (p EndpointPolicy) hostProblem(host string) Reason {
 	if i := strings.IndexByte(host, '%'); i >= 0 {
 		// A zoned IPv6 address names an interface of the catalog owner's host:
