@@ -276,6 +276,9 @@ func (s *SelectionService) booked(h *rankHealth, seqs []uint64, cached int, id s
 	if len(seqs) == 0 || (h.bookings.Add(1)-1)%uint64(s.trust.ParityEvery) != 0 {
 		return
 	}
+	if h.sampling.Load() >= parityPendingMax {
+		return // enough samples waiting: build none to throw away
+	}
 	ps := &paritySample{id: id, keys: append([]uint64(nil), seqs...), pos: make(map[uint64]int32, len(seqs)),
 		seen: make([]bool, len(seqs)), cached: min(cached, len(seqs)), at: s.clock.Now(), rank: h}
 	for i, k := range ps.keys {
