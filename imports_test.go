@@ -123,6 +123,62 @@ func TestCoreImports(t *testing.T) {
 	require.Positive(t, n)
 }
 
+// bannedInCore are modules a user who imports only the core packages must never
+// find in their module graph: custom EPPs built on GAIE or llm-d pin their own
+// versions, and minimal version selection would raise them.
+var bannedInCore = []string{"k8s.io/", "sigs.k8s.io/", "github.com/envoyproxy/", "google.golang.org/grpc", "github.com/prometheus/"}
+
+// TestRootModuleRequires fails when the root go.mod requires a module outside
+// the core's list (the examples, with client-go, Envoy, gRPC and Prometheus, are
+// their own module: examples/go.mod).
+func TestRootModuleRequires(t *testing.T) {
+	out, err := exec.Command("go", "mod", "edit", "-json").Output()
+	require.NoError(t, err, "go mod edit: %s", exitStderr(err))
+	var mod struct {
+		Require []struct {
+			Path     string
+			Indirect bool
+		}
+	}
+	require.NoError(t, json.Unmarshal(out, &mod))
+	require.NotEmpty(t, mod.Require)
+	for _, r := range mod.Require {
+		if r.Indirect {
+			continue // a dependency of an allowed module
+		}
+		if !underAny(r.Path, allowedModules) && !underAny(r.Path, allowedInTests) {
+			t.Errorf("go.mod requires %s, which is not on the core's list", r.Path)
+		}
+	}
+}
+
+// TestCoreModuleGraph builds testdata/coreuser, a module outside this one that
+// imports every core package, and checks that its module graph holds none of
+// the examples' heavy dependencies.
+func TestCoreModuleGraph(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a separate module")
+	}
+	env := append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
+	build := exec.Command("go", "build", "-o", os.DevNull, ".")
+	build.Dir, build.Env = "testdata/coreuser", env
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "go build in testdata/coreuser: %s", out)
+	list := exec.Command("go", "list", "-m", "all")
+	list.Dir, list.Env = "testdata/coreuser", env
+	graph, err := list.Output()
+	require.NoError(t, err, "go list -m all: %s", exitStderr(err))
+	lines := strings.Split(strings.TrimSpace(string(graph)), "\n")
+	require.Contains(t, lines, "github.com/kvselect/kvselect v0.0.0 => ../..", "the consumer must use this checkout")
+	for _, l := range lines {
+		for _, b := range bannedInCore {
+			if strings.HasPrefix(l, b) {
+				t.Errorf("an importer of the core packages gets %s in its module graph", l)
+			}
+		}
+	}
+}
+
 func exitStderr(err error) string {
 	if ee, ok := err.(*exec.ExitError); ok {
 		return string(ee.Stderr)

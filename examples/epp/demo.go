@@ -26,7 +26,7 @@ import (
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/discovery"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
-	"github.com/kvselect/kvselect/internal/extproctest"
+	"github.com/kvselect/kvselect/examples/internal/extproctest"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/kvindex"
 	"github.com/kvselect/kvselect/kvindex/kvevents"

@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/discovery"
-	"github.com/kvselect/kvselect/internal/extproctest"
+	"github.com/kvselect/kvselect/examples/internal/extproctest"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"

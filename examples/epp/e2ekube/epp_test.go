@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvselect/kvselect/examples/epp/internal/eppproc"
-	"github.com/kvselect/kvselect/internal/extproctest"
+	"github.com/kvselect/kvselect/examples/internal/extproctest"
 )
 
 // Bounds of the EPP's asynchronous behaviour.

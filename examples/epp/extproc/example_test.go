@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/kvselect/kvselect/examples/epp/extproc"
-	"github.com/kvselect/kvselect/internal/extproctest"
+	"github.com/kvselect/kvselect/examples/internal/extproctest"
 )
 
 var errNoWorker = errors.New("router: no worker")

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvselect/kvselect/internal/extproctest"
+	"github.com/kvselect/kvselect/examples/internal/extproctest"
 )
 
 // spoofed are routing headers a malicious client sends to pick the

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvselect/kvselect/internal/extproctest"
+	"github.com/kvselect/kvselect/examples/internal/extproctest"
 )
 
 var modes = []struct {

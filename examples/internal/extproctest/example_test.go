@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/kvselect/kvselect/internal/extproctest"
+	"github.com/kvselect/kvselect/examples/internal/extproctest"
 )
 
 // echoProcessor continues headers and echoes bodies: the smallest valid
