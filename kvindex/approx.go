@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvselect/kvselect/catalog"
 )
 
 // Approximate-index defaults (Dynamo's router_ttl_secs and max_tree_size).
@@ -112,7 +114,7 @@ const maxInt64 = int64(^uint64(0) >> 1)
 // Record notes that the request with sequence hashes seqs was routed to worker
 // rank w: w is assumed to hold every block of it until the TTL passes. Recording
 // an empty request or an invalid worker rank does nothing.
-func (a *Approx) Record(w WorkerRank, seqs []uint64) {
+func (a *Approx) Record(w catalog.WorkerRank, seqs []uint64) {
 	if len(seqs) == 0 || w.Worker == "" || w.Rank < 0 {
 		return
 	}

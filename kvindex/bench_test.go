@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvselect/kvselect/catalog"
 )
 
 const (
@@ -59,7 +61,7 @@ func getFixture(b *testing.B) *benchFixture {
 		type held struct{ group, conv int }
 		var all []held
 		for w := range benchWorkers {
-			wr := WorkerRank{Worker: fmt.Sprintf("worker-%03d", w)}
+			wr := catalog.WorkerRank{Worker: fmt.Sprintf("worker-%03d", w)}
 			for s := range benchSeqPerWkr {
 				hd := held{group: r.IntN(benchGroups), conv: w*benchSeqPerWkr + s}
 				all = append(all, hd)
@@ -96,28 +98,28 @@ func getFixture(b *testing.B) *benchFixture {
 // naiveIndex is the baseline: a map from sequence hash to the set of worker ranks
 // holding it, walked block by block with a shrinking candidate set.
 type naiveIndex struct {
-	m map[uint64]map[WorkerRank]struct{}
+	m map[uint64]map[catalog.WorkerRank]struct{}
 }
 
-func newNaive() *naiveIndex { return &naiveIndex{m: map[uint64]map[WorkerRank]struct{}{}} }
+func newNaive() *naiveIndex { return &naiveIndex{m: map[uint64]map[catalog.WorkerRank]struct{}{}} }
 
-func (n *naiveIndex) add(w WorkerRank, seqs []uint64) {
+func (n *naiveIndex) add(w catalog.WorkerRank, seqs []uint64) {
 	for _, s := range seqs {
 		set := n.m[s]
 		if set == nil {
-			set = map[WorkerRank]struct{}{}
+			set = map[catalog.WorkerRank]struct{}{}
 			n.m[s] = set
 		}
 		set[w] = struct{}{}
 	}
 }
 
-func (n *naiveIndex) findMatches(seqs []uint64) map[WorkerRank]int {
-	out := map[WorkerRank]int{}
+func (n *naiveIndex) findMatches(seqs []uint64) map[catalog.WorkerRank]int {
+	out := map[catalog.WorkerRank]int{}
 	if len(seqs) == 0 {
 		return out
 	}
-	cand := map[WorkerRank]struct{}{}
+	cand := map[catalog.WorkerRank]struct{}{}
 	for w := range n.m[seqs[0]] {
 		cand[w] = struct{}{}
 	}
@@ -225,9 +227,9 @@ func BenchmarkApplyStored(b *testing.B) {
 		}
 		evs[i] = Event{Kind: EventStored, BlockHashes: hs, Tokens: toks}
 	}
-	workers := make([]WorkerRank, 8)
+	workers := make([]catalog.WorkerRank, 8)
 	for i := range workers {
-		workers[i] = WorkerRank{Worker: fmt.Sprintf("w%d", i)}
+		workers[i] = catalog.WorkerRank{Worker: fmt.Sprintf("w%d", i)}
 	}
 	b.ReportAllocs()
 	i := 0
@@ -260,7 +262,7 @@ func BenchmarkIndexMemory(b *testing.B) {
 				ix, _ := New(Options{BlockSize: benchBS})
 				r := rand.New(rand.NewPCG(7, 7))
 				for w := range benchWorkers {
-					wr := WorkerRank{Worker: fmt.Sprintf("worker-%03d", w)}
+					wr := catalog.WorkerRank{Worker: fmt.Sprintf("worker-%03d", w)}
 					for s := range benchSeqPerWkr {
 						group := r.IntN(benchGroups)
 						if shape == "unshared" {

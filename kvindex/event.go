@@ -32,18 +32,6 @@ func (t Tier) String() string {
 // Valid reports whether t is one of the three defined tiers.
 func (t Tier) Valid() bool { return t < numTiers }
 
-// WorkerRank names one KV cache: a worker and one of its data-parallel ranks. Each
-// data-parallel rank of an engine has its own cache and publishes its own events, so
-// the index keys everything by this pair. The zero Rank is the only rank of an engine
-// without data parallelism.
-type WorkerRank struct {
-	Worker string
-	Rank   int
-}
-
-// String returns "worker/rank".
-func (w WorkerRank) String() string { return fmt.Sprintf("%s/%d", w.Worker, w.Rank) }
-
 // EventKind says what an Event does.
 type EventKind uint8
 

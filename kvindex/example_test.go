@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
 )
 
@@ -32,8 +33,8 @@ func ExampleIndex_FindMatches() {
 		panic(err)
 	}
 	prompt := []uint32{10, 11, 12, 13, 14, 15}
-	a := kvindex.WorkerRank{Worker: "pod-a"}
-	b := kvindex.WorkerRank{Worker: "pod-b"}
+	a := catalog.WorkerRank{Worker: "pod-a"}
+	b := catalog.WorkerRank{Worker: "pod-b"}
 
 	// pod-a cached all three blocks; pod-b only the first. Engine hashes (101,
 	// 102, ...) are opaque: the index hashes the tokens itself.
@@ -50,7 +51,7 @@ func ExampleIndex_FindMatches() {
 	}
 	// pod-a evicts its middle block: only the first block is a usable prefix.
 	_ = ix.Apply(a, kvindex.Event{Kind: kvindex.EventRemoved, BlockHashes: []uint64{102}})
-	for _, m := range ix.FindMatches(h.SeqHashes(prompt), kvindex.MatchOptions{Candidates: []kvindex.WorkerRank{a}}) {
+	for _, m := range ix.FindMatches(h.SeqHashes(prompt), kvindex.MatchOptions{Candidates: []catalog.WorkerRank{a}}) {
 		fmt.Println(m.Worker.Worker, m.Device)
 	}
 	// Output:
@@ -68,7 +69,7 @@ func ExampleApprox() {
 	h, _ := kvindex.NewHasher(2, kvindex.HashOptions{})
 	seqs := h.SeqHashes([]uint32{1, 2, 3, 4})
 	// The router sent this request to pod-a: assume pod-a caches it for a minute.
-	a.Record(kvindex.WorkerRank{Worker: "pod-a"}, seqs)
+	a.Record(catalog.WorkerRank{Worker: "pod-a"}, seqs)
 	fmt.Println(a.FindMatches(seqs, kvindex.MatchOptions{})[0].Device)
 	now = now.Add(61 * time.Second)
 	fmt.Println(len(a.FindMatches(seqs, kvindex.MatchOptions{})))

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/kvselect/kvselect/catalog"
 )
 
 // Errors returned by Apply, wrapped with context. Every rejected event leaves the
@@ -46,7 +48,7 @@ type Options struct {
 	// index blocks the run covers, in prefix order. It runs under the index's
 	// write lock: it must be quick, must not keep keys, and must not call the
 	// Index.
-	OnStored func(w WorkerRank, keys []uint64)
+	OnStored func(w catalog.WorkerRank, keys []uint64)
 }
 
 // DefaultMaxBlocksPerRank is Options.MaxBlocksPerRank's default: about 1M
@@ -62,7 +64,7 @@ const DefaultMaxBlocksPerRank = 1 << 20
 type Index struct {
 	blockSize int
 	maxBlocks int
-	onStored  func(WorkerRank, []uint64)
+	onStored  func(catalog.WorkerRank, []uint64)
 
 	mu sync.RWMutex
 	t  tree
@@ -126,7 +128,7 @@ var planPool = sync.Pool{New: func() any { return new(storePlan) }}
 // worker rank does not hold removes the others and returns a wrapped
 // ErrUnknownBlock. Clearing an unknown worker rank and a stored event with no
 // blocks are counted no-ops, not errors.
-func (ix *Index) Apply(w WorkerRank, ev Event) error {
+func (ix *Index) Apply(w catalog.WorkerRank, ev Event) error {
 	if w.Worker == "" || w.Rank < 0 {
 		ix.rejected.Add(1)
 		return fmt.Errorf("%w: worker rank %q/%d", ErrInvalidEvent, w.Worker, w.Rank)
@@ -152,7 +154,7 @@ func (ix *Index) Apply(w WorkerRank, ev Event) error {
 	}
 }
 
-func (ix *Index) store(w WorkerRank, ev *Event) error {
+func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 	nb := len(ev.BlockHashes)
 	if nb == 0 {
 		ix.emptyEvents.Add(1)
@@ -355,7 +357,7 @@ func (ws *workerState) holdsAny() bool {
 }
 
 // remove drops the given blocks of w and returns how many of them w did not hold.
-func (ix *Index) remove(w WorkerRank, tier Tier, hashes []uint64) (unknown int) {
+func (ix *Index) remove(w catalog.WorkerRank, tier Tier, hashes []uint64) (unknown int) {
 	if len(hashes) == 0 {
 		ix.emptyEvents.Add(1)
 		return 0
@@ -402,7 +404,7 @@ func (ix *Index) remove(w WorkerRank, tier Tier, hashes []uint64) (unknown int) 
 // ClearRank drops every block of worker rank w, on every tier (the engine's
 // AllBlocksCleared, or a restart). Its cost is proportional to the blocks w holds.
 // Clearing an unknown worker rank is a counted no-op.
-func (ix *Index) ClearRank(w WorkerRank) {
+func (ix *Index) ClearRank(w catalog.WorkerRank) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	ws := ix.t.worker(w, false)

@@ -3,13 +3,15 @@ package kvindex
 import (
 	"math/bits"
 	"sync"
+
+	"github.com/kvselect/kvselect/catalog"
 )
 
 // Match is one worker rank's overlap with a request: the number of consecutive
 // leading blocks it holds on the device tier, and how many further consecutive
 // blocks it holds when host memory, and then disk, are counted too.
 type Match struct {
-	Worker WorkerRank
+	Worker catalog.WorkerRank
 	// Device is the number of leading blocks held on the device tier.
 	Device int
 	// Host is the number of blocks after those that are held on device or host.
@@ -30,7 +32,7 @@ type MatchOptions struct {
 	StopAtOne bool
 	// Candidates, when non-nil, restricts the result to these worker ranks.
 	// Unknown ones are ignored; an empty non-nil slice matches nothing.
-	Candidates []WorkerRank
+	Candidates []catalog.WorkerRank
 }
 
 // matchScratch holds a walk's buffers; pooled so lookups do not allocate.
@@ -200,7 +202,7 @@ func (t *tree) walkTiers(dst []Match, sc *matchScratch, n *node, seqs []uint64, 
 	return dst
 }
 
-func appendTiered(dst []Match, w WorkerRank, d0, d1, d2 int) []Match {
+func appendTiered(dst []Match, w catalog.WorkerRank, d0, d1, d2 int) []Match {
 	return append(dst, Match{Worker: w, Device: d0, Host: d1 - d0, Disk: d2 - d1})
 }
 

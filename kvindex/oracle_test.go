@@ -6,6 +6,7 @@ import (
 	"sort"
 	"testing"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -14,7 +15,7 @@ import (
 // count for repeated stores. Lookups scan it block by block.
 type oracle struct {
 	bs      int
-	workers map[WorkerRank]*oracleWorker
+	workers map[catalog.WorkerRank]*oracleWorker
 }
 
 type oracleWorker struct {
@@ -27,7 +28,9 @@ type oracleBlock struct {
 	count int
 }
 
-func newOracle(bs int) *oracle { return &oracle{bs: bs, workers: map[WorkerRank]*oracleWorker{}} }
+func newOracle(bs int) *oracle {
+	return &oracle{bs: bs, workers: map[catalog.WorkerRank]*oracleWorker{}}
+}
 
 func (o *oracle) holdsAny(ow *oracleWorker) bool {
 	for _, m := range ow.blocks {
@@ -39,7 +42,7 @@ func (o *oracle) holdsAny(ow *oracleWorker) bool {
 }
 
 // apply mirrors Index.Apply and returns whether the event should be accepted.
-func (o *oracle) apply(w WorkerRank, ev Event) bool {
+func (o *oracle) apply(w catalog.WorkerRank, ev Event) bool {
 	ow := o.workers[w]
 	switch ev.Kind {
 	case EventCleared:
@@ -171,9 +174,9 @@ func (o *oracle) held(ow *oracleWorker, tiers []Tier, seq uint64) bool {
 	return false
 }
 
-func (o *oracle) findMatches(seqs []uint64, cands []WorkerRank) []Match {
+func (o *oracle) findMatches(seqs []uint64, cands []catalog.WorkerRank) []Match {
 	var out []Match
-	allowed := func(w WorkerRank) bool {
+	allowed := func(w catalog.WorkerRank) bool {
 		if cands == nil {
 			return true
 		}
@@ -247,10 +250,10 @@ func newDocs(r *rand.Rand) [][]uint32 {
 	return docs
 }
 
-var oracleWorkers = []WorkerRank{{"a", 0}, {"a", 1}, {"b", 0}, {"c", 0}, {"d", 3}}
+var oracleWorkers = []catalog.WorkerRank{{Worker: "a", Rank: 0}, {Worker: "a", Rank: 1}, {Worker: "b", Rank: 0}, {Worker: "c", Rank: 0}, {Worker: "d", Rank: 3}}
 
 // ratioOf gives workers fixed engine block sizes: "b" uses twice the index block.
-func ratioOf(w WorkerRank) int {
+func ratioOf(w catalog.WorkerRank) int {
 	if w.Worker == "b" {
 		return 2
 	}
@@ -271,7 +274,7 @@ func engineHash(doc, block, ratio int, lora string) uint64 {
 	return h + 1
 }
 
-func (g *opGen) storeEvent(w WorkerRank) Event {
+func (g *opGen) storeEvent(w catalog.WorkerRank) Event {
 	ratio := ratioOf(w)
 	d := g.next(len(g.docs))
 	doc := g.docs[d]
@@ -307,7 +310,7 @@ func (g *opGen) storeEvent(w WorkerRank) Event {
 	return ev
 }
 
-func (g *opGen) removeEvent(w WorkerRank) Event {
+func (g *opGen) removeEvent(w catalog.WorkerRank) Event {
 	ratio := ratioOf(w)
 	d := g.next(len(g.docs))
 	nEngine := len(g.docs[d]) / (g.bs * ratio)
@@ -322,7 +325,7 @@ func (g *opGen) removeEvent(w WorkerRank) Event {
 	return ev
 }
 
-func (g *opGen) query() ([]uint64, []WorkerRank) {
+func (g *opGen) query() ([]uint64, []catalog.WorkerRank) {
 	d := g.next(len(g.docs))
 	toks := append([]uint32(nil), g.docs[d]...)
 	if g.next(3) == 0 { // diverge somewhere
@@ -339,15 +342,15 @@ func (g *opGen) query() ([]uint64, []WorkerRank) {
 	}
 	h, _ := NewHasher(g.bs, HashOptions{LoRAName: lora, CacheSalt: salt})
 	seqs := h.SeqHashes(toks[:g.next(len(toks)+1)])
-	var cands []WorkerRank
+	var cands []catalog.WorkerRank
 	if g.next(4) == 0 {
-		cands = []WorkerRank{}
+		cands = []catalog.WorkerRank{}
 		for _, w := range oracleWorkers {
 			if g.next(2) == 0 {
 				cands = append(cands, w)
 			}
 		}
-		cands = append(cands, WorkerRank{"nobody", 0})
+		cands = append(cands, catalog.WorkerRank{Worker: "nobody"})
 	}
 	return seqs, cands
 }
@@ -412,7 +415,7 @@ func runOracle(t testing.TB, next func(n int) int, docs [][]uint32, steps int) {
 // checkStopAtOne: with StopAtOne the result names the same worker ranks when more
 // than one matched, and never overcounts.
 func checkStopAtOne(t testing.TB, full, one []Match) {
-	byW := map[WorkerRank]Match{}
+	byW := map[catalog.WorkerRank]Match{}
 	for _, m := range full {
 		byW[m.Worker] = m
 	}

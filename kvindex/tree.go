@@ -1,6 +1,10 @@
 package kvindex
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/kvselect/kvselect/catalog"
+)
 
 // node is one block of the radix tree. Its key is the block's sequence hash, which
 // names the whole prefix up to and including the block, so a node's children are
@@ -81,7 +85,7 @@ func (n *node) unheld() bool {
 
 // workerState is what the tree knows about one worker rank.
 type workerState struct {
-	key  WorkerRank
+	key  catalog.WorkerRank
 	slot uint32
 	// blocks maps, per tier, an engine block hash to the deepest node that block
 	// covers. A block covers ratio nodes: the mapped node and its ratio-1
@@ -115,7 +119,7 @@ type heldKey struct {
 //   - slots are dense: a removed worker rank's slot is reused by the next new one.
 type tree struct {
 	root    node
-	workers map[WorkerRank]*workerState
+	workers map[catalog.WorkerRank]*workerState
 	slots   []*workerState // slot -> state, nil when free
 	free    []uint32       // free slots
 
@@ -139,7 +143,7 @@ type extraKey struct {
 func newTree() tree {
 	return tree{
 		root:    node{ext: &nodeExt{kids: make(map[uint64]*node)}},
-		workers: make(map[WorkerRank]*workerState),
+		workers: make(map[catalog.WorkerRank]*workerState),
 		extra:   make(map[extraKey]uint32),
 	}
 }
@@ -157,7 +161,7 @@ func tierKey(hash uint64, t Tier) uint64 {
 	}
 }
 
-func (t *tree) worker(w WorkerRank, create bool) *workerState {
+func (t *tree) worker(w catalog.WorkerRank, create bool) *workerState {
 	if ws := t.workers[w]; ws != nil || !create {
 		return ws
 	}

@@ -5,30 +5,30 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/catalog"
 )
 
 // benchLedger returns a ledger with nWorkers worker ranks, each holding perWorker
 // bookings of 128 hashes. Every booking shares a per-group prefix of 64 blocks
 // (eight groups across the workers) and has 64 blocks of its own, so requests
 // overlap some workers and not others, as they do in production.
-func benchLedger(b *testing.B, nWorkers, perWorker int) (*Ledger, []kvindex.WorkerRank) {
+func benchLedger(b *testing.B, nWorkers, perWorker int) (*Ledger, []catalog.WorkerRank) {
 	return benchLedgerShared(b, nWorkers, perWorker, 8)
 }
 
 // benchLedgerShared is benchLedger with the 64-block prefixes spread over groups
 // groups; with one group every booking on every worker shares them (a system
 // prompt common to all traffic).
-func benchLedgerShared(b *testing.B, nWorkers, perWorker, groups int) (*Ledger, []kvindex.WorkerRank) {
+func benchLedgerShared(b *testing.B, nWorkers, perWorker, groups int) (*Ledger, []catalog.WorkerRank) {
 	b.Helper()
-	l, err := New(Options{Clock: newFakeClock()})
+	l, err := New(Options{Now: newFakeClock().Now})
 	if err != nil {
 		b.Fatal(err)
 	}
-	workers := make([]kvindex.WorkerRank, nWorkers)
+	workers := make([]catalog.WorkerRank, nWorkers)
 	next := uint64(1 << 32)
 	for i := range workers {
-		workers[i] = kvindex.WorkerRank{Worker: fmt.Sprintf("pod-%03d", i)}
+		workers[i] = catalog.WorkerRank{Worker: fmt.Sprintf("pod-%03d", i)}
 		for j := range perWorker {
 			seqs := make([]uint64, 128)
 			for k := range 64 {

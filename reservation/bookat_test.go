@@ -5,15 +5,14 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/stretchr/testify/require"
-
-	"github.com/kvselect/kvselect/kvindex"
 )
 
 func TestBookAtRejectsABookingSinceTheRead(t *testing.T) {
 	l := newLedger(t, Options{})
 	a, b := wr("a", 0), wr("b", 0)
-	loads := l.AppendLoads(nil, []kvindex.WorkerRank{a, b}, []uint64{1, 2})
+	loads := l.AppendLoads(nil, []catalog.WorkerRank{a, b}, []uint64{1, 2})
 	seen := loads[0].Stamp
 	require.Equal(t, seen, loads[1].Stamp, "neither rank booked yet: both zero")
 
@@ -32,7 +31,7 @@ func TestBookAtRejectsABookingSinceTheRead(t *testing.T) {
 	require.Equal(t, Load{ActiveBlocks: 2, ActiveRequests: 1}, l.Load(b))
 
 	// A fresh read sees both bookings and may book a again.
-	fresh := l.AppendLoads(nil, []kvindex.WorkerRank{a}, []uint64{1, 2})
+	fresh := l.AppendLoads(nil, []catalog.WorkerRank{a}, []uint64{1, 2})
 	require.Equal(t, 1, fresh[0].NewBlocks)
 	require.NoError(t, l.BookAt(Booking{ID: "third", Worker: a, SeqHashes: []uint64{1, 2}}, fresh[0].Stamp))
 	checkInvariants(t, l)
@@ -42,7 +41,7 @@ func TestBookAtAcceptsSettlementsSinceTheRead(t *testing.T) {
 	l := newLedger(t, Options{})
 	a := wr("a", 0)
 	require.NoError(t, l.Book(Booking{ID: "old", Worker: a, SeqHashes: []uint64{7}, PrefillTokens: 10}))
-	seen := l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil)[0].Stamp
+	seen := l.AppendLoads(nil, []catalog.WorkerRank{a}, nil)[0].Stamp
 	// Lowering a load (prefill done, free) does not make a decision stale, and
 	// neither does a worker rank's entry being dropped and made again.
 	require.NoError(t, l.PrefillComplete("old"))
@@ -57,12 +56,12 @@ func TestBookAtRejectsAReadOfARemovedRank(t *testing.T) {
 	l := newLedger(t, Options{})
 	a := wr("a", 0)
 	require.NoError(t, l.Book(Booking{ID: "old", Worker: a, SeqHashes: []uint64{7}}))
-	seen := l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil)[0].Stamp
+	seen := l.AppendLoads(nil, []catalog.WorkerRank{a}, nil)[0].Stamp
 	require.Equal(t, 1, l.RemoveWorker("a"))
 	// The worker comes back and is booked from a fresh read: the old read
 	// names the removed entry, so it is stale even though the new entry has
 	// had as many bookings as the old one had.
-	fresh := l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil)[0].Stamp
+	fresh := l.AppendLoads(nil, []catalog.WorkerRank{a}, nil)[0].Stamp
 	require.Equal(t, Stamp{}, fresh)
 	require.NoError(t, l.BookAt(Booking{ID: "new", Worker: a}, fresh))
 	require.ErrorIs(t, l.BookAt(Booking{ID: "late", Worker: a}, seen), ErrStale)
@@ -73,7 +72,7 @@ func TestBookAtRejectsAReadMidBooking(t *testing.T) {
 	l := newLedger(t, Options{})
 	a := wr("a", 0)
 	require.NoError(t, l.Book(Booking{ID: "x", Worker: a}))
-	seen := l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil)[0].Stamp
+	seen := l.AppendLoads(nil, []catalog.WorkerRank{a}, nil)[0].Stamp
 	// A read taken while a Book was changing the entry carries an odd version,
 	// which no finished Book leaves behind.
 	mid := Stamp{r: seen.r, v: seen.v - 1}
@@ -86,7 +85,7 @@ func TestBookAtValidatesAndConflictsLikeBook(t *testing.T) {
 	l := newLedger(t, Options{})
 	a := wr("a", 0)
 	require.NoError(t, l.Book(Booking{ID: "x", Worker: a}))
-	seen := l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil)[0].Stamp
+	seen := l.AppendLoads(nil, []catalog.WorkerRank{a}, nil)[0].Stamp
 	require.ErrorIs(t, l.BookAt(Booking{ID: "", Worker: a}, seen), ErrInvalid)
 	require.ErrorIs(t, l.BookAt(Booking{ID: "x", Worker: wr("b", 0)}, seen), ErrConflict)
 }
@@ -97,7 +96,7 @@ func TestBookAtValidatesAndConflictsLikeBook(t *testing.T) {
 // moment it was booked: the rank it chose had no more requests than the other.
 func TestBookAtSerialises(t *testing.T) {
 	l := newLedger(t, Options{})
-	ranks := []kvindex.WorkerRank{wr("a", 0), wr("b", 0)}
+	ranks := []catalog.WorkerRank{wr("a", 0), wr("b", 0)}
 	const goroutines, perG = 8, 200
 	var mu sync.Mutex // serialises the check below with the bookings it checks
 	var wg sync.WaitGroup
@@ -149,7 +148,7 @@ func TestIdleBlocksAreReusedThenSwept(t *testing.T) {
 	require.Zero(t, live)
 	require.Equal(t, 3, idle, "freed blocks stay as idle entries")
 	require.Equal(t, 3, l.NewBlocks(w, seqs), "an idle block is not active anywhere")
-	require.Equal(t, 3, l.AppendLoads(nil, []kvindex.WorkerRank{w}, seqs)[0].NewBlocks)
+	require.Equal(t, 3, l.AppendLoads(nil, []catalog.WorkerRank{w}, seqs)[0].NewBlocks)
 
 	// Booking the prefix again re-activates the same entries.
 	require.NoError(t, l.Book(Booking{ID: "b", Worker: w, SeqHashes: seqs}))
@@ -186,13 +185,13 @@ func TestIdleBlocksAreReusedThenSwept(t *testing.T) {
 func TestRankHandles(t *testing.T) {
 	l := newLedger(t, Options{})
 	a, b := wr("a", 0), wr("b", 1)
-	ranks := l.AppendRanks(nil, []kvindex.WorkerRank{a, b})
-	require.Equal(t, []kvindex.WorkerRank{a, b}, []kvindex.WorkerRank{ranks[0].Worker(), ranks[1].Worker()})
+	ranks := l.AppendRanks(nil, []catalog.WorkerRank{a, b})
+	require.Equal(t, []catalog.WorkerRank{a, b}, []catalog.WorkerRank{ranks[0].Worker(), ranks[1].Worker()})
 	require.Empty(t, l.Loads(), "an entry made by AppendRanks has no load to report")
 	require.NoError(t, l.Book(Booking{ID: "x", Worker: a, SeqHashes: []uint64{1, 2}, PrefillTokens: 5}))
 
 	byHandle := l.AppendRankLoads(nil, ranks, []uint64{1, 2, 3})
-	byName := l.AppendLoads(nil, []kvindex.WorkerRank{a, b}, []uint64{1, 2, 3})
+	byName := l.AppendLoads(nil, []catalog.WorkerRank{a, b}, []uint64{1, 2, 3})
 	require.Equal(t, byName, byHandle)
 	require.Equal(t, 1, byHandle[0].NewBlocks)
 	require.Equal(t, 3, byHandle[1].NewBlocks)

@@ -25,7 +25,7 @@
 // # Time
 //
 // The ledger never starts a timer and never reads the wall clock directly. Book
-// and Touch take the current time from the injected Clock; Expire takes the time
+// and Touch take the current time from the injected Options.Now; Expire takes the time
 // as an argument, and NextExpiry says when the earliest lease ends. The owner
 // (the selection service) calls Expire from a sweeper that ticks at a fixed
 // interval (every second by default, SelectionServiceBuilder.SweepInterval).

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/reservation"
 )
 
@@ -16,15 +16,15 @@ func (c *stepClock) Now() time.Time { return c.now }
 func Example() {
 	clock := &stepClock{now: time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)}
 	ledger, err := reservation.New(reservation.Options{
-		Clock: clock,
-		OnChange: func(w kvindex.WorkerRank) {
+		Now: clock.Now,
+		OnChange: func(w catalog.WorkerRank) {
 			fmt.Println("load went down on", w)
 		},
 	})
 	if err != nil {
 		panic(err)
 	}
-	pod := kvindex.WorkerRank{Worker: "pod-a"}
+	pod := catalog.WorkerRank{Worker: "pod-a"}
 	show := func(step string) {
 		ld := ledger.Load(pod)
 		fmt.Printf("%-16s prefill=%d blocks=%d requests=%d\n", step, ld.ActivePrefillTokens, ld.ActiveBlocks, ld.ActiveRequests)
@@ -63,8 +63,8 @@ func Example() {
 
 func ExampleLedger_Expire() {
 	clock := &stepClock{now: time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)}
-	ledger, _ := reservation.New(reservation.Options{Clock: clock, DefaultLease: time.Minute})
-	pod := kvindex.WorkerRank{Worker: "pod-a"}
+	ledger, _ := reservation.New(reservation.Options{Now: clock.Now, DefaultLease: time.Minute})
+	pod := catalog.WorkerRank{Worker: "pod-a"}
 	_ = ledger.Book(reservation.Booking{ID: "orphan", Worker: pod, PrefillTokens: 100})
 	_ = ledger.Book(reservation.Booking{ID: "long", Worker: pod, Lease: time.Hour})
 

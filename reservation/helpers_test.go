@@ -1,15 +1,15 @@
 package reservation
 
 import (
-	"github.com/kvselect/kvselect/internal/clocktest"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/internal/clocktest"
+
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-
-	"github.com/kvselect/kvselect/kvindex"
 )
 
 func TestMain(m *testing.M) {
@@ -23,8 +23,8 @@ var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 func newFakeClock() *fakeClock { return clocktest.New(epoch) }
 
-func wr(worker string, rank int) kvindex.WorkerRank {
-	return kvindex.WorkerRank{Worker: worker, Rank: rank}
+func wr(worker string, rank int) catalog.WorkerRank {
+	return catalog.WorkerRank{Worker: worker, Rank: rank}
 }
 
 func newLedger(t testing.TB, opts Options) *Ledger {

@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/catalog"
 )
 
 // DefaultLease is the lease of a booking that names none and of a ledger whose
@@ -43,21 +43,11 @@ type Stamp struct {
 	v uint64
 }
 
-// Clock tells the ledger the time. Implementations must be safe for concurrent
-// use. Tests inject a fake; the default is the system clock.
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // Options configure a Ledger. The zero value means the defaults. New copies it.
 type Options struct {
-	// Clock gives the time bookings are made and touched at. Default: the system
-	// clock.
-	Clock Clock
+	// Now gives the time bookings are made and touched at; it must be safe for
+	// concurrent use. Default time.Now.
+	Now func() time.Time
 	// DefaultLease is the lease of a booking whose Lease is zero. Default
 	// DefaultLease (300 s); must not be negative.
 	DefaultLease time.Duration
@@ -67,7 +57,7 @@ type Options struct {
 	// after the ledger's lock is released, on the caller's goroutine, so it may
 	// call the Ledger; it must not block (the selection service uses it to wake
 	// its admission queue). Default: nil, nobody is told.
-	OnChange func(w kvindex.WorkerRank)
+	OnChange func(w catalog.WorkerRank)
 }
 
 // Booking is what Book records for one dispatched request.
@@ -77,7 +67,7 @@ type Booking struct {
 	ID string
 	// Worker is the worker rank the request was sent to: a non-empty worker and
 	// a rank >= 0.
-	Worker kvindex.WorkerRank
+	Worker catalog.WorkerRank
 	// SeqHashes are the request's block sequence hashes; they become active
 	// blocks of Worker, shared with every other live booking on Worker that
 	// holds the same hash. Book copies them. May be empty.
@@ -107,7 +97,7 @@ type Booking struct {
 // prefillDone, the lease fields and the list links are guarded by rank.mu.
 type booking struct {
 	id          string
-	worker      kvindex.WorkerRank
+	worker      catalog.WorkerRank
 	rank        *rankState
 	buf         *hashBuf // seqs (in stripe order) and idx; nil once settled
 	private     int      // blocks outside the shared index
@@ -133,16 +123,16 @@ func leaseLess(a, b *booking) bool {
 // put on each worker rank. Create one with New; the zero value is not usable. A
 // Ledger is safe for concurrent use (see the package documentation).
 type Ledger struct {
-	clock        Clock
+	now          func() time.Time
 	defaultLease time.Duration
-	onChange     func(kvindex.WorkerRank)
+	onChange     func(catalog.WorkerRank)
 	stripeSeed   uint64
 	idSeed       maphash.Seed
 
 	// regMu guards the registry of worker ranks: held for writing to add or
 	// remove an entry or a slot, for reading to look entries up.
 	regMu     sync.RWMutex
-	ranks     map[kvindex.WorkerRank]*rankState
+	ranks     map[catalog.WorkerRank]*rankState
 	byWorker  map[string][]*rankState
 	nextSlot  atomic.Int32 // slots ever handed out; written under regMu, read without it
 	freeSlots []int32
@@ -165,19 +155,19 @@ func New(opts Options) (*Ledger, error) {
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, errors.Join(errs...))
 	}
-	if opts.Clock == nil {
-		opts.Clock = systemClock{}
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
 	if opts.DefaultLease == 0 {
 		opts.DefaultLease = DefaultLease
 	}
 	l := &Ledger{
-		clock:        opts.Clock,
+		now:          opts.Now,
 		defaultLease: opts.DefaultLease,
 		onChange:     opts.OnChange,
 		stripeSeed:   rand.Uint64(),
 		idSeed:       maphash.MakeSeed(),
-		ranks:        make(map[kvindex.WorkerRank]*rankState),
+		ranks:        make(map[catalog.WorkerRank]*rankState),
 		byWorker:     make(map[string][]*rankState),
 	}
 	for i := range l.ids {
@@ -245,7 +235,7 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 	buf := hashBufPool.Get().(*hashBuf)
 	buf.seqs = l.byStripe(buf.seqs, b.SeqHashes, &buf.runs)
 	buf.idx = slices.Grow(buf.idx[:0], len(buf.seqs))
-	now := l.clock.Now()
+	now := l.now()
 	bk := &booking{
 		id: b.ID, worker: b.Worker, buf: buf,
 		private: b.PrivateBlocks, prefill: b.PrefillTokens, expected: b.ExpectedOutputTokens,
@@ -389,7 +379,7 @@ func (l *Ledger) Free(id string) error {
 // making progress is not an orphan). It never shortens a lease. An unknown id
 // returns a wrapped ErrUnknownReservation and changes nothing.
 func (l *Ledger) Touch(id string) error {
-	now := l.clock.Now()
+	now := l.now()
 	bk := l.find(id)
 	if bk != nil {
 		r := bk.rank
@@ -544,11 +534,11 @@ func (l *Ledger) settle(bk *booking) {
 // affected collects the distinct worker ranks whose load a call lowered, in the
 // order first seen, to notify once each after the lock is released.
 type affected struct {
-	list []kvindex.WorkerRank
-	seen map[kvindex.WorkerRank]struct{}
+	list []catalog.WorkerRank
+	seen map[catalog.WorkerRank]struct{}
 }
 
-func (a *affected) add(w kvindex.WorkerRank) {
+func (a *affected) add(w catalog.WorkerRank) {
 	if a.seen != nil {
 		if _, ok := a.seen[w]; ok {
 			return
@@ -562,14 +552,14 @@ func (a *affected) add(w kvindex.WorkerRank) {
 	}
 	a.list = append(a.list, w)
 	if len(a.list) == 16 { // switch to a set before linear scans get long
-		a.seen = make(map[kvindex.WorkerRank]struct{}, 32)
+		a.seen = make(map[catalog.WorkerRank]struct{}, 32)
 		for _, x := range a.list {
 			a.seen[x] = struct{}{}
 		}
 	}
 }
 
-func (a *affected) notify(f func(kvindex.WorkerRank)) {
+func (a *affected) notify(f func(catalog.WorkerRank)) {
 	if f == nil {
 		return
 	}

@@ -5,9 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/stretchr/testify/require"
-
-	"github.com/kvselect/kvselect/kvindex"
 )
 
 func TestNewOptions(t *testing.T) {
@@ -33,7 +32,7 @@ func TestNewOptions(t *testing.T) {
 			}
 			require.NoError(t, err)
 			require.Equal(t, tc.wantLease, l.defaultLease)
-			require.NotNil(t, l.clock)
+			require.NotNil(t, l.now)
 		})
 	}
 }
@@ -78,7 +77,7 @@ func TestBookValidation(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			l := newLedger(t, Options{Clock: newFakeClock()})
+			l := newLedger(t, Options{Now: newFakeClock().Now})
 			b := good
 			tc.edit(&b)
 			err := l.Book(b)
@@ -93,7 +92,7 @@ func TestBookValidation(t *testing.T) {
 		})
 	}
 	t.Run("valid edge values", func(t *testing.T) {
-		l := newLedger(t, Options{Clock: newFakeClock()})
+		l := newLedger(t, Options{Now: newFakeClock().Now})
 		require.NoError(t, l.Book(Booking{ID: "x", Worker: wr("w", 0)}))
 		require.Equal(t, Load{ActiveRequests: 1}, l.Load(wr("w", 0)))
 		checkInvariants(t, l)
@@ -102,13 +101,13 @@ func TestBookValidation(t *testing.T) {
 
 func TestLifecycle(t *testing.T) {
 	clk := newFakeClock()
-	var changes []kvindex.WorkerRank
-	l := newLedger(t, Options{Clock: clk, OnChange: func(w kvindex.WorkerRank) { changes = append(changes, w) }})
+	var changes []catalog.WorkerRank
+	l := newLedger(t, Options{Now: clk.Now, OnChange: func(w catalog.WorkerRank) { changes = append(changes, w) }})
 	w := wr("pod-a", 1)
 
 	require.NoError(t, l.Book(Booking{ID: "req-1", Worker: w, SeqHashes: []uint64{11, 12, 13, 14}, PrefillTokens: 100, ExpectedOutputTokens: 20, Lease: time.Minute}))
 	require.Equal(t, Load{ActivePrefillTokens: 100, ActiveBlocks: 4, ActiveRequests: 1}, l.Load(w))
-	require.Equal(t, map[kvindex.WorkerRank]Load{w: {100, 4, 1}}, l.Loads())
+	require.Equal(t, map[catalog.WorkerRank]Load{w: {100, 4, 1}}, l.Loads())
 	r, ok := l.Get("req-1")
 	require.True(t, ok)
 	require.Equal(t, Reservation{
@@ -122,7 +121,7 @@ func TestLifecycle(t *testing.T) {
 	require.Equal(t, Load{ActiveBlocks: 4, ActiveRequests: 1}, l.Load(w))
 	r, _ = l.Get("req-1")
 	require.True(t, r.PrefillDone)
-	require.Equal(t, []kvindex.WorkerRank{w}, changes)
+	require.Equal(t, []catalog.WorkerRank{w}, changes)
 
 	require.NoError(t, l.PrefillComplete("req-1"), "second prefill complete is a no-op")
 	require.Equal(t, Load{ActiveBlocks: 4, ActiveRequests: 1}, l.Load(w))
@@ -136,7 +135,7 @@ func TestLifecycle(t *testing.T) {
 	require.False(t, ok)
 	_, ok = l.NextExpiry()
 	require.False(t, ok)
-	require.Equal(t, []kvindex.WorkerRank{w, w}, changes)
+	require.Equal(t, []catalog.WorkerRank{w, w}, changes)
 	require.Equal(t, Stats{Booked: 1, PrefillCompleted: 1, Freed: 1}, l.Stats())
 	checkInvariants(t, l)
 
@@ -146,7 +145,7 @@ func TestLifecycle(t *testing.T) {
 }
 
 func TestFreeWithoutPrefillComplete(t *testing.T) {
-	l := newLedger(t, Options{Clock: newFakeClock()})
+	l := newLedger(t, Options{Now: newFakeClock().Now})
 	w := wr("w", 0)
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: []uint64{1, 2}, PrefillTokens: 30}))
 	require.NoError(t, l.Book(Booking{ID: "b", Worker: w, SeqHashes: []uint64{3}, PrefillTokens: 12}))
@@ -159,7 +158,7 @@ func TestFreeWithoutPrefillComplete(t *testing.T) {
 func TestUnknownIDsChangeNothing(t *testing.T) {
 	clk := newFakeClock()
 	notified := 0
-	l := newLedger(t, Options{Clock: clk, OnChange: func(kvindex.WorkerRank) { notified++ }})
+	l := newLedger(t, Options{Now: clk.Now, OnChange: func(catalog.WorkerRank) { notified++ }})
 	require.NoError(t, l.Book(Booking{ID: "live", Worker: wr("w", 0), SeqHashes: []uint64{1, 2}, PrefillTokens: 9}))
 	require.NoError(t, l.Book(Booking{ID: "freed", Worker: wr("w", 0), SeqHashes: []uint64{2, 3}, PrefillTokens: 4}))
 	require.NoError(t, l.Free("freed"))
@@ -203,11 +202,11 @@ func TestUnknownIDsChangeNothing(t *testing.T) {
 }
 
 func TestConflict(t *testing.T) {
-	l := newLedger(t, Options{Clock: newFakeClock()})
+	l := newLedger(t, Options{Now: newFakeClock().Now})
 	a, b := wr("a", 0), wr("b", 2)
 	require.NoError(t, l.Book(Booking{ID: "dup", Worker: a, SeqHashes: []uint64{1, 2}, PrefillTokens: 10}))
 	before := l.Loads()
-	for _, w := range []kvindex.WorkerRank{a, b} {
+	for _, w := range []catalog.WorkerRank{a, b} {
 		err := l.Book(Booking{ID: "dup", Worker: w, SeqHashes: []uint64{7, 8, 9}, PrefillTokens: 99})
 		require.ErrorIs(t, err, ErrConflict)
 		require.ErrorContains(t, err, `reservation: id already booked: id "dup" is held on a/0 (asked for `+w.String()+")")
@@ -224,7 +223,7 @@ func TestConflict(t *testing.T) {
 }
 
 func TestSharedPrefixesAreRefCounted(t *testing.T) {
-	l := newLedger(t, Options{Clock: newFakeClock()})
+	l := newLedger(t, Options{Now: newFakeClock().Now})
 	w, v := wr("w", 0), wr("v", 0)
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: []uint64{1, 2, 3}}))
 	require.NoError(t, l.Book(Booking{ID: "b", Worker: w, SeqHashes: []uint64{1, 2, 4}}))
@@ -250,7 +249,7 @@ func TestSharedPrefixesAreRefCounted(t *testing.T) {
 
 func TestPrivateBlocks(t *testing.T) {
 	clk := newFakeClock()
-	l := newLedger(t, Options{Clock: clk})
+	l := newLedger(t, Options{Now: clk.Now})
 	w, v := wr("w", 0), wr("v", 0)
 	// A request with a shared prefix and a private tail, a request with nothing
 	// but private blocks, and another shared prefix on the same worker.
@@ -272,7 +271,7 @@ func TestPrivateBlocks(t *testing.T) {
 	// shareable, and an empty hash list adds nothing the ledger can see.
 	require.Equal(t, 0, l.NewBlocks(w, nil))
 	require.Equal(t, 1, l.NewBlocks(w, []uint64{1, 2, 3}))
-	got := l.AppendLoads(nil, []kvindex.WorkerRank{w, v}, nil)
+	got := l.AppendLoads(nil, []catalog.WorkerRank{w, v}, nil)
 	require.Equal(t, []CandidateLoad{
 		{Worker: w, Load: Load{ActiveBlocks: 132, ActiveRequests: 3}, Stamp: got[0].Stamp},
 		{Worker: v, Load: Load{ActiveBlocks: 7, ActiveRequests: 1}, Stamp: got[1].Stamp},
@@ -302,7 +301,7 @@ func TestPrivateBlocks(t *testing.T) {
 }
 
 func TestDuplicateHashesInOneBooking(t *testing.T) {
-	l := newLedger(t, Options{Clock: newFakeClock()})
+	l := newLedger(t, Options{Now: newFakeClock().Now})
 	w := wr("w", 0)
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: []uint64{5, 5, 6}}))
 	require.Equal(t, 2, l.Load(w).ActiveBlocks)
@@ -317,12 +316,12 @@ func TestDuplicateHashesInOneBooking(t *testing.T) {
 }
 
 func TestNewBlocks(t *testing.T) {
-	l := newLedger(t, Options{Clock: newFakeClock()})
+	l := newLedger(t, Options{Now: newFakeClock().Now})
 	w := wr("w", 0)
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: []uint64{10, 20, 30}}))
 	tests := []struct {
 		name   string
-		worker kvindex.WorkerRank
+		worker catalog.WorkerRank
 		seqs   []uint64
 		want   int
 	}{
@@ -338,7 +337,7 @@ func TestNewBlocks(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, l.NewBlocks(tc.worker, tc.seqs))
-			got := l.AppendLoads(nil, []kvindex.WorkerRank{tc.worker}, tc.seqs)
+			got := l.AppendLoads(nil, []catalog.WorkerRank{tc.worker}, tc.seqs)
 			require.Len(t, got, 1)
 			require.Equal(t, tc.want, got[0].NewBlocks)
 		})
@@ -347,7 +346,7 @@ func TestNewBlocks(t *testing.T) {
 
 func TestNewBlocksLargeRequest(t *testing.T) {
 	// Larger than any earlier request: the scratch set must grow.
-	l := newLedger(t, Options{Clock: newFakeClock()})
+	l := newLedger(t, Options{Now: newFakeClock().Now})
 	w := wr("w", 0)
 	require.Equal(t, 0, l.NewBlocks(w, nil))
 	seqs := make([]uint64, 5000)
@@ -359,7 +358,7 @@ func TestNewBlocksLargeRequest(t *testing.T) {
 }
 
 func TestAppendLoads(t *testing.T) {
-	l := newLedger(t, Options{Clock: newFakeClock()})
+	l := newLedger(t, Options{Now: newFakeClock().Now})
 	a, b, c := wr("a", 0), wr("b", 0), wr("c", 3)
 	require.NoError(t, l.Book(Booking{ID: "1", Worker: a, SeqHashes: []uint64{1, 2, 3}, PrefillTokens: 50}))
 	require.NoError(t, l.Book(Booking{ID: "2", Worker: b, SeqHashes: []uint64{1, 9}, PrefillTokens: 8}))
@@ -367,7 +366,7 @@ func TestAppendLoads(t *testing.T) {
 	require.NoError(t, l.PrefillComplete("2"))
 
 	prefix := []CandidateLoad{{Worker: wr("keep", 0)}}
-	got := l.AppendLoads(prefix, []kvindex.WorkerRank{a, b, c, a}, []uint64{1, 2, 3, 4})
+	got := l.AppendLoads(prefix, []catalog.WorkerRank{a, b, c, a}, []uint64{1, 2, 3, 4})
 	require.Len(t, got, 5)
 	stamps := []Stamp{got[1].Stamp, got[2].Stamp, got[3].Stamp, got[4].Stamp}
 	require.Equal(t, []CandidateLoad{
@@ -384,16 +383,16 @@ func TestAppendLoads(t *testing.T) {
 		require.Equal(t, l.NewBlocks(cl.Worker, []uint64{1, 2, 3, 4}), cl.NewBlocks)
 	}
 	require.Equal(t, prefix, l.AppendLoads(prefix, nil, []uint64{1}))
-	require.Equal(t, []CandidateLoad{{Worker: a, Load: l.Load(a), Stamp: stamps[0]}}, l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil))
+	require.Equal(t, []CandidateLoad{{Worker: a, Load: l.Load(a), Stamp: stamps[0]}}, l.AppendLoads(nil, []catalog.WorkerRank{a}, nil))
 	require.NoError(t, l.Book(Booking{ID: "4", Worker: a}))
-	require.NotEqual(t, stamps[0], l.AppendLoads(nil, []kvindex.WorkerRank{a}, nil)[0].Stamp, "a Book moves its rank's stamp")
-	require.Equal(t, stamps[1], l.AppendLoads(nil, []kvindex.WorkerRank{b}, nil)[0].Stamp, "and no other's")
+	require.NotEqual(t, stamps[0], l.AppendLoads(nil, []catalog.WorkerRank{a}, nil)[0].Stamp, "a Book moves its rank's stamp")
+	require.Equal(t, stamps[1], l.AppendLoads(nil, []catalog.WorkerRank{b}, nil)[0].Stamp, "and no other's")
 }
 
 func TestExpire(t *testing.T) {
 	clk := newFakeClock()
-	var order []kvindex.WorkerRank
-	l := newLedger(t, Options{Clock: clk, DefaultLease: 30 * time.Second, OnChange: func(w kvindex.WorkerRank) { order = append(order, w) }})
+	var order []catalog.WorkerRank
+	l := newLedger(t, Options{Now: clk.Now, DefaultLease: 30 * time.Second, OnChange: func(w catalog.WorkerRank) { order = append(order, w) }})
 	// Booked out of deadline order; each on its own worker so OnChange shows the
 	// order in which Expire settles them.
 	require.NoError(t, l.Book(Booking{ID: "late", Worker: wr("late", 0), SeqHashes: []uint64{1}, PrefillTokens: 3, Lease: 50 * time.Second}))
@@ -410,14 +409,14 @@ func TestExpire(t *testing.T) {
 	require.Equal(t, 0, l.Expire(epoch.Add(10*time.Second-time.Nanosecond)), "nothing before its deadline")
 	require.Len(t, l.Loads(), 5)
 	require.Equal(t, 2, l.Expire(epoch.Add(10*time.Second)), "a deadline equal to now expires")
-	require.Equal(t, []kvindex.WorkerRank{wr("early", 0), wr("mid", 0)}, order, "ties settle in booking order")
+	require.Equal(t, []catalog.WorkerRank{wr("early", 0), wr("mid", 0)}, order, "ties settle in booking order")
 	next, _ = l.NextExpiry()
 	require.Equal(t, epoch.Add(30*time.Second), next, "the default lease applies")
 	checkInvariants(t, l)
 
 	require.Equal(t, 2, l.Expire(epoch.Add(time.Minute)))
-	require.Equal(t, []kvindex.WorkerRank{wr("early", 0), wr("mid", 0), wr("default", 0), wr("late", 0)}, order)
-	require.Equal(t, map[kvindex.WorkerRank]Load{wr("keep", 0): {ActiveRequests: 1}}, l.Loads())
+	require.Equal(t, []catalog.WorkerRank{wr("early", 0), wr("mid", 0), wr("default", 0), wr("late", 0)}, order)
+	require.Equal(t, map[catalog.WorkerRank]Load{wr("keep", 0): {ActiveRequests: 1}}, l.Loads())
 	require.Equal(t, int64(4), l.Stats().Expired)
 	checkInvariants(t, l)
 
@@ -431,8 +430,8 @@ func TestExpire(t *testing.T) {
 
 func TestExpireNotifiesEachWorkerOnce(t *testing.T) {
 	clk := newFakeClock()
-	counts := map[kvindex.WorkerRank]int{}
-	l := newLedger(t, Options{Clock: clk, OnChange: func(w kvindex.WorkerRank) { counts[w]++ }})
+	counts := map[catalog.WorkerRank]int{}
+	l := newLedger(t, Options{Now: clk.Now, OnChange: func(w catalog.WorkerRank) { counts[w]++ }})
 	for i := range 100 {
 		require.NoError(t, l.Book(Booking{ID: fmt.Sprint(i), Worker: wr(fmt.Sprint("w", i%20), i%3), Lease: time.Second}))
 	}
@@ -447,7 +446,7 @@ func TestExpireNotifiesEachWorkerOnce(t *testing.T) {
 
 func TestTouch(t *testing.T) {
 	clk := newFakeClock()
-	l := newLedger(t, Options{Clock: clk})
+	l := newLedger(t, Options{Now: clk.Now})
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: wr("w", 0), Lease: 10 * time.Second}))
 	require.NoError(t, l.Book(Booking{ID: "b", Worker: wr("w", 0), Lease: 15 * time.Second}))
 
@@ -471,7 +470,7 @@ func TestTouch(t *testing.T) {
 
 func TestTouchNeverShortens(t *testing.T) {
 	clk := newFakeClock()
-	l := newLedger(t, Options{Clock: clk})
+	l := newLedger(t, Options{Now: clk.Now})
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: wr("w", 0), Lease: 10 * time.Second}))
 	clk.Advance(5 * time.Second)
 	require.NoError(t, l.Touch("a")) // epoch+15s
@@ -484,8 +483,8 @@ func TestTouchNeverShortens(t *testing.T) {
 
 func TestRemoveWorker(t *testing.T) {
 	clk := newFakeClock()
-	var changed []kvindex.WorkerRank
-	l := newLedger(t, Options{Clock: clk, OnChange: func(w kvindex.WorkerRank) { changed = append(changed, w) }})
+	var changed []catalog.WorkerRank
+	l := newLedger(t, Options{Now: clk.Now, OnChange: func(w catalog.WorkerRank) { changed = append(changed, w) }})
 	require.NoError(t, l.Book(Booking{ID: "1", Worker: wr("gone", 0), SeqHashes: []uint64{1, 2}, PrefillTokens: 5}))
 	require.NoError(t, l.Book(Booking{ID: "2", Worker: wr("gone", 0), SeqHashes: []uint64{1, 3}}))
 	require.NoError(t, l.Book(Booking{ID: "3", Worker: wr("gone", 1), SeqHashes: []uint64{1}}))
@@ -495,8 +494,8 @@ func TestRemoveWorker(t *testing.T) {
 	require.Equal(t, 0, l.RemoveWorker("unknown"))
 	require.Empty(t, changed)
 	require.Equal(t, 3, l.RemoveWorker("gone"))
-	require.ElementsMatch(t, []kvindex.WorkerRank{wr("gone", 0), wr("gone", 1)}, changed)
-	require.Equal(t, map[kvindex.WorkerRank]Load{
+	require.ElementsMatch(t, []catalog.WorkerRank{wr("gone", 0), wr("gone", 1)}, changed)
+	require.Equal(t, map[catalog.WorkerRank]Load{
 		wr("stay", 0):     {ActivePrefillTokens: 6, ActiveBlocks: 2, ActiveRequests: 1},
 		wr("gone-too", 0): {ActiveBlocks: 1, ActiveRequests: 1},
 	}, l.Loads())
@@ -519,7 +518,7 @@ func TestOnChange(t *testing.T) {
 	clk := newFakeClock()
 	var l *Ledger
 	var seen []Load
-	l = newLedger(t, Options{Clock: clk, OnChange: func(w kvindex.WorkerRank) {
+	l = newLedger(t, Options{Now: clk.Now, OnChange: func(w catalog.WorkerRank) {
 		// Runs after the lock is released: calling back must not deadlock, and
 		// it sees the lowered load.
 		seen = append(seen, l.Load(w))
@@ -540,17 +539,17 @@ func TestOnChange(t *testing.T) {
 }
 
 func TestLoadsIsASnapshot(t *testing.T) {
-	l := newLedger(t, Options{Clock: newFakeClock()})
+	l := newLedger(t, Options{Now: newFakeClock().Now})
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: wr("w", 0), PrefillTokens: 1}))
 	snap := l.Loads()
 	require.NoError(t, l.Free("a"))
-	require.Equal(t, map[kvindex.WorkerRank]Load{wr("w", 0): {ActivePrefillTokens: 1, ActiveRequests: 1}}, snap)
+	require.Equal(t, map[catalog.WorkerRank]Load{wr("w", 0): {ActivePrefillTokens: 1, ActiveRequests: 1}}, snap)
 	snap[wr("x", 0)] = Load{ActiveRequests: 5}
 	require.Empty(t, l.Loads())
 }
 
 func TestSeqHashesAreCopied(t *testing.T) {
-	l := newLedger(t, Options{Clock: newFakeClock()})
+	l := newLedger(t, Options{Now: newFakeClock().Now})
 	seqs := []uint64{1, 2, 3}
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: wr("w", 0), SeqHashes: seqs}))
 	seqs[0], seqs[1], seqs[2] = 7, 8, 9
@@ -564,7 +563,7 @@ func TestSeqHashesAreCopied(t *testing.T) {
 // peak number of live bookings (plus the idle blocks kept for reuse), not the
 // number ever made.
 func TestChurnDoesNotGrow(t *testing.T) {
-	l := newLedger(t, Options{Clock: newFakeClock()})
+	l := newLedger(t, Options{Now: newFakeClock().Now})
 	const live, hashes = 8, 32
 	next := uint64(1)
 	for round := range 8000 {

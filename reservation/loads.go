@@ -4,7 +4,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/catalog"
 )
 
 // Load is a worker rank's active load.
@@ -23,7 +23,7 @@ type Load struct {
 // sequence hashes that would be new to it, as returned by AppendLoads (the
 // request's private blocks, new everywhere, are the caller's to add).
 type CandidateLoad struct {
-	Worker    kvindex.WorkerRank
+	Worker    catalog.WorkerRank
 	Load      Load
 	NewBlocks int
 	// Stamp is what the read saw of Worker, for BookAt.
@@ -31,7 +31,7 @@ type CandidateLoad struct {
 }
 
 // Load returns the active load of worker rank w; the zero Load when it has none.
-func (l *Ledger) Load(w kvindex.WorkerRank) Load {
+func (l *Ledger) Load(w catalog.WorkerRank) Load {
 	r := l.lookup(w)
 	if r == nil {
 		return Load{}
@@ -45,15 +45,15 @@ func (l *Ledger) Load(w kvindex.WorkerRank) Load {
 // blocks a request with these sequence hashes would add to w's active blocks. A
 // hash listed twice counts once. A request's private blocks (Booking.PrivateBlocks)
 // are not counted: they are new everywhere, so the caller adds them.
-func (l *Ledger) NewBlocks(w kvindex.WorkerRank, seqs []uint64) int {
-	return l.AppendLoads(make([]CandidateLoad, 0, 1), []kvindex.WorkerRank{w}, seqs)[0].NewBlocks
+func (l *Ledger) NewBlocks(w catalog.WorkerRank, seqs []uint64) int {
+	return l.AppendLoads(make([]CandidateLoad, 0, 1), []catalog.WorkerRank{w}, seqs)[0].NewBlocks
 }
 
 // AppendLoads appends to dst, for each of workers in order, its load, the
 // number of seqs it does not have active (as NewBlocks) and a Stamp of what was
 // read, and returns the extended slice. It is AppendRankLoads with one lookup
 // by name per candidate (unresolved handles).
-func (l *Ledger) AppendLoads(dst []CandidateLoad, workers []kvindex.WorkerRank, seqs []uint64) []CandidateLoad {
+func (l *Ledger) AppendLoads(dst []CandidateLoad, workers []catalog.WorkerRank, seqs []uint64) []CandidateLoad {
 	refs := make([]Rank, len(workers))
 	for i, w := range workers {
 		refs[i].key = w

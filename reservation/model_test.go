@@ -7,14 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/stretchr/testify/require"
-
-	"github.com/kvselect/kvselect/kvindex"
 )
 
 // modelBooking is the naive model's record of one live booking.
 type modelBooking struct {
-	worker   kvindex.WorkerRank
+	worker   catalog.WorkerRank
 	seqs     []uint64
 	private  int
 	prefill  int
@@ -32,9 +31,9 @@ type model struct {
 	stats Stats
 }
 
-func (m *model) loads() map[kvindex.WorkerRank]Load {
-	out := map[kvindex.WorkerRank]Load{}
-	sets := map[kvindex.WorkerRank]map[uint64]bool{}
+func (m *model) loads() map[catalog.WorkerRank]Load {
+	out := map[catalog.WorkerRank]Load{}
+	sets := map[catalog.WorkerRank]map[uint64]bool{}
 	for _, b := range m.live {
 		ld := out[b.worker]
 		ld.ActiveRequests++
@@ -60,7 +59,7 @@ func (m *model) loads() map[kvindex.WorkerRank]Load {
 
 // newBlocks counts the distinct hashes of seqs not active on w; private blocks,
 // which the ledger never names, play no part.
-func (m *model) newBlocks(w kvindex.WorkerRank, seqs []uint64) int {
+func (m *model) newBlocks(w catalog.WorkerRank, seqs []uint64) int {
 	active := map[uint64]bool{}
 	for _, b := range m.live {
 		if b.worker == w {
@@ -120,10 +119,10 @@ func FuzzModel(f *testing.F) {
 func runModel(t *testing.T, seed uint64, steps int) {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	clk := newFakeClock()
-	var notified []kvindex.WorkerRank
-	l := newLedger(t, Options{Clock: clk, DefaultLease: 20 * time.Second, OnChange: func(w kvindex.WorkerRank) { notified = append(notified, w) }})
+	var notified []catalog.WorkerRank
+	l := newLedger(t, Options{Now: clk.Now, DefaultLease: 20 * time.Second, OnChange: func(w catalog.WorkerRank) { notified = append(notified, w) }})
 	m := &model{live: map[string]*modelBooking{}}
-	workers := []kvindex.WorkerRank{wr("a", 0), wr("a", 1), wr("b", 0), wr("c", 0), wr("c", 2)}
+	workers := []catalog.WorkerRank{wr("a", 0), wr("a", 1), wr("b", 0), wr("c", 0), wr("c", 2)}
 	names := []string{"a", "b", "c", "zz"}
 	handles := l.AppendRanks(nil, append(slices.Clone(workers), wr("idle", 0)))
 	randID := func() string { return fmt.Sprint("id", rng.IntN(24)) }
@@ -209,7 +208,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 				b.done = true
 				m.stats.PrefillCompleted++
 				if b.prefill > 0 {
-					require.Equal(t, []kvindex.WorkerRank{b.worker}, notified)
+					require.Equal(t, []catalog.WorkerRank{b.worker}, notified)
 				} else {
 					require.Empty(t, notified)
 				}
@@ -220,7 +219,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			err := l.Free(id)
 			if b := m.live[id]; b != nil {
 				require.NoError(t, err)
-				require.Equal(t, []kvindex.WorkerRank{b.worker}, notified)
+				require.Equal(t, []catalog.WorkerRank{b.worker}, notified)
 				delete(m.live, id)
 				m.stats.Freed++
 			} else {
@@ -232,14 +231,14 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			op = "advance+expire"
 			now := clk.Advance(time.Duration(rng.IntN(8)) * time.Second)
 			ids := m.expiring(now)
-			want := []kvindex.WorkerRank{}
+			want := []catalog.WorkerRank{}
 			for _, id := range ids {
 				if w := m.live[id].worker; !slices.Contains(want, w) {
 					want = append(want, w)
 				}
 			}
 			require.Equal(t, len(ids), l.Expire(now))
-			require.Equal(t, want, append([]kvindex.WorkerRank{}, notified...), "one notification per worker rank, in deadline order")
+			require.Equal(t, want, append([]catalog.WorkerRank{}, notified...), "one notification per worker rank, in deadline order")
 			for _, id := range ids {
 				delete(m.live, id)
 			}
@@ -247,7 +246,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		case k < 86:
 			op = "remove worker"
 			name := names[rng.IntN(len(names))]
-			var want []kvindex.WorkerRank
+			var want []catalog.WorkerRank
 			n := 0
 			for id, b := range m.live {
 				if b.worker.Worker == name {

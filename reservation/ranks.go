@@ -5,8 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/google/btree"
-
-	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/catalog"
 )
 
 // rankState is one worker rank's load entry. It is created by the first Book on
@@ -26,7 +25,7 @@ type rankState struct {
 	dead     atomic.Bool // removed from the registry by RemoveWorker; set under mu
 	slot     int32       // dense number naming the worker rank in the block index
 
-	key kvindex.WorkerRank
+	key catalog.WorkerRank
 
 	mu       sync.Mutex
 	head     *booking // live bookings, doubly linked
@@ -54,7 +53,7 @@ func (s Stamp) current(r *rankState) bool {
 }
 
 // rankFor returns the load entry of w, creating it if there is none.
-func (l *Ledger) rankFor(w kvindex.WorkerRank) *rankState {
+func (l *Ledger) rankFor(w catalog.WorkerRank) *rankState {
 	if r := l.lookup(w); r != nil {
 		return r
 	}
@@ -76,7 +75,7 @@ func (l *Ledger) rankFor(w kvindex.WorkerRank) *rankState {
 }
 
 // lookup returns the load entry of w, or nil when w has none.
-func (l *Ledger) lookup(w kvindex.WorkerRank) *rankState {
+func (l *Ledger) lookup(w catalog.WorkerRank) *rankState {
 	l.regMu.RLock()
 	r := l.ranks[w]
 	l.regMu.RUnlock()
@@ -111,18 +110,18 @@ func (l *Ledger) release(r *rankState) {
 // worker was removed since it was made still works: AppendRankLoads looks it up
 // again by name.
 type Rank struct {
-	key kvindex.WorkerRank
+	key catalog.WorkerRank
 	r   *rankState
 }
 
 // Worker returns the worker rank the handle names.
-func (k Rank) Worker() kvindex.WorkerRank { return k.key }
+func (k Rank) Worker() catalog.WorkerRank { return k.key }
 
 // AppendRanks appends a handle for each of workers to dst, making an empty load
 // entry for each worker rank that has none, and returns the extended slice. An
 // entry lives until RemoveWorker of its worker; callers resolve a worker's
 // ranks when they start considering it and again after removing it.
-func (l *Ledger) AppendRanks(dst []Rank, workers []kvindex.WorkerRank) []Rank {
+func (l *Ledger) AppendRanks(dst []Rank, workers []catalog.WorkerRank) []Rank {
 	for _, w := range workers {
 		dst = append(dst, Rank{key: w, r: l.rankFor(w)})
 	}

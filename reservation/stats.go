@@ -3,13 +3,13 @@ package reservation
 import (
 	"time"
 
-	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/catalog"
 )
 
 // Reservation is a snapshot of one live booking, as returned by Get.
 type Reservation struct {
 	ID                   string
-	Worker               kvindex.WorkerRank
+	Worker               catalog.WorkerRank
 	PrefillTokens        int
 	PrefillDone          bool
 	ExpectedOutputTokens int
@@ -64,8 +64,8 @@ func (l *Ledger) Get(id string) (Reservation, bool) {
 // Loads returns a snapshot of the load of every worker rank that has any (each
 // worker rank's read at one point); worker ranks without live bookings are
 // absent.
-func (l *Ledger) Loads() map[kvindex.WorkerRank]Load {
-	out := make(map[kvindex.WorkerRank]Load)
+func (l *Ledger) Loads() map[catalog.WorkerRank]Load {
+	out := make(map[catalog.WorkerRank]Load)
 	for _, r := range l.rankList() {
 		r.mu.Lock()
 		if r.head != nil && !r.dead.Load() {

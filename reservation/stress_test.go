@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/stretchr/testify/require"
-
-	"github.com/kvselect/kvselect/kvindex"
 )
 
 // TestConcurrentBookAndFree has many goroutines book, complete prefill, touch and
@@ -27,8 +26,8 @@ func TestConcurrentBookAndFree(t *testing.T) {
 	)
 	clk := newFakeClock()
 	var lowered atomic.Int64
-	l := newLedger(t, Options{Clock: clk, DefaultLease: time.Minute, OnChange: func(kvindex.WorkerRank) { lowered.Add(1) }})
-	workers := make([]kvindex.WorkerRank, 8)
+	l := newLedger(t, Options{Now: clk.Now, DefaultLease: time.Minute, OnChange: func(catalog.WorkerRank) { lowered.Add(1) }})
+	workers := make([]catalog.WorkerRank, 8)
 	for i := range workers {
 		workers[i] = wr(fmt.Sprint("w", i%4), i/4)
 	}

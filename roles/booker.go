@@ -2,8 +2,6 @@ package roles
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,7 +10,6 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -80,9 +77,9 @@ type BookerOptions struct {
 	// bounds it. Services without queueing (Config.QueueThreshold nil) never
 	// wait, so no timer is set for them.
 	Timeout time.Duration
-	// Clock times plan leases. Default: the system clock. Use the clock given
-	// to the services (a selection.Clock is a reservation.Clock).
-	Clock reservation.Clock
+	// Now times plan leases. Default time.Now. Give it the clock the services
+	// were built with.
+	Now func() time.Time
 	// PlanLease is how long a plan may live before Expire settles it. >= 0; 0
 	// means the destination role's Config.ActiveRequestExpiry (300 s by
 	// default), the lease of the reservations the plan holds.
@@ -139,8 +136,8 @@ type BookerStats struct {
 	// Failed counts Book calls that returned an error; Compensated the legs
 	// such calls (and fallbacks) booked and then freed.
 	Failed, Compensated int64
-	// Plans is the Plans' own snapshot.
-	Plans reservation.PlanStats
+	// Plans counts the plans themselves.
+	Plans PlanStats
 }
 
 // leg is what the booker needs of a role's service. *selection.SelectionService
@@ -161,7 +158,7 @@ var _ leg = (*selection.SelectionService)(nil)
 // errgroup goroutine and the prefill leg on the caller's, and waits for both
 // before it returns, so it leaves no goroutine behind; the rest is
 // synchronous. The plans live in a
-// reservation.Plans with its own lock. A PairBooker does not own the
+// the plan table (plans.go) with its own lock. A PairBooker does not own the
 // RoleSelectors it books on: close those after the last call.
 type PairBooker struct {
 	destRole   Role
@@ -174,8 +171,8 @@ type PairBooker struct {
 	legsWait   bool // a leg may wait in an admission queue
 	blockSize  int  // the destination service's block size
 	timeout    time.Duration
-	clock      reservation.Clock
-	plans      *reservation.Plans
+	now        func() time.Time
+	plans      *planTable
 	readyCheck func() bool
 
 	booked, local, fallbacks, failed, compensated atomic.Int64
@@ -235,26 +232,19 @@ func newPairBooker(destRole Role, pre, dest leg, destProfile Profile, opts Booke
 	if timeout == 0 {
 		timeout = DefaultPlanningTimeout
 	}
-	plans, err := reservation.NewPlans(reservation.PlansOptions{Clock: opts.Clock, Lease: opts.PlanLease})
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	now := opts.Now
+	if now == nil {
+		now = time.Now
 	}
-	clock := opts.Clock
-	if clock == nil {
-		clock = systemClock{}
-	}
+	plans := newPlanTable(now, opts.PlanLease)
 	return &PairBooker{
 		destRole: destRole, prefill: pre, dest: dest,
 		destOver: destProfile.Override, localOver: destProfile.LocalPrefillOverride,
 		fallback: opts.PrefillFallback, fullHashes: opts.DecodePrefixHashes, blockSize: destProfile.Config.BlockSize,
-		legsWait: true, timeout: timeout, clock: clock, plans: plans,
+		legsWait: true, timeout: timeout, now: now, plans: plans,
 		readyCheck: func() bool { return true },
 	}, nil
 }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 // Ready reports whether Book can currently succeed for some request: the
 // destination role has a schedulable worker and, in disaggregated mode without
@@ -299,7 +289,7 @@ func (b *PairBooker) Book(ctx context.Context, req selection.Request) (Plan, err
 func (b *PairBooker) book(ctx context.Context, req selection.Request) (Plan, error) {
 	id := req.ReservationID
 	if id == "" {
-		id = newPlanID()
+		id = selection.NewReservationID()
 	}
 	// The legs share lctx: its deadline is the booking timeout, and cancelling
 	// it (a leg failed) withdraws the other leg from its queue. Services that
@@ -349,7 +339,7 @@ func (b *PairBooker) book(ctx context.Context, req selection.Request) (Plan, err
 		ended = lctx.Err()
 	}
 	if perr == nil && derr == nil && ended == nil {
-		if err := b.plans.Register(id, reservation.PlanLegs{Prefill: preq.ReservationID, Decode: dreq.ReservationID}); err != nil {
+		if err := b.plans.Register(id, planLegs{Prefill: preq.ReservationID, Decode: dreq.ReservationID}); err != nil {
 			b.compensate(b.prefill, preq.ReservationID)
 			b.compensate(b.dest, dreq.ReservationID)
 			return Plan{}, fmt.Errorf("roles: plan %q: %w", id, err)
@@ -448,7 +438,7 @@ func (b *PairBooker) bookLocal(ctx context.Context, id string, req selection.Req
 		b.compensate(b.dest, r.ReservationID)
 		return Plan{}, fmt.Errorf("roles: plan %q abandoned: %w", id, err)
 	}
-	if err := b.plans.Register(id, reservation.PlanLegs{Decode: r.ReservationID}); err != nil {
+	if err := b.plans.Register(id, planLegs{Decode: r.ReservationID}); err != nil {
 		b.compensate(b.dest, r.ReservationID)
 		return Plan{}, fmt.Errorf("roles: plan %q: %w", id, err)
 	}
@@ -467,11 +457,11 @@ func (b *PairBooker) compensate(l leg, id string) {
 // arrived): it frees the prefill reservation and marks the decode reservation
 // prefill-complete (for a LocalPrefill plan, only the latter). Calling it again
 // does nothing. An unknown plan (never booked, completed, expired) is
-// reservation.ErrUnknownPlan and changes nothing.
+// ErrUnknownPlan and changes nothing.
 func (b *PairBooker) Handoff(planID string) error {
 	s, err := b.plans.Handoff(planID)
 	if err != nil {
-		return fmt.Errorf("roles: %w", err)
+		return err
 	}
 	b.settle(s)
 	return nil
@@ -480,11 +470,11 @@ func (b *PairBooker) Handoff(planID string) error {
 // Complete settles a plan at the end of its request (completion, error or
 // cancellation): it frees the decode reservation, and the prefill one when the
 // plan was never handed off, and forgets the plan. A repeated call is
-// reservation.ErrUnknownPlan and changes nothing.
+// ErrUnknownPlan and changes nothing.
 func (b *PairBooker) Complete(planID string) error {
 	s, err := b.plans.Complete(planID)
 	if err != nil {
-		return fmt.Errorf("roles: %w", err)
+		return err
 	}
 	b.settle(s)
 	return nil
@@ -495,7 +485,7 @@ func (b *PairBooker) Complete(planID string) error {
 // periodically, for example when NextExpiry is due; nothing in the booker runs
 // on its own.
 func (b *PairBooker) Expire() int {
-	ss := b.plans.Expire(b.clock.Now())
+	ss := b.plans.Expire(b.now())
 	for _, s := range ss {
 		b.settle(s)
 	}
@@ -512,7 +502,7 @@ func (b *PairBooker) Live() int { return b.plans.Len() }
 // settle carries out a settlement. The services answer unknown-reservation for
 // a booking that is already gone (its lease expired or its worker was
 // deleted); that is the state the settlement wants, so it is not an error.
-func (b *PairBooker) settle(s reservation.Settlement) {
+func (b *PairBooker) settle(s settlement) {
 	if s.FreePrefill != "" && b.prefill != nil {
 		_ = b.prefill.FreeReservation(s.FreePrefill)
 	}
@@ -530,11 +520,4 @@ func (b *PairBooker) Stats() BookerStats {
 		Booked: b.booked.Load(), LocalPrefill: b.local.Load(), Fallbacks: b.fallbacks.Load(),
 		Failed: b.failed.Load(), Compensated: b.compensated.Load(), Plans: b.plans.Stats(),
 	}
-}
-
-// newPlanID returns a random 128-bit id in hex.
-func newPlanID() string {
-	var x [16]byte
-	_, _ = rand.Read(x[:])
-	return hex.EncodeToString(x[:])
 }

@@ -50,7 +50,7 @@ func (f *fakeLeg) SelectAndReserve(ctx context.Context, req selection.Request) (
 		return selection.Result{}, fmt.Errorf("%w: %q", selection.ErrConflict, req.ReservationID)
 	}
 	f.booked[req.ReservationID] = true
-	return selection.Result{ReservationID: req.ReservationID, WorkerID: f.name + "-0", Endpoint: f.name + ":8000"}, nil
+	return selection.Result{ReservationID: req.ReservationID, WorkerRank: catalog.WorkerRank{Worker: f.name + "-0"}, Endpoint: f.name + ":8000"}, nil
 }
 
 func (f *fakeLeg) FreeReservation(id string) error {
@@ -277,8 +277,8 @@ func TestPlanIDConflicts(t *testing.T) {
 	require.NoError(t, b.Complete("dup"))
 	require.NoError(t, b.Complete("x"))
 	requireNothingBooked(t, b, pre, dec)
-	require.ErrorIs(t, b.Complete("x"), reservation.ErrUnknownPlan)
-	require.ErrorIs(t, b.Handoff("never"), reservation.ErrUnknownPlan)
+	require.ErrorIs(t, b.Complete("x"), ErrUnknownPlan)
+	require.ErrorIs(t, b.Handoff("never"), ErrUnknownPlan)
 	require.Equal(t, http.StatusNotFound, HTTPStatus(b.Handoff("never")))
 }
 
@@ -350,7 +350,7 @@ func TestDecodeOverrideReadBackThroughLoads(t *testing.T) {
 	rs := newRoles(t, testOptions(ModeDisaggregated, clk))
 	_, err := rs.Reconcile([]catalog.Worker{wk("p", "prefill"), wk("d", "decode")})
 	require.NoError(t, err)
-	b := newBooker(t, rs, BookerOptions{Clock: clk})
+	b := newBooker(t, rs, BookerOptions{Now: clk.Now})
 	ctx := testCtx(t)
 	prompt := toks(40, 1) // 10 blocks of 4
 	caller := &selection.Override{TrackPrefillTokens: ptr(true), AssumeKVReuse: ptr(true), OverlapScoreCredit: ptr(5.0)}
@@ -393,17 +393,17 @@ func TestDecodeOnlyFallbackTracksPrefill(t *testing.T) {
 	require.NoError(t, err)
 	ctx := testCtx(t)
 
-	fail := newBooker(t, rs, BookerOptions{Clock: clk})
+	fail := newBooker(t, rs, BookerOptions{Now: clk.Now})
 	_, err = fail.Book(ctx, selection.Request{Tokens: toks(40, 2)})
 	require.ErrorIs(t, err, ErrRoleCatalogEmpty)
 	require.ErrorContains(t, err, "prefill")
 	requireIdle(t, rs)
 
-	b := newBooker(t, rs, BookerOptions{Clock: clk, PrefillFallback: PrefillDecodeOnly})
+	b := newBooker(t, rs, BookerOptions{Now: clk.Now, PrefillFallback: PrefillDecodeOnly})
 	plan, err := b.Book(ctx, selection.Request{Tokens: toks(40, 1)})
 	require.NoError(t, err)
 	require.True(t, plan.LocalPrefill)
-	require.Equal(t, "d", plan.Decode.WorkerID)
+	require.Equal(t, "d", plan.Decode.Worker)
 	dl := load(t, rs, Decode, "d")
 	require.Equal(t, int64(40), dl.ActivePrefillTokens, "a local prefill is tracked")
 	require.Equal(t, 1, dl.ActiveRequests)
@@ -427,7 +427,7 @@ func TestCompensationQueuedPrefillTimesOut(t *testing.T) {
 	hog, err := rs.Service(Prefill).SelectAndReserve(context.Background(), selection.Request{Tokens: toks(40, 9)})
 	require.NoError(t, err)
 
-	b := newBooker(t, rs, BookerOptions{Clock: clk, Timeout: 30 * time.Millisecond})
+	b := newBooker(t, rs, BookerOptions{Now: clk.Now, Timeout: 30 * time.Millisecond})
 	_, err = b.Book(context.Background(), selection.Request{Tokens: toks(40, 1)})
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Equal(t, uint64(1), rs.Service(Prefill).Stats().QueueCanceled)
@@ -444,7 +444,7 @@ func TestCompensationQueuedPrefillTimesOut(t *testing.T) {
 	require.NoError(t, err)
 	hog2, err := rs2.Service(Prefill).SelectAndReserve(context.Background(), selection.Request{Tokens: toks(40, 9)})
 	require.NoError(t, err)
-	b2 := newBooker(t, rs2, BookerOptions{Clock: clk, PrefillFallback: PrefillDecodeOnly})
+	b2 := newBooker(t, rs2, BookerOptions{Now: clk.Now, PrefillFallback: PrefillDecodeOnly})
 	queued := make(chan error, 1)
 	qctx, cancelQueued := context.WithCancel(context.Background())
 	go func() {
@@ -471,7 +471,7 @@ func TestExpireSettlesPlans(t *testing.T) {
 	rs := newRoles(t, testOptions(ModeDisaggregated, clk))
 	_, err := rs.Reconcile([]catalog.Worker{wk("p", "prefill"), wk("d", "decode")})
 	require.NoError(t, err)
-	b := newBooker(t, rs, BookerOptions{Clock: clk, PlanLease: time.Minute})
+	b := newBooker(t, rs, BookerOptions{Now: clk.Now, PlanLease: time.Minute})
 	ctx := testCtx(t)
 	p1, err := b.Book(ctx, selection.Request{Tokens: toks(40, 1)})
 	require.NoError(t, err)
@@ -487,7 +487,7 @@ func TestExpireSettlesPlans(t *testing.T) {
 	require.Equal(t, 1, b.Expire())
 	require.Equal(t, 1, load(t, rs, Decode, "d").ActiveRequests)
 	require.Zero(t, load(t, rs, Prefill, "p").ActiveRequests)
-	require.ErrorIs(t, b.Complete(p1.ID), reservation.ErrUnknownPlan)
+	require.ErrorIs(t, b.Complete(p1.ID), ErrUnknownPlan)
 	clk.Advance(30 * time.Second)
 	require.Equal(t, 1, b.Expire())
 	require.Zero(t, b.Live())
@@ -528,7 +528,7 @@ func runConcurrentPairBookings(t *testing.T, queueing bool, total int64) {
 		Mode: ModeDisaggregated,
 		Base: selection.DefaultConfig(4),
 		Configure: func(r Role, b *selection.SelectionServiceBuilder) {
-			b.Clock(clk).Rand(rand.NewPCG(1, uint64(r)+2)).SweepInterval(-1).ExternalEvents()
+			b.Clock(clk.Now).Rand(rand.NewPCG(1, uint64(r)+2)).SweepInterval(-1).ExternalEvents()
 		},
 	}
 	if queueing {
@@ -540,7 +540,7 @@ func runConcurrentPairBookings(t *testing.T, queueing bool, total int64) {
 	flip := wk("flip", "prefill")
 	_, err := rs.Reconcile(append(base, flip))
 	require.NoError(t, err)
-	b := newBooker(t, rs, BookerOptions{Clock: clk})
+	b := newBooker(t, rs, BookerOptions{Now: clk.Now})
 
 	const workers = 32
 	var next, booked, cancelled atomic.Int64
@@ -621,7 +621,7 @@ func TestDecodeLegWithoutPrefixPicksTheSame(t *testing.T) {
 		sels[i] = newRoles(t, testOptions(ModeDisaggregated, clk))
 		_, err := sels[i].Reconcile(ws)
 		require.NoError(t, err)
-		books[i] = newBooker(t, sels[i], BookerOptions{Clock: clk, DecodePrefixHashes: full})
+		books[i] = newBooker(t, sels[i], BookerOptions{Now: clk.Now, DecodePrefixHashes: full})
 	}
 	ctx := testCtx(t)
 	r := rand.New(rand.NewPCG(2, 3))
@@ -641,7 +641,7 @@ func TestDecodeLegWithoutPrefixPicksTheSame(t *testing.T) {
 			require.NoError(t, err)
 			got[k] = p
 		}
-		require.Equal(t, got[1].Decode.WorkerID, got[0].Decode.WorkerID, "request %d", i)
+		require.Equal(t, got[1].Decode.Worker, got[0].Decode.Worker, "request %d", i)
 		require.Equal(t, got[1].Decode.Cost, got[0].Decode.Cost, "request %d", i)
 		require.Equal(t, got[1].Decode.PotentialDecodeBlocks, got[0].Decode.PotentialDecodeBlocks)
 		live = append(live, [2]string{got[0].ID, got[1].ID})

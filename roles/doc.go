@@ -11,7 +11,7 @@
 //	Profiles               per-role selection.Config and per-request Override from one base Config
 //	RoleSelectors          owns one SelectionService per role, reconciles each from the split
 //	PairBooker             books both legs of a request concurrently, compensates failures,
-//	                       settles plans at hand-off and completion (reservation.Plans)
+//	                       settles plans at hand-off and completion (the plan table (plans.go))
 //
 // In aggregated mode labels are never read: every worker is Aggregated, there is
 // one service, and a PairBooker books that service alone, so an EPP can use the
@@ -45,7 +45,7 @@
 //
 // # Concurrency
 //
-// RoleSelectors, PairBooker and reservation.Plans are safe for concurrent use.
+// RoleSelectors, PairBooker and the plan table (plans.go) are safe for concurrent use.
 // RoleSelectors.Reconcile calls are serialised; bookings run concurrently with
 // them and with each other, each service using its own locks. Book runs the
 // decode leg on an errgroup goroutine and the prefill leg on its own, and

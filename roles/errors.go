@@ -4,14 +4,13 @@ import (
 	"errors"
 	"net/http"
 
-	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/selection"
 )
 
 // HTTPStatus returns the HTTP status an HTTP or ext_proc front end should
 // answer with for an error of this package: 503 for ErrRoleCatalogEmpty and
 // ErrClosed, 400 for invalid options, roles, modes and label keys, 409 for a
-// duplicate worker id, 404 for reservation.ErrUnknownPlan, and
+// duplicate worker id, 404 for ErrUnknownPlan, and
 // selection.HTTPStatus for everything else (the selection errors the legs
 // return, which it maps to 400, 404, 409, 429, 503, 504 and 499). A nil error
 // is 200.
@@ -26,7 +25,7 @@ func HTTPStatus(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, ErrDuplicateID):
 		return http.StatusConflict
-	case errors.Is(err, reservation.ErrUnknownPlan):
+	case errors.Is(err, ErrUnknownPlan):
 		return http.StatusNotFound
 	default:
 		return selection.HTTPStatus(err)

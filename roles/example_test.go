@@ -78,7 +78,7 @@ func ExamplePairBooker() {
 	// booked    prefill: 1 requests, 12 tokens; decode: 1 requests, 0 tokens
 	// handoff   prefill: 0 requests, 0 tokens; decode: 1 requests, 0 tokens
 	// complete  prefill: 0 requests, 0 tokens; decode: 0 requests, 0 tokens
-	// roles: reservation: unknown plan: complete "req-1"
+	// roles: unknown plan: complete "req-1"
 }
 
 // Split is a pure function: one desired set in, disjoint role sets out.

@@ -3,10 +3,11 @@ package roles
 import (
 	"context"
 	"fmt"
-	"github.com/kvselect/kvselect/internal/clocktest"
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/kvselect/kvselect/internal/clocktest"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -46,7 +47,7 @@ func testOptions(mode TopologyMode, clk *fakeClock) RoleOptions {
 		Mode: mode,
 		Base: selection.DefaultConfig(4),
 		Configure: func(r Role, b *selection.SelectionServiceBuilder) {
-			b.Clock(clk).Rand(rand.NewPCG(1, uint64(r)+2)).SweepInterval(-1).ExternalEvents()
+			b.Clock(clk.Now).Rand(rand.NewPCG(1, uint64(r)+2)).SweepInterval(-1).ExternalEvents()
 		},
 	}
 }
@@ -106,7 +107,7 @@ func requireIdle(t testing.TB, rs *RoleSelectors) {
 func load(t testing.TB, rs *RoleSelectors, r Role, worker string) selection.WorkerLoad {
 	t.Helper()
 	for _, l := range rs.Service(r).Loads("") {
-		if l.WorkerID == worker {
+		if l.Worker == worker {
 			return l
 		}
 	}

@@ -265,7 +265,7 @@ func TestHTTPStatus(t *testing.T) {
 		wrap(ErrClosed):                      http.StatusServiceUnavailable,
 		wrap(ErrInvalidOptions):              http.StatusBadRequest,
 		wrap(ErrDuplicateID):                 http.StatusConflict,
-		wrap(reservation.ErrUnknownPlan):     http.StatusNotFound,
+		wrap(ErrUnknownPlan):                 http.StatusNotFound,
 		wrap(selection.ErrOverloaded):        http.StatusTooManyRequests,
 		wrap(reservation.ErrConflict):        http.StatusConflict,
 		wrap(context.DeadlineExceeded):       http.StatusGatewayTimeout,

@@ -162,7 +162,7 @@ func TestRoutingInvariant(t *testing.T) {
 				require.Equal(t, sortedKeys(p.prefill), ids(rs, Prefill))
 				require.Equal(t, sortedKeys(p.decode), ids(rs, Decode))
 
-				b := newBooker(t, rs, BookerOptions{PrefillFallback: fb, Clock: clk})
+				b := newBooker(t, rs, BookerOptions{PrefillFallback: fb, Now: clk.Now})
 				require.Equal(t, len(p.decode) > 0 && (len(p.prefill) > 0 || fb == PrefillDecodeOnly), b.Ready())
 				r := rand.New(rand.NewPCG(1, uint64(len(p.workers))))
 				var plans []Plan
@@ -199,13 +199,13 @@ func TestRoutingInvariant(t *testing.T) {
 						}
 					default:
 						require.NoError(t, err)
-						require.True(t, p.decode[plan.Decode.WorkerID], "destination %q is not a decode worker", plan.Decode.WorkerID)
-						require.True(t, allowed(plan.Decode.WorkerID))
+						require.True(t, p.decode[plan.Decode.Worker], "destination %q is not a decode worker", plan.Decode.Worker)
+						require.True(t, allowed(plan.Decode.Worker))
 						require.Equal(t, plan.Decode.Endpoint, plan.Destination())
 						if prefillOK {
 							require.False(t, plan.LocalPrefill)
-							require.True(t, p.prefill[plan.Prefill.WorkerID], "prefill hint %q is not a prefill worker", plan.Prefill.WorkerID)
-							require.True(t, allowed(plan.Prefill.WorkerID))
+							require.True(t, p.prefill[plan.Prefill.Worker], "prefill hint %q is not a prefill worker", plan.Prefill.Worker)
+							require.True(t, allowed(plan.Prefill.Worker))
 							hint, ok := plan.PrefillHint()
 							require.True(t, ok)
 							require.Equal(t, plan.Prefill.Endpoint, hint)
@@ -268,7 +268,7 @@ func requireRoles(t *testing.T, rs *RoleSelectors, prefill, decode []string) {
 func TestLabelFlipsRemovalAndInvalidValues(t *testing.T) {
 	clk := newFakeClock()
 	rs := newRoles(t, testOptions(ModeDisaggregated, clk))
-	b := newBooker(t, rs, BookerOptions{Clock: clk})
+	b := newBooker(t, rs, BookerOptions{Now: clk.Now})
 	ctx := context.Background()
 
 	a, bw, c := wk("a", "prefill"), wk("b", "decode"), wk("c", "decode")
@@ -281,8 +281,8 @@ func TestLabelFlipsRemovalAndInvalidValues(t *testing.T) {
 	// A plan whose prefill leg sits on a.
 	plan, err := b.Book(ctx, selection.Request{Tokens: toks(40, 1), Allowed: []string{"a", "b"}})
 	require.NoError(t, err)
-	require.Equal(t, "a", plan.Prefill.WorkerID)
-	require.Equal(t, "b", plan.Decode.WorkerID)
+	require.Equal(t, "a", plan.Prefill.Worker)
+	require.Equal(t, "b", plan.Decode.Worker)
 	require.Equal(t, int64(40), load(t, rs, Prefill, "a").ActivePrefillTokens)
 
 	// Flip a to decode and c to prefill: each moves on this reconcile.
@@ -363,7 +363,7 @@ func TestEmptyRolesFromStart(t *testing.T) {
 	opts := testOptions(ModeDisaggregated, clk)
 	opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	rs := newRoles(t, opts)
-	b := newBooker(t, rs, BookerOptions{Clock: clk, PrefillFallback: PrefillDecodeOnly})
+	b := newBooker(t, rs, BookerOptions{Now: clk.Now, PrefillFallback: PrefillDecodeOnly})
 
 	// Nothing reconciled yet: both roles are reported, not silent.
 	c := rs.Census()
@@ -427,7 +427,7 @@ func TestAggregatedParity(t *testing.T) {
 	require.True(t, rs.Ready().Ready)
 
 	plain, err := selection.NewSelectionServiceBuilder(selection.DefaultConfig(4)).
-		Clock(clk).Rand(rand.NewPCG(1, uint64(Aggregated)+2)).SweepInterval(-1).ExternalEvents().Build(context.Background())
+		Clock(clk.Now).Rand(rand.NewPCG(1, uint64(Aggregated)+2)).SweepInterval(-1).ExternalEvents().Build(context.Background())
 	require.NoError(t, err)
 	defer plain.Close()
 	for _, w := range p.workers {
@@ -435,7 +435,7 @@ func TestAggregatedParity(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	b := newBooker(t, rs, BookerOptions{Clock: clk})
+	b := newBooker(t, rs, BookerOptions{Now: clk.Now})
 	require.True(t, b.Ready())
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(9, 9))
@@ -446,7 +446,7 @@ func TestAggregatedParity(t *testing.T) {
 		require.NoError(t, err)
 		want, err := plain.SelectAndReserve(ctx, req)
 		require.NoError(t, err)
-		require.Equal(t, want.WorkerID, plan.Decode.WorkerID, "request %d", i)
+		require.Equal(t, want.Worker, plan.Decode.Worker, "request %d", i)
 		require.Equal(t, want.Cost, plan.Decode.Cost)
 		require.True(t, plan.LocalPrefill)
 		require.Equal(t, plan.ID+SuffixAggregated, plan.Decode.ReservationID)

@@ -68,7 +68,7 @@ func benchServiceFeed(b *testing.B, n int, mod func(*Config), feed bool) (*Selec
 			for i := range hs {
 				hs[i] = uint64(w*32+k)<<16 | uint64(i) + 1
 			}
-			if err := s.ApplyEvent(kvindex.WorkerRank{Worker: id}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: p}); err != nil {
+			if err := s.ApplyEvent(catalog.WorkerRank{Worker: id}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: p}); err != nil {
 				b.Fatal(err)
 			}
 			if k == 0 {

@@ -6,7 +6,6 @@ import (
 	"net"
 
 	"github.com/kvselect/kvselect/catalog"
-	"github.com/kvselect/kvselect/kvindex"
 	"github.com/kvselect/kvselect/kvindex/kvevents"
 )
 
@@ -74,11 +73,11 @@ func (s *SelectionService) topicWorkerLocked(topic string) (string, error) {
 
 // attributeTopic is the bind listener's attribution: the one worker the topic
 // names. Unknown and ambiguous topics are refused (counted by the feed).
-func (s *SelectionService) attributeTopic(topic string) (kvindex.WorkerRank, bool) {
+func (s *SelectionService) attributeTopic(topic string) (catalog.WorkerRank, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	id, err := s.topicWorkerLocked(topic)
-	return kvindex.WorkerRank{Worker: id}, err == nil
+	return catalog.WorkerRank{Worker: id}, err == nil
 }
 
 // admitPeer admits a connection to the bind listener only from the IP address

@@ -9,7 +9,6 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/internal/fakeengine"
-	"github.com/kvselect/kvselect/kvindex"
 )
 
 // bindRig is a service whose engines dial into its bind listener.
@@ -71,7 +70,7 @@ func (r *bindRig) overlap(id string, tokens []uint32) int {
 	r.t.Helper()
 	ov, err := r.s.OverlapScores(context.Background(), Request{Tokens: tokens})
 	require.NoError(r.t, err)
-	return ov[kvindex.WorkerRank{Worker: id}].Device
+	return ov[catalog.WorkerRank{Worker: id}].Device
 }
 
 func TestBindRefusesPeersAtNoWorkersAddress(t *testing.T) {

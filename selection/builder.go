@@ -6,16 +6,9 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"time"
+
+	"github.com/kvselect/kvselect/catalog"
 )
-
-// Clock tells the service the time; inject a fake one in tests.
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 // Recorder receives decision events for metrics. Implementations must be safe for
 // concurrent use and must not block; the service calls them outside its locks.
@@ -29,8 +22,7 @@ type Recorder interface {
 
 // Decision describes one pick for metrics and logs.
 type Decision struct {
-	Worker                string
-	Rank                  int
+	catalog.WorkerRank
 	Candidates            int
 	ChosenOverlapBlocks   int // device blocks of the chosen worker
 	BestOverlapBlocks     int // best device overlap any eligible worker had
@@ -52,7 +44,7 @@ func (nopRecorder) Rejected(string, error)    {}
 // each call building an independent service.
 type SelectionServiceBuilder struct {
 	cfg      Config
-	clock    Clock
+	clock    func() time.Time
 	rng      rand.Source
 	logger   *slog.Logger
 	recorder Recorder
@@ -77,8 +69,12 @@ func NewSelectionServiceBuilder(cfg Config) *SelectionServiceBuilder {
 	return &SelectionServiceBuilder{cfg: cfg}
 }
 
-// Clock sets the clock (default: the system clock).
-func (b *SelectionServiceBuilder) Clock(c Clock) *SelectionServiceBuilder { b.clock = c; return b }
+// Clock sets the service's clock, which must be safe for concurrent use
+// (default time.Now). Tests inject a fake one.
+func (b *SelectionServiceBuilder) Clock(now func() time.Time) *SelectionServiceBuilder {
+	b.clock = now
+	return b
+}
 
 // Rand sets the random source used for tie-breaks and softmax sampling (default:
 // a randomly seeded PCG). Each model partition derives its own generator from it
@@ -169,7 +165,7 @@ func (b *SelectionServiceBuilder) Build(ctx context.Context) (*SelectionService,
 	}
 	clock := b.clock
 	if clock == nil {
-		clock = systemClock{}
+		clock = time.Now
 	}
 	src := b.rng
 	if src == nil {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"sync"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
 	"github.com/kvselect/kvselect/reservation"
 )
@@ -32,7 +33,7 @@ type evalScratch struct {
 	ev       evaluation
 	// the previous resolve on this scratch, for reuse (see resolve)
 	memoRS   *rankSet
-	memoKeys []kvindex.WorkerRank
+	memoKeys []catalog.WorkerRank
 	memoIdx  []int32
 }
 
@@ -190,7 +191,7 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 	r := ev.rs.ranks[c.idx]
 	eff := effectivePrefill(&c, pr, &pr.w, s.cfg.BlockSize)
 	res := Result{
-		WorkerID: r.key.Worker, DPRank: r.key.Rank, Endpoint: r.endpoint, BlockSize: s.cfg.BlockSize,
+		WorkerRank: r.key, Endpoint: r.endpoint, BlockSize: s.cfg.BlockSize,
 		Overlap:                Overlap{Device: c.device, Host: c.host, Disk: c.disk},
 		RequestBlocks:          len(pr.seqs),
 		EffectivePrefillTokens: eff,

@@ -22,7 +22,7 @@ func TestRoutesToTheEngineHoldingThePrefix(t *testing.T) {
 	cfg := DefaultConfig(4)
 	cfg.QueueThreshold = &th
 	clk := newFakeClock()
-	s, err := NewSelectionServiceBuilder(cfg).Clock(clk).Rand(rand.NewPCG(3, 3)).SweepInterval(-1).
+	s, err := NewSelectionServiceBuilder(cfg).Clock(clk.Now).Rand(rand.NewPCG(3, 3)).SweepInterval(-1).
 		EventFeed(FeedOptions{ReconnectMin: time.Millisecond, ReconnectMax: 10 * time.Millisecond}).Build(context.Background())
 	require.NoError(t, err)
 	defer s.Close()
@@ -53,13 +53,13 @@ func TestRoutesToTheEngineHoldingThePrefix(t *testing.T) {
 	h, _ := kvindex.NewHasher(4, kvindex.HashOptions{})
 	require.Eventually(t, func() bool {
 		ov, err := s.OverlapScores(context.Background(), Request{Tokens: prompt})
-		return err == nil && ov[kvindex.WorkerRank{Worker: "e1"}].Device == len(h.SeqHashes(prompt))
+		return err == nil && ov[catalog.WorkerRank{Worker: "e1"}].Device == len(h.SeqHashes(prompt))
 	}, 20*time.Second, 2*time.Millisecond)
 	require.NotEmpty(t, s.EventStats())
 
 	res, err := s.SelectAndReserve(context.Background(), Request{ReservationID: "hit", Tokens: prompt})
 	require.NoError(t, err)
-	require.Equal(t, "e1", res.WorkerID)
+	require.Equal(t, "e1", res.Worker)
 	require.Equal(t, 12, res.Overlap.Device)
 	require.Zero(t, res.EffectivePrefillTokens)
 
@@ -69,7 +69,7 @@ func TestRoutesToTheEngineHoldingThePrefix(t *testing.T) {
 	require.NoError(t, err)
 	res2, err := s.SelectAndReserve(context.Background(), Request{ReservationID: "miss", Tokens: prompt})
 	require.NoError(t, err)
-	require.NotEqual(t, "e1", res2.WorkerID)
+	require.NotEqual(t, "e1", res2.Worker)
 	for _, id := range []string{"hit", "load", "miss"} {
 		require.NoError(t, s.FreeReservation(id))
 	}
@@ -79,7 +79,7 @@ func TestRoutesToTheEngineHoldingThePrefix(t *testing.T) {
 	require.NoError(t, err)
 	ov, err := s.OverlapScores(context.Background(), Request{Tokens: prompt})
 	require.NoError(t, err)
-	require.Zero(t, ov[kvindex.WorkerRank{Worker: "e1"}].Device)
+	require.Zero(t, ov[catalog.WorkerRank{Worker: "e1"}].Device)
 	_, err = engines[1].Serve(fakeengine.Request{Tokens: toks(16, 9)})
 	require.NoError(t, err)
 	require.Zero(t, s.partition("").index.Stats().WorkerRanks, "only e1 ever held blocks")

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
 	"github.com/kvselect/kvselect/kvindex/kvevents"
 )
@@ -155,7 +156,7 @@ func (f FeedState) String() string {
 
 // FeedHealth is what the service knows of one worker rank's KV-event feed.
 type FeedHealth struct {
-	Worker kvindex.WorkerRank
+	Worker catalog.WorkerRank
 	State  FeedState
 	// Trusted is false while State is not FeedHealthy: the rank is then routed
 	// as in approximate mode, on the service's own recent bookings of it (with
@@ -202,7 +203,7 @@ type paritySample struct {
 // ParityEvery, mu; everything else belongs to the monitor (checkFeeds), which
 // runs on one goroutine at a time.
 type rankHealth struct {
-	key kvindex.WorkerRank
+	key catalog.WorkerRank
 
 	untrusted   atomic.Bool
 	expect      atomic.Int64  // bookings expecting stores since the last batch
@@ -232,12 +233,12 @@ type rankHealth struct {
 }
 
 // healthFor returns the feed state of wr, creating it.
-func (s *SelectionService) healthFor(wr kvindex.WorkerRank) *rankHealth {
+func (s *SelectionService) healthFor(wr catalog.WorkerRank) *rankHealth {
 	s.healthMu.Lock()
 	defer s.healthMu.Unlock()
 	h := s.health[wr]
 	if h == nil {
-		now := s.clock.Now()
+		now := s.now()
 		h = &rankHealth{key: wr, since: now, slotStart: now}
 		h.view = FeedHealth{Worker: wr, Trusted: true, Since: now, Parity: math.NaN()}
 		s.health[wr] = h
@@ -248,7 +249,7 @@ func (s *SelectionService) healthFor(wr kvindex.WorkerRank) *rankHealth {
 
 // dropHealthLocked forgets the feed state of every rank of worker id that keep does
 // not name, taking untrusted ones off p's count. s.mu is held for writing.
-func (s *SelectionService) dropHealthLocked(p *partition, id string, keep map[kvindex.WorkerRank]bool) {
+func (s *SelectionService) dropHealthLocked(p *partition, id string, keep map[catalog.WorkerRank]bool) {
 	s.healthMu.Lock()
 	defer s.healthMu.Unlock()
 	for wr, h := range s.health {
@@ -271,7 +272,7 @@ func (s *SelectionService) dropHealthLocked(p *partition, id string, keep map[kv
 // runs on the booking path; h is not nil only while feeds are judged.
 func (s *SelectionService) booked(h *rankHealth, seqs []uint64, cached int, id string) {
 	if len(seqs) > cached && h.expect.Add(1) == 1 {
-		h.expectSince.Store(s.clock.Now().UnixNano())
+		h.expectSince.Store(s.now().UnixNano())
 	}
 	if len(seqs) == 0 || (h.bookings.Add(1)-1)%uint64(s.trust.ParityEvery) != 0 {
 		return
@@ -280,7 +281,7 @@ func (s *SelectionService) booked(h *rankHealth, seqs []uint64, cached int, id s
 		return // enough samples waiting: build none to throw away
 	}
 	ps := &paritySample{id: id, keys: append([]uint64(nil), seqs...), pos: make(map[uint64]int32, len(seqs)),
-		seen: make([]bool, len(seqs)), cached: min(cached, len(seqs)), at: s.clock.Now(), rank: h}
+		seen: make([]bool, len(seqs)), cached: min(cached, len(seqs)), at: s.now(), rank: h}
 	for i, k := range ps.keys {
 		ps.pos[k] = int32(i)
 	}
@@ -305,7 +306,7 @@ func (s *SelectionService) booked(h *rankHealth, seqs []uint64, cached int, id s
 // storedHook is the event index's OnStored: it marks, in the rank's pending
 // parity samples, the blocks the engine reports storing. It runs under the
 // index's write lock, so it only takes the rank's mu.
-func (s *SelectionService) storedHook(w kvindex.WorkerRank, keys []uint64) {
+func (s *SelectionService) storedHook(w catalog.WorkerRank, keys []uint64) {
 	v, ok := s.healthIdx.Load(w)
 	if !ok {
 		return
@@ -347,7 +348,7 @@ func (s *SelectionService) sampleSettled(id string, prefilled bool) {
 	}
 	ps := v.(*paritySample)
 	if prefilled {
-		ps.prefilled.CompareAndSwap(0, s.clock.Now().UnixNano())
+		ps.prefilled.CompareAndSwap(0, s.now().UnixNano())
 		return
 	}
 	ps.prefilled.CompareAndSwap(0, -1)

@@ -16,7 +16,6 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/internal/fakeengine"
-	"github.com/kvselect/kvselect/kvindex"
 )
 
 // syncBuffer is a log sink safe for the service's goroutines.
@@ -62,7 +61,7 @@ func newFeedRigBlocks(t *testing.T, trust FeedTrust, engineBlock int, ids ...str
 	trust.CheckInterval = time.Hour // the test calls checkFeeds
 	cfg.FeedTrust = trust
 	r := &feedRig{t: t, clk: newFakeClock(), logs: &syncBuffer{}, engines: map[string]*fakeengine.Engine{}}
-	s, err := NewSelectionServiceBuilder(cfg).Clock(r.clk).Rand(rand.NewPCG(5, 5)).SweepInterval(-1).
+	s, err := NewSelectionServiceBuilder(cfg).Clock(r.clk.Now).Rand(rand.NewPCG(5, 5)).SweepInterval(-1).
 		Logger(slog.New(slog.NewTextHandler(r.logs, nil))).
 		EventFeed(FeedOptions{ReconnectMin: time.Millisecond, ReconnectMax: 10 * time.Millisecond}).Build(context.Background())
 	require.NoError(t, err)
@@ -119,7 +118,7 @@ func (r *feedRig) book(id string, tokens []uint32) Result {
 	r.t.Helper()
 	res, err := r.s.SelectAndReserve(context.Background(), Request{Tokens: tokens, Allowed: []string{id}})
 	require.NoError(r.t, err)
-	require.Equal(r.t, id, res.WorkerID)
+	require.Equal(r.t, id, res.Worker)
 	require.NoError(r.t, r.s.FreeReservation(res.ReservationID))
 	return res
 }
@@ -128,7 +127,7 @@ func (r *feedRig) overlap(id string, tokens []uint32) int {
 	r.t.Helper()
 	ov, err := r.s.OverlapScores(context.Background(), Request{Tokens: tokens})
 	require.NoError(r.t, err)
-	return ov[kvindex.WorkerRank{Worker: id}].Device
+	return ov[catalog.WorkerRank{Worker: id}].Device
 }
 
 // rootless publishes what engine e would store for tokens, but with every run
@@ -177,7 +176,7 @@ func TestFeedThatDropsEveryRootFallsBackAndHeals(t *testing.T) {
 	require.Equal(t, 6, r.overlap("bad", fresh))
 	res, err := r.s.Select(context.Background(), Request{Tokens: fresh})
 	require.NoError(t, err)
-	require.Equal(t, "bad", res.WorkerID)
+	require.Equal(t, "bad", res.Worker)
 	require.Equal(t, 6, res.Overlap.Device)
 
 	// Quiet for a whole window is not healed: too few stores to judge.
@@ -378,5 +377,5 @@ func TestBoundEngineReplaysGapsFromItsWorkerRecord(t *testing.T) {
 	last := prompts[len(prompts)-1]
 	ov, err := s.OverlapScores(context.Background(), Request{Tokens: last})
 	require.NoError(t, err)
-	require.Equal(t, 4, ov[kvindex.WorkerRank{Worker: "w"}].Device)
+	require.Equal(t, 4, ov[catalog.WorkerRank{Worker: "w"}].Device)
 }

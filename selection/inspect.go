@@ -5,14 +5,12 @@ import (
 	"sort"
 
 	"github.com/kvselect/kvselect/catalog"
-	"github.com/kvselect/kvselect/kvindex"
 	"github.com/kvselect/kvselect/reservation"
 )
 
 // WorkerLoad is the active load of one schedulable (worker, rank).
 type WorkerLoad struct {
-	WorkerID             string
-	DPRank               int
+	catalog.WorkerRank
 	ActivePrefillTokens  int64
 	ActiveBlocks         int
 	ActiveRequests       int
@@ -30,7 +28,7 @@ func (s *SelectionService) Loads(model string) []WorkerLoad {
 		return nil
 	}
 	ranks := p.ranksOf().ranks
-	keys := make([]kvindex.WorkerRank, len(ranks))
+	keys := make([]catalog.WorkerRank, len(ranks))
 	for i, r := range ranks {
 		keys[i] = r.key
 	}
@@ -46,7 +44,7 @@ func (s *SelectionService) Loads(model string) []WorkerLoad {
 func (s *SelectionService) workerLoad(r rankInfo, l reservation.Load) WorkerLoad {
 	c := candidate{activePrefill: l.ActivePrefillTokens, maxBatched: r.maxBatched}
 	return WorkerLoad{
-		WorkerID: r.key.Worker, DPRank: r.key.Rank,
+		WorkerRank:          r.key,
 		ActivePrefillTokens: l.ActivePrefillTokens, ActiveBlocks: l.ActiveBlocks, ActiveRequests: l.ActiveRequests,
 		MaxNumBatchedTokens: r.maxBatched, Busy: s.busy(&c),
 	}
@@ -54,10 +52,10 @@ func (s *SelectionService) workerLoad(r rankInfo, l reservation.Load) WorkerLoad
 
 func sortLoads(ls []WorkerLoad) {
 	sort.Slice(ls, func(i, j int) bool {
-		if ls[i].WorkerID != ls[j].WorkerID {
-			return ls[i].WorkerID < ls[j].WorkerID
+		if ls[i].Worker != ls[j].Worker {
+			return ls[i].Worker < ls[j].Worker
 		}
-		return ls[i].DPRank < ls[j].DPRank
+		return ls[i].Rank < ls[j].Rank
 	})
 }
 
@@ -111,24 +109,24 @@ func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Sco
 		out[i] = Scored{WorkerLoad: wl, Overlap: Overlap{c.device, c.host, c.disk}, EffectivePrefillTokens: eff, Cost: c.cost}
 	}
 	sort.Slice(out, func(i, j int) bool {
-		if out[i].WorkerID != out[j].WorkerID {
-			return out[i].WorkerID < out[j].WorkerID
+		if out[i].Worker != out[j].Worker {
+			return out[i].Worker < out[j].Worker
 		}
-		return out[i].DPRank < out[j].DPRank
+		return out[i].Rank < out[j].Rank
 	})
 	return out, nil
 }
 
 // OverlapScores returns the overlap of req with every eligible rank (a row for
 // each, zero when it holds nothing). It is PotentialLoads reduced to overlap.
-func (s *SelectionService) OverlapScores(ctx context.Context, req Request) (map[kvindex.WorkerRank]Overlap, error) {
+func (s *SelectionService) OverlapScores(ctx context.Context, req Request) (map[catalog.WorkerRank]Overlap, error) {
 	sc, err := s.PotentialLoads(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[kvindex.WorkerRank]Overlap, len(sc))
+	out := make(map[catalog.WorkerRank]Overlap, len(sc))
 	for _, x := range sc {
-		out[kvindex.WorkerRank{Worker: x.WorkerID, Rank: x.DPRank}] = x.Overlap
+		out[x.WorkerRank] = x.Overlap
 	}
 	return out, nil
 }

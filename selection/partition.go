@@ -14,7 +14,7 @@ import (
 
 // rankInfo is one schedulable (worker, rank) of a partition.
 type rankInfo struct {
-	key        kvindex.WorkerRank
+	key        catalog.WorkerRank
 	endpoint   string
 	blockSize  int
 	maxBatched int
@@ -58,13 +58,13 @@ type partition struct {
 // rebuild replaces the candidate list with the schedulable records of the model,
 // resolving their load entries in ledger and, when health is not nil, their
 // feed state.
-func (p *partition) rebuild(recs []catalog.Record, ledger *reservation.Ledger, health func(kvindex.WorkerRank) *rankHealth) {
+func (p *partition) rebuild(recs []catalog.Record, ledger *reservation.Ledger, health func(catalog.WorkerRank) *rankHealth) {
 	var ranks []rankInfo
 	for _, r := range recs {
 		w := r.Worker
 		for _, rank := range w.Ranks() {
 			ri := rankInfo{
-				key:        kvindex.WorkerRank{Worker: w.ID, Rank: rank},
+				key:        catalog.WorkerRank{Worker: w.ID, Rank: rank},
 				endpoint:   w.Endpoint,
 				blockSize:  w.BlockSize,
 				maxBatched: w.MaxNumBatchedTokens,
@@ -77,10 +77,10 @@ func (p *partition) rebuild(recs []catalog.Record, ledger *reservation.Ledger, h
 	}
 	rs := &rankSet{
 		ranks:    ranks,
-		pos:      make(map[kvindex.WorkerRank]int32, len(ranks)),
+		pos:      make(map[catalog.WorkerRank]int32, len(ranks)),
 		template: make([]candidate, len(ranks)),
 	}
-	keys := make([]kvindex.WorkerRank, len(ranks))
+	keys := make([]catalog.WorkerRank, len(ranks))
 	for i, r := range ranks {
 		rs.pos[r.key] = int32(i)
 		keys[i] = r.key
@@ -93,7 +93,7 @@ func (p *partition) rebuild(recs []catalog.Record, ledger *reservation.Ledger, h
 }
 
 // untrustedRank reports whether rs's rank w is routed on its own bookings.
-func (rs *rankSet) untrustedRank(w kvindex.WorkerRank) bool {
+func (rs *rankSet) untrustedRank(w catalog.WorkerRank) bool {
 	i, ok := rs.pos[w]
 	return ok && rs.ranks[i].health != nil && rs.ranks[i].health.untrusted.Load()
 }
@@ -158,7 +158,7 @@ func (l *lockedRand) Float64() float64 {
 // rank.
 type rankSet struct {
 	ranks    []rankInfo
-	pos      map[kvindex.WorkerRank]int32
+	pos      map[catalog.WorkerRank]int32
 	refs     []reservation.Rank
 	template []candidate
 }

@@ -5,11 +5,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
 )
 
-func rankSetOf(keys ...kvindex.WorkerRank) *rankSet {
-	rs := &rankSet{pos: map[kvindex.WorkerRank]int32{}}
+func rankSetOf(keys ...catalog.WorkerRank) *rankSet {
+	rs := &rankSet{pos: map[catalog.WorkerRank]int32{}}
 	for i, k := range keys {
 		rs.pos[k] = int32(i)
 	}
@@ -17,11 +18,11 @@ func rankSetOf(keys ...kvindex.WorkerRank) *rankSet {
 }
 
 func TestResolveReusesOnlyWhatStillHolds(t *testing.T) {
-	a, b, c := kvindex.WorkerRank{Worker: "a"}, kvindex.WorkerRank{Worker: "b"}, kvindex.WorkerRank{Worker: "c"}
-	a1 := kvindex.WorkerRank{Worker: "a", Rank: 1}
+	a, b, c := catalog.WorkerRank{Worker: "a"}, catalog.WorkerRank{Worker: "b"}, catalog.WorkerRank{Worker: "c"}
+	a1 := catalog.WorkerRank{Worker: "a", Rank: 1}
 	rs := rankSetOf(a, b, a1)
 	sc := &evalScratch{}
-	resolve := func(rs *rankSet, ws ...kvindex.WorkerRank) []int32 {
+	resolve := func(rs *rankSet, ws ...catalog.WorkerRank) []int32 {
 		sc.matches = sc.matches[:0]
 		for _, w := range ws {
 			sc.matches = append(sc.matches, kvindex.Match{Worker: w})

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
 )
 
@@ -61,8 +62,8 @@ type Overlap struct {
 type Result struct {
 	// ReservationID is the booking's id (empty for Select).
 	ReservationID string
-	WorkerID      string
-	DPRank        int
+	// WorkerRank is the chosen worker and data-parallel rank.
+	catalog.WorkerRank
 	// Endpoint is the worker's host:port.
 	Endpoint  string
 	BlockSize int
@@ -205,7 +206,7 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 		return Result{}, err // the caller is gone: book nothing
 	}
 	if reserve && req.ReservationID == "" {
-		req.ReservationID = newReservationID()
+		req.ReservationID = NewReservationID()
 	}
 	pr, err := s.prepare(req)
 	if err != nil {
@@ -283,7 +284,7 @@ var testHookBeforeBook func()
 func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *prepared, sc *evalScratch) (Result, error) {
 	p.inflight.Add(1)
 	defer p.inflight.Add(-1)
-	start := s.clock.Now()
+	start := s.now()
 	var w *waiter
 	for {
 		wake := p.waitChan() // taken before evaluating: no wake-up can be lost
@@ -317,7 +318,7 @@ func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *p
 			if err != nil {
 				return Result{}, err
 			}
-			wait := s.clock.Now().Sub(start)
+			wait := s.now().Sub(start)
 			if w != nil {
 				s.st.queueWaitNanos.Add(int64(wait))
 			}
@@ -363,7 +364,7 @@ func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *p
 func (s *SelectionService) decided(pr *prepared, ev *evaluation, res *Result, reserve bool, wait time.Duration) {
 	res.QueueWait = wait
 	s.rec.Selected(pr.model, Decision{
-		Worker: res.WorkerID, Rank: res.DPRank, Candidates: len(ev.cands),
+		WorkerRank: res.WorkerRank, Candidates: len(ev.cands),
 		ChosenOverlapBlocks: res.Overlap.Device, BestOverlapBlocks: ev.bestOverlap,
 		RequestBlocks: res.RequestBlocks, EffectivePrefill: res.EffectivePrefillTokens,
 		QueueWait: wait, Reserved: reserve, Cost: res.Cost,

@@ -33,7 +33,7 @@ const DefaultModel = "default"
 type SelectionService struct {
 	cfg    Config
 	base   weights
-	clock  Clock
+	now    func() time.Time
 	logger *slog.Logger
 	rec    Recorder
 
@@ -67,7 +67,7 @@ type SelectionService struct {
 	// feed state (see feedhealth.go), guarded by healthMu (taken after mu).
 	trust    FeedTrust
 	healthMu sync.Mutex
-	health   map[kvindex.WorkerRank]*rankHealth
+	health   map[catalog.WorkerRank]*rankHealth
 	// healthIdx mirrors health for the index's store hook, which must not
 	// take healthMu; samples maps a sampled booking's id to its parity sample.
 	healthIdx sync.Map
@@ -88,27 +88,27 @@ type serviceCounters struct {
 	queueWaitNanos                                                 atomic.Int64
 }
 
-func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, rec Recorder, sweep time.Duration, fo FeedOptions, external bool, bind string, anyPeer bool) (*SelectionService, error) {
+func newService(cfg Config, now func() time.Time, rng *mrand.Rand, logger *slog.Logger, rec Recorder, sweep time.Duration, fo FeedOptions, external bool, bind string, anyPeer bool) (*SelectionService, error) {
 	s := &SelectionService{
-		cfg: cfg, base: cfg.weights(), clock: clock, logger: logger, rec: rec,
+		cfg: cfg, base: cfg.weights(), now: now, logger: logger, rec: rec,
 		partitions: make(map[string]*partition),
 		workerPart: make(map[string]*partition),
 		byHost:     make(map[string]map[string]struct{}),
 		rankRange:  make(map[string][2]int),
 		seeds:      rng,
 		trust:      cfg.FeedTrust.normalized(),
-		health:     make(map[kvindex.WorkerRank]*rankHealth),
+		health:     make(map[catalog.WorkerRank]*rankHealth),
 	}
 	var err error
 	s.cat, err = catalog.New(catalog.Options{
 		Requirements: catalog.Requirements{KVEvents: cfg.UseKVEvents && !external && bind == "", Queueing: cfg.QueueThreshold != nil, Endpoints: cfg.Endpoints},
-		Now:          clock.Now,
+		Now:          now,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("selection: catalog: %w", err)
 	}
 	s.ledger, err = reservation.New(reservation.Options{
-		Clock:        clock,
+		Now:          now,
 		DefaultLease: cfg.ActiveRequestExpiry,
 		OnChange:     s.loadDropped,
 	})
@@ -159,7 +159,7 @@ func newService(cfg Config, clock Clock, rng *mrand.Rand, logger *slog.Logger, r
 				case <-ctx.Done():
 					return
 				case <-t.C:
-					s.checkFeeds(s.clock.Now())
+					s.checkFeeds(s.now())
 				}
 			}
 		}()
@@ -206,7 +206,7 @@ type routingApplier struct{ s *SelectionService }
 
 var errUnroutable = errors.New("selection: event for a worker not in the catalog")
 
-func (r routingApplier) Apply(w kvindex.WorkerRank, ev kvindex.Event) error {
+func (r routingApplier) Apply(w catalog.WorkerRank, ev kvindex.Event) error {
 	r.s.mu.RLock()
 	defer r.s.mu.RUnlock()
 	p := r.s.workerPart[w.Worker]
@@ -229,7 +229,7 @@ const rankLimitFactor = 4
 // then competes with it). Events of workers not in the catalog are refused
 // (ErrNotFound); the index's own errors (kvindex.ErrUnknownParent, ...) are
 // returned as they are. Without KV events it returns ErrBadRequest.
-func (s *SelectionService) ApplyEvent(w kvindex.WorkerRank, ev kvindex.Event) error {
+func (s *SelectionService) ApplyEvent(w catalog.WorkerRank, ev kvindex.Event) error {
 	if !s.cfg.UseKVEvents {
 		return fmt.Errorf("%w: KV events are off (approximate mode)", ErrBadRequest)
 	}
@@ -240,7 +240,7 @@ func (s *SelectionService) ApplyEvent(w kvindex.WorkerRank, ev kvindex.Event) er
 	return err
 }
 
-func (r routingApplier) ClearRank(w kvindex.WorkerRank) {
+func (r routingApplier) ClearRank(w catalog.WorkerRank) {
 	r.s.mu.RLock()
 	defer r.s.mu.RUnlock()
 	if p := r.s.workerPart[w.Worker]; p != nil && p.index != nil {
@@ -264,7 +264,7 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 		model:   model,
 		rng:     lockedRand{r: mrand.New(mrand.NewPCG(s.seeds.Uint64(), s.seeds.Uint64()))},
 		changed: make(chan struct{}),
-		epoch:   s.clock.Now(),
+		epoch:   s.now(),
 	}
 	if s.cfg.UseKVEvents {
 		opts := kvindex.Options{BlockSize: s.cfg.BlockSize}
@@ -273,10 +273,10 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 		}
 		p.index, _ = kvindex.New(opts)
 		if s.healthOn() {
-			p.fallback, _ = kvindex.NewApprox(kvindex.ApproxOptions{TTL: s.cfg.RouterTTL, MaxBlocks: s.cfg.ApproxMaxBlocks, Now: s.clock.Now})
+			p.fallback, _ = kvindex.NewApprox(kvindex.ApproxOptions{TTL: s.cfg.RouterTTL, MaxBlocks: s.cfg.ApproxMaxBlocks, Now: s.now})
 		}
 	} else {
-		p.approx, _ = kvindex.NewApprox(kvindex.ApproxOptions{TTL: s.cfg.RouterTTL, MaxBlocks: s.cfg.ApproxMaxBlocks, Now: s.clock.Now})
+		p.approx, _ = kvindex.NewApprox(kvindex.ApproxOptions{TTL: s.cfg.RouterTTL, MaxBlocks: s.cfg.ApproxMaxBlocks, Now: s.now})
 	}
 	s.partitions[model] = p
 	return p
@@ -308,8 +308,8 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 		oldP = s.workerPart[w.ID]
 	}
 	p := s.partitionLocked(w.Model)
-	var stale []kvindex.WorkerRank // event sources to stop
-	var clearRanks []kvindex.WorkerRank
+	var stale []catalog.WorkerRank // event sources to stop
+	var clearRanks []catalog.WorkerRank
 	if oldP != nil && oldP != p {
 		// Model changed: drop everything the old partition knew.
 		s.forgetWorkerLocked(oldP, w.ID)
@@ -350,7 +350,7 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 	}
 	s.mapHostLocked(w)
 	if hadPrev && oldP == p {
-		keep := map[kvindex.WorkerRank]bool{}
+		keep := map[catalog.WorkerRank]bool{}
 		for _, wr := range ranksOf(w) {
 			keep[wr] = true
 		}
@@ -391,7 +391,7 @@ func (s *SelectionService) healthOn() bool { return s.handler != nil && !s.trust
 
 // rankHealthFn is what rebuild resolves feed states with (nil when feeds are
 // not judged).
-func (s *SelectionService) rankHealthFn() func(kvindex.WorkerRank) *rankHealth {
+func (s *SelectionService) rankHealthFn() func(catalog.WorkerRank) *rankHealth {
 	if !s.healthOn() {
 		return nil
 	}
@@ -457,10 +457,10 @@ func (s *SelectionService) Workers() []catalog.Record { return s.cat.List() }
 
 type sourceCfg struct{ endpoint, replay string }
 
-func ranksOf(w catalog.Worker) []kvindex.WorkerRank {
-	var out []kvindex.WorkerRank
+func ranksOf(w catalog.Worker) []catalog.WorkerRank {
+	var out []catalog.WorkerRank
 	for _, r := range w.Ranks() {
-		out = append(out, kvindex.WorkerRank{Worker: w.ID, Rank: r})
+		out = append(out, catalog.WorkerRank{Worker: w.ID, Rank: r})
 	}
 	return out
 }
@@ -468,14 +468,14 @@ func ranksOf(w catalog.Worker) []kvindex.WorkerRank {
 // sourcesOf returns the event endpoints of each rank. A replay endpoint is given
 // per worker; rank r uses its port plus the rank's offset from DPStart, as vLLM
 // offsets every data-parallel rank's ports.
-func sourcesOf(w catalog.Worker) map[kvindex.WorkerRank]sourceCfg {
-	out := map[kvindex.WorkerRank]sourceCfg{}
+func sourcesOf(w catalog.Worker) map[catalog.WorkerRank]sourceCfg {
+	out := map[catalog.WorkerRank]sourceCfg{}
 	for _, r := range w.Ranks() {
 		ep, ok := w.EventEndpoint(r)
 		if !ok || ep == "" {
 			continue
 		}
-		out[kvindex.WorkerRank{Worker: w.ID, Rank: r}] = sourceCfg{endpoint: ep, replay: offsetPort(w.ReplayEndpoint, r-w.DPStart)}
+		out[catalog.WorkerRank{Worker: w.ID, Rank: r}] = sourceCfg{endpoint: ep, replay: offsetPort(w.ReplayEndpoint, r-w.DPStart)}
 	}
 	return out
 }
@@ -501,8 +501,11 @@ func offsetPort(ep string, off int) string {
 	return scheme + net.JoinHostPort(host, strconv.Itoa(n+off))
 }
 
-// newReservationID returns a random 128-bit id in hex.
-func newReservationID() string {
+// NewReservationID returns a fresh random id (128 bits in hex), the kind
+// SelectAndReserve mints when Request.ReservationID is empty. Callers that
+// must know the id before booking (a plan naming its legs, a gateway logging
+// it) mint it here.
+func NewReservationID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
@@ -510,7 +513,7 @@ func newReservationID() string {
 
 // replayOf returns the replay endpoint of a worker rank attributed by the bind
 // listener: the worker record's, offset by the rank like its event endpoints.
-func (s *SelectionService) replayOf(wr kvindex.WorkerRank) (string, bool) {
+func (s *SelectionService) replayOf(wr catalog.WorkerRank) (string, bool) {
 	rec, ok := s.cat.Get(wr.Worker)
 	if !ok || rec.Worker.ReplayEndpoint == "" {
 		return "", false

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvselect/kvselect/internal/clocktest"
 	"math/rand/v2"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvselect/kvselect/internal/clocktest"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -38,7 +39,7 @@ func newTestService(t testing.TB, mod func(*Config)) (*SelectionService, *fakeCl
 		mod(&cfg)
 	}
 	clk := newFakeClock()
-	s, err := NewSelectionServiceBuilder(cfg).Clock(clk).Rand(rand.NewPCG(1, 2)).SweepInterval(-1).Build(context.Background())
+	s, err := NewSelectionServiceBuilder(cfg).Clock(clk.Now).Rand(rand.NewPCG(1, 2)).SweepInterval(-1).Build(context.Background())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s, clk
@@ -110,12 +111,12 @@ func TestRequestLifecycle(t *testing.T) {
 	require.Equal(t, 10, res.RequestBlocks)
 	require.Equal(t, 40, res.EffectivePrefillTokens)
 	require.Equal(t, 10, res.PotentialDecodeBlocks)
-	first := res.WorkerID
+	first := res.Worker
 
 	loads := s.Loads("")
 	require.Len(t, loads, 2)
 	for _, l := range loads {
-		if l.WorkerID == first {
+		if l.Worker == first {
 			require.EqualValues(t, 40, l.ActivePrefillTokens)
 			require.Equal(t, 10, l.ActiveBlocks)
 			require.Equal(t, 1, l.ActiveRequests)
@@ -131,7 +132,7 @@ func TestRequestLifecycle(t *testing.T) {
 	require.NoError(t, s.PrefillComplete("r1"))
 	res2, err := s.SelectAndReserve(ctx, Request{ReservationID: "r2", Tokens: prompt})
 	require.NoError(t, err)
-	require.Equal(t, first, res2.WorkerID)
+	require.Equal(t, first, res2.Worker)
 	require.Equal(t, 10, res2.Overlap.Device)
 	require.Zero(t, res2.EffectivePrefillTokens)
 
@@ -158,7 +159,7 @@ func TestSelectDoesNotBook(t *testing.T) {
 	addWorkers(t, s, "a")
 	res, err := s.Select(context.Background(), Request{Tokens: toks(8, 1)})
 	require.NoError(t, err)
-	require.Equal(t, "a", res.WorkerID)
+	require.Equal(t, "a", res.Worker)
 	require.Empty(t, res.ReservationID)
 	requireIdle(t, s)
 }
@@ -179,7 +180,7 @@ func TestBadRequestsAndPartitions(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotReady)
 	res, err := s.SelectAndReserve(ctx, Request{Model: "m1", Tokens: toks(8, 1)})
 	require.NoError(t, err)
-	require.Equal(t, "m1-a", res.WorkerID)
+	require.Equal(t, "m1-a", res.Worker)
 	require.NotEmpty(t, res.ReservationID)
 	require.NoError(t, s.FreeReservation(res.ReservationID))
 
@@ -255,7 +256,7 @@ func TestLoadSpreadsAcrossWorkers(t *testing.T) {
 	for i := range 40 {
 		res, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(64, i)})
 		require.NoError(t, err)
-		count[res.WorkerID]++
+		count[res.Worker]++
 		ids = append(ids, res.ReservationID)
 	}
 	for _, w := range []string{"a", "b", "c", "d"} {
@@ -275,7 +276,7 @@ func TestDeleteWorkerDropsItsLoad(t *testing.T) {
 	for i := range 6 {
 		res, err := s.SelectAndReserve(ctx, Request{Tokens: toks(16, i)})
 		require.NoError(t, err)
-		if res.WorkerID == "a" {
+		if res.Worker == "a" {
 			onA = append(onA, res.ReservationID)
 		}
 	}
@@ -289,7 +290,7 @@ func TestDeleteWorkerDropsItsLoad(t *testing.T) {
 	for range 5 {
 		res, err := s.SelectAndReserve(ctx, Request{Tokens: toks(16, 1)})
 		require.NoError(t, err)
-		require.Equal(t, "b", res.WorkerID)
+		require.Equal(t, "b", res.Worker)
 	}
 	require.Len(t, s.Loads(""), 1)
 }
@@ -445,7 +446,7 @@ func TestNewWorkerAdmitsWaiters(t *testing.T) {
 	addWorkers(t, s, "b")
 	o := <-done
 	require.NoError(t, o.err)
-	require.Equal(t, "b", o.res.WorkerID)
+	require.Equal(t, "b", o.res.Worker)
 }
 
 // TestConcurrentChurn runs bookings, prefill completions, frees and worker
@@ -575,10 +576,10 @@ func TestStaleDecisionIsMadeAgain(t *testing.T) {
 	<-first // "held" chose a and waits to book it
 	other, err := s.SelectAndReserve(ctx, Request{ReservationID: "other", Tokens: toks(64, 3)})
 	require.NoError(t, err)
-	require.Equal(t, "a", other.WorkerID)
+	require.Equal(t, "a", other.Worker)
 	close(release)
 	res := <-held
-	require.Equal(t, "b", res.WorkerID, "the held decision saw the booking on a")
+	require.Equal(t, "b", res.Worker, "the held decision saw the booking on a")
 	require.Equal(t, uint64(1), s.Stats().Retries)
 	require.Equal(t, int64(1), s.Stats().Ledger.Stale)
 }
@@ -596,7 +597,7 @@ func TestTemperaturePicksByCost(t *testing.T) {
 	for i := range 200 {
 		res, err := s.Select(ctx, Request{Tokens: toks(8, i)})
 		require.NoError(t, err)
-		if res.WorkerID == "b" {
+		if res.Worker == "b" {
 			b++
 		}
 	}
@@ -615,7 +616,7 @@ func TestPotentialLoadsAndOverlap(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, sc, 2)
 	for _, x := range sc {
-		if x.WorkerID == res.WorkerID {
+		if x.Worker == res.Worker {
 			require.Equal(t, 5, x.Overlap.Device)
 			require.Zero(t, x.EffectivePrefillTokens)
 			require.Equal(t, 5, x.PotentialDecodeBlock)
@@ -628,7 +629,7 @@ func TestPotentialLoadsAndOverlap(t *testing.T) {
 	}
 	ov, err := s.OverlapScores(ctx, Request{Tokens: prompt})
 	require.NoError(t, err)
-	require.Equal(t, 5, ov[kvindex.WorkerRank{Worker: res.WorkerID}].Device)
+	require.Equal(t, 5, ov[catalog.WorkerRank{Worker: res.Worker}].Device)
 	require.NoError(t, s.FreeReservation("r"))
 }
 
@@ -707,7 +708,7 @@ func TestPrivateBlocksAreCounted(t *testing.T) {
 				want := []int{c.first, c.second}[i]
 				require.Equal(t, want, res.PotentialDecodeBlocks)
 				require.Equal(t, want, s.Loads("")[0].ActiveBlocks, "the potential became the load")
-				require.Equal(t, want, s.ledger.Load(kvindex.WorkerRank{Worker: "a"}).ActiveBlocks)
+				require.Equal(t, want, s.ledger.Load(catalog.WorkerRank{Worker: "a"}).ActiveBlocks)
 			}
 			require.NoError(t, s.FreeReservation("x"))
 			require.NoError(t, s.FreeReservation("y"))
@@ -749,7 +750,7 @@ func TestQueuedRequestThatFailsLeavesTheQueue(t *testing.T) {
 	require.Zero(t, s.Stats().Waiting, "the failed request left the queue")
 	next, err := s.SelectAndReserve(ctx, Request{Model: "m1", ReservationID: "next", Tokens: toks(8, 4)})
 	require.NoError(t, err, "capacity is free and nobody waits ahead")
-	require.Equal(t, "a", next.WorkerID)
+	require.Equal(t, "a", next.Worker)
 }
 
 // TestQueuedHeadThatFailsWakesTheNext: when the head of the queue fails on
@@ -784,5 +785,5 @@ func TestQueuedHeadThatFailsWakesTheNext(t *testing.T) {
 	require.ErrorIs(t, <-headErr, ErrNoEndpoints)
 	got := <-nextRes
 	require.NoError(t, got.err)
-	require.Equal(t, "a", got.res.WorkerID)
+	require.Equal(t, "a", got.res.Worker)
 }

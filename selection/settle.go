@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/reservation"
 )
 
@@ -48,13 +48,13 @@ func (s *SelectionService) FreeReservation(id string) error {
 // returns how many. The service's sweeper calls it periodically; call it yourself
 // with a fake clock or a disabled sweeper.
 func (s *SelectionService) ExpireReservations() int {
-	return s.ledger.Expire(s.clock.Now())
+	return s.ledger.Expire(s.now())
 }
 
 // loadDropped is the ledger's hook: some worker's load went down, so a waiting
 // request may now fit. It runs outside the ledger's lock and takes no service lock
 // that a ledger caller might hold.
-func (s *SelectionService) loadDropped(w kvindex.WorkerRank) {
+func (s *SelectionService) loadDropped(w catalog.WorkerRank) {
 	if p, ok := s.partOf.Load(w.Worker); ok {
 		p.(*partition).signalIfWaiting()
 	}

@@ -28,7 +28,6 @@ import (
 	"github.com/kvselect/kvselect/examples/epp/extproc"
 	"github.com/kvselect/kvselect/examples/internal/extproctest"
 	"github.com/kvselect/kvselect/internal/fakeengine"
-	"github.com/kvselect/kvselect/kvindex"
 	"github.com/kvselect/kvselect/kvindex/kvevents"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -480,8 +479,8 @@ func feedReport(ctx context.Context, svc *selection.SelectionService, trust sele
 		multi[w.ID] = w.DPSize > 1
 	}
 	var rows []feedRow
-	index := map[kvindex.WorkerRank]int{}
-	row := func(wr kvindex.WorkerRank) *feedRow {
+	index := map[catalog.WorkerRank]int{}
+	row := func(wr catalog.WorkerRank) *feedRow {
 		if i, ok := index[wr]; ok {
 			return &rows[i]
 		}
@@ -510,7 +509,7 @@ func feedReport(ctx context.Context, svc *selection.SelectionService, trust sele
 	}
 	for _, w := range workers { // workers the service follows no feed of
 		if !seen[w.ID] {
-			row(kvindex.WorkerRank{Worker: w.ID, Rank: w.DPStart})
+			row(catalog.WorkerRank{Worker: w.ID, Rank: w.DPStart})
 		}
 	}
 	return rows, nil

@@ -184,8 +184,8 @@ func (r *router) leastLoaded(allowed []string) (extproc.Pick, error) {
 	}
 	best, bestLoad := "", math.MaxInt
 	for _, l := range r.svc.Loads(r.model) {
-		if ok(l.WorkerID) && l.ActiveRequests < bestLoad {
-			best, bestLoad = l.WorkerID, l.ActiveRequests
+		if ok(l.Worker) && l.ActiveRequests < bestLoad {
+			best, bestLoad = l.Worker, l.ActiveRequests
 		}
 	}
 	r.mu.RLock()

@@ -99,7 +99,7 @@ type kvRouter struct {
 	events bool
 	ids    []string
 	byID   map[string]int
-	ranks  []kvindex.WorkerRank
+	ranks  []catalog.WorkerRank
 	ev     int64
 
 	cfg     selection.Config
@@ -109,7 +109,7 @@ type kvRouter struct {
 func newKVRouter(ctx context.Context, s *sim, events bool) (*kvRouter, error) {
 	cfg := s.opts.selectionConfig(events)
 	b := selection.NewSelectionServiceBuilder(cfg).
-		Clock(simClock{base: time.Unix(1_700_000_000, 0), sim: s}).
+		Clock(simClock{base: time.Unix(1_700_000_000, 0), sim: s}.Now).
 		Rand(rand.NewPCG(s.opts.Seed, s.opts.Seed^0x5851f42d4c957f2d)).
 		SweepInterval(-1)
 	if events {
@@ -136,7 +136,7 @@ func newKVRouter(ctx context.Context, s *sim, events bool) (*kvRouter, error) {
 		}
 		k.ids = append(k.ids, id)
 		k.byID[id] = i
-		k.ranks = append(k.ranks, kvindex.WorkerRank{Worker: id})
+		k.ranks = append(k.ranks, catalog.WorkerRank{Worker: id})
 	}
 	return k, nil
 }
@@ -156,12 +156,12 @@ func (k *kvRouter) route(ctx context.Context, r *simRequest) (int, int, error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("replay: routing request %s: %w", r.id, err)
 	}
-	w, ok := k.byID[res.WorkerID]
+	w, ok := k.byID[res.Worker]
 	if !ok {
-		return 0, 0, fmt.Errorf("replay: the service picked unknown worker %q", res.WorkerID)
+		return 0, 0, fmt.Errorf("replay: the service picked unknown worker %q", res.Worker)
 	}
 	if k.explain != nil {
-		k.explainDecision(scored, res.WorkerID)
+		k.explainDecision(scored, res.Worker)
 	}
 	return w, res.Overlap.Device, nil
 }
@@ -173,7 +173,7 @@ func (k *kvRouter) explainDecision(scored []selection.Scored, chosenID string) {
 	var chosen, best *selection.Scored
 	for i := range scored {
 		c := &scored[i]
-		if c.WorkerID == chosenID {
+		if c.Worker == chosenID {
 			chosen = c
 		}
 		if best == nil || c.Overlap.Device > best.Overlap.Device ||

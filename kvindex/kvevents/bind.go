@@ -11,7 +11,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
-	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex/kvevents/internal/zmtpguard"
 )
 
@@ -32,11 +32,11 @@ type BindConfig struct {
 	// message (counted in BindStats.Unattributed). It is called from the listener's
 	// goroutine, once per new topic (results are cached). Nil uses TopicWorker with
 	// Rank.
-	Attribute func(topic string) (kvindex.WorkerRank, bool)
+	Attribute func(topic string) (catalog.WorkerRank, bool)
 	// ReplayEndpoint optionally maps a worker rank to its replay ROUTER endpoint ("" or
 	// false: none). Without it, gaps of bound sources are not repaired and the source
 	// is marked degraded.
-	ReplayEndpoint func(kvindex.WorkerRank) (string, bool)
+	ReplayEndpoint func(catalog.WorkerRank) (string, bool)
 	// Admit decides whether a peer that connects (tcp endpoints) may speak at all,
 	// by its IP address; an error closes the connection before any of its bytes
 	// is read (counted as not_admitted in Feed.Refused). Nil admits every peer:
@@ -85,16 +85,16 @@ func peerTopic(peer func(net.IP, string) error) func(net.Addr, []byte) error {
 // and its guides: the worker is the text between the first and the second '@' and must
 // be non-empty; the model is everything after the second '@' and may itself contain
 // '@'. The returned rank is 0. It reports false for any other topic.
-func TopicWorker(topic string) (kvindex.WorkerRank, bool) {
+func TopicWorker(topic string) (catalog.WorkerRank, bool) {
 	rest, ok := strings.CutPrefix(topic, "kv@")
 	if !ok {
-		return kvindex.WorkerRank{}, false
+		return catalog.WorkerRank{}, false
 	}
 	worker, _, ok := strings.Cut(rest, "@")
 	if !ok || worker == "" {
-		return kvindex.WorkerRank{}, false
+		return catalog.WorkerRank{}, false
 	}
-	return kvindex.WorkerRank{Worker: worker}, true
+	return catalog.WorkerRank{Worker: worker}, true
 }
 
 // maxTopicCache bounds a listener's topic-to-source cache; topics beyond it are
@@ -105,7 +105,7 @@ const maxTopicCache = 4096
 type binding struct {
 	feed      *Feed
 	cfg       BindConfig
-	attribute func(string) (kvindex.WorkerRank, bool)
+	attribute func(string) (catalog.WorkerRank, bool)
 	sock      zmq4.Socket
 	guard     *zmtpguard.Transport // tcp endpoints: the listener's ZMTP guard
 	addr      net.Addr
@@ -133,7 +133,7 @@ func (f *Feed) Bind(cfg BindConfig) (net.Addr, error) {
 	b := &binding{feed: f, cfg: cfg, attribute: cfg.Attribute}
 	if b.attribute == nil {
 		rank := cfg.Rank
-		b.attribute = func(topic string) (kvindex.WorkerRank, bool) {
+		b.attribute = func(topic string) (catalog.WorkerRank, bool) {
 			wr, ok := TopicWorker(topic)
 			wr.Rank = rank
 			return wr, ok

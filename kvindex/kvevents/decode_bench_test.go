@@ -3,6 +3,7 @@ package kvevents
 import (
 	"testing"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
 )
 
@@ -68,15 +69,15 @@ func BenchmarkDecodeBatch(b *testing.B) {
 // nopApplier accepts every event.
 type nopApplier struct{ blocks int }
 
-func (a *nopApplier) Apply(_ kvindex.WorkerRank, ev kvindex.Event) error {
+func (a *nopApplier) Apply(_ catalog.WorkerRank, ev kvindex.Event) error {
 	a.blocks += len(ev.BlockHashes)
 	return nil
 }
-func (a *nopApplier) ClearRank(kvindex.WorkerRank) {}
+func (a *nopApplier) ClearRank(catalog.WorkerRank) {}
 
 func BenchmarkDecodeApply(b *testing.B) {
 	payload := benchBatch(true)
-	src := kvindex.WorkerRank{Worker: "engine-0"}
+	src := catalog.WorkerRank{Worker: "engine-0"}
 
 	b.Run("nop", func(b *testing.B) {
 		a := &nopApplier{}

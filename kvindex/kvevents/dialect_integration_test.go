@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/kvindex"
 )
@@ -92,7 +93,7 @@ func (r *dialectRig) serve(e *fakeengine.Engine, n int) {
 
 // converge waits until the handler has handled every batch the engine numbered,
 // each exactly once, and returns the source's stats.
-func (r *dialectRig) converge(e *fakeengine.Engine, w kvindex.WorkerRank) SourceStats {
+func (r *dialectRig) converge(e *fakeengine.Engine, w catalog.WorkerRank) SourceStats {
 	r.t.Helper()
 	first, last := e.Options().FirstSeq, e.NextSeq()-1
 	var hs HandlerStats
@@ -109,13 +110,13 @@ func (r *dialectRig) converge(e *fakeengine.Engine, w kvindex.WorkerRank) Source
 
 // check requires the index to agree with the engine on every prompt served and on
 // the number of blocks held.
-func (r *dialectRig) check(e *fakeengine.Engine, w kvindex.WorkerRank) {
+func (r *dialectRig) check(e *fakeengine.Engine, w catalog.WorkerRank) {
 	r.t.Helper()
 	hasher, err := kvindex.NewHasher(dialectBlock, kvindex.HashOptions{})
 	require.NoError(r.t, err)
 	for i, p := range r.prompts {
 		got := 0
-		for _, m := range r.ix.FindMatches(hasher.SeqHashes(p), kvindex.MatchOptions{Candidates: []kvindex.WorkerRank{w}}) {
+		for _, m := range r.ix.FindMatches(hasher.SeqHashes(p), kvindex.MatchOptions{Candidates: []catalog.WorkerRank{w}}) {
 			require.Equal(r.t, w, m.Worker)
 			got = m.Device
 		}
@@ -131,7 +132,7 @@ func (r *dialectRig) check(e *fakeengine.Engine, w kvindex.WorkerRank) {
 
 // checkSkips requires that nothing was skipped, except the mirror group's events
 // of a hybrid model.
-func (r *dialectRig) checkSkips(e *fakeengine.Engine, w kvindex.WorkerRank) {
+func (r *dialectRig) checkSkips(e *fakeengine.Engine, w catalog.WorkerRank) {
 	r.t.Helper()
 	hs := r.handler.Stats(w)
 	require.Zero(r.t, hs.DecodeErrors)
@@ -149,7 +150,7 @@ func TestDialectIntegrationDial(t *testing.T) {
 		t.Run(d.String(), func(t *testing.T) {
 			r := newDialectRig(t)
 			e := startDialectEngine(t, d, nil)
-			w := kvindex.WorkerRank{Worker: "pod-" + d.String()}
+			w := catalog.WorkerRank{Worker: "pod-" + d.String()}
 			// Batches published before the feed subscribes come from the first
 			// replay.
 			r.serve(e, 8)
@@ -175,15 +176,15 @@ func TestDialectIntegrationBind(t *testing.T) {
 	for _, d := range []fakeengine.Dialect{fakeengine.DialectTRTLLM, fakeengine.DialectExternal} {
 		t.Run(d.String(), func(t *testing.T) {
 			r := newDialectRig(t)
-			w := kvindex.WorkerRank{Worker: "bound-" + d.String(), Rank: 0}
+			w := catalog.WorkerRank{Worker: "bound-" + d.String(), Rank: 0}
 			topic := fmt.Sprintf("kv@10.1.0.%d:8000@fake-model", d)
 			var replay atomic.Pointer[string]
 			addr, err := r.feed.Bind(BindConfig{
 				Endpoint: "tcp://127.0.0.1:0",
-				Attribute: func(tp string) (kvindex.WorkerRank, bool) {
+				Attribute: func(tp string) (catalog.WorkerRank, bool) {
 					return w, tp == topic
 				},
-				ReplayEndpoint: func(got kvindex.WorkerRank) (string, bool) {
+				ReplayEndpoint: func(got catalog.WorkerRank) (string, bool) {
 					ep := replay.Load()
 					if got != w || ep == nil {
 						return "", false

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
 	"github.com/kvselect/kvselect/kvindex/kvevents"
 )
@@ -54,7 +55,7 @@ func ExampleIndexHandler() {
 		panic(err)
 	}
 	// A transport calls HandleBatch for each payload of a source, in sequence order.
-	src := kvindex.WorkerRank{Worker: "10.0.0.5:8000"}
+	src := catalog.WorkerRank{Worker: "10.0.0.5:8000"}
 	h.HandleBatch(src, 0, mustHex(payloadA))
 
 	st := h.Stats(src)

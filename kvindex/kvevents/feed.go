@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex/kvevents/internal/zmtpguard"
 )
 
@@ -198,8 +198,8 @@ type Feed struct {
 	mu       sync.Mutex
 	state    feedState
 	runCtx   context.Context
-	sources  map[kvindex.WorkerRank]*source
-	removing map[kvindex.WorkerRank]struct{} // bound ranks being forgotten
+	sources  map[catalog.WorkerRank]*source
+	removing map[catalog.WorkerRank]struct{} // bound ranks being forgotten
 	nBound   int
 	binds    []*binding
 
@@ -217,8 +217,8 @@ func NewFeed(opts FeedOptions) (*Feed, error) {
 	f := &Feed{
 		opts:      o,
 		replaySem: make(chan struct{}, o.MaxConcurrentReplays),
-		sources:   make(map[kvindex.WorkerRank]*source),
-		removing:  make(map[kvindex.WorkerRank]struct{}),
+		sources:   make(map[catalog.WorkerRank]*source),
+		removing:  make(map[catalog.WorkerRank]struct{}),
 	}
 	f.guard, err = zmtpguard.Register(f.guardLimits(), zmtpguard.Policy{Refused: f.refused})
 	if err != nil {
@@ -331,7 +331,7 @@ func (f *Feed) AddSource(cfg SourceConfig) error {
 //
 // A worker rank that a bind listener attributes messages to again after its removal is
 // created again, from scratch.
-func (f *Feed) RemoveSource(wr kvindex.WorkerRank) error {
+func (f *Feed) RemoveSource(wr catalog.WorkerRank) error {
 	f.life.Lock()
 	defer f.life.Unlock()
 	return f.removeLocked(wr, false)
@@ -342,14 +342,14 @@ func (f *Feed) RemoveSource(wr kvindex.WorkerRank) error {
 // what this source put there. No Handler call for wr overlaps with that reset or
 // follows it until wr is added again. A missing wr returns ErrUnknownSource and resets
 // nothing.
-func (f *Feed) ForgetSource(wr kvindex.WorkerRank) error {
+func (f *Feed) ForgetSource(wr catalog.WorkerRank) error {
 	f.life.Lock()
 	defer f.life.Unlock()
 	return f.removeLocked(wr, true)
 }
 
 // removeLocked runs with f.life held.
-func (f *Feed) removeLocked(wr kvindex.WorkerRank, reset bool) error {
+func (f *Feed) removeLocked(wr catalog.WorkerRank, reset bool) error {
 	f.mu.Lock()
 	s := f.sources[wr]
 	if s == nil {
@@ -395,7 +395,7 @@ func (f *Feed) Stats() []SourceStats {
 }
 
 // SourceStats returns the counters of one source, and false when wr has none.
-func (f *Feed) SourceStats(wr kvindex.WorkerRank) (SourceStats, bool) {
+func (f *Feed) SourceStats(wr catalog.WorkerRank) (SourceStats, bool) {
 	f.mu.Lock()
 	s := f.sources[wr]
 	f.mu.Unlock()

@@ -7,9 +7,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/stretchr/testify/require"
-
-	"github.com/kvselect/kvselect/kvindex"
 )
 
 // countingHandler does nothing but count, and signals when the last seq arrives.
@@ -19,14 +18,14 @@ type countingHandler struct {
 	done chan struct{}
 }
 
-func (h *countingHandler) HandleBatch(_ kvindex.WorkerRank, seq uint64, _ []byte) {
+func (h *countingHandler) HandleBatch(_ catalog.WorkerRank, seq uint64, _ []byte) {
 	h.n.Add(1)
 	if seq == h.last {
 		close(h.done)
 	}
 }
 
-func (h *countingHandler) ResetSource(kvindex.WorkerRank) {}
+func (h *countingHandler) ResetSource(catalog.WorkerRank) {}
 
 // BenchmarkFeedThroughput measures live batches per second from a PUB on loopback
 // through one dial source (SUB, frame parsing, queue, sequencer) into a no-op Handler.
@@ -41,7 +40,7 @@ func BenchmarkFeedThroughput(b *testing.B) {
 	h := &countingHandler{last: uint64(b.N - 1), done: make(chan struct{})}
 	f, err := NewFeed(FeedOptions{Handler: h})
 	require.NoError(b, err)
-	w := kvindex.WorkerRank{Worker: "bench"}
+	w := catalog.WorkerRank{Worker: "bench"}
 	require.NoError(b, f.AddSource(SourceConfig{Worker: w, Endpoint: "tcp://" + pub.Addr().String()}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/stretchr/testify/require"
-
-	"github.com/kvselect/kvselect/kvindex"
 )
 
 func TestNewFeedValidation(t *testing.T) {
@@ -48,10 +47,10 @@ func TestNewFeedValidation(t *testing.T) {
 func TestAddSourceValidation(t *testing.T) {
 	f, err := NewFeed(FeedOptions{Handler: newBatchRecorder(t)})
 	require.NoError(t, err)
-	w := kvindex.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{Worker: "w"}
 	for _, cfg := range []SourceConfig{
-		{Worker: kvindex.WorkerRank{}, Endpoint: "tcp://10.0.0.5:5557"},
-		{Worker: kvindex.WorkerRank{Worker: "w", Rank: -1}, Endpoint: "tcp://10.0.0.5:5557"},
+		{Worker: catalog.WorkerRank{}, Endpoint: "tcp://10.0.0.5:5557"},
+		{Worker: catalog.WorkerRank{Worker: "w", Rank: -1}, Endpoint: "tcp://10.0.0.5:5557"},
 		{Worker: w, Endpoint: ""},
 		{Worker: w, Endpoint: "10.0.0.5:5557"},
 		{Worker: w, Endpoint: "udp://10.0.0.5:5557"},
@@ -65,7 +64,7 @@ func TestAddSourceValidation(t *testing.T) {
 	}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: "tcp://10.0.0.5:5557", ReplayEndpoint: "tcp://10.0.0.5:5558"}))
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: "ipc:///tmp/kv.sock"}))
-	require.ErrorIs(t, f.RemoveSource(kvindex.WorkerRank{Worker: "other"}), ErrUnknownSource)
+	require.ErrorIs(t, f.RemoveSource(catalog.WorkerRank{Worker: "other"}), ErrUnknownSource)
 	require.NoError(t, f.RemoveSource(w))
 	require.ErrorIs(t, f.RemoveSource(w), ErrUnknownSource)
 }
@@ -90,7 +89,7 @@ func TestTopicWorker(t *testing.T) {
 	for _, tc := range cases {
 		wr, ok := TopicWorker(tc.topic)
 		require.Equal(t, tc.ok, ok, tc.topic)
-		require.Equal(t, kvindex.WorkerRank{Worker: tc.want}, wr, tc.topic)
+		require.Equal(t, catalog.WorkerRank{Worker: tc.want}, wr, tc.topic)
 	}
 }
 
@@ -99,7 +98,7 @@ func TestFeedInOrder(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	eng := newTestEngine(t, engineOpts{topic: "kv@a@m"})
-	w := kvindex.WorkerRank{Worker: "a", Rank: 1}
+	w := catalog.WorkerRank{Worker: "a", Rank: 1}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr}))
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr}), "same config again is a no-op")
 	runFeed(t, f)
@@ -127,7 +126,7 @@ func TestFeedDialsBeforePublisherExists(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	ep := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	w := kvindex.WorkerRank{Worker: "late"}
+	w := catalog.WorkerRank{Worker: "late"}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: ep}))
 	runFeed(t, f)
 	st, _ := f.SourceStats(w)
@@ -164,7 +163,7 @@ func TestFeedGapReplay(t *testing.T) {
 			f, err := NewFeed(testOpts(rec))
 			require.NoError(t, err)
 			eng := newTestEngine(t, engineOpts{topic: "t", replay: true, replayTopic: withTopic})
-			w := kvindex.WorkerRank{Worker: "w"}
+			w := catalog.WorkerRank{Worker: "w"}
 			require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr, ReplayEndpoint: eng.replayAddr}))
 			runFeed(t, f)
 			eng.waitSubscribed(t)
@@ -196,7 +195,7 @@ func TestFeedStartReplaysAnIdleEngine(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	eng := newTestEngine(t, engineOpts{replay: true})
-	w := kvindex.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{Worker: "w"}
 	eng.publish(t, 12) // before the feed exists; nobody receives these live
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr, ReplayEndpoint: eng.replayAddr}))
 	runFeed(t, f)
@@ -212,7 +211,7 @@ func TestFeedStartReplaysAnIdleEngine(t *testing.T) {
 
 // waitBootstrap waits until the source's start-up replay has ended, so that
 // what the test publishes next arrives live.
-func waitBootstrap(t *testing.T, f *Feed, w kvindex.WorkerRank) {
+func waitBootstrap(t *testing.T, f *Feed, w catalog.WorkerRank) {
 	t.Helper()
 	waitStats(t, f, w, "start-up replay", func(s SourceStats) bool { return s.ReplaysOK+s.ReplaysFailed >= 1 })
 }
@@ -222,7 +221,7 @@ func TestFeedJoinMidStreamReplaysFromZero(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	eng := newTestEngine(t, engineOpts{replay: true, replayTopic: true})
-	w := kvindex.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{Worker: "w"}
 	// History the feed never saw live.
 	eng.publish(t, 20)
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr, ReplayEndpoint: eng.replayAddr}))
@@ -255,7 +254,7 @@ func TestFeedReplayIncomplete(t *testing.T) {
 			f, err := NewFeed(testOpts(rec))
 			require.NoError(t, err)
 			eng := newTestEngine(t, engineOpts{replay: true})
-			w := kvindex.WorkerRank{Worker: "w"}
+			w := catalog.WorkerRank{Worker: "w"}
 			require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr, ReplayEndpoint: eng.replayAddr}))
 			runFeed(t, f)
 			eng.waitSubscribed(t)
@@ -280,7 +279,7 @@ func TestFeedReplayUnreachable(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	eng := newTestEngine(t, engineOpts{})
-	w := kvindex.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{Worker: "w"}
 	dead := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr, ReplayEndpoint: dead}))
 	runFeed(t, f)
@@ -298,7 +297,7 @@ func TestFeedGapWithoutReplayIsDegraded(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	eng := newTestEngine(t, engineOpts{})
-	w := kvindex.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{Worker: "w"}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr}))
 	runFeed(t, f)
 	eng.waitSubscribed(t)
@@ -318,7 +317,7 @@ func TestFeedSequenceBackwardsResets(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	eng := newTestEngine(t, engineOpts{})
-	w := kvindex.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{Worker: "w"}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr}))
 	runFeed(t, f)
 	eng.waitSubscribed(t)
@@ -347,7 +346,7 @@ func TestFeedOverflowResyncs(t *testing.T) {
 			f, err := NewFeed(opts)
 			require.NoError(t, err)
 			eng := newTestEngine(t, engineOpts{replay: withReplay})
-			w := kvindex.WorkerRank{Worker: "w"}
+			w := catalog.WorkerRank{Worker: "w"}
 			cfg := SourceConfig{Worker: w, Endpoint: eng.addr}
 			if withReplay {
 				cfg.ReplayEndpoint = eng.replayAddr
@@ -414,8 +413,8 @@ func TestFeedBindMode(t *testing.T) {
 	b.publish(t, 10)
 	stray.publish(t, 4)
 
-	wa := kvindex.WorkerRank{Worker: "10.0.0.1:8000", Rank: 2}
-	wb := kvindex.WorkerRank{Worker: "10.0.0.2:8000", Rank: 2}
+	wa := catalog.WorkerRank{Worker: "10.0.0.1:8000", Rank: 2}
+	wb := catalog.WorkerRank{Worker: "10.0.0.2:8000", Rank: 2}
 	rec.waitLast(t, wa, 19)
 	rec.waitLast(t, wb, 9)
 	applied, _ := rec.state(wb)
@@ -453,8 +452,8 @@ func TestFeedBindCustomAttribution(t *testing.T) {
 	rec := newBatchRecorder(t)
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
-	w := kvindex.WorkerRank{Worker: "pod-a", Rank: 3}
-	addr, err := f.Bind(BindConfig{Endpoint: "tcp://127.0.0.1:0", Attribute: func(topic string) (kvindex.WorkerRank, bool) {
+	w := catalog.WorkerRank{Worker: "pod-a", Rank: 3}
+	addr, err := f.Bind(BindConfig{Endpoint: "tcp://127.0.0.1:0", Attribute: func(topic string) (catalog.WorkerRank, bool) {
 		return w, topic == "A"
 	}})
 	require.NoError(t, err)
@@ -471,7 +470,7 @@ func TestFeedRemoveAndReplaceWhileRunning(t *testing.T) {
 	require.NoError(t, err)
 	runFeed(t, f)
 	e1 := newTestEngine(t, engineOpts{})
-	w := kvindex.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{Worker: "w"}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: e1.addr}))
 	e1.waitSubscribed(t)
 	e1.publish(t, 5)
@@ -513,7 +512,7 @@ func TestFeedRunOnce(t *testing.T) {
 	require.NoError(t, err)
 	// Sources and binds registered before Run are served and cleaned up by it.
 	eng := newTestEngine(t, engineOpts{})
-	w := kvindex.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{Worker: "w"}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr}))
 	_, err = f.Bind(BindConfig{Endpoint: "tcp://127.0.0.1:0"})
 	require.NoError(t, err)
@@ -577,7 +576,7 @@ func TestFeedStopsDuringStalledHandshake(t *testing.T) {
 
 	f, err := NewFeed(testOpts(newBatchRecorder(t)))
 	require.NoError(t, err)
-	w := kvindex.WorkerRank{Worker: "mute"}
+	w := catalog.WorkerRank{Worker: "mute"}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: "tcp://" + l.Addr().String()}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -9,13 +9,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
 )
 
 // Handler consumes one source's batches in sequence order; calls for one source never overlap.
 type Handler interface {
-	HandleBatch(src kvindex.WorkerRank, seq uint64, payload []byte)
-	ResetSource(src kvindex.WorkerRank)
+	HandleBatch(src catalog.WorkerRank, seq uint64, payload []byte)
+	ResetSource(src catalog.WorkerRank)
 }
 
 // Applier is what IndexHandler writes decoded events into; *kvindex.Index
@@ -27,9 +28,9 @@ type Applier interface {
 	// ErrInvalidEvent, ErrUnknownBlock, ErrRankFull, or this package's
 	// ErrUnknownRank (w names a rank its worker does not have). Apply must not
 	// keep the event's slices after it returns.
-	Apply(w kvindex.WorkerRank, ev kvindex.Event) error
+	Apply(w catalog.WorkerRank, ev kvindex.Event) error
 	// ClearRank drops every block of worker rank w.
-	ClearRank(w kvindex.WorkerRank)
+	ClearRank(w catalog.WorkerRank)
 }
 
 var _ Handler = (*IndexHandler)(nil)
@@ -93,7 +94,7 @@ func (s HandlerStats) SkippedTotal() uint64 {
 }
 
 // IndexHandler decodes the batches of many sources and applies their events to an
-// Applier. Each source (the kvindex.WorkerRank a transport registered) gets its own
+// Applier. Each source (the catalog.WorkerRank a transport registered) gets its own
 // Decoder and counters, created on its first batch.
 //
 // Concurrency: IndexHandler is safe for concurrent use by many sources. As the
@@ -110,7 +111,7 @@ type IndexHandler struct {
 	warnEvery time.Duration
 	now       func() time.Time
 
-	sources sync.Map // kvindex.WorkerRank -> *sourceState
+	sources sync.Map // catalog.WorkerRank -> *sourceState
 }
 
 // sourceState is one source's decoder and counters. dec, ranks and warn are
@@ -176,7 +177,7 @@ func NewIndexHandler(a Applier, opts HandlerOptions) (*IndexHandler, error) {
 	return h, nil
 }
 
-func (h *IndexHandler) state(src kvindex.WorkerRank) *sourceState {
+func (h *IndexHandler) state(src catalog.WorkerRank) *sourceState {
 	if st, ok := h.sources.Load(src); ok {
 		return st.(*sourceState)
 	}
@@ -190,7 +191,7 @@ func (h *IndexHandler) state(src kvindex.WorkerRank) *sourceState {
 // to the worker rank {src.Worker, dp_rank} when the batch carries a data-parallel
 // rank, else to src itself. An undecodable batch is counted and dropped; skipped
 // and rejected events are counted by reason; neither stops the following events.
-func (h *IndexHandler) HandleBatch(src kvindex.WorkerRank, seq uint64, payload []byte) {
+func (h *IndexHandler) HandleBatch(src catalog.WorkerRank, seq uint64, payload []byte) {
 	st := h.state(src)
 	st.batches.Add(1)
 	st.lastSeq.Store(seq)
@@ -279,7 +280,7 @@ func classify(err error) SkipReason {
 
 // skip counts one event the index did not take and warns about it (rate
 // limited).
-func (h *IndexHandler) skip(st *sourceState, src kvindex.WorkerRank, r SkipReason, msg string, args ...any) {
+func (h *IndexHandler) skip(st *sourceState, src catalog.WorkerRank, r SkipReason, msg string, args ...any) {
 	st.skipped[r].Add(1)
 	h.warn(st, src, r, 1, msg, args...)
 }
@@ -287,7 +288,7 @@ func (h *IndexHandler) skip(st *sourceState, src kvindex.WorkerRank, r SkipReaso
 // warn logs msg for n more events lost for reason slot r of source src: at
 // once the first time, then at most once every warnEvery, with the count since
 // the previous warning.
-func (h *IndexHandler) warn(st *sourceState, src kvindex.WorkerRank, r SkipReason, n uint64, msg string, args ...any) {
+func (h *IndexHandler) warn(st *sourceState, src catalog.WorkerRank, r SkipReason, n uint64, msg string, args ...any) {
 	if h.log == nil {
 		return
 	}
@@ -310,7 +311,7 @@ func (h *IndexHandler) warn(st *sourceState, src kvindex.WorkerRank, r SkipReaso
 // registered worker rank and every other rank the source's batches were applied to
 // (through their dp_rank) since the last reset. Counters are kept; the warning
 // limiter starts over, so the first loss after a reset is logged at once.
-func (h *IndexHandler) ResetSource(src kvindex.WorkerRank) {
+func (h *IndexHandler) ResetSource(src catalog.WorkerRank) {
 	h.applier.ClearRank(src)
 	v, ok := h.sources.Load(src)
 	if !ok {
@@ -319,7 +320,7 @@ func (h *IndexHandler) ResetSource(src kvindex.WorkerRank) {
 	st := v.(*sourceState)
 	for _, r := range st.ranks {
 		if r != src.Rank {
-			h.applier.ClearRank(kvindex.WorkerRank{Worker: src.Worker, Rank: r})
+			h.applier.ClearRank(catalog.WorkerRank{Worker: src.Worker, Rank: r})
 		}
 	}
 	st.ranks = st.ranks[:0]
@@ -330,12 +331,12 @@ func (h *IndexHandler) ResetSource(src kvindex.WorkerRank) {
 // Forget drops src's decoder and counters, for a source removed for good. It does
 // not touch the index (call ResetSource first for that). It must not overlap other
 // calls for src.
-func (h *IndexHandler) Forget(src kvindex.WorkerRank) {
+func (h *IndexHandler) Forget(src catalog.WorkerRank) {
 	h.sources.Delete(src)
 }
 
 // Stats returns the counters of src; all zero when src has not been seen.
-func (h *IndexHandler) Stats(src kvindex.WorkerRank) HandlerStats {
+func (h *IndexHandler) Stats(src catalog.WorkerRank) HandlerStats {
 	v, ok := h.sources.Load(src)
 	if !ok {
 		return HandlerStats{}
@@ -344,10 +345,10 @@ func (h *IndexHandler) Stats(src kvindex.WorkerRank) HandlerStats {
 }
 
 // AllStats returns the counters of every source seen and not forgotten.
-func (h *IndexHandler) AllStats() map[kvindex.WorkerRank]HandlerStats {
-	out := make(map[kvindex.WorkerRank]HandlerStats)
+func (h *IndexHandler) AllStats() map[catalog.WorkerRank]HandlerStats {
+	out := make(map[catalog.WorkerRank]HandlerStats)
 	h.sources.Range(func(k, v any) bool {
-		out[k.(kvindex.WorkerRank)] = v.(*sourceState).snapshot()
+		out[k.(catalog.WorkerRank)] = v.(*sourceState).snapshot()
 		return true
 	})
 	return out

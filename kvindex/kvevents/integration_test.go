@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/kvindex"
 	"github.com/kvselect/kvselect/kvindex/kvevents"
@@ -99,7 +100,7 @@ func (r *rig) serve(e *fakeengine.Engine, n int) {
 }
 
 // converge waits until the feed has applied every batch the engine numbered.
-func (r *rig) converge(e *fakeengine.Engine, w kvindex.WorkerRank) kvevents.SourceStats {
+func (r *rig) converge(e *fakeengine.Engine, w catalog.WorkerRank) kvevents.SourceStats {
 	r.t.Helper()
 	var st kvevents.SourceStats
 	want := e.NextSeq() - 1
@@ -113,13 +114,13 @@ func (r *rig) converge(e *fakeengine.Engine, w kvindex.WorkerRank) kvevents.Sour
 
 // check requires that the index agrees with the engine's cache on every prompt
 // served and on the total number of blocks.
-func (r *rig) check(e *fakeengine.Engine, w kvindex.WorkerRank) {
+func (r *rig) check(e *fakeengine.Engine, w catalog.WorkerRank) {
 	r.t.Helper()
 	h, err := kvindex.NewHasher(itBlock, kvindex.HashOptions{})
 	require.NoError(r.t, err)
 	for _, p := range r.prompts {
 		got := 0
-		for _, m := range r.ix.FindMatches(h.SeqHashes(p), kvindex.MatchOptions{Candidates: []kvindex.WorkerRank{w}}) {
+		for _, m := range r.ix.FindMatches(h.SeqHashes(p), kvindex.MatchOptions{Candidates: []catalog.WorkerRank{w}}) {
 			got = m.Device
 		}
 		require.Equal(r.t, e.HeldPrefix(p, "", ""), got, "prompt %v", p)
@@ -132,7 +133,7 @@ func TestIntegrationDialReplayRestart(t *testing.T) {
 		t.Run(enc.String(), func(t *testing.T) {
 			r := newRig(t, nil, 0)
 			e := newEngine(t, func(o *fakeengine.Options) { o.Encoding = enc })
-			w := kvindex.WorkerRank{Worker: "pod-a"}
+			w := catalog.WorkerRank{Worker: "pod-a"}
 			// Batches published before the feed subscribes are recovered by the
 			// first replay (the feed starts at seq 0 or replays from it).
 			r.serve(e, 10)
@@ -164,7 +165,7 @@ func TestIntegrationDialReplayRestart(t *testing.T) {
 func TestIntegrationNoReplayIsDegraded(t *testing.T) {
 	r := newRig(t, nil, 0)
 	e := newEngine(t, func(o *fakeengine.Options) { o.EnableReplay = false })
-	w := kvindex.WorkerRank{Worker: "pod-b"}
+	w := catalog.WorkerRank{Worker: "pod-b"}
 	require.NoError(t, r.feed.AddSource(kvevents.SourceConfig{Worker: w, Endpoint: e.PubEndpoint()}))
 	require.NoError(t, e.WaitSubscribed(context.Background()))
 	r.serve(e, 20)
@@ -204,7 +205,7 @@ func TestIntegrationBindMode(t *testing.T) {
 		engines = append(engines, e)
 	}
 	for i, e := range engines {
-		w := kvindex.WorkerRank{Worker: fmt.Sprintf("10.0.0.%d:8000", i+1)}
+		w := catalog.WorkerRank{Worker: fmt.Sprintf("10.0.0.%d:8000", i+1)}
 		r.prompts = nil
 		r.serve(e, 25)
 		r.converge(e, w)
@@ -222,7 +223,7 @@ type gate struct {
 	open chan struct{}
 }
 
-func (g *gate) HandleBatch(src kvindex.WorkerRank, seq uint64, payload []byte) {
+func (g *gate) HandleBatch(src catalog.WorkerRank, seq uint64, payload []byte) {
 	g.mu.Lock()
 	ch := g.open
 	g.mu.Unlock()
@@ -234,7 +235,7 @@ func TestIntegrationFloodResyncs(t *testing.T) {
 	g := &gate{open: make(chan struct{})}
 	r := newRig(t, func(h kvevents.Handler) kvevents.Handler { g.Handler = h; return g }, 8)
 	e := newEngine(t, nil)
-	w := kvindex.WorkerRank{Worker: "pod-c"}
+	w := catalog.WorkerRank{Worker: "pod-c"}
 	require.NoError(t, r.feed.AddSource(kvevents.SourceConfig{Worker: w, Endpoint: e.PubEndpoint(), ReplayEndpoint: e.ReplayEndpoint()}))
 	require.NoError(t, e.WaitSubscribed(context.Background()))
 	r.serve(e, 200) // far more than the queue of 8 while the handler is stuck

@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
-
-	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/catalog"
 )
 
 // SourceConfig names one engine publisher the feed dials: one (worker, data-parallel
@@ -18,7 +17,7 @@ import (
 type SourceConfig struct {
 	// Worker is the worker rank the batches belong to. Worker.Worker must be non-empty
 	// and Worker.Rank >= 0.
-	Worker kvindex.WorkerRank
+	Worker catalog.WorkerRank
 	// Endpoint is the engine's PUB endpoint, "tcp://host:port" (port 1-65535) or
 	// "ipc://path". Required.
 	Endpoint string
@@ -52,7 +51,7 @@ func (c SourceConfig) validate() error {
 // receive goroutine fills the queue.
 type source struct {
 	feed  *Feed
-	wr    kvindex.WorkerRank
+	wr    catalog.WorkerRank
 	cfg   SourceConfig // Endpoint is the bound address for a bound source
 	bound bool
 

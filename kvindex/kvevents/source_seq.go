@@ -3,7 +3,7 @@ package kvevents
 import (
 	"context"
 
-	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/catalog"
 )
 
 // replayFunc asks a replay server for every buffered batch from start on and calls
@@ -36,7 +36,7 @@ type item struct {
 // after a later live batch (live batches wait in the queue while a replay runs, and
 // those at or below the watermark are dropped afterwards).
 type sequencer struct {
-	src    kvindex.WorkerRank
+	src    catalog.WorkerRank
 	h      Handler
 	replay replayFunc // nil: no replay endpoint
 	st     *counters

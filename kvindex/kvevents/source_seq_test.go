@@ -5,9 +5,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/stretchr/testify/require"
-
-	"github.com/kvselect/kvselect/kvindex"
 )
 
 // fakeReplay serves seqs from a fixed list, the way an engine's buffer would.
@@ -30,7 +29,7 @@ func (r *fakeReplay) fn(ctx context.Context, start uint64, yield func(Frame)) er
 func newTestSequencer(t *testing.T, rp *fakeReplay) (*sequencer, *batchRecorder, *counters) {
 	rec := newBatchRecorder(t)
 	st := &counters{}
-	q := &sequencer{src: kvindex.WorkerRank{Worker: "w"}, h: rec, st: st}
+	q := &sequencer{src: catalog.WorkerRank{Worker: "w"}, h: rec, st: st}
 	if rp != nil {
 		q.replay = rp.fn
 	}
@@ -44,7 +43,7 @@ func feedLive(q *sequencer, seqs ...uint64) {
 }
 
 func TestSequencer(t *testing.T) {
-	src := kvindex.WorkerRank{Worker: "w"}
+	src := catalog.WorkerRank{Worker: "w"}
 	type want struct {
 		applied                []uint64
 		resets                 int

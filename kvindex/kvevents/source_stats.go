@@ -3,7 +3,7 @@ package kvevents
 import (
 	"sync/atomic"
 
-	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/catalog"
 )
 
 // SourceStats is a snapshot of one source's counters. Counters only grow during the
@@ -12,7 +12,7 @@ import (
 // values from slightly different instants.
 type SourceStats struct {
 	// Worker is the source's worker rank.
-	Worker kvindex.WorkerRank
+	Worker catalog.WorkerRank
 	// Endpoint is the PUB endpoint dialed, or the bound address for a source that was
 	// attributed by a bind listener.
 	Endpoint string

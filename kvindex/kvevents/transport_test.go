@@ -12,9 +12,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/stretchr/testify/require"
-
-	"github.com/kvselect/kvselect/kvindex"
 )
 
 // waitFor bounds every wait for asynchronous network delivery in these tests.
@@ -31,12 +30,12 @@ type batchRecorder struct {
 	t *testing.T
 
 	mu      sync.Mutex
-	applied map[kvindex.WorkerRank][]uint64 // since the last reset, in call order
-	resets  map[kvindex.WorkerRank]int
+	applied map[catalog.WorkerRank][]uint64 // since the last reset, in call order
+	resets  map[catalog.WorkerRank]int
 	calls   int
 	changed chan struct{} // closed and replaced on every call
 
-	inFlight sync.Map // kvindex.WorkerRank -> *atomic.Int32
+	inFlight sync.Map // catalog.WorkerRank -> *atomic.Int32
 
 	// gate, when non-nil, blocks HandleBatch until it is closed (a slow consumer);
 	// entered is closed on the first blocked call.
@@ -48,13 +47,13 @@ type batchRecorder struct {
 func newBatchRecorder(t *testing.T) *batchRecorder {
 	return &batchRecorder{
 		t:       t,
-		applied: make(map[kvindex.WorkerRank][]uint64),
-		resets:  make(map[kvindex.WorkerRank]int),
+		applied: make(map[catalog.WorkerRank][]uint64),
+		resets:  make(map[catalog.WorkerRank]int),
 		changed: make(chan struct{}),
 	}
 }
 
-func (r *batchRecorder) enter(src kvindex.WorkerRank) func() {
+func (r *batchRecorder) enter(src catalog.WorkerRank) func() {
 	v, _ := r.inFlight.LoadOrStore(src, new(atomic.Int32))
 	n := v.(*atomic.Int32)
 	if n.Add(1) != 1 {
@@ -63,7 +62,7 @@ func (r *batchRecorder) enter(src kvindex.WorkerRank) func() {
 	return func() { n.Add(-1) }
 }
 
-func (r *batchRecorder) HandleBatch(src kvindex.WorkerRank, seq uint64, payload []byte) {
+func (r *batchRecorder) HandleBatch(src catalog.WorkerRank, seq uint64, payload []byte) {
 	defer r.enter(src)()
 	if string(payload) != string(payloadFor(seq)) {
 		r.t.Errorf("%v seq %d: payload %q", src, seq, payload)
@@ -78,7 +77,7 @@ func (r *batchRecorder) HandleBatch(src kvindex.WorkerRank, seq uint64, payload 
 	r.bump()
 }
 
-func (r *batchRecorder) ResetSource(src kvindex.WorkerRank) {
+func (r *batchRecorder) ResetSource(src catalog.WorkerRank) {
 	defer r.enter(src)()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -94,7 +93,7 @@ func (r *batchRecorder) bump() {
 }
 
 // state returns the seqs applied to src since its last reset and its reset count.
-func (r *batchRecorder) state(src kvindex.WorkerRank) ([]uint64, int) {
+func (r *batchRecorder) state(src catalog.WorkerRank) ([]uint64, int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.applied[src]), r.resets[src]
@@ -121,7 +120,7 @@ func (r *batchRecorder) waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 // waitLast waits until the last seq applied to src (since its last reset) is seq.
-func (r *batchRecorder) waitLast(t *testing.T, src kvindex.WorkerRank, seq uint64) {
+func (r *batchRecorder) waitLast(t *testing.T, src catalog.WorkerRank, seq uint64) {
 	t.Helper()
 	r.waitUntil(t, fmt.Sprintf("%v to apply seq %d", src, seq), func() bool {
 		a := r.applied[src]
@@ -343,7 +342,7 @@ func runFeed(t *testing.T, f *Feed) context.CancelFunc {
 }
 
 // waitStats waits until the source's stats satisfy cond.
-func waitStats(t *testing.T, f *Feed, wr kvindex.WorkerRank, what string, cond func(SourceStats) bool) SourceStats {
+func waitStats(t *testing.T, f *Feed, wr catalog.WorkerRank, what string, cond func(SourceStats) bool) SourceStats {
 	t.Helper()
 	var last SourceStats
 	require.Eventually(t, func() bool {

@@ -1,4 +1,4 @@
-package reservation
+package roles
 
 import (
 	"errors"
@@ -8,16 +8,18 @@ import (
 	"time"
 
 	"github.com/google/btree"
+
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // ErrUnknownPlan reports a plan id that is not registered: never registered,
 // or already completed or expired. The call changed nothing.
-var ErrUnknownPlan = errors.New("reservation: unknown plan")
+var ErrUnknownPlan = errors.New("roles: unknown plan")
 
-// PlanLegs names the reservations of one disaggregated plan. Each id is booked
+// planLegs names the reservations of one disaggregated plan. Each id is booked
 // on a different service (the prefill and the decode selector), which is why
-// Plans only names them and never frees them itself.
-type PlanLegs struct {
+// the plan table only names them and never frees them itself.
+type planLegs struct {
 	// Prefill is the reservation on the prefill selector, or "" for a plan
 	// whose decode worker prefills locally (nothing to free at hand-off).
 	Prefill string
@@ -26,10 +28,10 @@ type PlanLegs struct {
 	Decode string
 }
 
-// PlanInfo is a snapshot of one registered plan, as returned by Get.
-type PlanInfo struct {
+// planInfo is a snapshot of one registered plan, as returned by Get.
+type planInfo struct {
 	ID   string
-	Legs PlanLegs
+	Legs planLegs
 	// HandedOff is set once Handoff has run: the prefill leg was released.
 	HandedOff    bool
 	RegisteredAt time.Time
@@ -37,12 +39,12 @@ type PlanInfo struct {
 	Deadline time.Time
 }
 
-// Settlement is what the owner of a plan must do to the two services after a
-// Plans call: each non-empty field names a reservation and the action to take.
-// Plans has already recorded the step, so the owner acts on every field and
+// settlement is what the owner of a plan must do to the two services after a
+// plan table call: each non-empty field names a reservation and the action to take.
+// The table has already recorded the step, so the owner acts on every field and
 // treats an unknown-reservation answer from a service as done (its own lease
 // may have released the booking first).
-type Settlement struct {
+type settlement struct {
 	// Plan is the plan the actions belong to.
 	Plan string
 	// FreePrefill is a reservation to free on the prefill service.
@@ -55,21 +57,11 @@ type Settlement struct {
 }
 
 // Empty reports whether the settlement asks for nothing.
-func (s Settlement) Empty() bool {
+func (s settlement) Empty() bool {
 	return s.FreePrefill == "" && s.DecodePrefillComplete == "" && s.FreeDecode == ""
 }
 
-// PlansOptions configure Plans. The zero value means the defaults.
-type PlansOptions struct {
-	// Clock gives the time plans are registered at. Default: the system clock.
-	Clock Clock
-	// Lease is how long a plan may live before Expire settles it. Default
-	// DefaultLease (300 s, the lease of the reservations it names); must not be
-	// negative.
-	Lease time.Duration
-}
-
-// PlanStats are the counters of a Plans since NewPlans. Each is read
+// PlanStats are the counters of a PairBooker's plans. Each is read
 // atomically, but the set is not one snapshot while calls are in flight.
 type PlanStats struct {
 	Registered int64 // successful Register calls
@@ -81,7 +73,7 @@ type PlanStats struct {
 
 type plan struct {
 	id        string
-	legs      PlanLegs
+	legs      planLegs
 	handedOff bool
 	at        time.Time
 	deadline  time.Time
@@ -97,18 +89,18 @@ func planLess(a, b *plan) bool {
 
 // settle is the settlement that finishes p: its prefill leg unless already
 // handed off, and its decode leg.
-func (p *plan) settle() Settlement {
-	s := Settlement{Plan: p.id, FreeDecode: p.legs.Decode}
+func (p *plan) settle() settlement {
+	s := settlement{Plan: p.id, FreeDecode: p.legs.Decode}
 	if !p.handedOff {
 		s.FreePrefill = p.legs.Prefill
 	}
 	return s
 }
 
-// Plans ties the role reservations of disaggregated requests together: plan id
+// planTable ties the role reservations of disaggregated requests together: plan id
 // -> prefill reservation id, decode reservation id, hand-off state and a lease.
 // It is the bookkeeping half of a pair booking (see package roles): it never
-// calls a service; every state change returns a Settlement that tells the owner
+// calls a service; every state change returns a settlement that tells the owner
 // which reservations to free or mark prefill-complete, so the state machine is
 // testable on its own and the owner keeps the only references to the services.
 //
@@ -117,13 +109,13 @@ func (p *plan) settle() Settlement {
 //	Complete  request over: free the decode leg, and the prefill leg if not handed off; plan gone
 //	Expire    Complete for every plan whose lease ran out (an owner that died mid-plan)
 //
-// Create one with NewPlans; the zero value is not usable. A Plans is safe for
+// Create one with newPlanTable. It is safe for
 // concurrent use: one mutex guards its map and its lease B-tree, every method
 // holds it for a bounded critical section (Expire for the plans it settles), and
 // nothing in it starts a goroutine or reads the wall clock except through the
 // injected Clock.
-type Plans struct {
-	clock Clock
+type planTable struct {
+	now   func() time.Time
 	lease time.Duration
 
 	mu     sync.Mutex
@@ -134,31 +126,16 @@ type Plans struct {
 	registered, handedOff, completed, expired, active atomic.Int64
 }
 
-// NewPlans returns an empty Plans. Invalid options are reported wrapped in
-// ErrInvalidOptions.
-func NewPlans(opts PlansOptions) (*Plans, error) {
-	if opts.Lease < 0 {
-		return nil, fmt.Errorf("%w: plan Lease %v is negative", ErrInvalidOptions, opts.Lease)
-	}
-	if opts.Clock == nil {
-		opts.Clock = systemClock{}
-	}
-	if opts.Lease == 0 {
-		opts.Lease = DefaultLease
-	}
-	return &Plans{
-		clock:  opts.Clock,
-		lease:  opts.Lease,
-		plans:  make(map[string]*plan),
-		leases: btree.NewG(16, planLess),
-	}, nil
+// newPlanTable returns an empty plan table whose plans live lease (> 0).
+func newPlanTable(now func() time.Time, lease time.Duration) *planTable {
+	return &planTable{now: now, lease: lease, plans: make(map[string]*plan), leases: btree.NewG(16, planLess)}
 }
 
 // Register records a plan whose legs are booked, with a lease ending at the
-// clock's now plus the Plans' lease. It returns a wrapped ErrInvalid for an
-// empty plan id, an empty decode id or legs that share an id, and ErrConflict
-// when id is registered already; either way nothing changed.
-func (p *Plans) Register(id string, legs PlanLegs) error {
+// clock's now plus the table's lease. It returns a wrapped reservation.ErrInvalid for an
+// empty plan id, an empty decode id or legs that share an id, and
+// reservation.ErrConflict when id is registered already; either way nothing changed.
+func (p *planTable) Register(id string, legs planLegs) error {
 	var errs []error
 	if id == "" {
 		errs = append(errs, errors.New("plan id is empty"))
@@ -170,14 +147,14 @@ func (p *Plans) Register(id string, legs PlanLegs) error {
 		errs = append(errs, fmt.Errorf("prefill and decode share the reservation id %q", legs.Decode))
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("%w: plan %q: %w", ErrInvalid, id, errors.Join(errs...))
+		return fmt.Errorf("%w: plan %q: %w", reservation.ErrInvalid, id, errors.Join(errs...))
 	}
-	now := p.clock.Now()
+	now := p.now()
 	pl := &plan{id: id, legs: legs, at: now, deadline: now.Add(p.lease)}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.plans[id]; ok {
-		return fmt.Errorf("%w: plan %q is registered", ErrConflict, id)
+		return fmt.Errorf("%w: plan %q is registered", reservation.ErrConflict, id)
 	}
 	p.order++
 	pl.order = p.order
@@ -192,19 +169,19 @@ func (p *Plans) Register(id string, legs PlanLegs) error {
 // settlement {FreePrefill: prefill leg, DecodePrefillComplete: decode leg};
 // later calls return an empty settlement and nil (idempotent). An unknown plan
 // returns a wrapped ErrUnknownPlan.
-func (p *Plans) Handoff(id string) (Settlement, error) {
+func (p *planTable) Handoff(id string) (settlement, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pl := p.plans[id]
 	if pl == nil {
-		return Settlement{}, fmt.Errorf("%w: hand-off of %q", ErrUnknownPlan, id)
+		return settlement{}, fmt.Errorf("%w: hand-off of %q", ErrUnknownPlan, id)
 	}
 	if pl.handedOff {
-		return Settlement{Plan: id}, nil
+		return settlement{Plan: id}, nil
 	}
 	pl.handedOff = true
 	p.handedOff.Add(1)
-	return Settlement{Plan: id, FreePrefill: pl.legs.Prefill, DecodePrefillComplete: pl.legs.Decode}, nil
+	return settlement{Plan: id, FreePrefill: pl.legs.Prefill, DecodePrefillComplete: pl.legs.Decode}, nil
 }
 
 // Complete settles the plan (its request ended, failed or was cancelled) and
@@ -212,12 +189,12 @@ func (p *Plans) Handoff(id string) (Settlement, error) {
 // was never handed off. Like the ledger's Free, a second call, or a call for a
 // plan that expired, returns a wrapped ErrUnknownPlan and changes nothing, so a
 // repeated Complete is harmless.
-func (p *Plans) Complete(id string) (Settlement, error) {
+func (p *planTable) Complete(id string) (settlement, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pl := p.plans[id]
 	if pl == nil {
-		return Settlement{}, fmt.Errorf("%w: complete %q", ErrUnknownPlan, id)
+		return settlement{}, fmt.Errorf("%w: complete %q", ErrUnknownPlan, id)
 	}
 	p.removeLocked(pl)
 	p.completed.Add(1)
@@ -227,8 +204,8 @@ func (p *Plans) Complete(id string) (Settlement, error) {
 // Expire settles and forgets every plan whose deadline is at or before now,
 // earliest deadline first, and returns their settlements (nil when none). Its
 // cost is the number it settles times log of the number of live plans.
-func (p *Plans) Expire(now time.Time) []Settlement {
-	var out []Settlement
+func (p *planTable) Expire(now time.Time) []settlement {
+	var out []settlement
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for {
@@ -244,7 +221,7 @@ func (p *Plans) Expire(now time.Time) []Settlement {
 }
 
 // removeLocked forgets pl. p.mu is held.
-func (p *Plans) removeLocked(pl *plan) {
+func (p *planTable) removeLocked(pl *plan) {
 	delete(p.plans, pl.id)
 	p.leases.Delete(pl)
 	p.active.Add(-1)
@@ -252,7 +229,7 @@ func (p *Plans) removeLocked(pl *plan) {
 
 // NextExpiry returns the earliest deadline among the live plans, and false when
 // there are none.
-func (p *Plans) NextExpiry() (time.Time, bool) {
+func (p *planTable) NextExpiry() (time.Time, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pl, ok := p.leases.Min()
@@ -263,25 +240,25 @@ func (p *Plans) NextExpiry() (time.Time, bool) {
 }
 
 // Get returns a snapshot of a live plan.
-func (p *Plans) Get(id string) (PlanInfo, bool) {
+func (p *planTable) Get(id string) (planInfo, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pl := p.plans[id]
 	if pl == nil {
-		return PlanInfo{}, false
+		return planInfo{}, false
 	}
-	return PlanInfo{ID: pl.id, Legs: pl.legs, HandedOff: pl.handedOff, RegisteredAt: pl.at, Deadline: pl.deadline}, true
+	return planInfo{ID: pl.id, Legs: pl.legs, HandedOff: pl.handedOff, RegisteredAt: pl.at, Deadline: pl.deadline}, true
 }
 
 // Len returns the number of live plans.
-func (p *Plans) Len() int {
+func (p *planTable) Len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.plans)
 }
 
 // Stats returns the counters.
-func (p *Plans) Stats() PlanStats {
+func (p *planTable) Stats() PlanStats {
 	return PlanStats{
 		Registered: p.registered.Load(), HandedOff: p.handedOff.Load(),
 		Completed: p.completed.Load(), Expired: p.expired.Load(), Active: p.active.Load(),

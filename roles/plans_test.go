@@ -1,4 +1,4 @@
-package reservation
+package roles
 
 import (
 	"fmt"
@@ -7,18 +7,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/reservation"
 	"github.com/stretchr/testify/require"
 )
 
-func newPlans(t testing.TB, clk Clock, lease time.Duration) *Plans {
+// epoch is the fake clock's start.
+var epoch = newFakeClock().Now()
+
+func newPlans(t testing.TB, now func() time.Time, lease time.Duration) *planTable {
 	t.Helper()
-	p, err := NewPlans(PlansOptions{Clock: clk, Lease: lease})
-	require.NoError(t, err)
-	return p
+	if lease == 0 {
+		lease = reservation.DefaultLease
+	}
+	return newPlanTable(now, lease)
 }
 
 // checkPlans compares the map, the lease tree and the Active counter.
-func checkPlans(t testing.TB, p *Plans) {
+func checkPlans(t testing.TB, p *planTable) {
 	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -35,28 +40,19 @@ func checkPlans(t testing.TB, p *Plans) {
 	require.Equal(t, int64(len(p.plans)), p.active.Load())
 }
 
-func TestNewPlansOptions(t *testing.T) {
-	_, err := NewPlans(PlansOptions{Lease: -time.Second})
-	require.ErrorIs(t, err, ErrInvalidOptions)
-	p, err := NewPlans(PlansOptions{})
-	require.NoError(t, err)
-	require.Equal(t, DefaultLease, p.lease)
-	require.NotNil(t, p.clock)
-}
-
 func TestPlanLifecycle(t *testing.T) {
 	clk := newFakeClock()
-	p := newPlans(t, clk, time.Minute)
-	legs := PlanLegs{Prefill: "p1/prefill", Decode: "p1/decode"}
+	p := newPlans(t, clk.Now, time.Minute)
+	legs := planLegs{Prefill: "p1/prefill", Decode: "p1/decode"}
 	require.NoError(t, p.Register("p1", legs))
 
 	info, ok := p.Get("p1")
 	require.True(t, ok)
-	require.Equal(t, PlanInfo{ID: "p1", Legs: legs, RegisteredAt: epoch, Deadline: epoch.Add(time.Minute)}, info)
+	require.Equal(t, planInfo{ID: "p1", Legs: legs, RegisteredAt: epoch, Deadline: epoch.Add(time.Minute)}, info)
 
 	s, err := p.Handoff("p1")
 	require.NoError(t, err)
-	require.Equal(t, Settlement{Plan: "p1", FreePrefill: "p1/prefill", DecodePrefillComplete: "p1/decode"}, s)
+	require.Equal(t, settlement{Plan: "p1", FreePrefill: "p1/prefill", DecodePrefillComplete: "p1/decode"}, s)
 	info, _ = p.Get("p1")
 	require.True(t, info.HandedOff)
 
@@ -69,7 +65,7 @@ func TestPlanLifecycle(t *testing.T) {
 	// Complete after hand-off frees the decode leg only.
 	s, err = p.Complete("p1")
 	require.NoError(t, err)
-	require.Equal(t, Settlement{Plan: "p1", FreeDecode: "p1/decode"}, s)
+	require.Equal(t, settlement{Plan: "p1", FreeDecode: "p1/decode"}, s)
 	require.Zero(t, p.Len())
 
 	// Everything after completion is unknown and harmless.
@@ -84,47 +80,47 @@ func TestPlanLifecycle(t *testing.T) {
 }
 
 func TestPlanCompleteWithoutHandoffFreesBothLegs(t *testing.T) {
-	p := newPlans(t, newFakeClock(), 0)
-	require.NoError(t, p.Register("p", PlanLegs{Prefill: "a", Decode: "b"}))
+	p := newPlans(t, newFakeClock().Now, 0)
+	require.NoError(t, p.Register("p", planLegs{Prefill: "a", Decode: "b"}))
 	s, err := p.Complete("p")
 	require.NoError(t, err)
-	require.Equal(t, Settlement{Plan: "p", FreePrefill: "a", FreeDecode: "b"}, s)
+	require.Equal(t, settlement{Plan: "p", FreePrefill: "a", FreeDecode: "b"}, s)
 }
 
 func TestPlanDecodeOnly(t *testing.T) {
-	p := newPlans(t, newFakeClock(), 0)
-	require.NoError(t, p.Register("p", PlanLegs{Decode: "p/aggregated"}))
+	p := newPlans(t, newFakeClock().Now, 0)
+	require.NoError(t, p.Register("p", planLegs{Decode: "p/aggregated"}))
 	s, err := p.Handoff("p")
 	require.NoError(t, err)
-	require.Equal(t, Settlement{Plan: "p", DecodePrefillComplete: "p/aggregated"}, s)
+	require.Equal(t, settlement{Plan: "p", DecodePrefillComplete: "p/aggregated"}, s)
 	s, err = p.Complete("p")
 	require.NoError(t, err)
-	require.Equal(t, Settlement{Plan: "p", FreeDecode: "p/aggregated"}, s)
+	require.Equal(t, settlement{Plan: "p", FreeDecode: "p/aggregated"}, s)
 }
 
 func TestPlanRegisterRejects(t *testing.T) {
-	p := newPlans(t, newFakeClock(), 0)
-	err := p.Register("", PlanLegs{})
-	require.ErrorIs(t, err, ErrInvalid)
+	p := newPlans(t, newFakeClock().Now, 0)
+	err := p.Register("", planLegs{})
+	require.ErrorIs(t, err, reservation.ErrInvalid)
 	require.ErrorContains(t, err, "plan id is empty")
 	require.ErrorContains(t, err, "decode reservation id is empty")
-	require.ErrorIs(t, p.Register("x", PlanLegs{Prefill: "same", Decode: "same"}), ErrInvalid)
+	require.ErrorIs(t, p.Register("x", planLegs{Prefill: "same", Decode: "same"}), reservation.ErrInvalid)
 
-	require.NoError(t, p.Register("x", PlanLegs{Decode: "d"}))
-	require.ErrorIs(t, p.Register("x", PlanLegs{Prefill: "p2", Decode: "d2"}), ErrConflict)
+	require.NoError(t, p.Register("x", planLegs{Decode: "d"}))
+	require.ErrorIs(t, p.Register("x", planLegs{Prefill: "p2", Decode: "d2"}), reservation.ErrConflict)
 	info, _ := p.Get("x")
-	require.Equal(t, PlanLegs{Decode: "d"}, info.Legs, "a rejected Register changed the plan")
+	require.Equal(t, planLegs{Decode: "d"}, info.Legs, "a rejected Register changed the plan")
 	require.Equal(t, int64(1), p.Stats().Registered)
 	checkPlans(t, p)
 }
 
 func TestPlanExpire(t *testing.T) {
 	clk := newFakeClock()
-	p := newPlans(t, clk, 10*time.Second)
-	require.NoError(t, p.Register("a", PlanLegs{Prefill: "a/p", Decode: "a/d"}))
+	p := newPlans(t, clk.Now, 10*time.Second)
+	require.NoError(t, p.Register("a", planLegs{Prefill: "a/p", Decode: "a/d"}))
 	clk.Advance(time.Second)
-	require.NoError(t, p.Register("b", PlanLegs{Prefill: "b/p", Decode: "b/d"}))
-	require.NoError(t, p.Register("c", PlanLegs{Prefill: "c/p", Decode: "c/d"}))
+	require.NoError(t, p.Register("b", planLegs{Prefill: "b/p", Decode: "b/d"}))
+	require.NoError(t, p.Register("c", planLegs{Prefill: "c/p", Decode: "c/d"}))
 	_, err := p.Handoff("b")
 	require.NoError(t, err)
 
@@ -134,11 +130,11 @@ func TestPlanExpire(t *testing.T) {
 
 	require.Nil(t, p.Expire(epoch.Add(9*time.Second)))
 	got := p.Expire(epoch.Add(10 * time.Second))
-	require.Equal(t, []Settlement{{Plan: "a", FreePrefill: "a/p", FreeDecode: "a/d"}}, got)
+	require.Equal(t, []settlement{{Plan: "a", FreePrefill: "a/p", FreeDecode: "a/d"}}, got)
 
 	// Same deadline: registration order; a handed-off plan frees decode only.
 	got = p.Expire(epoch.Add(time.Hour))
-	require.Equal(t, []Settlement{
+	require.Equal(t, []settlement{
 		{Plan: "b", FreeDecode: "b/d"},
 		{Plan: "c", FreePrefill: "c/p", FreeDecode: "c/d"},
 	}, got)
@@ -155,13 +151,13 @@ func TestPlanExpire(t *testing.T) {
 // (prefill), Complete or Expire.
 func TestPlansModel(t *testing.T) {
 	clk := newFakeClock()
-	p := newPlans(t, clk, 30*time.Second)
+	p := newPlans(t, clk.Now, 30*time.Second)
 	r := rand.New(rand.NewPCG(3, 4))
 	type state struct{ handedOff bool }
 	model := map[string]*state{}
 	freed := map[string]int{} // reservation id -> times freed
 	prefillDone := map[string]int{}
-	apply := func(s Settlement) {
+	apply := func(s settlement) {
 		if s.FreePrefill != "" {
 			freed[s.FreePrefill]++
 		}
@@ -178,7 +174,7 @@ func TestPlansModel(t *testing.T) {
 		case op < 4:
 			id := fmt.Sprintf("plan-%d", n)
 			n++
-			legs := PlanLegs{Prefill: id + "/prefill", Decode: id + "/decode"}
+			legs := planLegs{Prefill: id + "/prefill", Decode: id + "/decode"}
 			if r.IntN(5) == 0 {
 				legs.Prefill = ""
 			}
@@ -237,7 +233,7 @@ func TestPlansModel(t *testing.T) {
 }
 
 func TestPlansConcurrent(t *testing.T) {
-	p := newPlans(t, newFakeClock(), 0)
+	p := newPlans(t, newFakeClock().Now, 0)
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Add(1)
@@ -245,7 +241,7 @@ func TestPlansConcurrent(t *testing.T) {
 			defer wg.Done()
 			for i := range 500 {
 				id := fmt.Sprintf("g%d-%d", g, i)
-				if err := p.Register(id, PlanLegs{Prefill: id + "/p", Decode: id + "/d"}); err != nil {
+				if err := p.Register(id, planLegs{Prefill: id + "/p", Decode: id + "/d"}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -268,12 +264,12 @@ func TestPlansConcurrent(t *testing.T) {
 }
 
 func BenchmarkPlansRegisterComplete(b *testing.B) {
-	p := newPlans(b, systemClock{}, 0)
+	p := newPlans(b, time.Now, 0)
 	ids := make([]string, 1024)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("plan-%d", i)
 	}
-	legs := PlanLegs{Prefill: "p", Decode: "d"}
+	legs := planLegs{Prefill: "p", Decode: "d"}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
@@ -288,28 +284,4 @@ func BenchmarkPlansRegisterComplete(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-}
-
-func ExamplePlans() {
-	plans, err := NewPlans(PlansOptions{})
-	if err != nil {
-		panic(err)
-	}
-	// Both legs of plan "req-1" were booked on their services.
-	_ = plans.Register("req-1", PlanLegs{Prefill: "req-1/prefill", Decode: "req-1/decode"})
-
-	// The first response byte: release the prefill worker, keep the decode one.
-	s, _ := plans.Handoff("req-1")
-	fmt.Printf("hand-off: free %s, prefill-complete %s\n", s.FreePrefill, s.DecodePrefillComplete)
-
-	// End of stream.
-	s, _ = plans.Complete("req-1")
-	fmt.Printf("complete: free %q and %s\n", s.FreePrefill, s.FreeDecode)
-
-	_, err = plans.Complete("req-1")
-	fmt.Println(err)
-	// Output:
-	// hand-off: free req-1/prefill, prefill-complete req-1/decode
-	// complete: free "" and req-1/decode
-	// reservation: unknown plan: complete "req-1"
 }

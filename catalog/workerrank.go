@@ -1,0 +1,16 @@
+package catalog
+
+import "fmt"
+
+// WorkerRank names one KV cache: a worker and one of its data-parallel ranks.
+// Each data-parallel rank of an engine has its own cache, publishes its own
+// events and carries its own load, so the index, the ledger and the selection
+// service all key by this pair. The zero Rank is the only rank of an engine
+// without data parallelism.
+type WorkerRank struct {
+	Worker string
+	Rank   int
+}
+
+// String returns "worker/rank".
+func (w WorkerRank) String() string { return fmt.Sprintf("%s/%d", w.Worker, w.Rank) }
