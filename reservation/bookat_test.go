@@ -147,7 +147,7 @@ func TestIdleBlocksAreReusedThenSwept(t *testing.T) {
 	live, idle, _, slab := blockCounts(l)
 	require.Zero(t, live)
 	require.Equal(t, 3, idle, "freed blocks stay as idle entries")
-	require.Equal(t, 3, l.NewBlocks(w, seqs), "an idle block is not active anywhere")
+	require.Equal(t, 3, newBlocks(l, w, seqs), "an idle block is not active anywhere")
 	require.Equal(t, 3, l.AppendLoads(nil, []catalog.WorkerRank{w}, seqs)[0].NewBlocks)
 
 	// Booking the prefix again re-activates the same entries.

@@ -25,8 +25,8 @@
 // # Time
 //
 // The ledger never starts a timer and never reads the wall clock directly. Book
-// and Touch take the current time from the injected Options.Now; Expire takes the time
-// as an argument, and NextExpiry says when the earliest lease ends. The owner
+// and Touch take the current time from the injected Options.Now; Expire takes the
+// time as an argument. The owner
 // (the selection service) calls Expire from a sweeper that ticks at a fixed
 // interval (every second by default, SelectionServiceBuilder.SweepInterval).
 //
@@ -55,7 +55,7 @@
 // each stripe lists the entries that go idle and, once it has more than 2048
 // idle ones, removes those still idle together (a cost per idle entry, whatever
 // the live ones). Leases are ordered per worker rank in a B-tree by deadline, so
-// Expire and NextExpiry cost one look per worker rank plus what they settle, and
+// Expire costs one look per worker rank plus what it settles, and
 // never scan live bookings.
 //
 // Memory follows the live bookings: a booking disappears when it is settled and

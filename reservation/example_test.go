@@ -43,7 +43,8 @@ func Example() {
 	}
 	show("booked")
 	// A second request sharing the first two blocks adds only its own blocks.
-	fmt.Println("new blocks for a sibling:", ledger.NewBlocks(pod, []uint64{0xa1, 0xa2, 0xb3}))
+	sibling := ledger.AppendLoads(nil, []catalog.WorkerRank{pod}, []uint64{0xa1, 0xa2, 0xb3})
+	fmt.Println("new blocks for a sibling:", sibling[0].NewBlocks)
 
 	_ = ledger.PrefillComplete("req-1") // first response byte
 	show("prefill complete")
@@ -68,13 +69,11 @@ func ExampleLedger_Expire() {
 	_ = ledger.Book(reservation.Booking{ID: "orphan", Worker: pod, PrefillTokens: 100})
 	_ = ledger.Book(reservation.Booking{ID: "long", Worker: pod, Lease: time.Hour})
 
-	// An owner's sweeper waits until the earliest deadline, then expires.
-	next, _ := ledger.NextExpiry()
-	fmt.Println("next expiry in", next.Sub(clock.now))
-	fmt.Println("expired:", ledger.Expire(next))
+	// An owner's sweeper calls Expire every so often (the selection service:
+	// every second); a minute later the orphan's lease has passed.
+	fmt.Println("expired:", ledger.Expire(clock.now.Add(time.Minute)))
 	fmt.Printf("%+v\n", ledger.Load(pod))
 	// Output:
-	// next expiry in 1m0s
 	// expired: 1
 	// {ActivePrefillTokens:0 ActiveBlocks:0 ActiveRequests:1}
 }

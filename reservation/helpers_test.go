@@ -240,3 +240,24 @@ func checkBlocks(t testing.TB, l *Ledger, wantRefs map[ref]int32) {
 	}
 	require.Equal(t, wantRefs, gotRefs)
 }
+
+// newBlocks is AppendLoads for one worker rank: how many of seqs are not
+// active on w.
+func newBlocks(l *Ledger, w catalog.WorkerRank, seqs []uint64) int {
+	return l.AppendLoads(make([]CandidateLoad, 0, 1), []catalog.WorkerRank{w}, seqs)[0].NewBlocks
+}
+
+// nextExpiry returns the earliest lease deadline among the live bookings, and
+// false when there are none.
+func (l *Ledger) nextExpiry() (time.Time, bool) {
+	var next time.Time
+	found := false
+	for _, r := range l.rankList() {
+		r.mu.Lock()
+		if bk, ok := r.leases.Min(); ok && (!found || bk.deadline.Before(next)) {
+			next, found = bk.deadline, true
+		}
+		r.mu.Unlock()
+	}
+	return next, found
+}

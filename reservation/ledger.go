@@ -77,7 +77,7 @@ type Booking struct {
 	// reuse blocks across requests. >= 0. They count in Worker's active blocks
 	// while the booking lives but never enter the shared block index, so they
 	// cost Book and Free nothing per block. Being private, they are new on every
-	// worker rank: NewBlocks and AppendLoads count SeqHashes only, and a caller
+	// worker rank: AppendLoads counts SeqHashes only, and a caller
 	// asking how many blocks a request would add adds its private blocks itself.
 	PrivateBlocks int
 	// PrefillTokens is how many prompt tokens the worker still has to prefill
@@ -441,22 +441,6 @@ func (l *Ledger) Expire(now time.Time) int {
 		changed.notify(l.onChange)
 	}
 	return len(done)
-}
-
-// NextExpiry returns the earliest lease deadline among the live bookings, and
-// false when there are none. An owner's sweeper sleeps until then and calls
-// Expire.
-func (l *Ledger) NextExpiry() (time.Time, bool) {
-	var next time.Time
-	found := false
-	for _, r := range l.rankList() {
-		r.mu.Lock()
-		if bk, ok := r.leases.Min(); ok && (!found || bk.deadline.Before(next)) {
-			next, found = bk.deadline, true
-		}
-		r.mu.Unlock()
-	}
-	return next, found
 }
 
 // RemoveWorker frees every booking on any rank of worker (the worker was deleted)

@@ -133,7 +133,7 @@ func TestLifecycle(t *testing.T) {
 	require.Empty(t, l.Loads())
 	_, ok = l.Get("req-1")
 	require.False(t, ok)
-	_, ok = l.NextExpiry()
+	_, ok = l.nextExpiry()
 	require.False(t, ok)
 	require.Equal(t, []catalog.WorkerRank{w, w}, changes)
 	require.Equal(t, Stats{Booked: 1, PrefillCompleted: 1, Freed: 1}, l.Stats())
@@ -230,14 +230,14 @@ func TestSharedPrefixesAreRefCounted(t *testing.T) {
 	require.NoError(t, l.Book(Booking{ID: "c", Worker: v, SeqHashes: []uint64{1, 2, 3}}))
 	require.Equal(t, 4, l.Load(w).ActiveBlocks, "1 and 2 are shared on w")
 	require.Equal(t, 3, l.Load(v).ActiveBlocks, "other workers' blocks do not count")
-	require.Equal(t, 1, l.NewBlocks(w, []uint64{1, 2, 5}))
-	require.Equal(t, 1, l.NewBlocks(v, []uint64{1, 2, 4}))
+	require.Equal(t, 1, newBlocks(l, w, []uint64{1, 2, 5}))
+	require.Equal(t, 1, newBlocks(l, v, []uint64{1, 2, 4}))
 	checkInvariants(t, l)
 
 	require.NoError(t, l.Free("a"))
 	require.Equal(t, 3, l.Load(w).ActiveBlocks, "1 and 2 still held by b")
-	require.Equal(t, 1, l.NewBlocks(w, []uint64{1, 2, 3}))
-	require.Equal(t, 0, l.NewBlocks(v, []uint64{1, 2, 3}))
+	require.Equal(t, 1, newBlocks(l, w, []uint64{1, 2, 3}))
+	require.Equal(t, 0, newBlocks(l, v, []uint64{1, 2, 3}))
 	checkInvariants(t, l)
 
 	require.NoError(t, l.Free("c"))
@@ -269,8 +269,8 @@ func TestPrivateBlocks(t *testing.T) {
 	require.Equal(t, 1, r.PrivateBlocks)
 	// New blocks count hashes only: another request's private blocks are not
 	// shareable, and an empty hash list adds nothing the ledger can see.
-	require.Equal(t, 0, l.NewBlocks(w, nil))
-	require.Equal(t, 1, l.NewBlocks(w, []uint64{1, 2, 3}))
+	require.Equal(t, 0, newBlocks(l, w, nil))
+	require.Equal(t, 1, newBlocks(l, w, []uint64{1, 2, 3}))
 	got := l.AppendLoads(nil, []catalog.WorkerRank{w, v}, nil)
 	require.Equal(t, []CandidateLoad{
 		{Worker: w, Load: Load{ActiveBlocks: 132, ActiveRequests: 3}, Stamp: got[0].Stamp},
@@ -336,7 +336,7 @@ func TestNewBlocks(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, l.NewBlocks(tc.worker, tc.seqs))
+			require.Equal(t, tc.want, newBlocks(l, tc.worker, tc.seqs))
 			got := l.AppendLoads(nil, []catalog.WorkerRank{tc.worker}, tc.seqs)
 			require.Len(t, got, 1)
 			require.Equal(t, tc.want, got[0].NewBlocks)
@@ -348,13 +348,13 @@ func TestNewBlocksLargeRequest(t *testing.T) {
 	// Larger than any earlier request: the scratch set must grow.
 	l := newLedger(t, Options{Now: newFakeClock().Now})
 	w := wr("w", 0)
-	require.Equal(t, 0, l.NewBlocks(w, nil))
+	require.Equal(t, 0, newBlocks(l, w, nil))
 	seqs := make([]uint64, 5000)
 	for i := range seqs {
 		seqs[i] = uint64(i / 2) // every hash twice
 	}
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: seqs[:1000]}))
-	require.Equal(t, 2500-500, l.NewBlocks(w, seqs))
+	require.Equal(t, 2500-500, newBlocks(l, w, seqs))
 }
 
 func TestAppendLoads(t *testing.T) {
@@ -380,7 +380,7 @@ func TestAppendLoads(t *testing.T) {
 	require.NotEqual(t, stamps[0], stamps[1], "each rank has its own stamp")
 	for _, cl := range got[1:] {
 		require.Equal(t, l.Load(cl.Worker), cl.Load)
-		require.Equal(t, l.NewBlocks(cl.Worker, []uint64{1, 2, 3, 4}), cl.NewBlocks)
+		require.Equal(t, newBlocks(l, cl.Worker, []uint64{1, 2, 3, 4}), cl.NewBlocks)
 	}
 	require.Equal(t, prefix, l.AppendLoads(prefix, nil, []uint64{1}))
 	require.Equal(t, []CandidateLoad{{Worker: a, Load: l.Load(a), Stamp: stamps[0]}}, l.AppendLoads(nil, []catalog.WorkerRank{a}, nil))
@@ -402,7 +402,7 @@ func TestExpire(t *testing.T) {
 	require.NoError(t, l.Book(Booking{ID: "mid", Worker: wr("mid", 0), Lease: 5 * time.Second})) // deadline epoch+10s, ties with early
 	require.NoError(t, l.Book(Booking{ID: "keep", Worker: wr("keep", 0), Lease: time.Hour}))
 
-	next, ok := l.NextExpiry()
+	next, ok := l.nextExpiry()
 	require.True(t, ok)
 	require.Equal(t, epoch.Add(10*time.Second), next)
 
@@ -410,7 +410,7 @@ func TestExpire(t *testing.T) {
 	require.Len(t, l.Loads(), 5)
 	require.Equal(t, 2, l.Expire(epoch.Add(10*time.Second)), "a deadline equal to now expires")
 	require.Equal(t, []catalog.WorkerRank{wr("early", 0), wr("mid", 0)}, order, "ties settle in booking order")
-	next, _ = l.NextExpiry()
+	next, _ = l.nextExpiry()
 	require.Equal(t, epoch.Add(30*time.Second), next, "the default lease applies")
 	checkInvariants(t, l)
 
@@ -455,7 +455,7 @@ func TestTouch(t *testing.T) {
 	r, _ := l.Get("a")
 	require.Equal(t, epoch.Add(18*time.Second), r.Deadline)
 	require.Equal(t, epoch, r.BookedAt)
-	next, _ := l.NextExpiry()
+	next, _ := l.nextExpiry()
 	require.Equal(t, epoch.Add(15*time.Second), next, "b is now first")
 	checkInvariants(t, l)
 
@@ -504,7 +504,7 @@ func TestRemoveWorker(t *testing.T) {
 		_, ok := l.Get(id)
 		require.False(t, ok)
 	}
-	next, _ := l.NextExpiry()
+	next, _ := l.nextExpiry()
 	require.Equal(t, epoch.Add(DefaultLease), next)
 	require.Equal(t, 2, l.Expire(epoch.Add(DefaultLease)), "removed bookings left the lease tree")
 	st := l.Stats()
@@ -553,7 +553,7 @@ func TestSeqHashesAreCopied(t *testing.T) {
 	seqs := []uint64{1, 2, 3}
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: wr("w", 0), SeqHashes: seqs}))
 	seqs[0], seqs[1], seqs[2] = 7, 8, 9
-	require.Equal(t, 3, l.NewBlocks(wr("w", 0), seqs))
+	require.Equal(t, 3, newBlocks(l, wr("w", 0), seqs))
 	require.NoError(t, l.Free("a"))
 	checkInvariants(t, l)
 }

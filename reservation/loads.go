@@ -41,16 +41,8 @@ func (l *Ledger) Load(w catalog.WorkerRank) Load {
 	return r.load()
 }
 
-// NewBlocks returns how many of seqs are not active on worker rank w: the shared
-// blocks a request with these sequence hashes would add to w's active blocks. A
-// hash listed twice counts once. A request's private blocks (Booking.PrivateBlocks)
-// are not counted: they are new everywhere, so the caller adds them.
-func (l *Ledger) NewBlocks(w catalog.WorkerRank, seqs []uint64) int {
-	return l.AppendLoads(make([]CandidateLoad, 0, 1), []catalog.WorkerRank{w}, seqs)[0].NewBlocks
-}
-
 // AppendLoads appends to dst, for each of workers in order, its load, the
-// number of seqs it does not have active (as NewBlocks) and a Stamp of what was
+// number of seqs it does not have active and a Stamp of what was
 // read, and returns the extended slice. It is AppendRankLoads with one lookup
 // by name per candidate (unresolved handles).
 func (l *Ledger) AppendLoads(dst []CandidateLoad, workers []catalog.WorkerRank, seqs []uint64) []CandidateLoad {
@@ -62,7 +54,7 @@ func (l *Ledger) AppendLoads(dst []CandidateLoad, workers []catalog.WorkerRank, 
 }
 
 // AppendRankLoads appends to dst, for each of ranks in order, its load, the
-// number of seqs it does not have active (as NewBlocks) and a Stamp of what was
+// number of seqs it does not have active and a Stamp of what was
 // read, and returns the extended slice. Its cost is one pass over seqs, one
 // index lookup per distinct hash when any candidate has active blocks, one
 // increment per worker rank holding each of them, and a few atomic reads per

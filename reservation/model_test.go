@@ -302,7 +302,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			require.Equal(t, want[w], got[i].Load)
 			nb := m.newBlocks(w, probe)
 			require.Equal(t, nb, got[i].NewBlocks, "step %d (%s): new blocks of %v on %s", step, op, probe, w)
-			require.Equal(t, nb, l.NewBlocks(w, probe))
+			require.Equal(t, nb, newBlocks(l, w, probe))
 		}
 		for id, b := range m.live {
 			r, ok := l.Get(id)
@@ -313,7 +313,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			require.Equal(t, len(b.seqs), r.Blocks)
 			require.Equal(t, b.private, r.PrivateBlocks)
 		}
-		next, ok := l.NextExpiry()
+		next, ok := l.nextExpiry()
 		if ids := m.expiring(epoch.Add(100 * time.Hour)); len(ids) > 0 {
 			require.True(t, ok)
 			require.Equal(t, m.live[ids[0]].deadline, next)

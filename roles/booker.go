@@ -482,7 +482,7 @@ func (b *PairBooker) Complete(planID string) error {
 
 // Expire settles every plan whose lease has passed by the clock (an owner
 // that died mid-request) and returns how many. The owner calls it
-// periodically, for example when NextExpiry is due; nothing in the booker runs
+// periodically (the reference EPP: every second); nothing in the booker runs
 // on its own.
 func (b *PairBooker) Expire() int {
 	ss := b.plans.Expire(b.now())
@@ -491,13 +491,6 @@ func (b *PairBooker) Expire() int {
 	}
 	return len(ss)
 }
-
-// NextExpiry returns the earliest plan deadline, and false when no plan is
-// live.
-func (b *PairBooker) NextExpiry() (time.Time, bool) { return b.plans.NextExpiry() }
-
-// Live returns the number of live plans.
-func (b *PairBooker) Live() int { return b.plans.Len() }
 
 // settle carries out a settlement. The services answer unknown-reservation for
 // a booking that is already gone (its lease expired or its worker was

@@ -123,7 +123,7 @@ func requireNothingBooked(t *testing.T, b *PairBooker, legs ...*fakeLeg) {
 	for _, l := range legs {
 		require.Empty(t, l.bookedIDs(), "%s leg", l.name)
 	}
-	require.Zero(t, b.Live())
+	require.Zero(t, b.plans.Len())
 }
 
 // testCtx bounds a test that would otherwise hang on a compensation bug.
@@ -433,7 +433,7 @@ func TestCompensationQueuedPrefillTimesOut(t *testing.T) {
 	require.Equal(t, uint64(1), rs.Service(Prefill).Stats().QueueCanceled)
 	require.Zero(t, load(t, rs, Decode, "d").ActiveRequests)
 	require.Equal(t, 1, load(t, rs, Prefill, "p").ActiveRequests, "only the hog")
-	require.Zero(t, b.Live())
+	require.Zero(t, b.plans.Len())
 
 	// A full prefill queue with the decode-only fallback: booked locally.
 	opts = testOptions(ModeDisaggregated, clk)
@@ -479,7 +479,7 @@ func TestExpireSettlesPlans(t *testing.T) {
 	p2, err := b.Book(ctx, selection.Request{Tokens: toks(40, 2)})
 	require.NoError(t, err)
 	require.NoError(t, b.Handoff(p2.ID))
-	next, ok := b.NextExpiry()
+	next, ok := b.plans.NextExpiry()
 	require.True(t, ok)
 	require.Equal(t, clk.Now().Add(30*time.Second), next)
 
@@ -490,7 +490,7 @@ func TestExpireSettlesPlans(t *testing.T) {
 	require.ErrorIs(t, b.Complete(p1.ID), ErrUnknownPlan)
 	clk.Advance(30 * time.Second)
 	require.Equal(t, 1, b.Expire())
-	require.Zero(t, b.Live())
+	require.Zero(t, b.plans.Len())
 	requireIdle(t, rs)
 	require.Equal(t, int64(2), b.Stats().Plans.Expired)
 }
@@ -602,7 +602,7 @@ func runConcurrentPairBookings(t *testing.T, queueing bool, total int64) {
 	require.Greater(t, booked.Load(), total/2)
 	t.Logf("booked %d, cancelled %d, queued %d, compensated legs %d", booked.Load(), cancelled.Load(),
 		rs.Service(Prefill).Stats().Queued, b.Stats().Compensated)
-	require.Zero(t, b.Live())
+	require.Zero(t, b.plans.Len())
 	requireIdle(t, rs)
 	st := b.Stats()
 	require.Equal(t, st.Booked, st.Plans.Registered)

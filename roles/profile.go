@@ -91,12 +91,7 @@ func Profiles(base selection.Config, opts ProfileOptions) (map[Role]Profile, err
 	decode.AssumeKVReuse = false
 	decode.TrackPrefillTokens = false
 
-	// The credit the base really uses: the deprecated weight alias at 0 also
-	// zeroes the credit.
 	credit := base.OverlapScoreCredit
-	if base.OverlapScoreWeight != nil && *base.OverlapScoreWeight == 0 {
-		credit = 0
-	}
 	return map[Role]Profile{
 		Aggregated: {Role: Aggregated, Config: base},
 		Prefill:    {Role: Prefill, Config: base, MaxNumBatchedTokens: opts.PrefillMaxNumBatchedTokens},
@@ -143,9 +138,6 @@ func mergeOverride(caller, forced *selection.Override) *selection.Override {
 	}
 	if forced.TrackPrefillTokens != nil {
 		o.TrackPrefillTokens = forced.TrackPrefillTokens
-	}
-	if forced.OverlapScoreWeight != nil {
-		o.OverlapScoreWeight = forced.OverlapScoreWeight
 	}
 	return &o
 }

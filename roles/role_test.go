@@ -212,9 +212,8 @@ func TestProfiles(t *testing.T) {
 	require.True(t, *d.LocalPrefillOverride.TrackPrefillTokens)
 	require.Zero(t, d.MaxNumBatchedTokens, "no decode value: the worker's (shared) value stays")
 
-	// The deprecated weight alias at 0 also zeroes the local-prefill credit.
-	zero := 0.0
-	base.OverlapScoreWeight = &zero
+	// A base credit of 0 is the local-prefill credit too.
+	base.OverlapScoreCredit = 0
 	ps, err = Profiles(base, ProfileOptions{})
 	require.NoError(t, err)
 	require.Equal(t, 0.0, *ps[Decode].LocalPrefillOverride.OverlapScoreCredit)

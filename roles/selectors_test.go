@@ -222,14 +222,14 @@ func TestRoutingInvariant(t *testing.T) {
 						plans = append(plans, plan)
 					}
 				}
-				require.Equal(t, len(plans), b.Live())
+				require.Equal(t, len(plans), b.plans.Len())
 				for i, plan := range plans {
 					if i%2 == 0 {
 						require.NoError(t, b.Handoff(plan.ID))
 					}
 					require.NoError(t, b.Complete(plan.ID))
 				}
-				require.Zero(t, b.Live())
+				require.Zero(t, b.plans.Len())
 				requireIdle(t, rs)
 			})
 		}

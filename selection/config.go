@@ -54,8 +54,9 @@ func ParseQueuePolicy(s string) (QueuePolicy, error) {
 }
 
 // Config holds the router settings (Dynamo's KvRouterConfig fields that kvselect
-// supports). Start from DefaultConfig: several defaults are true or non-zero, so
-// the zero Config is not the default one (Build reports what is missing).
+// supports). Start from DefaultConfig (or DynamoConfig) and change fields:
+// several defaults are true or non-zero, so a Config written as a literal is
+// not the default one, and Validate (so Build) refuses it, saying so.
 type Config struct {
 	// BlockSize is the KV-cache block size in tokens shared by the engines and
 	// the index. Required, > 0.
@@ -71,10 +72,6 @@ type Config struct {
 	// DecodeActiveRequestWeight is the block-equivalent cost of each active
 	// request. In [0, MaxWeight]. Default 0.
 	DecodeActiveRequestWeight float64
-	// OverlapScoreWeight is the deprecated alias of the old single weight. When
-	// set it wins: PrefillLoadScale = w, and w == 0 also sets
-	// OverlapScoreCredit = 0. Nil when unset.
-	OverlapScoreWeight *float64
 	// HostCacheHitWeight and DiskCacheHitWeight credit lower-tier cache hits, in
 	// [0, 1]. Defaults 0.75 and 0.25.
 	HostCacheHitWeight float64
@@ -133,9 +130,12 @@ type Config struct {
 	// Used with the built-in event feed only. The zero value means the
 	// defaults (checks on).
 	FeedTrust FeedTrust
-	// IndexerThreads is accepted for compatibility with Dynamo's builder and
-	// unused: every event source applies on its own goroutine. >= 0.
-	IndexerThreads int
+
+	// fromDefaults is set by DefaultConfig and DynamoConfig: a Config written
+	// as a literal has several defaults at their zero value (UseKVEvents,
+	// TrackActiveBlocks, the weights...), which routes almost at random, so
+	// Validate refuses it.
+	fromDefaults bool
 }
 
 // Defaults that are not zero values.
@@ -143,7 +143,6 @@ const (
 	DefaultQueueLimit          = 1024
 	DefaultActiveRequestExpiry = 300 * time.Second
 	DefaultRouterTTL           = 120 * time.Second
-	DefaultIndexerThreads      = 4
 	// DefaultMaxNumBatchedTokens is the busy base of a worker that does not
 	// report max_num_batched_tokens: large enough that it is never busy.
 	DefaultMaxNumBatchedTokens = 10_000_000
@@ -190,6 +189,7 @@ func DynamoConfig(blockSize int) Config {
 		AssumeKVReuse:      true,
 		TrackPrefillTokens: true,
 		Endpoints:          catalog.EndpointPolicy{AllowHostnames: true},
+		fromDefaults:       true,
 	}
 }
 
@@ -198,6 +198,9 @@ func DynamoConfig(blockSize int) Config {
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if !c.fromDefaults {
+		bad("Config was not made by DefaultConfig(blockSize) or DynamoConfig(blockSize): start from one of them and change fields (a literal Config leaves UseKVEvents, TrackActiveBlocks, the weights and other defaults at zero)")
+	}
 	if c.BlockSize <= 0 {
 		bad("BlockSize is %d, want > 0", c.BlockSize)
 	}
@@ -214,9 +217,6 @@ func (c Config) Validate() error {
 	nonNeg("OverlapScoreCredit", c.OverlapScoreCredit)
 	nonNeg("PrefillLoadScale", c.PrefillLoadScale)
 	nonNeg("DecodeActiveRequestWeight", c.DecodeActiveRequestWeight)
-	if c.OverlapScoreWeight != nil {
-		nonNeg("OverlapScoreWeight", *c.OverlapScoreWeight)
-	}
 	unit("HostCacheHitWeight", c.HostCacheHitWeight)
 	unit("DiskCacheHitWeight", c.DiskCacheHitWeight)
 	nonNeg("Temperature", c.Temperature)
@@ -238,9 +238,6 @@ func (c Config) Validate() error {
 	if c.ActiveRequestExpiry < 0 || (c.ActiveRequestExpiry > 0 && c.ActiveRequestExpiry < time.Millisecond) {
 		bad("ActiveRequestExpiry is %v, want >= 1ms (or 0 for the default)", c.ActiveRequestExpiry)
 	}
-	if c.IndexerThreads < 0 {
-		bad("IndexerThreads is %d, want >= 0", c.IndexerThreads)
-	}
 	c.FeedTrust.validate(bad)
 	if len(errs) == 0 {
 		return nil
@@ -248,17 +245,8 @@ func (c Config) Validate() error {
 	return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
 }
 
-// normalized returns c with the deprecated alias applied and zero defaults
-// filled. c must be valid.
+// normalized returns c with zero defaults filled. c must be valid.
 func (c Config) normalized() Config {
-	if c.OverlapScoreWeight != nil {
-		w := *c.OverlapScoreWeight
-		c.PrefillLoadScale = w
-		if w == 0 {
-			c.OverlapScoreCredit = 0
-		}
-		c.OverlapScoreWeight = nil
-	}
 	if c.RouterTTL == 0 {
 		c.RouterTTL = DefaultRouterTTL
 	}
@@ -267,9 +255,6 @@ func (c Config) normalized() Config {
 	}
 	if c.ActiveRequestExpiry == 0 {
 		c.ActiveRequestExpiry = DefaultActiveRequestExpiry
-	}
-	if c.IndexerThreads == 0 {
-		c.IndexerThreads = DefaultIndexerThreads
 	}
 	return c
 }
@@ -282,9 +267,6 @@ type Override struct {
 	Temperature        *float64
 	AssumeKVReuse      *bool
 	TrackPrefillTokens *bool
-	// OverlapScoreWeight is the deprecated alias, applied as in Config (it wins
-	// over OverlapScoreCredit and PrefillLoadScale).
-	OverlapScoreWeight *float64
 }
 
 // weights are the effective per-request scoring parameters.
@@ -315,7 +297,7 @@ func (o *Override) apply(w weights) (weights, error) {
 	for _, f := range []struct {
 		name string
 		p    *float64
-	}{{"OverlapScoreCredit", o.OverlapScoreCredit}, {"PrefillLoadScale", o.PrefillLoadScale}, {"Temperature", o.Temperature}, {"OverlapScoreWeight", o.OverlapScoreWeight}} {
+	}{{"OverlapScoreCredit", o.OverlapScoreCredit}, {"PrefillLoadScale", o.PrefillLoadScale}, {"Temperature", o.Temperature}} {
 		if err := check(f.name, f.p); err != nil {
 			return w, err
 		}
@@ -325,12 +307,6 @@ func (o *Override) apply(w weights) (weights, error) {
 	}
 	if o.PrefillLoadScale != nil {
 		w.scale = *o.PrefillLoadScale
-	}
-	if o.OverlapScoreWeight != nil {
-		w.scale = *o.OverlapScoreWeight
-		if *o.OverlapScoreWeight == 0 {
-			w.credit = 0
-		}
 	}
 	if o.Temperature != nil {
 		w.temperature = *o.Temperature

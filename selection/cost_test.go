@@ -1,6 +1,7 @@
 package selection
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -107,7 +108,6 @@ func TestConfigValidation(t *testing.T) {
 	bad.DiskCacheHitWeight = neg
 	bad.Temperature = neg
 	bad.QueueThreshold = &neg
-	bad.OverlapScoreWeight = &nan
 	bad.QueueLimit = -1
 	bad.RouterTTL = -1
 	bad.ActiveRequestExpiry = -1
@@ -115,7 +115,7 @@ func TestConfigValidation(t *testing.T) {
 	err := bad.Validate()
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	for _, field := range []string{"BlockSize", "OverlapScoreCredit", "PrefillLoadScale", "HostCacheHitWeight",
-		"DiskCacheHitWeight", "Temperature", "QueueThreshold", "OverlapScoreWeight", "QueueLimit", "RouterTTL",
+		"DiskCacheHitWeight", "Temperature", "QueueThreshold", "QueueLimit", "RouterTTL",
 		"ActiveRequestExpiry", "QueuePolicy"} {
 		require.ErrorContains(t, err, field)
 	}
@@ -134,28 +134,23 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
-func TestDeprecatedOverlapScoreWeight(t *testing.T) {
-	w := 3.0
-	c := DynamoConfig(16)
-	c.PrefillLoadScale = 9
-	c.OverlapScoreWeight = &w
-	n := c.normalized()
-	require.Equal(t, 3.0, n.PrefillLoadScale)
-	require.Equal(t, 1.0, n.OverlapScoreCredit)
-	zero := 0.0
-	c.OverlapScoreWeight = &zero
-	n = c.normalized()
-	require.Equal(t, 0.0, n.PrefillLoadScale)
-	require.Equal(t, 0.0, n.OverlapScoreCredit)
-
-	// The same rule per request.
-	o := &Override{OverlapScoreWeight: &zero, PrefillLoadScale: &w}
-	got, err := o.apply(DynamoConfig(16).weights())
-	require.NoError(t, err)
-	require.Equal(t, 0.0, got.scale)
-	require.Equal(t, 0.0, got.credit)
-	_, err = (&Override{Temperature: &neg1}).apply(DynamoConfig(16).weights())
+func TestOverrideRejectsBadWeights(t *testing.T) {
+	_, err := (&Override{Temperature: &neg1}).apply(DynamoConfig(16).weights())
 	require.ErrorIs(t, err, ErrBadRequest)
+}
+
+// A Config written as a literal routes almost at random (no KV events, no
+// weights): Validate refuses it and says where to start.
+func TestLiteralConfigRefused(t *testing.T) {
+	err := Config{BlockSize: 16}.Validate()
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.ErrorContains(t, err, "DefaultConfig(blockSize)")
+	_, err = NewSelectionServiceBuilder(Config{BlockSize: 16}).Build(context.Background())
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	var zero Config
+	require.ErrorContains(t, zero.Validate(), "DefaultConfig(blockSize)")
+	require.NoError(t, DefaultConfig(16).Validate())
+	require.NoError(t, DynamoConfig(16).Validate())
 }
 
 var neg1 = -1.0

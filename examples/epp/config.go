@@ -185,13 +185,17 @@ func (c *config) settings() []setting {
 		{env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", flag: "overlap-score-credit", def: "4", help: "prefill blocks saved per cached device block (>= 0; Dynamo's default is 1)", parse: floatMin(&r.OverlapScoreCredit, 0)},
 		{env: "DYN_ROUTER_PREFILL_LOAD_SCALE", flag: "prefill-load-scale", def: "2.5", help: "weight of the prefill term (>= 0; Dynamo's default is 1)", parse: floatMin(&r.PrefillLoadScale, 0)},
 		{env: "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT", flag: "decode-active-request-weight", def: "0", help: "block-equivalent cost per active request (>= 0)", parse: floatMin(&r.DecodeActiveRequestWeight, 0)},
+		// After the two weights, so that the deprecated alias wins over them.
 		{env: "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT", aliases: []string{"DYN_OVERLAP_SCORE_WEIGHT"}, flag: "overlap-score-weight", help: "deprecated: sets prefill-load-scale (and credit 0 when 0)",
 			parse: func(c *config, v string) error {
 				var w float64
 				if err := floatMin(&w, 0)(c, v); err != nil {
 					return err
 				}
-				c.Router.OverlapScoreWeight = &w
+				c.Router.PrefillLoadScale = w
+				if w == 0 {
+					c.Router.OverlapScoreCredit = 0
+				}
 				return nil
 			}},
 		{env: "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT", flag: "host-cache-hit-weight", def: "0.75", help: "credit of host-tier hits [0, 1]", parse: floatMin(&r.HostCacheHitWeight, 0)},

@@ -77,7 +77,8 @@ func TestConfigFromEnvAndFlags(t *testing.T) {
 	require.Equal(t, 32, c.Router.BlockSize)
 	require.Equal(t, 0.0, c.Router.Temperature)
 	require.Equal(t, 2.5, *c.Router.QueueThreshold)
-	require.Equal(t, 0.0, *c.Router.OverlapScoreWeight, "alias read")
+	require.Zero(t, c.Router.PrefillLoadScale, "deprecated alias read: it sets the prefill scale")
+	require.Zero(t, c.Router.OverlapScoreCredit, "deprecated alias at 0 zeroes the credit")
 	require.False(t, c.Router.UseKVEvents, "alias read")
 	require.Equal(t, selection.QueueWSPT, c.Router.QueuePolicy)
 	require.Equal(t, 250*time.Millisecond, c.TokenizerTimeout)
@@ -152,4 +153,17 @@ func TestConfigRefusesValuesThatWouldBeSilentlyChanged(t *testing.T) {
 		}
 		require.Error(t, err, env)
 	}
+}
+
+// The deprecated single weight wins over the prefill scale and keeps the credit
+// unless it is 0 (Dynamo's rule), whatever the order of the variables.
+func TestDeprecatedOverlapScoreWeight(t *testing.T) {
+	c, err := load(t, map[string]string{"DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT": "3", "DYN_ROUTER_PREFILL_LOAD_SCALE": "9"})
+	require.NoError(t, err)
+	require.Equal(t, 3.0, c.Router.PrefillLoadScale)
+	require.Equal(t, selection.DefaultOverlapScoreCredit, c.Router.OverlapScoreCredit)
+	c, err = load(t, map[string]string{"DYN_ROUTER_PREFILL_LOAD_SCALE": "9"}, "--overlap-score-weight", "0")
+	require.NoError(t, err)
+	require.Zero(t, c.Router.PrefillLoadScale)
+	require.Zero(t, c.Router.OverlapScoreCredit)
 }

@@ -126,7 +126,6 @@ func runDemo(ctx context.Context, cfg *config, o demoOptions, out io.Writer) err
 	dynamo := *cfg
 	d := selection.DynamoConfig(cfg.Router.BlockSize)
 	dynamo.Router.OverlapScoreCredit, dynamo.Router.PrefillLoadScale = d.OverlapScoreCredit, d.PrefillLoadScale
-	dynamo.Router.OverlapScoreWeight = nil
 	runs := []struct {
 		name   string
 		cfg    *config

@@ -93,7 +93,7 @@ func TestDisaggregatedRouting(t *testing.T) {
 		require.Equal(t, "prefill", role[d.Prefiller], "prefiller %s", d.Prefiller)
 		require.Equal(t, d.Destination, d.MetadataDestination)
 	}
-	require.Eventually(t, func() bool { return e.pairs.Live() == 0 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return e.pairs.Stats().Plans.Active == 0 }, 5*time.Second, time.Millisecond)
 	for _, r := range []roles.Role{roles.Prefill, roles.Decode} {
 		for _, l := range e.rs.Service(r).Loads(demoModel) {
 			require.Zero(t, l.ActiveRequests, "%v %+v", r, l)

@@ -187,9 +187,6 @@ func (k *kvRouter) explainDecision(scored []selection.Scored, chosenID string) {
 	e.Missed++
 	e.MissedBlocks += int64(best.Overlap.Device - chosen.Overlap.Device)
 	scale, reqW := k.cfg.PrefillLoadScale, k.cfg.DecodeActiveRequestWeight
-	if w := k.cfg.OverlapScoreWeight; w != nil { // the deprecated alias wins, as in selection
-		scale = *w
-	}
 	newBlocks := func(s *selection.Scored) int { return s.PotentialDecodeBlock - s.ActiveBlocks }
 	active := float64(chosen.ActiveBlocks - best.ActiveBlocks)
 	fresh := float64(newBlocks(chosen) - newBlocks(best))
