@@ -18,13 +18,12 @@ func benchWorkers(n int) []Worker {
 
 func benchCatalog(b *testing.B, n int) (*Catalog, []Worker) {
 	b.Helper()
-	c, err := New(Options{Requirements: Requirements{KVEvents: true, Queueing: true}})
-	if err != nil {
-		b.Fatal(err)
-	}
+	c := New(Options{Requirements: Requirements{KVEvents: true, Queueing: true}})
 	ws := benchWorkers(n)
-	if _, err := c.Sync(ws); err != nil {
-		b.Fatal(err)
+	for _, w := range ws {
+		if _, err := c.Upsert(w); err != nil {
+			b.Fatal(err)
+		}
 	}
 	return c, ws
 }
@@ -34,7 +33,7 @@ func BenchmarkUpsert(b *testing.B) {
 		c, ws := benchCatalog(b, 64)
 		b.ReportAllocs()
 		for i := 0; b.Loop(); i++ {
-			if _, _, err := c.Upsert(ws[i%len(ws)]); err != nil {
+			if _, err := c.Upsert(ws[i%len(ws)]); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -45,7 +44,7 @@ func BenchmarkUpsert(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
 			w := ws[i%len(ws)]
 			w.TotalKVBlocks = i
-			if _, _, err := c.Upsert(w); err != nil {
+			if _, err := c.Upsert(w); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -66,32 +65,16 @@ func BenchmarkSchedulable(b *testing.B) {
 	}
 }
 
-func BenchmarkAppendTargets(b *testing.B) {
-	for _, n := range []int{8, 64, 512} {
-		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
-			c, _ := benchCatalog(b, n)
-			var buf []Target
-			b.ReportAllocs()
-			for b.Loop() {
-				buf = c.AppendTargets(buf[:0], "llama")
-				if len(buf) != n {
-					b.Fatal("wrong count")
-				}
-			}
-		})
-	}
-}
-
-// BenchmarkSyncConverged is a discovery loop's steady state: the desired set
-// equals the catalog.
-func BenchmarkSyncConverged(b *testing.B) {
+// BenchmarkReconcileConverged is a discovery loop's steady state: the desired
+// set equals the catalog.
+func BenchmarkReconcileConverged(b *testing.B) {
 	for _, n := range []int{64, 512} {
 		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
 			c, ws := benchCatalog(b, n)
 			b.ReportAllocs()
 			for b.Loop() {
-				p, err := c.Sync(ws)
-				if err != nil || !p.Empty() {
+				p, err := Reconcile(c.List(), ws)
+				if err != nil || len(p.Upserts)+len(p.Deletes) != 0 {
 					b.Fatal(err, p)
 				}
 			}

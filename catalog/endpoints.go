@@ -10,8 +10,9 @@ import (
 // events read from. Discovery hands the catalog whatever the cluster says; an
 // address the gateway cannot or must not reach (a hostname it cannot resolve
 // the same way, a link-local or cloud metadata address, a broadcast or
-// multicast group, a local socket file) must not become a route, and Evaluate
-// says so by name. The zero value is the safe default.
+// multicast group, a local socket file) must not become a route, and the
+// catalog says so by name (see Requirements). The zero value is the safe
+// default.
 type EndpointPolicy struct {
 	// AllowHostnames accepts endpoints that name a host instead of an IP
 	// literal (ReasonEndpointHostname otherwise). Routing then depends on the
@@ -27,7 +28,7 @@ type EndpointPolicy struct {
 }
 
 // Reasons for an address the policy refuses; a KV-event endpoint's carry its
-// rank (ForRank), the replay endpoint's the suffix ":replay".
+// rank (":rank=N"), the replay endpoint's the suffix ":replay".
 const (
 	// ReasonEndpointHostname: the endpoint names a host, not an IP address.
 	ReasonEndpointHostname Reason = "endpoint_hostname"

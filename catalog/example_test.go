@@ -7,14 +7,12 @@ import (
 )
 
 // Reconcile a desired set of workers (as discovery produces them) into a
-// catalog and print each record's lifecycle.
+// catalog: plan, apply the deletes and then the upserts, and print each
+// record's lifecycle.
 func Example() {
-	cat, err := catalog.New(catalog.Options{
+	cat := catalog.New(catalog.Options{
 		Requirements: catalog.Requirements{KVEvents: true, Queueing: true},
 	})
-	if err != nil {
-		panic(err)
-	}
 	desired := []catalog.Worker{
 		{
 			ID: "ns/vllm-0", Model: "llama", Endpoint: "10.0.0.5:8000",
@@ -33,8 +31,15 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	if _, err := cat.Apply(plan); err != nil {
-		panic(err)
+	for _, id := range plan.Deletes {
+		if _, err := cat.Delete(id); err != nil {
+			panic(err)
+		}
+	}
+	for _, w := range plan.Upserts {
+		if _, err := cat.Upsert(w); err != nil {
+			panic(err)
+		}
 	}
 	for _, inv := range plan.Invalid {
 		fmt.Println("skipped", inv.ID)
@@ -54,14 +59,14 @@ func Example() {
 func ExampleCatalog_SetDraining() {
 	var cat catalog.Catalog // the zero value: no KV events, no queueing
 	w := catalog.Worker{ID: "w", Endpoint: "10.0.0.5:8000", DPSize: 1, BlockSize: 16}
-	_, ch, _ := cat.Upsert(w)
-	fmt.Println(ch)
-	r, _ := cat.SetDraining("w", true)
+	r, _ := cat.Upsert(w)
+	fmt.Println(r.Lifecycle, r.Reasons)
+	r, _ = cat.SetDraining("w", true)
 	fmt.Println(r.Lifecycle, r.Reasons)
 	r, _ = cat.Delete("w")
-	fmt.Println(r.Lifecycle, r.Reasons, cat.Len())
+	fmt.Println(r.Lifecycle, r.Reasons, len(cat.List()))
 	// Output:
-	// added schedulable
+	// schedulable []
 	// draining [draining]
 	// unschedulable [deleted] 0
 }

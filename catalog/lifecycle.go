@@ -1,10 +1,6 @@
 package catalog
 
-import (
-	"fmt"
-	"strconv"
-	"strings"
-)
+import "strconv"
 
 // Lifecycle is where a record stands with respect to routing. Only Schedulable
 // records receive new requests. The zero value is not a lifecycle (String
@@ -20,9 +16,8 @@ const (
 	// Draining: an operator or the caller took the worker out of rotation
 	// (SetDraining); requests already booked on it run to completion.
 	Draining
-	// Unschedulable: the worker was deleted. Only the record returned by
-	// Delete (and passed to OnChange) carries it; the catalog no longer holds
-	// the worker.
+	// Unschedulable: the worker was deleted. Only the record Delete returns
+	// carries it; the catalog no longer holds the worker.
 	Unschedulable
 )
 
@@ -48,12 +43,13 @@ func (l Lifecycle) String() string {
 // MarshalText encodes the lifecycle as its String, for JSON and logs.
 func (l Lifecycle) MarshalText() ([]byte, error) { return []byte(l.String()), nil }
 
-// Reason names why a record is not Schedulable. Reasons are stable strings,
-// fit for logs, status pages and metric labels (use Code for labels: it drops
-// the rank).
+// Reason names why a record is not Schedulable. Reasons are stable strings, fit
+// for logs and status pages.
 //
 // A reason that concerns one data-parallel rank carries it after the code,
-// "kv_event_endpoint_missing:rank=3" (see ForRank); Code and Rank take it apart.
+// "kv_event_endpoint_missing:rank=3"; one about the replay endpoint carries
+// ":replay". No code contains a colon, so the text before the first one is the
+// code, fit for a metric label.
 type Reason string
 
 // The reasons a record may carry.
@@ -62,37 +58,35 @@ const (
 	ReasonNoBlockSize     Reason = "block_size_missing"
 	ReasonNoDPSize        Reason = "dp_size_zero"
 	ReasonNoMaxBatched    Reason = "max_num_batched_tokens_missing"
-	ReasonNoEventEndpoint Reason = "kv_event_endpoint_missing" // always per rank: ReasonNoEventEndpoint.ForRank(r)
+	ReasonNoEventEndpoint Reason = "kv_event_endpoint_missing" // always with its rank: "kv_event_endpoint_missing:rank=N"
 	ReasonDraining        Reason = "draining"
 	ReasonDeleted         Reason = "deleted"
 )
 
-const rankSep = ":rank="
-
-// ForRank returns the reason r for one data-parallel rank: "code:rank=N".
-func (r Reason) ForRank(rank int) Reason {
-	return Reason(string(r.Code()) + rankSep + strconv.Itoa(rank))
-}
-
-// Code returns the reason without its rank, to compare with the constants.
-func (r Reason) Code() Reason {
-	code, _, _ := strings.Cut(string(r), rankSep)
-	return Reason(code)
-}
-
-// Rank returns the data-parallel rank the reason is about, if any.
-func (r Reason) Rank() (int, bool) {
-	_, s, ok := strings.Cut(string(r), rankSep)
-	if !ok {
-		return 0, false
-	}
-	n, err := strconv.Atoi(s)
-	return n, err == nil
+// forRank returns the reason r about one data-parallel rank: "code:rank=N".
+func (r Reason) forRank(rank int) Reason {
+	return r + ":rank=" + Reason(strconv.Itoa(rank))
 }
 
 // Requirements are what the service needs from a worker before it may route to
 // it; they are fixed for a Catalog (a prefill and a decode catalog of one pool
 // differ here).
+//
+// Under Requirements a worker is Schedulable, or Incomplete with a Reason for
+// every problem, in this order:
+//
+//   - ReasonNoEndpoint for an empty Endpoint, or the reason Endpoints refuses
+//     it for;
+//   - ReasonNoBlockSize (BlockSize <= 0);
+//   - ReasonNoDPSize (DPSize <= 0);
+//   - ReasonNoMaxBatched (Queueing, and MaxNumBatchedTokens <= 0);
+//   - with KVEvents, for each rank in ascending order: ReasonNoEventEndpoint
+//     if the rank has no non-empty event endpoint, or the reason Endpoints
+//     refuses that endpoint for, either with ":rank=N" appended;
+//   - the reason Endpoints refuses ReplayEndpoint for, with ":replay" appended.
+//
+// Endpoints refuses an address with ReasonEndpointHostname,
+// ReasonEndpointNotRoutable or ReasonEventEndpointScheme.
 type Requirements struct {
 	// KVEvents: the service indexes KV events, so every rank needs an event
 	// endpoint.
@@ -105,27 +99,14 @@ type Requirements struct {
 	Endpoints EndpointPolicy
 }
 
-// String renders the requirements for logs, e.g. "kv_events=true queueing=false".
-func (r Requirements) String() string {
-	return fmt.Sprintf("kv_events=%t queueing=%t", r.KVEvents, r.Queueing)
-}
-
-// Evaluate decides whether w can be routed to under req, ignoring draining and
-// deletion (which only the Catalog knows). It returns Schedulable and no
-// reasons, or Incomplete and every missing piece, in this order:
-// ReasonNoEndpoint (empty Endpoint), ReasonNoBlockSize (BlockSize <= 0),
-// ReasonNoDPSize (DPSize <= 0), ReasonNoMaxBatched (queueing on and
-// MaxNumBatchedTokens <= 0), then ReasonNoEventEndpoint.ForRank(r) for each
-// rank r, ascending, without a non-empty event endpoint (events on). An
-// endpoint that req.Endpoints refuses adds its reason (ReasonEndpointHostname,
-// ReasonEndpointNotRoutable, ReasonEventEndpointScheme): for the worker's
-// endpoint as it is, for a rank's event endpoint ForRank(r) (events on), for
-// the replay endpoint with the suffix ":replay".
+// evaluate decides whether w can be routed to under req, ignoring draining
+// and deletion (which only the Catalog knows): Schedulable and no reasons, or
+// Incomplete and the reasons in the order Requirements documents.
 //
-// Evaluate is a pure function. It expects a worker that passes Validate; for
-// any other worker it still returns without panicking, but the result means
+// It is a pure function. It expects a worker that passes Validate; for any
+// other worker it still returns without panicking, but the result means
 // little.
-func Evaluate(w Worker, req Requirements) (Lifecycle, []Reason) {
+func evaluate(w Worker, req Requirements) (Lifecycle, []Reason) {
 	var reasons []Reason
 	if w.Endpoint == "" {
 		reasons = append(reasons, ReasonNoEndpoint)
@@ -146,9 +127,9 @@ func Evaluate(w Worker, req Requirements) (Lifecycle, []Reason) {
 			rank := w.DPStart + i
 			ep := w.KVEventEndpoints[rank]
 			if ep == "" {
-				reasons = append(reasons, ReasonNoEventEndpoint.ForRank(rank))
+				reasons = append(reasons, ReasonNoEventEndpoint.forRank(rank))
 			} else if r := req.Endpoints.zmqProblem(ep); r != "" {
-				reasons = append(reasons, r.ForRank(rank))
+				reasons = append(reasons, r.forRank(rank))
 			}
 		}
 	}

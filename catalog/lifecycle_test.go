@@ -29,11 +29,11 @@ func TestEvaluate(t *testing.T) {
 		{"no max batched, queueing on", func(w *Worker) { w.MaxNumBatchedTokens = 0 }, queue, []Reason{ReasonNoMaxBatched}},
 		{"no event endpoint, events off", func(w *Worker) { w.KVEventEndpoints = nil }, queue, nil},
 		{"no event endpoint, events on", func(w *Worker) { w.KVEventEndpoints = nil }, events, []Reason{"kv_event_endpoint_missing:rank=0"}},
-		{"empty event endpoint counts as missing", func(w *Worker) { w.KVEventEndpoints = map[int]string{0: ""} }, events, []Reason{ReasonNoEventEndpoint.ForRank(0)}},
+		{"empty event endpoint counts as missing", func(w *Worker) { w.KVEventEndpoints = map[int]string{0: ""} }, events, []Reason{ReasonNoEventEndpoint.forRank(0)}},
 		{"multi-rank, one rank missing", func(w *Worker) {
 			w.DPStart, w.DPSize = 8, 4
 			w.KVEventEndpoints = map[int]string{8: "tcp://10.9.9.9:1", 9: "tcp://10.9.9.9:2", 11: "tcp://10.9.9.9:4"}
-		}, events, []Reason{ReasonNoEventEndpoint.ForRank(10)}},
+		}, events, []Reason{ReasonNoEventEndpoint.forRank(10)}},
 		{"multi-rank, all present", func(w *Worker) {
 			w.DPStart, w.DPSize = 8, 2
 			w.KVEventEndpoints = map[int]string{8: "tcp://10.9.9.9:1", 9: "tcp://10.9.9.9:2"}
@@ -42,14 +42,14 @@ func TestEvaluate(t *testing.T) {
 			[]Reason{ReasonNoEndpoint, ReasonNoBlockSize, ReasonNoDPSize, ReasonNoMaxBatched}},
 		{"everything but dp missing, ranks ascending", func(w *Worker) { *w = Worker{ID: "a", DPStart: 2, DPSize: 3} }, both,
 			[]Reason{ReasonNoEndpoint, ReasonNoBlockSize, ReasonNoMaxBatched,
-				ReasonNoEventEndpoint.ForRank(2), ReasonNoEventEndpoint.ForRank(3), ReasonNoEventEndpoint.ForRank(4)}},
+				ReasonNoEventEndpoint.forRank(2), ReasonNoEventEndpoint.forRank(3), ReasonNoEventEndpoint.forRank(4)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			w := complete("a")
 			tt.mutate(&w)
 			require.NoError(t, w.Validate(), "the table holds valid workers only")
-			life, reasons := Evaluate(w, tt.req)
+			life, reasons := evaluate(w, tt.req)
 			if tt.want == nil {
 				require.Equal(t, Schedulable, life)
 				require.Nil(t, reasons)
@@ -62,20 +62,8 @@ func TestEvaluate(t *testing.T) {
 }
 
 func TestReason(t *testing.T) {
-	r := ReasonNoEventEndpoint.ForRank(3)
-	require.Equal(t, Reason("kv_event_endpoint_missing:rank=3"), r)
-	require.Equal(t, ReasonNoEventEndpoint, r.Code())
-	rank, ok := r.Rank()
-	require.True(t, ok)
-	require.Equal(t, 3, rank)
-	require.Equal(t, r, r.ForRank(3), "ForRank replaces a rank")
-	require.Equal(t, ReasonNoEventEndpoint.ForRank(5), r.ForRank(5))
-
-	require.Equal(t, ReasonNoEndpoint, ReasonNoEndpoint.Code())
-	_, ok = ReasonNoEndpoint.Rank()
-	require.False(t, ok)
-	_, ok = Reason("x:rank=y").Rank()
-	require.False(t, ok)
+	require.Equal(t, Reason("kv_event_endpoint_missing:rank=3"), ReasonNoEventEndpoint.forRank(3))
+	require.Equal(t, Reason("kv_event_endpoint_scheme:rank=0"), ReasonEventEndpointScheme.forRank(0))
 }
 
 func TestLifecycleString(t *testing.T) {
@@ -88,7 +76,6 @@ func TestLifecycleString(t *testing.T) {
 	b, err := json.Marshal(map[string]Lifecycle{"l": Draining})
 	require.NoError(t, err)
 	require.JSONEq(t, `{"l":"draining"}`, string(b))
-	require.Equal(t, "kv_events=true queueing=false", Requirements{KVEvents: true}.String())
 }
 
 func TestEvaluateEndpointPolicy(t *testing.T) {
@@ -111,7 +98,7 @@ func TestEvaluateEndpointPolicy(t *testing.T) {
 		"[fe80::1]:8000":            {ReasonEndpointNotRoutable},
 		"[::ffff:169.254.1.1]:8000": {ReasonEndpointNotRoutable},
 	} {
-		life, reasons := Evaluate(ok(ep), ev)
+		life, reasons := evaluate(ok(ep), ev)
 		require.Equal(t, want, reasons, ep)
 		require.Equal(t, len(want) == 0, life == Schedulable, ep)
 	}
@@ -119,13 +106,13 @@ func TestEvaluateEndpointPolicy(t *testing.T) {
 	w := ok("10.0.0.5:8000")
 	w.KVEventEndpoints = map[int]string{0: "ipc:///etc/passwd"}
 	w.ReplayEndpoint = "tcp://169.254.169.254:5558"
-	_, reasons := Evaluate(w, ev)
-	require.Equal(t, []Reason{ReasonEventEndpointScheme.ForRank(0), ReasonEndpointNotRoutable + ":replay"}, reasons)
+	_, reasons := evaluate(w, ev)
+	require.Equal(t, []Reason{ReasonEventEndpointScheme.forRank(0), ReasonEndpointNotRoutable + ":replay"}, reasons)
 	// An allowlist and the switches lift the refusals.
 	lax := Requirements{KVEvents: true, Endpoints: EndpointPolicy{AllowHostnames: true, AllowIPC: true,
 		Allow: []netip.Prefix{netip.MustParsePrefix("169.254.0.0/16")}}}
-	life, reasons := Evaluate(w, lax)
+	life, reasons := evaluate(w, lax)
 	require.Equal(t, Schedulable, life, reasons)
-	life, _ = Evaluate(ok("vllm-0:8000"), lax)
+	life, _ = evaluate(ok("vllm-0:8000"), lax)
 	require.Equal(t, Schedulable, life)
 }

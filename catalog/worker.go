@@ -16,7 +16,7 @@ const DefaultModel = "default"
 
 // MaxDPSize bounds Worker.DPSize. Real deployments use a few dozen
 // data-parallel ranks at most; the bound keeps a typo (or a hostile input) from
-// making Ranks or Evaluate allocate without limit.
+// making Ranks or the catalog allocate without limit.
 const MaxDPSize = 4096
 
 // Sentinel errors. Functions wrap them with context; test with errors.Is.
@@ -28,8 +28,6 @@ var (
 	ErrNotFound = errors.New("catalog: worker not found")
 	// ErrDuplicateID reports a desired set that names one id more than once.
 	ErrDuplicateID = errors.New("catalog: duplicate worker id")
-	// ErrInvalidOptions reports Options that fail validation.
-	ErrInvalidOptions = errors.New("catalog: invalid options")
 )
 
 // Worker describes one inference engine: where it serves requests, where it
@@ -40,7 +38,7 @@ var (
 // Catalog never keeps or returns a caller's maps: it stores and returns clones.
 //
 // A zero field means "not known"; whether a missing value prevents routing is
-// decided by Evaluate, not by Validate. In particular DPSize 0 is not
+// decided by the catalog's Requirements, not by Validate. In particular DPSize 0 is not
 // defaulted to 1: such a worker is Incomplete with ReasonNoDPSize (Dynamo's
 // "dp_size 0" rule). A worker without data parallelism sets DPStart 0 and
 // DPSize 1.
@@ -80,13 +78,13 @@ type Worker struct {
 	Identity string
 }
 
-// ModelName returns the worker's partition: Model, or DefaultModel when Model
-// is empty.
-func (w Worker) ModelName() string {
-	if w.Model == "" {
+// modelName returns the partition a model name stands for: model, or
+// DefaultModel when model is empty.
+func modelName(model string) string {
+	if model == "" {
 		return DefaultModel
 	}
-	return w.Model
+	return model
 }
 
 // Ranks returns the worker's global data-parallel ranks in ascending order, or
@@ -104,8 +102,8 @@ func (w Worker) Ranks() []int {
 	return ranks
 }
 
-// HasRank reports whether rank is one of the worker's data-parallel ranks.
-func (w Worker) HasRank(rank int) bool {
+// hasRank reports whether rank is one of the worker's data-parallel ranks.
+func (w Worker) hasRank(rank int) bool {
 	return w.DPSize > 0 && rank >= w.DPStart && rank-w.DPStart < w.DPSize
 }
 
@@ -113,7 +111,7 @@ func (w Worker) HasRank(rank int) bool {
 // reports false when rank is not one of the worker's ranks or has no non-empty
 // endpoint.
 func (w Worker) EventEndpoint(rank int) (string, bool) {
-	if !w.HasRank(rank) {
+	if !w.hasRank(rank) {
 		return "", false
 	}
 	ep := w.KVEventEndpoints[rank]
@@ -137,10 +135,9 @@ func cloneMap[K comparable, V any](m map[K]V) map[K]V {
 }
 
 // Equal reports whether w and o describe the same worker: every field is equal,
-// models are compared by ModelName (so "" equals DefaultModel), and a nil map
-// equals an empty one.
+// an empty Model equals DefaultModel, and a nil map equals an empty one.
 func (w Worker) Equal(o Worker) bool {
-	return w.ID == o.ID && w.ModelName() == o.ModelName() && w.Endpoint == o.Endpoint &&
+	return w.ID == o.ID && modelName(w.Model) == modelName(o.Model) && w.Endpoint == o.Endpoint &&
 		w.DPStart == o.DPStart && w.DPSize == o.DPSize &&
 		w.ReplayEndpoint == o.ReplayEndpoint && w.BlockSize == o.BlockSize &&
 		w.TotalKVBlocks == o.TotalKVBlocks && w.MaxNumBatchedTokens == o.MaxNumBatchedTokens &&
@@ -152,12 +149,12 @@ func (w Worker) Equal(o Worker) bool {
 // catalog stores.
 func (w Worker) normalized() Worker {
 	c := w.Clone()
-	c.Model = w.ModelName()
+	c.Model = modelName(w.Model)
 	return c
 }
 
 // Validate reports input that is plainly malformed, as opposed to information
-// that is merely missing (which Evaluate reports as reasons). It returns nil or
+// that is merely missing (which the catalog reports as reasons). It returns nil or
 // an error wrapping ErrInvalidWorker that lists every problem:
 //
 //   - an empty ID;
@@ -169,8 +166,8 @@ func (w Worker) normalized() Worker {
 //   - a non-empty KV-event or replay endpoint that is not tcp://host:port or
 //     ipc://path;
 //   - a KV-event endpoint keyed by a rank outside DPStart .. DPStart+DPSize-1
-//     (not checked while DPSize is 0: the ranks are then unknown, and Evaluate
-//     reports ReasonNoDPSize).
+//     (not checked while DPSize is 0: the ranks are then unknown, and the
+//     catalog reports ReasonNoDPSize).
 func (w Worker) Validate() error {
 	var problems []string
 	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
@@ -194,7 +191,7 @@ func (w Worker) Validate() error {
 			add("%s %d is negative", f.name, f.v)
 		}
 	}
-	// With DPSize 0 the ranks are unknown (Evaluate reports ReasonNoDPSize), so
+	// With DPSize 0 the ranks are unknown (the catalog reports ReasonNoDPSize), so
 	// event endpoint keys cannot be judged yet.
 	rangeOK := w.DPStart >= 0 && w.DPSize > 0
 	if w.DPSize > MaxDPSize {
@@ -207,7 +204,7 @@ func (w Worker) Validate() error {
 	}
 	eventsOK := true
 	for rank, ep := range w.KVEventEndpoints { // fast path: no allocation
-		if (rangeOK && !w.HasRank(rank)) || (ep != "" && checkZMQEndpoint(ep) != nil) {
+		if (rangeOK && !w.hasRank(rank)) || (ep != "" && checkZMQEndpoint(ep) != nil) {
 			eventsOK = false
 			break
 		}
@@ -215,7 +212,7 @@ func (w Worker) Validate() error {
 	if !eventsOK { // report the problems in rank order
 		for _, rank := range slices.Sorted(maps.Keys(w.KVEventEndpoints)) {
 			ep := w.KVEventEndpoints[rank]
-			if rangeOK && !w.HasRank(rank) {
+			if rangeOK && !w.hasRank(rank) {
 				add("kv event endpoint for rank %d outside ranks %s", rank, rankRange(w.DPStart, w.DPSize))
 			}
 			if ep != "" {

@@ -96,10 +96,10 @@ func TestValidate(t *testing.T) {
 func TestWorkerRanks(t *testing.T) {
 	w := Worker{ID: "a", DPStart: 4, DPSize: 3, KVEventEndpoints: map[int]string{4: "tcp://h:1", 5: "", 6: "tcp://h:3"}}
 	require.Equal(t, []int{4, 5, 6}, w.Ranks())
-	require.True(t, w.HasRank(4))
-	require.True(t, w.HasRank(6))
-	require.False(t, w.HasRank(3))
-	require.False(t, w.HasRank(7))
+	require.True(t, w.hasRank(4))
+	require.True(t, w.hasRank(6))
+	require.False(t, w.hasRank(3))
+	require.False(t, w.hasRank(7))
 
 	ep, ok := w.EventEndpoint(4)
 	require.True(t, ok)
@@ -112,7 +112,7 @@ func TestWorkerRanks(t *testing.T) {
 	require.Nil(t, Worker{DPSize: 0}.Ranks())
 	require.Nil(t, Worker{DPSize: -1}.Ranks())
 	require.Len(t, Worker{DPSize: 1 << 40}.Ranks(), MaxDPSize, "clamped")
-	require.False(t, Worker{DPStart: 0, DPSize: 0}.HasRank(0))
+	require.False(t, Worker{DPStart: 0, DPSize: 0}.hasRank(0))
 }
 
 func TestWorkerCloneAndEqual(t *testing.T) {
@@ -132,8 +132,8 @@ func TestWorkerCloneAndEqual(t *testing.T) {
 	b := Worker{ID: "x", Model: DefaultModel}
 	require.True(t, a.Equal(b))
 	require.Nil(t, a.Clone().Labels)
-	require.Equal(t, DefaultModel, a.ModelName())
-	require.Equal(t, "m", Worker{Model: "m"}.ModelName())
+	require.Equal(t, DefaultModel, modelName(a.Model))
+	require.Equal(t, "m", modelName("m"))
 
 	// Every field takes part in Equal.
 	fields := []func(*Worker){
@@ -167,7 +167,7 @@ func FuzzValidate(f *testing.F) {
 		w := Worker{ID: id, Endpoint: endpoint, DPStart: start, DPSize: size,
 			KVEventEndpoints: map[int]string{rank: evEP}, ReplayEndpoint: replay, BlockSize: bs}
 		err := w.Validate()
-		life, reasons := Evaluate(w, Requirements{KVEvents: true, Queueing: true})
+		life, reasons := evaluate(w, Requirements{KVEvents: true, Queueing: true})
 		require.True(t, life == Incomplete || life == Schedulable)
 		require.Equal(t, life == Schedulable, len(reasons) == 0)
 		if err != nil {
@@ -177,7 +177,7 @@ func FuzzValidate(f *testing.F) {
 		require.NotEmpty(t, id)
 		require.Len(t, w.Ranks(), size)
 		if size > 0 {
-			require.True(t, w.HasRank(rank))
+			require.True(t, w.hasRank(rank))
 		}
 	})
 }

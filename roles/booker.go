@@ -96,7 +96,11 @@ type BookerOptions struct {
 }
 
 // Plan is a booked request: where it goes and, in disaggregated mode, which
-// prefill worker computes its prompt. Settle it with Handoff and Complete.
+// prefill worker computes its prompt. It is also the handle that settles the
+// request: PrefillComplete at the first response byte, Done at its end (on
+// every path), Renew while a long request makes progress. Copies of a Plan
+// settle the same plan; the calls are safe from any goroutine and idempotent
+// (PairBooker.Handoff and Complete are the same calls by id).
 type Plan struct {
 	// ID names the plan (the request's ReservationID, or a minted one).
 	ID string
@@ -112,6 +116,34 @@ type Plan struct {
 	// LocalPrefill is set when the destination prefills the prompt itself:
 	// aggregated mode, or the PrefillDecodeOnly fallback.
 	LocalPrefill bool
+
+	b *PairBooker // nil in a Plan not returned by Book
+}
+
+// PrefillComplete is PairBooker.Handoff of this plan: the first response byte
+// arrived. Later calls do nothing.
+func (p Plan) PrefillComplete() error {
+	if p.b == nil {
+		return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, p.ID)
+	}
+	return p.b.Handoff(p.ID)
+}
+
+// Done is PairBooker.Complete of this plan: the request ended (completion,
+// error or cancel). Later calls return ErrUnknownPlan and change nothing.
+func (p Plan) Done() error {
+	if p.b == nil {
+		return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, p.ID)
+	}
+	return p.b.Complete(p.ID)
+}
+
+// Renew is PairBooker.Renew of this plan.
+func (p Plan) Renew() error {
+	if p.b == nil {
+		return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, p.ID)
+	}
+	return p.b.Renew(p.ID)
 }
 
 // Destination returns the endpoint the request is sent to.
@@ -146,6 +178,7 @@ type leg interface {
 	SelectAndReserve(ctx context.Context, req selection.Request) (selection.Result, error)
 	FreeReservation(id string) error
 	PrefillComplete(id string) error
+	RenewReservation(id string) error
 }
 
 var _ leg = (*selection.SelectionService)(nil)
@@ -283,6 +316,7 @@ func (b *PairBooker) Book(ctx context.Context, req selection.Request) (Plan, err
 	if p.LocalPrefill {
 		b.local.Add(1)
 	}
+	p.b = b
 	return p, nil
 }
 
@@ -478,6 +512,25 @@ func (b *PairBooker) Complete(planID string) error {
 	}
 	b.settle(s)
 	return nil
+}
+
+// Renew extends the leases of a live plan and of the reservations it still
+// holds (the decode leg, and the prefill leg until hand-off) from now: its
+// request is making progress, as a long stream does, and must not be expired
+// mid-flight. An unknown plan is ErrUnknownPlan; a leg already gone from its
+// service is reported (selection.ErrUnknownReservation) after the others were
+// renewed.
+func (b *PairBooker) Renew(planID string) error {
+	legs, err := b.plans.Touch(planID)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if legs.Prefill != "" && b.prefill != nil {
+		errs = append(errs, b.prefill.RenewReservation(legs.Prefill))
+	}
+	errs = append(errs, b.dest.RenewReservation(legs.Decode))
+	return errors.Join(errs...)
 }
 
 // Expire settles every plan whose lease has passed by the clock (an owner

@@ -31,6 +31,7 @@ type fakeLeg struct {
 	booked   map[string]bool
 	requests []selection.Request
 	done     []string // prefill-complete calls
+	renewed  []string // renew calls
 }
 
 func newFakeLeg(name string) *fakeLeg { return &fakeLeg{name: name, booked: map[string]bool{}} }
@@ -70,6 +71,16 @@ func (f *fakeLeg) PrefillComplete(id string) error {
 		return fmt.Errorf("%w: %q", selection.ErrUnknownReservation, id)
 	}
 	f.done = append(f.done, id)
+	return nil
+}
+
+func (f *fakeLeg) RenewReservation(id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.booked[id] {
+		return fmt.Errorf("%w: %q", selection.ErrUnknownReservation, id)
+	}
+	f.renewed = append(f.renewed, id)
 	return nil
 }
 
@@ -669,4 +680,48 @@ func kvindexHashes(tokens []uint32) ([]uint64, error) {
 		return nil, err
 	}
 	return h.SeqHashes(tokens), nil
+}
+
+// A Plan is its own handle: PrefillComplete hands off, Renew renews the legs
+// it still holds, Done completes; repeats change nothing.
+func TestPlanHandle(t *testing.T) {
+	b, pre, dec := fakeBooker(t, BookerOptions{})
+	p, err := b.Book(context.Background(), selection.Request{ReservationID: "h", Tokens: make([]uint32, 16)})
+	require.NoError(t, err)
+	require.NoError(t, p.Renew())
+	require.Equal(t, []string{"h/prefill"}, pre.renewed)
+	require.Equal(t, []string{"h/decode"}, dec.renewed)
+
+	copyOf := p
+	require.NoError(t, p.PrefillComplete())
+	require.NoError(t, copyOf.PrefillComplete(), "a copy settles the same plan; a second hand-off is a no-op")
+	require.Empty(t, pre.bookedIDs(), "hand-off frees the prefill leg")
+	require.Equal(t, []string{"h/decode"}, dec.done)
+	require.NoError(t, p.Renew())
+	require.Equal(t, []string{"h/prefill"}, pre.renewed, "a handed-off prefill leg is not renewed")
+	require.Equal(t, []string{"h/decode", "h/decode"}, dec.renewed)
+
+	require.NoError(t, p.Done())
+	require.Empty(t, dec.bookedIDs())
+	require.ErrorIs(t, p.Done(), ErrUnknownPlan)
+	require.ErrorIs(t, p.Renew(), ErrUnknownPlan)
+	require.ErrorIs(t, Plan{ID: "x"}.Done(), ErrUnknownPlan, "a Plan not from Book settles nothing")
+	st := b.Stats()
+	require.Equal(t, int64(1), st.Plans.Completed)
+	require.Zero(t, st.Plans.Active)
+}
+
+// Renew moves a plan's lease: a renewed plan outlives its first deadline.
+func TestPlanRenewExtendsLease(t *testing.T) {
+	clk := newFakeClock()
+	b, _, dec := fakeBooker(t, BookerOptions{Now: clk.Now, PlanLease: time.Minute})
+	p, err := b.Book(context.Background(), selection.Request{ReservationID: "r", Tokens: make([]uint32, 16)})
+	require.NoError(t, err)
+	clk.Advance(50 * time.Second)
+	require.NoError(t, p.Renew())
+	clk.Advance(50 * time.Second)
+	require.Zero(t, b.Expire(), "renewed 50 s ago with a 1 min lease")
+	clk.Advance(11 * time.Second)
+	require.Equal(t, 1, b.Expire())
+	require.Empty(t, dec.bookedIDs())
 }

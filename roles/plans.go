@@ -201,6 +201,29 @@ func (p *planTable) Complete(id string) (settlement, error) {
 	return pl.settle(), nil
 }
 
+// Touch extends a live plan's lease to now plus the table's lease (its
+// request is making progress); it never shortens one. An unknown plan returns
+// a wrapped ErrUnknownPlan.
+func (p *planTable) Touch(id string) (planLegs, error) {
+	now := p.now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.plans[id]
+	if pl == nil {
+		return planLegs{}, fmt.Errorf("%w: renew %q", ErrUnknownPlan, id)
+	}
+	if d := now.Add(p.lease); d.After(pl.deadline) {
+		p.leases.Delete(pl)
+		pl.deadline = d
+		p.leases.ReplaceOrInsert(pl)
+	}
+	legs := pl.legs
+	if pl.handedOff {
+		legs.Prefill = "" // freed at hand-off
+	}
+	return legs, nil
+}
+
 // Expire settles and forgets every plan whose deadline is at or before now,
 // earliest deadline first, and returns their settlements (nil when none). Its
 // cost is the number it settles times log of the number of live plans.

@@ -144,6 +144,10 @@ type ReconcileResult struct {
 	// upserts, deletes and invalid workers of that role), for every role of
 	// the mode.
 	Plans map[Role]catalog.Plan
+	// NotSchedulable holds the records of the workers this call added or
+	// changed that are not schedulable, with their reasons (a pod not ready
+	// yet, a missing endpoint...), in role order.
+	NotSchedulable []catalog.Record
 	// Excluded are the workers the split left out, with reasons.
 	Excluded []Excluded
 }
@@ -199,8 +203,13 @@ func (rs *RoleSelectors) Reconcile(desired []catalog.Worker) (ReconcileResult, e
 	}
 	for _, r := range roles {
 		for _, w := range res.Plans[r].Upserts {
-			if _, err := rs.services[r].UpsertWorker(w); err != nil {
+			rec, err := rs.services[r].UpsertWorker(w)
+			if err != nil {
 				errs = append(errs, fmt.Errorf("roles: upserting %s worker %q: %w", r, w.ID, err))
+				continue
+			}
+			if rec.Lifecycle != catalog.Schedulable {
+				res.NotSchedulable = append(res.NotSchedulable, rec)
 			}
 		}
 	}

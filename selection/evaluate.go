@@ -81,7 +81,7 @@ func (sc *evalScratch) resolve(rs *rankSet) {
 func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch) (*evaluation, error) {
 	rs := sc.rs
 	if len(rs.ranks) == 0 {
-		return nil, fmt.Errorf("%w: model %q has no schedulable worker", ErrNotReady, pr.model)
+		return nil, s.errNotReady(pr.model)
 	}
 	var cands []candidate
 	var refs []reservation.Rank

@@ -50,3 +50,31 @@ func ExampleSelectionServiceBuilder() {
 	// 10.0.0.2:8000 cached blocks: 2 to prefill: 4
 	// true 404
 }
+
+// Book returns a handle that settles the booking: PrefillComplete at the first
+// response byte, Done on every way the request ends, Renew while a long stream
+// makes progress. Each call is idempotent, so a gateway can call Done from a
+// deferred function and from its error path alike.
+func ExampleSelectionService_Book() {
+	svc, err := selection.NewSelectionServiceBuilder(selection.DefaultConfig(16)).ExternalEvents().Build(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	defer svc.Close()
+	_, _ = svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1})
+
+	b, err := svc.Book(context.Background(), selection.Request{Tokens: make([]uint32, 64)})
+	if err != nil {
+		panic(err)
+	}
+	defer b.Done() // every path frees the booking
+	fmt.Println("send to", b.Endpoint, "active:", svc.Loads("")[0].ActiveRequests)
+
+	_ = b.PrefillComplete() // the first response byte arrived
+	_ = b.Renew()           // still streaming
+	_ = b.Done()            // the end of the stream; the deferred Done does nothing
+	fmt.Println("active:", svc.Loads("")[0].ActiveRequests)
+	// Output:
+	// send to 10.0.0.1:8000 active: 1
+	// active: 0
+}

@@ -155,8 +155,8 @@ func (s *SelectionService) Ready() ReadyStatus {
 // Stats is a snapshot of the service's counters.
 type Stats struct {
 	Selections, Bookings, PrefillCompleted, Frees uint64
-	// UnknownReservations counts PrefillComplete and FreeReservation calls for
-	// ids that were not booked.
+	// UnknownReservations counts PrefillComplete, FreeReservation and
+	// RenewReservation calls for ids that were not booked.
 	UnknownReservations uint64
 	// Rejected counts failed Select and SelectAndReserve calls; Conflicts the
 	// duplicate reservation ids among them.

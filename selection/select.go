@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -217,7 +218,7 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 	p := s.partitions[pr.model]
 	s.mu.RUnlock()
 	if p == nil {
-		return Result{}, fmt.Errorf("%w: no worker serves model %q", ErrNotReady, pr.model)
+		return Result{}, errNoModel(pr.model)
 	}
 	// Overlap lookups run outside the partition lock; the index has its own.
 	mbuf := matchPool.Get().(*[]kvindex.Match)
@@ -394,4 +395,29 @@ func (s *SelectionService) queueScore(p *partition, pr *prepared, ev *evaluation
 
 func errNoModel(model string) error {
 	return fmt.Errorf("%w: no worker serves model %q", ErrNotReady, model)
+}
+
+// errNotReady is ErrNotReady for a model whose partition has no schedulable
+// rank, saying why: the workers of the model that are not schedulable, with
+// their reasons (the first few), so that a worker registered without what it
+// needs (an event endpoint, a DP size...) is named at the first request.
+func (s *SelectionService) errNotReady(model string) error {
+	const show = 3
+	var why []string
+	n := 0
+	for _, rec := range s.cat.List() {
+		if modelOf(rec.Worker.Model) != model || rec.Lifecycle == catalog.Schedulable {
+			continue
+		}
+		if n++; n <= show {
+			why = append(why, fmt.Sprintf("%s is %s (%v)", rec.Worker.ID, rec.Lifecycle, rec.Reasons))
+		}
+	}
+	switch {
+	case n == 0:
+		return fmt.Errorf("%w: model %q has no schedulable worker", ErrNotReady, model)
+	case n > show:
+		why = append(why, fmt.Sprintf("and %d more", n-show))
+	}
+	return fmt.Errorf("%w: model %q has no schedulable worker: %s", ErrNotReady, model, strings.Join(why, "; "))
 }

@@ -99,14 +99,11 @@ func newService(cfg Config, now func() time.Time, rng *mrand.Rand, logger *slog.
 		trust:      cfg.FeedTrust.normalized(),
 		health:     make(map[catalog.WorkerRank]*rankHealth),
 	}
-	var err error
-	s.cat, err = catalog.New(catalog.Options{
+	s.cat = catalog.New(catalog.Options{
 		Requirements: catalog.Requirements{KVEvents: cfg.UseKVEvents && !external && bind == "", Queueing: cfg.QueueThreshold != nil, Endpoints: cfg.Endpoints},
 		Now:          now,
 	})
-	if err != nil {
-		return nil, fmt.Errorf("selection: catalog: %w", err)
-	}
+	var err error
 	s.ledger, err = reservation.New(reservation.Options{
 		Now:          now,
 		DefaultLease: cfg.ActiveRequestExpiry,
@@ -282,8 +279,12 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 	return p
 }
 
-// UpsertWorker adds or replaces a worker. The returned record says whether it is
-// schedulable and, if not, why. With KV events on, it starts the event sources of
+// UpsertWorker adds or replaces a worker. A nil error does not make it
+// routable: the returned record says whether it is schedulable
+// (Record.Lifecycle) and, if not, why (Record.Reasons: an event endpoint, a DP
+// size, an endpoint the policy refuses...), and while a model has no
+// schedulable worker its requests fail with an ErrNotReady that names the
+// workers and their reasons. A BlockSize of 0 means the service's. With KV events on, it starts the event sources of
 // the worker's ranks, and restarts (and clears) only those whose endpoints changed.
 // A worker whose model changed moves to the new model's partition with a clean
 // slate. Errors: ErrBadRequest (wrapping the catalog's validation error, or a block
@@ -293,12 +294,15 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 		return catalog.Record{}, ErrClosed
 	}
 	w.Model = modelOf(w.Model)
+	if w.BlockSize == 0 {
+		w.BlockSize = s.cfg.BlockSize
+	}
 	if w.BlockSize > 0 && w.BlockSize%s.cfg.BlockSize != 0 {
 		return catalog.Record{}, fmt.Errorf("%w: worker %q block size %d is not a multiple of the router block size %d", ErrBadRequest, w.ID, w.BlockSize, s.cfg.BlockSize)
 	}
 	s.mu.Lock()
 	prevRec, hadPrev := s.cat.Get(w.ID)
-	rec, _, err := s.cat.Upsert(w)
+	rec, err := s.cat.Upsert(w)
 	if err != nil {
 		s.mu.Unlock()
 		return catalog.Record{}, fmt.Errorf("%w: %w", ErrBadRequest, err)

@@ -13,11 +13,7 @@ import (
 // again is a no-op. Unknown id: ErrUnknownReservation (harmless).
 func (s *SelectionService) PrefillComplete(id string) error {
 	if err := s.ledger.PrefillComplete(id); err != nil {
-		if errors.Is(err, reservation.ErrUnknownReservation) {
-			s.st.unknownIDs.Add(1)
-			return fmt.Errorf("%w: %w", ErrUnknownReservation, err)
-		}
-		return err
+		return s.settleError(err)
 	}
 	s.st.prefillDone.Add(1)
 	if s.healthOn() {
@@ -31,17 +27,34 @@ func (s *SelectionService) PrefillComplete(id string) error {
 // changes nothing.
 func (s *SelectionService) FreeReservation(id string) error {
 	if err := s.ledger.Free(id); err != nil {
-		if errors.Is(err, reservation.ErrUnknownReservation) {
-			s.st.unknownIDs.Add(1)
-			return fmt.Errorf("%w: %w", ErrUnknownReservation, err)
-		}
-		return err
+		return s.settleError(err)
 	}
 	s.st.frees.Add(1)
 	if s.healthOn() {
 		s.sampleSettled(id, false)
 	}
 	return nil
+}
+
+// RenewReservation extends a booking's lease to the clock's now plus its lease
+// (Config.ActiveRequestExpiry): call it while a long request makes progress so
+// that its load is not released mid-flight. It never shortens a lease. Unknown,
+// freed or expired id: ErrUnknownReservation, and nothing changes.
+func (s *SelectionService) RenewReservation(id string) error {
+	if err := s.ledger.Touch(id); err != nil {
+		return s.settleError(err)
+	}
+	return nil
+}
+
+// settleError maps a ledger error of a settling call: an unknown id is counted
+// and returned as ErrUnknownReservation.
+func (s *SelectionService) settleError(err error) error {
+	if errors.Is(err, reservation.ErrUnknownReservation) {
+		s.st.unknownIDs.Add(1)
+		return fmt.Errorf("%w: %w", ErrUnknownReservation, err)
+	}
+	return err
 }
 
 // ExpireReservations frees every booking whose lease has passed by the clock and

@@ -29,6 +29,7 @@ import (
 	"github.com/kvselect/kvselect/examples/internal/extproctest"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/kvindex/kvevents"
+	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -349,7 +350,7 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 	if renderService != nil {
 		res.serviceRenders = renderService.HTTPStats().Renders
 	}
-	res.feeds, err = feedReport(ctx, e.svc, cfg.Router.FeedTrust, e.withDefaults(workers))
+	res.feeds, err = feedReport(ctx, e.rs.Service(roles.Aggregated), cfg.Router.FeedTrust, e.withDefaults(workers))
 	return res, err
 }
 

@@ -308,11 +308,9 @@ func newLoadEnv(t *testing.T, topology string) *loadEnv {
 	closers = append(closers, env.e.close)
 	env.e.apply(discovery.Snapshot{Workers: workers, Synced: true})
 	require.True(t, env.e.server.Ready())
-	if env.e.svc != nil {
-		env.services = map[string]*selection.SelectionService{"aggregated": env.e.svc}
-	} else {
-		env.services = map[string]*selection.SelectionService{
-			"prefill": env.e.rs.Service(roles.Prefill), "decode": env.e.rs.Service(roles.Decode)}
+	env.services = map[string]*selection.SelectionService{}
+	for _, r := range env.e.rs.Census().Roles {
+		env.services[r.Role.String()] = env.e.rs.Service(r.Role)
 	}
 	for i, eng := range env.engines {
 		if topology == "disaggregated" && i%2 == 1 {

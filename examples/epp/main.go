@@ -130,9 +130,10 @@ type epp struct {
 	logger *slog.Logger
 	client *tokenize.Client
 	cache  *tokenize.Cache
-	svc    *selection.SelectionService // aggregated mode
-	rs     *roles.RoleSelectors        // disaggregated mode
-	pairs  *roles.PairBooker           // disaggregated mode
+	// rs owns one selection service per role of the topology (one in
+	// aggregated mode); pairs books every request on them, in both modes.
+	rs     *roles.RoleSelectors
+	pairs  *roles.PairBooker
 	router *router
 	server *extproc.Server
 	reg    *prometheus.Registry
@@ -172,48 +173,35 @@ func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure fun
 			configure(b)
 		}
 	}
-	services := map[string]*selection.SelectionService{}
-	switch cfg.Topology {
-	case "disaggregated":
-		e.rs, err = roles.New(ctx, roles.RoleOptions{
-			Mode: roles.ModeDisaggregated, LabelKey: cfg.RoleLabel, Base: cfg.Router, Logger: logger,
-			Profile: roles.ProfileOptions{PrefillMaxNumBatchedTokens: cfg.PrefillMaxBatched, DecodeMaxNumBatchedTokens: cfg.DecodeMaxBatched},
-			Configure: func(r roles.Role, b *selection.SelectionServiceBuilder) {
-				setup(b)
-				if r == roles.Prefill && cfg.KVEventBind != "" {
-					b.BindEvents(cfg.KVEventBind)
-					if cfg.KVEventBindAny {
-						b.BindEventsFromAnyPeer()
-					}
+	mode := roles.ModeAggregated
+	if cfg.Topology == "disaggregated" {
+		mode = roles.ModeDisaggregated
+	}
+	e.rs, err = roles.New(ctx, roles.RoleOptions{
+		Mode: mode, LabelKey: cfg.RoleLabel, Base: cfg.Router, Logger: logger,
+		Profile: roles.ProfileOptions{PrefillMaxNumBatchedTokens: cfg.PrefillMaxBatched, DecodeMaxNumBatchedTokens: cfg.DecodeMaxBatched},
+		Configure: func(r roles.Role, b *selection.SelectionServiceBuilder) {
+			setup(b)
+			if r != roles.Decode && cfg.KVEventBind != "" { // decode workers publish no events
+				b.BindEvents(cfg.KVEventBind)
+				if cfg.KVEventBindAny {
+					b.BindEventsFromAnyPeer()
 				}
-			},
-		})
-		if err == nil {
-			e.pairs, err = roles.NewPairBooker(e.rs, roles.BookerOptions{})
-		}
-		if err != nil {
-			e.close()
-			return nil, err
-		}
-		decode := e.rs.Service(roles.Decode)
-		e.router = newRouter(cfg.Model, cache, decode)
-		e.router.pairs = e.pairs
-		services["prefill"], services["decode"] = e.rs.Service(roles.Prefill), decode
-	default:
-		b := selection.NewSelectionServiceBuilder(cfg.Router)
-		setup(b)
-		if cfg.KVEventBind != "" {
-			b.BindEvents(cfg.KVEventBind)
-			if cfg.KVEventBindAny {
-				b.BindEventsFromAnyPeer()
 			}
-		}
-		if e.svc, err = b.Build(ctx); err != nil {
-			e.close()
-			return nil, err
-		}
-		e.router = newRouter(cfg.Model, cache, e.svc)
-		services["aggregated"] = e.svc
+		},
+	})
+	if err == nil {
+		e.pairs, err = roles.NewPairBooker(e.rs, roles.BookerOptions{})
+	}
+	if err != nil {
+		e.close()
+		return nil, err
+	}
+	dest := e.rs.Service(mode.Destination())
+	e.router = newRouter(cfg.Model, cache, e.pairs, dest)
+	services := map[string]*selection.SelectionService{}
+	for _, r := range mode.Roles() {
+		services[r.String()] = e.rs.Service(r)
 	}
 	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	e.reg.MustRegister(&statsCollector{services: func() map[string]*selection.SelectionService { return services }, cache: cache})
@@ -229,9 +217,6 @@ func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure fun
 }
 
 func (e *epp) close() {
-	if e.svc != nil {
-		_ = e.svc.Close()
-	}
 	if e.rs != nil {
 		_ = e.rs.Close()
 	}
@@ -260,15 +245,19 @@ func (e *epp) withDefaults(ws []catalog.Worker) []catalog.Worker {
 // apply reconciles the selection service(s) with a discovery snapshot.
 func (e *epp) apply(s discovery.Snapshot) {
 	desired := e.withDefaults(s.Workers)
-	if e.rs != nil {
-		res, err := e.rs.Reconcile(desired)
-		if err != nil {
-			e.logger.Warn("reconcile", "err", err)
-		}
-		e.logExclusions(res.Excluded)
-	} else {
-		e.reconcile(desired)
+	res, err := e.rs.Reconcile(desired)
+	if err != nil {
+		e.logger.Warn("reconcile", "err", err)
 	}
+	for _, plan := range res.Plans {
+		for _, inv := range plan.Invalid {
+			e.logger.Warn("invalid worker", "id", inv.ID, "err", inv.Err)
+		}
+	}
+	for _, rec := range res.NotSchedulable {
+		e.logger.Info("worker not schedulable", "id", rec.Worker.ID, "identity", rec.Worker.Identity, "reasons", fmt.Sprint(rec.Reasons))
+	}
+	e.logExclusions(res.Excluded)
 	e.router.setWorkers(desired)
 	if s.Synced && !e.server.Ready() {
 		e.server.SetReady(true)
@@ -293,32 +282,6 @@ func (e *epp) logExclusions(xs []roles.Excluded) {
 		}
 	}
 	e.excluded = now
-}
-
-func (e *epp) reconcile(desired []catalog.Worker) {
-	plan, err := catalog.Reconcile(e.svc.Workers(), desired)
-	if err != nil {
-		e.logger.Error("discovery snapshot rejected", "err", err)
-		return
-	}
-	for _, id := range plan.Deletes {
-		if _, err := e.svc.DeleteWorker(id); err != nil && !errors.Is(err, selection.ErrNotFound) {
-			e.logger.Warn("delete worker", "id", id, "err", err)
-		}
-	}
-	for _, w := range plan.Upserts {
-		rec, err := e.svc.UpsertWorker(w)
-		if err != nil {
-			e.logger.Warn("worker rejected", "id", w.ID, "err", err)
-			continue
-		}
-		if rec.Lifecycle != catalog.Schedulable {
-			e.logger.Info("worker not schedulable", "id", w.ID, "identity", w.Identity, "reasons", fmt.Sprint(rec.Reasons))
-		}
-	}
-	for _, inv := range plan.Invalid {
-		e.logger.Warn("invalid worker", "id", inv.ID, "err", inv.Err)
-	}
 }
 
 // newSource builds the discovery source the configuration names.
@@ -417,20 +380,18 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		return nil
 	})
 	g.Go(func() error { return src.Run(gctx, e.apply) })
-	if e.pairs != nil { // plans of requests whose stream never ended expire
-		g.Go(func() error {
-			t := time.NewTicker(time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-gctx.Done():
-					return nil
-				case <-t.C:
-					e.pairs.Expire()
-				}
+	g.Go(func() error { // plans of requests whose stream never ended expire
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-gctx.Done():
+				return nil
+			case <-t.C:
+				e.pairs.Expire()
 			}
-		})
-	}
+		}
+	})
 	g.Go(func() error {
 		<-gctx.Done()
 		e.server.SetReady(false)

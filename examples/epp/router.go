@@ -22,30 +22,28 @@ const (
 	headerStrictPriority = "x-dynamo-request-strict-priority" // strict tier (integer)
 )
 
-// booker is what the router needs from an aggregated selection service.
+// booker is what the router needs to book a request: roles.PairBooker, in both
+// topologies (in aggregated mode it books one aggregated worker per plan).
 type booker interface {
-	SelectAndReserve(ctx context.Context, req selection.Request) (selection.Result, error)
-	PrefillComplete(id string) error
-	FreeReservation(id string) error
-	Loads(model string) []selection.WorkerLoad
-}
-
-// pairBooker is what the router needs in disaggregated mode (roles.PairBooker).
-type pairBooker interface {
 	Book(ctx context.Context, req selection.Request) (roles.Plan, error)
 	Handoff(planID string) error
 	Complete(planID string) error
 }
 
+// loadSource gives the loads of the destination role, for body-less requests.
+type loadSource interface {
+	Loads(model string) []selection.WorkerLoad
+}
+
 // router is the extproc.Picker of the EPP: it tokenizes the request with the
-// engine's own tokenizer and books a worker with the selection service, or a
-// prefill/decode pair with the pair booker in disaggregated mode. It is safe for
+// engine's own tokenizer and books it with the pair booker: one worker in
+// aggregated mode, a prefill/decode pair in disaggregated mode. It is safe for
 // concurrent use.
 type router struct {
 	model string
 	tok   tokenize.Tokenizer
-	svc   booker     // aggregated mode; in disaggregated mode the decode service (loads only)
-	pairs pairBooker // disaggregated mode; nil otherwise
+	book  booker
+	loads loadSource // the destination role's service
 
 	mu       sync.RWMutex
 	byAddr   map[string]string   // canonical ip:port -> worker id
@@ -55,8 +53,8 @@ type router struct {
 
 var _ extproc.Picker = (*router)(nil)
 
-func newRouter(model string, tok tokenize.Tokenizer, svc booker) *router {
-	return &router{model: model, tok: tok, svc: svc}
+func newRouter(model string, tok tokenize.Tokenizer, book booker, loads loadSource) *router {
+	return &router{model: model, tok: tok, book: book, loads: loads}
 }
 
 // setWorkers replaces the endpoint maps used to honour subset hints.
@@ -141,28 +139,22 @@ func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pic
 		Model: r.model, Tokens: tr.Tokens, CacheSalt: tr.CacheSalt, Allowed: allowed, Priority: prio,
 		ExpectedOutputTokens: int(min(max(tr.MaxTokens, 0), math.MaxInt32)),
 	}
-	if r.pairs != nil {
-		plan, err := r.pairs.Book(ctx, sreq)
-		if err != nil {
-			return extproc.Pick{}, err
-		}
-		pick := extproc.Pick{Destination: plan.Destination(), Settle: &planSettle{b: r.pairs, id: plan.ID}}
-		if hint, ok := plan.PrefillHint(); ok {
-			pick.Prefiller = hint
-		}
-		return pick, nil
-	}
-	res, err := r.svc.SelectAndReserve(ctx, sreq)
+	plan, err := r.book.Book(ctx, sreq)
 	if err != nil {
 		return extproc.Pick{}, err
 	}
-	return extproc.Pick{Destination: res.Endpoint, Settle: &booking{svc: r.svc, id: res.ReservationID}}, nil
+	pick := extproc.Pick{Destination: plan.Destination(), Settle: &planSettle{b: r.book, id: plan.ID}}
+	if hint, ok := plan.PrefillHint(); ok {
+		pick.Prefiller = hint
+	}
+	return pick, nil
 }
 
-// planSettle settles a prefill/decode plan: the first output byte hands off
-// (the prefill leg is done), the end completes it; each at most once.
+// planSettle settles a plan: the first output byte hands off (the prefill leg
+// is done, or the prefill of an aggregated worker), the end completes it; each
+// at most once.
 type planSettle struct {
-	b          pairBooker
+	b          booker
 	id         string
 	first, end sync.Once
 }
@@ -183,7 +175,7 @@ func (r *router) leastLoaded(allowed []string) (extproc.Pick, error) {
 		return false
 	}
 	best, bestLoad := "", math.MaxInt
-	for _, l := range r.svc.Loads(r.model) {
+	for _, l := range r.loads.Loads(r.model) {
 		if ok(l.Worker) && l.ActiveRequests < bestLoad {
 			best, bestLoad = l.Worker, l.ActiveRequests
 		}
@@ -196,17 +188,6 @@ func (r *router) leastLoaded(allowed []string) (extproc.Pick, error) {
 	}
 	return extproc.Pick{Destination: ep, Settle: extproc.NopSettler{}}, nil
 }
-
-// booking settles one reservation: FirstByte marks prefill complete, Done frees
-// it; each at most once.
-type booking struct {
-	svc        booker
-	id         string
-	first, end sync.Once
-}
-
-func (b *booking) FirstByte() { b.first.Do(func() { _ = b.svc.PrefillComplete(b.id) }) }
-func (b *booking) Done()      { b.end.Do(func() { _ = b.svc.FreeReservation(b.id) }) }
 
 // statusOf maps any error of the request path to the HTTP status the client
 // gets: the tokenizer's classes first, then the selection service's.

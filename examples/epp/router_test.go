@@ -13,6 +13,7 @@ import (
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/discovery"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
+	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
 )
@@ -42,22 +43,22 @@ type fakeSvc struct {
 	endpoint string
 }
 
-func (f *fakeSvc) SelectAndReserve(_ context.Context, req selection.Request) (selection.Result, error) {
+func (f *fakeSvc) Book(_ context.Context, req selection.Request) (roles.Plan, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.last = req
 	if f.err != nil {
-		return selection.Result{}, f.err
+		return roles.Plan{}, f.err
 	}
-	return selection.Result{ReservationID: "r1", Endpoint: f.endpoint}, nil
+	return roles.Plan{ID: "r1", Decode: selection.Result{ReservationID: "r1/aggregated", Endpoint: f.endpoint}, LocalPrefill: true}, nil
 }
-func (f *fakeSvc) PrefillComplete(id string) error {
+func (f *fakeSvc) Handoff(id string) error {
 	f.mu.Lock()
 	f.prefill[id]++
 	f.mu.Unlock()
 	return nil
 }
-func (f *fakeSvc) FreeReservation(id string) error {
+func (f *fakeSvc) Complete(id string) error {
 	f.mu.Lock()
 	f.freed[id]++
 	f.mu.Unlock()
@@ -66,7 +67,7 @@ func (f *fakeSvc) FreeReservation(id string) error {
 func (f *fakeSvc) Loads(string) []selection.WorkerLoad { return f.loads }
 
 func newTestRouter(svc *fakeSvc, tok tokenize.Tokenizer) *router {
-	r := newRouter("m", tok, svc)
+	r := newRouter("m", tok, svc, svc)
 	r.setWorkers([]catalog.Worker{
 		{ID: "a", Endpoint: "10.0.0.1:8000"}, {ID: "b", Endpoint: "10.0.0.2:8000"}, {ID: "c", Endpoint: "10.0.0.2:9000"},
 		{ID: "v6", Endpoint: "[fd00::1]:8000"}, {ID: "named", Endpoint: "pod.example:8000"},
@@ -240,7 +241,7 @@ func TestEPPRefusesUnroutableEndpoints(t *testing.T) {
 		{ID: "zoned", Endpoint: "[fe80::1%eth0]:8000", DPSize: 1},
 	}, Synced: true})
 	got := map[string][]catalog.Reason{}
-	for _, r := range e.svc.Workers() {
+	for _, r := range e.rs.Service(roles.Aggregated).Workers() {
 		got[r.Worker.ID] = r.Reasons
 	}
 	require.Empty(t, got["ok"])

@@ -1,0 +1,77 @@
+package selection
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// Booking is a handle on one booked request: where it goes (the embedded
+// Result) and the calls that settle it, so a caller does not carry the
+// reservation id around. Book returns it.
+//
+// A Booking is safe for concurrent use, and each call is idempotent: the first
+// PrefillComplete marks the prefill done and later ones do nothing; the first
+// Done frees the booking and later ones (and PrefillComplete or Renew after
+// it) do nothing. Every path of a request must reach Done (end of stream,
+// upstream error, client cancel, panic); a booking never done is released
+// only when its lease passes.
+type Booking struct {
+	Result
+	svc *SelectionService
+
+	mu        sync.Mutex
+	prefilled bool
+	done      bool
+}
+
+// Book is SelectAndReserve returning a handle on the booking (errors as
+// SelectAndReserve). The reservation id is Booking.ReservationID.
+func (s *SelectionService) Book(ctx context.Context, req Request) (*Booking, error) {
+	res, err := s.SelectAndReserve(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &Booking{Result: res, svc: s}, nil
+}
+
+// PrefillComplete reports the request's first output byte (see
+// SelectionService.PrefillComplete). Only the first call counts. It returns
+// ErrUnknownReservation when the booking is already gone from the service
+// (its lease passed or its worker was deleted), nil otherwise.
+func (b *Booking) PrefillComplete() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.prefilled || b.done {
+		return nil
+	}
+	b.prefilled = true
+	return b.svc.PrefillComplete(b.ReservationID)
+}
+
+// Done releases the booking (see SelectionService.FreeReservation). Only the
+// first call frees; it returns ErrUnknownReservation when the booking was
+// already gone (its lease passed or its worker was deleted), which needs no
+// action.
+func (b *Booking) Done() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done {
+		return nil
+	}
+	b.done = true
+	return b.svc.FreeReservation(b.ReservationID)
+}
+
+// Renew extends the booking's lease from now (see
+// SelectionService.RenewReservation): a request that is still making progress,
+// such as a long stream, is not an orphan. After Done, or once the booking is
+// gone, it returns ErrUnknownReservation.
+func (b *Booking) Renew() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done {
+		return fmt.Errorf("%w: %q is done", ErrUnknownReservation, b.ReservationID)
+	}
+	return b.svc.RenewReservation(b.ReservationID)
+}
