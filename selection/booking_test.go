@@ -80,3 +80,88 @@ func TestNotReadySaysWhy(t *testing.T) {
 	require.ErrorContains(t, err, `b is `)
 	require.ErrorContains(t, err, string(catalog.ReasonNoDPSize))
 }
+
+// In approximate mode a failed worker loses its affinity and its picks for the
+// ejection, then comes back; DeleteWorker's dropped bookings are counted.
+func TestMarkFailedEjectsAndForgetsAffinity(t *testing.T) {
+	s, clk := newTestService(t, func(c *Config) { c.FailureEjection = 5 * time.Second })
+	addWorkers(t, s, "a", "b", "c")
+	prompt := toks(64, 7)
+	first, err := s.Book(context.Background(), Request{Tokens: prompt})
+	require.NoError(t, err)
+	require.NoError(t, first.Done())
+	warm := first.Worker
+	// Affinity: the same prefix returns to the warm worker.
+	again, err := s.Book(context.Background(), Request{Tokens: prompt})
+	require.NoError(t, err)
+	require.Equal(t, warm, again.Worker)
+	require.NoError(t, again.Done())
+
+	ov, err := s.OverlapScores(context.Background(), Request{Tokens: prompt})
+	require.NoError(t, err)
+	require.Positive(t, ov[catalog.WorkerRank{Worker: warm}].Device)
+	require.NoError(t, s.MarkFailed(warm))
+	ov, err = s.OverlapScores(context.Background(), Request{Tokens: prompt})
+	require.NoError(t, err)
+	require.Zero(t, ov[catalog.WorkerRank{Worker: warm}].Device, "its affinity is forgotten")
+	for range 20 {
+		b, err := s.Book(context.Background(), Request{Tokens: prompt})
+		require.NoError(t, err)
+		require.NotEqual(t, warm, b.Worker, "an ejected worker is not picked")
+		require.NoError(t, b.Done())
+	}
+	// Only the ejected worker allowed: ejection yields rather than failing.
+	b, err := s.Book(context.Background(), Request{Tokens: prompt, Allowed: []string{warm}})
+	require.NoError(t, err)
+	require.Equal(t, warm, b.Worker)
+	require.NoError(t, b.Done())
+
+	clk.Advance(5 * time.Second)
+	seen := map[string]bool{}
+	for i := range 60 {
+		b, err := s.Book(context.Background(), Request{Tokens: toks(8, 100+i)})
+		require.NoError(t, err)
+		seen[b.Worker] = true
+		require.NoError(t, b.Done())
+	}
+	require.True(t, seen[warm], "back in the picks after the ejection")
+	require.Equal(t, uint64(1), s.Stats().Failures)
+	require.ErrorIs(t, s.MarkFailed("nobody"), ErrNotFound)
+
+	// A deleted worker's bookings are counted as dropped.
+	live, err := s.Book(context.Background(), Request{Tokens: prompt, Allowed: []string{"c"}})
+	require.NoError(t, err)
+	_, err = s.DeleteWorker("c")
+	require.NoError(t, err)
+	require.ErrorIs(t, live.Done(), ErrUnknownReservation)
+	st := s.Stats()
+	require.Equal(t, uint64(1), st.Dropped)
+	require.Equal(t, st.Bookings, st.Frees+st.Expired+st.Dropped)
+}
+
+// SetDraining takes a worker out of the picks and back; its booking in flight
+// stays until freed.
+func TestSetDraining(t *testing.T) {
+	s, _ := newTestService(t, nil)
+	addWorkers(t, s, "a", "b")
+	inflight, err := s.Book(context.Background(), Request{Tokens: toks(8, 1), Allowed: []string{"a"}})
+	require.NoError(t, err)
+	rec, err := s.SetDraining("a", true)
+	require.NoError(t, err)
+	require.Equal(t, catalog.Draining, rec.Lifecycle)
+	for i := range 20 {
+		b, err := s.Book(context.Background(), Request{Tokens: toks(8, 10+i)})
+		require.NoError(t, err)
+		require.Equal(t, "b", b.Worker)
+		require.NoError(t, b.Done())
+	}
+	_, err = s.Book(context.Background(), Request{Tokens: toks(8, 1), Allowed: []string{"a"}})
+	require.ErrorIs(t, err, ErrNoEndpoints)
+	require.NoError(t, inflight.Done(), "a draining worker's booking is freed normally")
+	rec, err = s.SetDraining("a", false)
+	require.NoError(t, err)
+	require.Equal(t, catalog.Schedulable, rec.Lifecycle)
+	_, err = s.SetDraining("zz", true)
+	require.ErrorIs(t, err, ErrNotFound)
+	requireIdle(t, s)
+}

@@ -111,6 +111,10 @@ type Config struct {
 	// ErrOverloaded. >= 0; 0 means 1024.
 	QueueLimit int
 
+	// FailureEjection is how long MarkFailed takes a worker out of the picks
+	// (a gateway saw it refuse connections or fail requests). >= 0; 0 means
+	// 10 s.
+	FailureEjection time.Duration
 	// ActiveRequestExpiry is the lease of a booking: one not freed by then is an
 	// orphan and its load is released. > 0; 0 means 300 s.
 	ActiveRequestExpiry time.Duration
@@ -142,6 +146,7 @@ type Config struct {
 const (
 	DefaultQueueLimit          = 1024
 	DefaultActiveRequestExpiry = 300 * time.Second
+	DefaultFailureEjection     = 10 * time.Second
 	DefaultRouterTTL           = 120 * time.Second
 	// DefaultMaxNumBatchedTokens is the busy base of a worker that does not
 	// report max_num_batched_tokens: large enough that it is never busy.
@@ -235,6 +240,9 @@ func (c Config) Validate() error {
 	if c.QueueLimit < 0 {
 		bad("QueueLimit is %d, want >= 0", c.QueueLimit)
 	}
+	if c.FailureEjection < 0 {
+		bad("FailureEjection is %v, want >= 0 (0 for the default)", c.FailureEjection)
+	}
 	if c.ActiveRequestExpiry < 0 || (c.ActiveRequestExpiry > 0 && c.ActiveRequestExpiry < time.Millisecond) {
 		bad("ActiveRequestExpiry is %v, want >= 1ms (or 0 for the default)", c.ActiveRequestExpiry)
 	}
@@ -252,6 +260,9 @@ func (c Config) normalized() Config {
 	}
 	if c.QueueLimit == 0 {
 		c.QueueLimit = DefaultQueueLimit
+	}
+	if c.FailureEjection == 0 {
+		c.FailureEjection = DefaultFailureEjection
 	}
 	if c.ActiveRequestExpiry == 0 {
 		c.ActiveRequestExpiry = DefaultActiveRequestExpiry

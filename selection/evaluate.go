@@ -86,7 +86,11 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 	var cands []candidate
 	var refs []reservation.Rank
 	var byIdx []int32 // rank index -> candidate index; nil when every rank is eligible
-	if pr.allowed == nil {
+	var ejected func(worker string) bool
+	if p.ejections.Load() > 0 {
+		ejected = p.ejectedAt(s.now())
+	}
+	if pr.allowed == nil && ejected == nil {
 		cands = append(sc.cands[:0], rs.template...)
 		refs = rs.refs
 	} else {
@@ -94,15 +98,24 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 			sc.byIdx = make([]int32, len(rs.ranks))
 		}
 		byIdx = sc.byIdx[:len(rs.ranks)]
-		cands, refs = sc.cands[:0], sc.refs[:0]
-		for i, r := range rs.ranks {
-			byIdx[i] = -1
-			if _, ok := pr.allowed[r.key.Worker]; !ok {
-				continue
+		filter := func(skipEjected bool) {
+			cands, refs = sc.cands[:0], sc.refs[:0]
+			for i, r := range rs.ranks {
+				byIdx[i] = -1
+				if _, ok := pr.allowed[r.key.Worker]; pr.allowed != nil && !ok {
+					continue
+				}
+				if skipEjected && ejected(r.key.Worker) {
+					continue
+				}
+				byIdx[i] = int32(len(cands))
+				cands = append(cands, rs.template[i])
+				refs = append(refs, rs.refs[i])
 			}
-			byIdx[i] = int32(len(cands))
-			cands = append(cands, rs.template[i])
-			refs = append(refs, rs.refs[i])
+		}
+		filter(ejected != nil)
+		if len(cands) == 0 && ejected != nil {
+			filter(false) // every eligible worker is ejected: ejection yields
 		}
 		sc.refs = refs
 		if len(cands) == 0 {

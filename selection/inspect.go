@@ -176,8 +176,13 @@ type Stats struct {
 	// RequestBlocks sums the requests' blocks. Chosen/Request is the hit rate the
 	// router achieved, Best/Request the hit rate it could have reached.
 	ChosenOverlapBlocks, BestOverlapBlocks, RequestBlocks uint64
-	// Expired counts bookings released because their lease passed.
-	Expired uint64
+	// Expired counts bookings released because their lease passed, Dropped
+	// those released because their worker was deleted (DeleteWorker, or a
+	// reconcile that removed it): every booking is freed, expired or dropped,
+	// so once nothing is in flight Bookings = Frees + Expired + Dropped.
+	Expired, Dropped uint64
+	// Failures counts MarkFailed calls.
+	Failures uint64
 	// Ledger is the reservation ledger's own snapshot.
 	Ledger reservation.Stats
 }
@@ -201,6 +206,6 @@ func (s *SelectionService) Stats() Stats {
 		Queued:  s.st.queued.Load(), QueueRejected: s.st.queueRejected.Load(), QueueCanceled: s.st.queueCanceled.Load(),
 		QueueWaitTotal: s.st.queueWaitNanos.Load(), Waiting: waiting,
 		ChosenOverlapBlocks: s.st.chosenOverlap.Load(), BestOverlapBlocks: s.st.bestOverlap.Load(), RequestBlocks: s.st.requestBlocks.Load(),
-		Expired: uint64(ls.Expired), Ledger: ls,
+		Expired: uint64(ls.Expired), Dropped: uint64(ls.Removed), Failures: s.st.failures.Load(), Ledger: ls,
 	}
 }

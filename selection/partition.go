@@ -49,6 +49,12 @@ type partition struct {
 
 	sigMu   sync.Mutex
 	changed chan struct{} // closed and replaced when capacity may have freed
+	// ejected maps a worker MarkFailed took out of the picks to the end of its
+	// ejection (unix nanos), under ejectMu; ejections counts its entries so
+	// that the request path looks at it only when one exists.
+	ejectMu   sync.Mutex
+	ejected   map[string]int64
+	ejections atomic.Int32
 	// inflight counts SelectAndReserve calls in progress that may wait (only
 	// with queueing): a load drop needs to wake someone only when one may be
 	// waiting.
@@ -248,4 +254,43 @@ func (q waitQueue) head() *waiter {
 		return nil
 	}
 	return q[0]
+}
+
+// eject takes worker out of the picks until until; a later end wins.
+func (p *partition) eject(worker string, until time.Time) {
+	p.ejectMu.Lock()
+	defer p.ejectMu.Unlock()
+	if p.ejected == nil {
+		p.ejected = make(map[string]int64)
+	}
+	if u, ok := p.ejected[worker]; !ok || until.UnixNano() > u {
+		p.ejected[worker] = until.UnixNano()
+	}
+	p.ejections.Store(int32(len(p.ejected)))
+}
+
+// unEject ends worker's ejection, if any.
+func (p *partition) unEject(worker string) {
+	p.ejectMu.Lock()
+	defer p.ejectMu.Unlock()
+	delete(p.ejected, worker)
+	p.ejections.Store(int32(len(p.ejected)))
+}
+
+// ejectedAt forgets the ejections that ended by now and returns a test of the
+// workers still ejected (a snapshot: the request path calls it once).
+func (p *partition) ejectedAt(now time.Time) func(worker string) bool {
+	p.ejectMu.Lock()
+	defer p.ejectMu.Unlock()
+	t := now.UnixNano()
+	live := make(map[string]struct{}, len(p.ejected))
+	for w, until := range p.ejected {
+		if until <= t {
+			delete(p.ejected, w)
+			continue
+		}
+		live[w] = struct{}{}
+	}
+	p.ejections.Store(int32(len(p.ejected)))
+	return func(worker string) bool { _, ok := live[worker]; return ok }
 }

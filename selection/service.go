@@ -82,10 +82,10 @@ type SelectionService struct {
 }
 
 type serviceCounters struct {
-	selections, bookings, prefillDone, frees, unknownIDs, rejected atomic.Uint64
-	queued, queueRejected, queueCanceled, conflicts, retries       atomic.Uint64
-	chosenOverlap, bestOverlap, requestBlocks                      atomic.Uint64
-	queueWaitNanos                                                 atomic.Int64
+	selections, bookings, prefillDone, frees, unknownIDs, rejected, failures atomic.Uint64
+	queued, queueRejected, queueCanceled, conflicts, retries                 atomic.Uint64
+	chosenOverlap, bestOverlap, requestBlocks                                atomic.Uint64
+	queueWaitNanos                                                           atomic.Int64
 }
 
 func newService(cfg Config, now func() time.Time, rng *mrand.Rand, logger *slog.Logger, rec Recorder, sweep time.Duration, fo FeedOptions, external bool, bind string, anyPeer bool) (*SelectionService, error) {
@@ -415,6 +415,7 @@ func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
 		p.fallback.RemoveWorker(id)
 	}
 	s.dropHealthLocked(p, id, nil)
+	p.unEject(id)
 	delete(s.workerPart, id)
 	delete(s.rankRange, id)
 	s.partOf.Delete(id)
@@ -450,6 +451,56 @@ func (s *SelectionService) DeleteWorker(id string) (catalog.Record, error) {
 		// A batch applied between the catalog delete and the source stop was
 		// refused by the routing applier, so nothing of the worker is left.
 	}
+	if p != nil {
+		p.signal()
+	}
+	return rec, nil
+}
+
+// MarkFailed reports that a request to worker id failed in a way that says the
+// worker is unwell: its connection was refused or reset, or it answered with a
+// server error. The worker is taken out of the picks for
+// Config.FailureEjection (unless every eligible worker of a request is
+// ejected: then ejection yields, as an Envoy outlier detector does at its
+// panic threshold), and the service forgets the prefixes it routed to it
+// (approximate mode, and ranks routed on their own bookings), so that
+// affinity does not pull requests back to it afterwards. Its bookings in
+// flight stay until they are freed. Unknown id: ErrNotFound.
+func (s *SelectionService) MarkFailed(id string) error {
+	s.mu.RLock()
+	p := s.workerPart[id]
+	s.mu.RUnlock()
+	if p == nil {
+		return fmt.Errorf("%w: worker %q", ErrNotFound, id)
+	}
+	if p.approx != nil {
+		p.approx.RemoveWorker(id)
+	}
+	if p.fallback != nil {
+		p.fallback.RemoveWorker(id)
+	}
+	p.eject(id, s.now().Add(s.cfg.FailureEjection))
+	s.st.failures.Add(1)
+	return nil
+}
+
+// SetDraining takes worker id out of the picks (draining: true) or puts it
+// back (false), as a gateway does before it stops a worker; its bookings in
+// flight stay until they are freed, and a later UpsertWorker keeps it
+// draining. The returned record is the new one (Lifecycle Draining, or
+// whatever the worker then is). Unknown id: ErrNotFound.
+func (s *SelectionService) SetDraining(id string, draining bool) (catalog.Record, error) {
+	s.mu.Lock()
+	rec, err := s.cat.SetDraining(id, draining)
+	if err != nil {
+		s.mu.Unlock()
+		return catalog.Record{}, fmt.Errorf("%w: worker %q: %w", ErrNotFound, id, err)
+	}
+	p := s.workerPart[id]
+	if p != nil {
+		p.rebuild(s.cat.Schedulable(p.model), s.ledger, s.rankHealthFn())
+	}
+	s.mu.Unlock()
 	if p != nil {
 		p.signal()
 	}
