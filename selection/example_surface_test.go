@@ -1,0 +1,145 @@
+package selection_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/selection"
+)
+
+// exampleService builds a service fed by hand with two workers, pod-a and
+// pod-b, where pod-b's engine holds the first two blocks of prompt.
+func exampleService(prompt []uint32) *selection.SelectionService {
+	svc, err := selection.NewSelectionServiceBuilder(selection.DefaultConfig(4)).ExternalEvents().Build(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	for i, id := range []string{"pod-a", "pod-b"} {
+		if _, err := svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1}); err != nil {
+			panic(err)
+		}
+	}
+	_ = svc.ApplyEvent(catalog.WorkerRank{Worker: "pod-b"}, kvindex.Event{
+		Kind: kvindex.EventStored, BlockHashes: []uint64{901, 902}, Tokens: prompt[:8],
+	})
+	return svc
+}
+
+var examplePrompt = []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+
+// Select answers where a request would go, without booking it.
+func ExampleSelectionService_Select() {
+	svc := exampleService(examplePrompt)
+	defer svc.Close()
+	res, _ := svc.Select(context.Background(), selection.Request{Tokens: examplePrompt})
+	fmt.Println(res.Worker, res.Overlap.Device, "booked:", res.ReservationID != "")
+	fmt.Println("active requests:", svc.Loads("")[1].ActiveRequests)
+	// Output:
+	// pod-b 2 booked: false
+	// active requests: 0
+}
+
+// SelectAndReserve books by id; the caller settles the id (Book returns a
+// handle that does it instead).
+func ExampleSelectionService_SelectAndReserve() {
+	svc := exampleService(examplePrompt)
+	defer svc.Close()
+	id := selection.NewReservationID()
+	res, _ := svc.SelectAndReserve(context.Background(), selection.Request{ReservationID: id, Tokens: examplePrompt})
+	fmt.Println(res.Worker, "prefill load:", svc.Loads("")[1].ActivePrefillTokens) // the 4 uncached tokens
+	_ = svc.PrefillComplete(id)                                                    // first response byte
+	fmt.Println("after first byte:", svc.Loads("")[1].ActivePrefillTokens, "requests:", svc.Loads("")[1].ActiveRequests)
+	_ = svc.FreeReservation(id) // end of stream, cancel or error
+	fmt.Println("after free:", svc.Loads("")[1].ActiveRequests, len(id))
+	// Output:
+	// pod-b prefill load: 4
+	// after first byte: 0 requests: 1
+	// after free: 0 32
+}
+
+// Loads and PotentialLoads show what the cost function sees: every rank's
+// load now, and with the request added.
+func ExampleSelectionService_PotentialLoads() {
+	svc := exampleService(examplePrompt)
+	defer svc.Close()
+	scored, _ := svc.PotentialLoads(context.Background(), selection.Request{Tokens: examplePrompt})
+	for _, s := range scored {
+		fmt.Printf("%s overlap=%d to-prefill=%d decode-blocks=%d cost=%.1f\n",
+			s.Worker, s.Overlap.Device, s.EffectivePrefillTokens, s.PotentialDecodeBlock, s.Cost)
+	}
+	for _, l := range svc.Loads("") {
+		fmt.Println(l.Worker, "active:", l.ActiveRequests)
+	}
+	// Output:
+	// pod-a overlap=0 to-prefill=12 decode-blocks=3 cost=10.5
+	// pod-b overlap=2 to-prefill=4 decode-blocks=3 cost=3.0
+	// pod-a active: 0
+	// pod-b active: 0
+}
+
+// OverlapScores is the index's view alone: how many leading blocks each rank
+// holds.
+func ExampleSelectionService_OverlapScores() {
+	svc := exampleService(examplePrompt)
+	defer svc.Close()
+	ov, _ := svc.OverlapScores(context.Background(), selection.Request{Tokens: examplePrompt})
+	fmt.Println(ov[catalog.WorkerRank{Worker: "pod-a"}].Device, ov[catalog.WorkerRank{Worker: "pod-b"}].Device)
+	// Output:
+	// 0 2
+}
+
+// UpsertWorker's record says whether the worker can be routed, and why not;
+// Ready and Workers report the catalog; DeleteWorker removes a worker.
+func ExampleSelectionService_UpsertWorker() {
+	svc, _ := selection.NewSelectionServiceBuilder(selection.DefaultConfig(16)).Build(context.Background())
+	defer svc.Close()
+	// With KV events on (the default), every rank needs an event endpoint.
+	rec, _ := svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1})
+	fmt.Println(rec.Lifecycle, rec.Reasons, svc.Ready().Ready)
+	rec, _ = svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1,
+		KVEventEndpoints: map[int]string{0: "tcp://10.0.0.1:5557"}})
+	fmt.Println(rec.Lifecycle, rec.Worker.BlockSize, svc.Ready().Ready, len(svc.Workers()))
+	rec, _ = svc.DeleteWorker("pod-a")
+	fmt.Printf("%v %+v\n", rec.Lifecycle, svc.Ready())
+	// Output:
+	// incomplete [kv_event_endpoint_missing:rank=0] false
+	// schedulable 16 true 1
+	// unschedulable {Ready:false Schedulable:0 Workers:0}
+}
+
+// Without KV events the service remembers the prefixes it routed (for
+// Config.RouterTTL), so requests sharing a prefix still meet their cache.
+func ExampleSelectionService_approximate() {
+	cfg := selection.DefaultConfig(4)
+	cfg.UseKVEvents = false
+	svc, _ := selection.NewSelectionServiceBuilder(cfg).Build(context.Background())
+	defer svc.Close()
+	for i, id := range []string{"pod-a", "pod-b", "pod-c"} {
+		_, _ = svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
+	}
+	system := []uint32{7, 7, 7, 7, 8, 8, 8, 8, 9, 9, 9, 9}
+	first, _ := svc.Book(context.Background(), selection.Request{Tokens: append(system, 1, 2, 3, 4)})
+	_ = first.Done()
+	next, _ := svc.Book(context.Background(), selection.Request{Tokens: append(system, 5, 6, 7, 8)})
+	_ = next.Done()
+	fmt.Println(next.Worker == first.Worker, "cached blocks:", next.Overlap.Device)
+	// Output:
+	// true cached blocks: 3
+}
+
+// A gateway that saw a worker fail tells the service; a worker about to stop
+// is drained first.
+func ExampleSelectionService_MarkFailed() {
+	svc := exampleService(examplePrompt)
+	defer svc.Close()
+	_ = svc.MarkFailed("pod-b") // connection refused: out of the picks for FailureEjection
+	res, _ := svc.Select(context.Background(), selection.Request{Tokens: examplePrompt})
+	fmt.Println(res.Worker)
+	rec, _ := svc.SetDraining("pod-a", true)
+	fmt.Println(rec.Lifecycle, svc.Ready().Schedulable)
+	// Output:
+	// pod-a
+	// draining 1
+}
