@@ -1,6 +1,10 @@
 package catalog
 
-import "fmt"
+import (
+	"cmp"
+	"fmt"
+	"strings"
+)
 
 // WorkerRank names one KV cache: a worker and one of its data-parallel ranks.
 // Each data-parallel rank of an engine has its own cache, publishes its own
@@ -14,3 +18,9 @@ type WorkerRank struct {
 
 // String returns "worker/rank".
 func (w WorkerRank) String() string { return fmt.Sprintf("%s/%d", w.Worker, w.Rank) }
+
+// Compare orders worker ranks by worker id, then rank: -1, 0 or +1, for
+// slices.SortFunc.
+func (w WorkerRank) Compare(o WorkerRank) int {
+	return cmp.Or(strings.Compare(w.Worker, o.Worker), cmp.Compare(w.Rank, o.Rank))
+}

@@ -3,7 +3,7 @@ package selection
 import (
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -586,12 +586,6 @@ func (s *SelectionService) FeedHealth() []FeedHealth {
 		h.mu.Unlock()
 	}
 	s.healthMu.Unlock()
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i].Worker, out[j].Worker
-		if a.Worker != b.Worker {
-			return a.Worker < b.Worker
-		}
-		return a.Rank < b.Rank
-	})
+	slices.SortFunc(out, func(a, b FeedHealth) int { return a.Worker.Compare(b.Worker) })
 	return out
 }

@@ -2,7 +2,7 @@ package selection
 
 import (
 	"context"
-	"sort"
+	"slices"
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/reservation"
@@ -51,12 +51,7 @@ func (s *SelectionService) workerLoad(r rankInfo, l reservation.Load) WorkerLoad
 }
 
 func sortLoads(ls []WorkerLoad) {
-	sort.Slice(ls, func(i, j int) bool {
-		if ls[i].Worker != ls[j].Worker {
-			return ls[i].Worker < ls[j].Worker
-		}
-		return ls[i].Rank < ls[j].Rank
-	})
+	slices.SortFunc(ls, func(a, b WorkerLoad) int { return a.WorkerRank.Compare(b.WorkerRank) })
 }
 
 func (s *SelectionService) partition(model string) *partition {
@@ -108,12 +103,7 @@ func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Sco
 		wl.PotentialDecodeBlock = c.activeBlocks + c.newBlocks
 		out[i] = Scored{WorkerLoad: wl, Overlap: Overlap{c.device, c.host, c.disk}, EffectivePrefillTokens: eff, Cost: c.cost}
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Worker != out[j].Worker {
-			return out[i].Worker < out[j].Worker
-		}
-		return out[i].Rank < out[j].Rank
-	})
+	slices.SortFunc(out, func(a, b Scored) int { return a.WorkerRank.Compare(b.WorkerRank) })
 	return out, nil
 }
 

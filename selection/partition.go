@@ -25,7 +25,10 @@ type rankInfo struct {
 // with reservation.Ledger.BookAt (see the package doc); with queueing, pick and
 // book happen under mu.
 type partition struct {
-	model  string
+	model string
+	// prefix is what requests are matched against: index with KV events,
+	// approx without (the one set of the two).
+	prefix prefixIndex
 	index  *kvindex.Index  // with KV events
 	approx *kvindex.Approx // without
 	// fallback holds, with KV events, the recent bookings of ranks whose feed
@@ -104,15 +107,19 @@ func (rs *rankSet) untrustedRank(w catalog.WorkerRank) bool {
 	return ok && rs.ranks[i].health != nil && rs.ranks[i].health.untrusted.Load()
 }
 
+// prefixIndex is what the request path needs of a partition's index, the
+// event-fed kvindex.Index or the approximate kvindex.Approx.
+type prefixIndex interface {
+	AppendMatches(dst []kvindex.Match, seqs []uint64, opts kvindex.MatchOptions) []kvindex.Match
+	RemoveWorker(worker string) int
+}
+
 // matches returns every rank's overlap with seqs, in buf's storage: from the
 // event index (ranks whose feed is not trusted from the fallback), or from the
 // approximate index without KV events. It takes no partition lock; the indexes
 // have their own.
 func (p *partition) matches(buf []kvindex.Match, seqs []uint64) []kvindex.Match {
-	if p.index == nil {
-		return p.approx.AppendMatches(buf[:0], seqs, kvindex.MatchOptions{})
-	}
-	ms := p.index.AppendMatches(buf[:0], seqs, kvindex.MatchOptions{})
+	ms := p.prefix.AppendMatches(buf[:0], seqs, kvindex.MatchOptions{})
 	if p.untrusted.Load() > 0 {
 		ms = p.withFallback(ms, seqs)
 	}

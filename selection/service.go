@@ -9,7 +9,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"net"
-	"sort"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -269,11 +269,13 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 			opts.OnStored = s.storedHook
 		}
 		p.index, _ = kvindex.New(opts)
+		p.prefix = p.index
 		if s.healthOn() {
 			p.fallback, _ = kvindex.NewApprox(kvindex.ApproxOptions{TTL: s.cfg.RouterTTL, MaxBlocks: s.cfg.ApproxMaxBlocks, Now: s.now})
 		}
 	} else {
 		p.approx, _ = kvindex.NewApprox(kvindex.ApproxOptions{TTL: s.cfg.RouterTTL, MaxBlocks: s.cfg.ApproxMaxBlocks, Now: s.now})
+		p.prefix = p.approx
 	}
 	s.partitions[model] = p
 	return p
@@ -405,12 +407,7 @@ func (s *SelectionService) rankHealthFn() func(catalog.WorkerRank) *rankHealth {
 // forgetWorkerLocked removes a worker's index state, bookings and candidacy from
 // p. s.mu is held.
 func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
-	if p.index != nil {
-		p.index.RemoveWorker(id)
-	}
-	if p.approx != nil {
-		p.approx.RemoveWorker(id)
-	}
+	p.prefix.RemoveWorker(id)
 	if p.fallback != nil {
 		p.fallback.RemoveWorker(id)
 	}
@@ -607,12 +604,6 @@ func (s *SelectionService) EventStats() []EventSourceStats {
 	for i, st := range src {
 		out[i] = EventSourceStats{SourceStats: st, Handler: s.handler.Stats(st.Worker)}
 	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i].Worker, out[j].Worker
-		if a.Worker != b.Worker {
-			return a.Worker < b.Worker
-		}
-		return a.Rank < b.Rank
-	})
+	slices.SortFunc(out, func(a, b EventSourceStats) int { return a.Worker.Compare(b.Worker) })
 	return out
 }
