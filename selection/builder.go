@@ -53,6 +53,7 @@ type SelectionServiceBuilder struct {
 	external bool
 	bindAddr string
 	anyPeer  bool
+	observer BookingObserver
 }
 
 // FeedOptions tune the KV-event feed the service runs when Config.UseKVEvents is
@@ -163,28 +164,26 @@ func (b *SelectionServiceBuilder) Build(ctx context.Context) (*SelectionService,
 	if b.feedOpts.QueueLen < 0 || b.feedOpts.ReconnectMin < 0 || b.feedOpts.ReconnectMax < 0 {
 		return nil, fmt.Errorf("%w: negative event feed option %+v", ErrInvalidConfig, b.feedOpts)
 	}
-	clock := b.clock
-	if clock == nil {
-		clock = time.Now
-	}
-	src := b.rng
-	if src == nil {
-		src = rand.NewPCG(rand.Uint64(), rand.Uint64())
-	}
-	logger := b.logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	rec := b.recorder
-	if rec == nil {
-		rec = nopRecorder{}
-	}
-	sweep := b.sweep
-	if sweep == 0 {
-		sweep = time.Second
-	}
 	if b.bindAddr != "" && (b.external || !b.cfg.UseKVEvents) {
 		return nil, fmt.Errorf("%w: BindEvents needs UseKVEvents and the built-in feed (not ExternalEvents)", ErrInvalidConfig)
 	}
-	return newService(b.cfg.normalized(), clock, rand.New(src), logger, rec, sweep, b.feedOpts, b.external, b.bindAddr, b.anyPeer)
+	// o is b with every default filled in.
+	o := *b
+	o.cfg = b.cfg.normalized()
+	if o.clock == nil {
+		o.clock = time.Now
+	}
+	if o.rng == nil {
+		o.rng = rand.NewPCG(rand.Uint64(), rand.Uint64())
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.DiscardHandler)
+	}
+	if o.recorder == nil {
+		o.recorder = nopRecorder{}
+	}
+	if o.sweep == 0 {
+		o.sweep = time.Second
+	}
+	return newService(&o)
 }

@@ -240,6 +240,12 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 			s.booked(r.health, pr.seqs, c.device+c.host+c.disk, pr.id)
 		}
 		s.st.bookings.Add(1)
+		if s.obs != nil {
+			s.obs.Booked(BookingEvent{
+				ID: pr.id, Model: pr.model, Worker: r.key, SeqHashes: pr.active, PrivateBlocks: pr.private,
+				PrefillTokens: prefill, ExpectedOutputTokens: pr.expected, Lease: s.cfg.ActiveRequestExpiry,
+			})
+		}
 		res.ReservationID = pr.id
 	}
 	s.st.selections.Add(1)

@@ -173,6 +173,10 @@ type Stats struct {
 	Expired, Dropped uint64
 	// Failures counts MarkFailed calls.
 	Failures uint64
+	// RemoteBookings counts peers' bookings accepted by BookRemote. Expired,
+	// Dropped and the Ledger figures count them too (Bookings, Frees and
+	// PrefillCompleted do not).
+	RemoteBookings uint64
 	// Ledger is the reservation ledger's own snapshot.
 	Ledger reservation.Stats
 }
@@ -196,6 +200,7 @@ func (s *SelectionService) Stats() Stats {
 		Queued:  s.st.queued.Load(), QueueRejected: s.st.queueRejected.Load(), QueueCanceled: s.st.queueCanceled.Load(),
 		QueueWaitTotal: s.st.queueWaitNanos.Load(), Waiting: waiting,
 		ChosenOverlapBlocks: s.st.chosenOverlap.Load(), BestOverlapBlocks: s.st.bestOverlap.Load(), RequestBlocks: s.st.requestBlocks.Load(),
-		Expired: uint64(ls.Expired), Dropped: uint64(ls.Removed), Failures: s.st.failures.Load(), Ledger: ls,
+		Expired: uint64(ls.Expired), Dropped: uint64(ls.Removed), Failures: s.st.failures.Load(),
+		RemoteBookings: s.st.remoteBookings.Load(), Ledger: ls,
 	}
 }

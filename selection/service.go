@@ -36,6 +36,7 @@ type SelectionService struct {
 	now    func() time.Time
 	logger *slog.Logger
 	rec    Recorder
+	obs    BookingObserver // nil: no replication
 
 	cat    *catalog.Catalog
 	ledger *reservation.Ledger
@@ -82,20 +83,22 @@ type SelectionService struct {
 }
 
 type serviceCounters struct {
-	selections, bookings, prefillDone, frees, unknownIDs, rejected, failures atomic.Uint64
-	queued, queueRejected, queueCanceled, conflicts, retries                 atomic.Uint64
-	chosenOverlap, bestOverlap, requestBlocks                                atomic.Uint64
-	queueWaitNanos                                                           atomic.Int64
+	selections, bookings, prefillDone, frees, unknownIDs, rejected, failures, remoteBookings atomic.Uint64
+	queued, queueRejected, queueCanceled, conflicts, retries                                 atomic.Uint64
+	chosenOverlap, bestOverlap, requestBlocks                                                atomic.Uint64
+	queueWaitNanos                                                                           atomic.Int64
 }
 
-func newService(cfg Config, now func() time.Time, rng *mrand.Rand, logger *slog.Logger, rec Recorder, sweep time.Duration, fo FeedOptions, external bool, bind string, anyPeer bool) (*SelectionService, error) {
+// newService builds the service o describes; o has every default filled in.
+func newService(o *SelectionServiceBuilder) (*SelectionService, error) {
+	cfg, now, logger, fo, external, bind, anyPeer := o.cfg, o.clock, o.logger, o.feedOpts, o.external, o.bindAddr, o.anyPeer
 	s := &SelectionService{
-		cfg: cfg, base: cfg.weights(), now: now, logger: logger, rec: rec,
+		cfg: cfg, base: cfg.weights(), now: now, logger: logger, rec: o.recorder, obs: o.observer,
 		partitions: make(map[string]*partition),
 		workerPart: make(map[string]*partition),
 		byHost:     make(map[string]map[string]struct{}),
 		rankRange:  make(map[string][2]int),
-		seeds:      rng,
+		seeds:      mrand.New(o.rng),
 		trust:      cfg.FeedTrust.normalized(),
 		health:     make(map[catalog.WorkerRank]*rankHealth),
 	}
@@ -161,7 +164,7 @@ func newService(cfg Config, now func() time.Time, rng *mrand.Rand, logger *slog.
 			}
 		}()
 	}
-	if sweep > 0 {
+	if sweep := o.sweep; sweep > 0 {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -210,7 +213,8 @@ func (r routingApplier) Apply(w catalog.WorkerRank, ev kvindex.Event) error {
 	if p == nil || p.index == nil {
 		return errUnroutable
 	}
-	if rr, ok := r.s.rankRange[w.Worker]; !ok || w.Rank < rr[0] || w.Rank >= rr[0]+rr[1] {
+	if !r.s.rankKnownLocked(w) {
+		rr := r.s.rankRange[w.Worker]
 		return fmt.Errorf("%w: rank %d of worker %q (ranks %d..%d)", kvevents.ErrUnknownRank, w.Rank, w.Worker, rr[0], rr[0]+rr[1]-1)
 	}
 	return p.index.Apply(w, ev)

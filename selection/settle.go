@@ -16,6 +16,7 @@ func (s *SelectionService) PrefillComplete(id string) error {
 		return s.settleError(err)
 	}
 	s.st.prefillDone.Add(1)
+	s.observeSettled(id, SettlePrefill)
 	if s.healthOn() {
 		s.sampleSettled(id, true)
 	}
@@ -30,6 +31,7 @@ func (s *SelectionService) FreeReservation(id string) error {
 		return s.settleError(err)
 	}
 	s.st.frees.Add(1)
+	s.observeSettled(id, SettleFree)
 	if s.healthOn() {
 		s.sampleSettled(id, false)
 	}
@@ -44,6 +46,7 @@ func (s *SelectionService) RenewReservation(id string) error {
 	if err := s.ledger.Touch(id); err != nil {
 		return s.settleError(err)
 	}
+	s.observeSettled(id, SettleRenew)
 	return nil
 }
 

@@ -1,0 +1,159 @@
+package httproute
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvselect/kvselect/selection"
+)
+
+// outcome is how an exchange ended, for Stats.
+type outcome uint8
+
+const (
+	outcomeEnded outcome = iota
+	outcomeCanceled
+	outcomeFailed
+	outcomeAborted
+)
+
+type exchangeKey struct{}
+
+func exchangeOf(ctx context.Context) *exchange {
+	return ctx.Value(exchangeKey{}).(*exchange) // set by ServeHTTP on every request the proxy sees
+}
+
+// exchange is one booked request on its way through the proxy. settle may run
+// on the context's AfterFunc goroutine; everything else runs on the request's
+// goroutine (the proxy calls Rewrite, ModifyResponse, ErrorHandler and the body
+// on it).
+type exchange struct {
+	r   *Router
+	b   *selection.Booking
+	ctx context.Context // the client's request context
+
+	once   sync.Once
+	marked atomic.Bool
+
+	// The request's goroutine only.
+	lastRenew time.Time
+}
+
+// settle frees the booking, once, and counts how the exchange ended.
+func (ex *exchange) settle(o outcome) {
+	ex.once.Do(func() {
+		_ = ex.b.Done() // an error means the booking was already gone (lease, worker deleted): nothing to do
+		st := &ex.r.st
+		st.done.Add(1)
+		switch o {
+		case outcomeEnded:
+			st.ended.Add(1)
+		case outcomeCanceled:
+			st.canceled.Add(1)
+			ex.r.log.Debug("httproute: client left", slog.String("worker", ex.b.Worker), slog.String("reservation", ex.b.ReservationID))
+		case outcomeFailed:
+			st.failed.Add(1)
+		default:
+			st.aborted.Add(1)
+		}
+	})
+}
+
+// endOutcome is the outcome of an exchange the proxy returned from without
+// settling it: the client left, or the answer stopped short some other way.
+func (ex *exchange) endOutcome() outcome {
+	if ex.ctx.Err() != nil {
+		return outcomeCanceled
+	}
+	return outcomeAborted
+}
+
+// markFailed reports the worker to the service, at most once per exchange.
+func (ex *exchange) markFailed(why string) {
+	if ex.marked.Swap(true) {
+		return
+	}
+	ex.r.st.markedFailed.Add(1)
+	err := ex.r.opts.Service.MarkFailed(ex.b.Worker)
+	attrs := []any{slog.String("worker", ex.b.Worker), slog.String("endpoint", ex.b.Endpoint), slog.String("cause", why)}
+	if err != nil {
+		attrs = append(attrs, slog.String("mark_error", err.Error()))
+	}
+	ex.r.log.Warn("httproute: worker failed a request; marked failed", attrs...)
+}
+
+// firstByte reports the first body byte of a successful answer.
+func (ex *exchange) firstByte() {
+	if ex.b.PrefillComplete() == nil {
+		ex.r.st.firstBytes.Add(1)
+	}
+}
+
+// progress renews the lease when RenewInterval has passed since the booking or
+// the last renewal.
+func (ex *exchange) progress() {
+	every := ex.r.opts.RenewInterval
+	if every < 0 {
+		return
+	}
+	if now := time.Now(); now.Sub(ex.lastRenew) >= every {
+		ex.lastRenew = now
+		if ex.b.Renew() == nil {
+			ex.r.st.renewals.Add(1)
+		}
+	}
+}
+
+// settleBody is the upstream response body as the proxy reads it: its first
+// bytes complete the prefill (of a 2xx answer), each chunk may renew the lease,
+// and its end settles the booking before the last bytes go out, so a client
+// that has read the whole answer finds the booking done.
+type settleBody struct {
+	io.ReadCloser
+	ex      *exchange
+	left    int64 // bytes still expected; negative when the length is unknown
+	success bool  // a 2xx answer
+	started bool
+}
+
+func (b *settleBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		if !b.started {
+			b.started = true
+			if b.success {
+				b.ex.firstByte()
+			}
+		}
+		b.ex.progress()
+		if b.left >= 0 {
+			if b.left -= int64(n); b.left <= 0 {
+				b.ex.settle(outcomeEnded)
+			}
+		}
+	}
+	switch {
+	case err == io.EOF:
+		b.ex.settle(outcomeEnded)
+	case err != nil && b.ex.ctx.Err() != nil:
+		b.ex.settle(outcomeCanceled)
+	case err != nil:
+		// The worker cut its answer short while the client was still there.
+		b.ex.r.st.upstreamErrors.Add(1)
+		b.ex.markFailed("response body: " + err.Error())
+		b.ex.settle(outcomeFailed)
+	}
+	return n, err
+}
+
+// Close settles an exchange the proxy gives up on before the body's end (its
+// write to the client failed).
+func (b *settleBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.ex.settle(b.ex.endOutcome())
+	return err
+}

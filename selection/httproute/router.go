@@ -1,0 +1,413 @@
+package httproute
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/tokenize"
+)
+
+// Defaults applied by New to zero Options fields.
+const (
+	DefaultMaxBodyBytes  = 8 << 20
+	DefaultRenewInterval = 10 * time.Second
+	// DefaultMaxIdleConnsPerHost is how many idle connections the default
+	// transport keeps to each worker.
+	DefaultMaxIdleConnsPerHost = 64
+)
+
+// Service is what a Router needs of the selection service. A
+// *selection.SelectionService implements it; a caller may wrap one (to count,
+// to log, to book on a role's service).
+type Service interface {
+	// Book picks a worker for the request and books it (see
+	// selection.SelectionService.Book).
+	Book(ctx context.Context, req selection.Request) (*selection.Booking, error)
+	// MarkFailed reports that a worker failed a request: the service stops
+	// picking it for a while (see selection.SelectionService.MarkFailed).
+	MarkFailed(workerID string) error
+}
+
+var _ Service = (*selection.SelectionService)(nil)
+
+// Options configure a Router. The zero value of every field but Service and
+// Tokenizer means the documented default; New copies the struct and never
+// modifies the caller's.
+type Options struct {
+	// Service books every request. Required.
+	Service Service
+	// Tokenizer turns the request into the engine's token ids; wrap a
+	// tokenize.Client in a tokenize.Cache (ShareResults: the Router only reads
+	// the ids). Required.
+	Tokenizer tokenize.Tokenizer
+	// Model, when set, is the selection model of every request (and the model
+	// name sent to the tokenize endpoints). Empty: each request's body names
+	// it ("model"), so it must equal the catalog.Worker.Model its workers are
+	// registered under; a body without one is selection.DefaultModel.
+	Model string
+	// Prepare, when set, adjusts each selection.Request after tokenization and
+	// before Book: map a vLLM LoRA adapter named in "model" to the base model
+	// and LoRAName, restrict Allowed, set Priority. info is the body's
+	// RequestInfo with the effective SessionID. An error rejects the request
+	// with HTTPStatus(err) (wrap selection.ErrBadRequest for 400). It is called
+	// concurrently and must not retain r.
+	Prepare func(r *http.Request, info RequestInfo, req *selection.Request) error
+	// MaxBodyBytes bounds the request body, which the Router buffers whole
+	// (it is tokenized, then sent upstream); a larger one is answered 413.
+	// Default DefaultMaxBodyBytes (8 MiB); negative is an error.
+	MaxBodyBytes int64
+	// Scheme is the upstream scheme, "http" (the default) or "https".
+	Scheme string
+	// Transport sends the requests upstream. Default: a clone of
+	// http.DefaultTransport that ignores HTTP_PROXY/HTTPS_PROXY (a proxy from
+	// the environment would carry every prompt through it), does not ask for
+	// compression (the client's Accept-Encoding goes through as sent, and
+	// nothing is decompressed or buffered on the way) and keeps up to
+	// DefaultMaxIdleConnsPerHost idle connections per worker. It sets no
+	// response-header timeout: a prefill can take minutes.
+	Transport http.RoundTripper
+	// FailureStatus reports whether an upstream status means the worker
+	// failed, in which case the Router calls Service.MarkFailed for it (the
+	// answer still goes to the client as it is). Transport errors (connection
+	// refused or reset, a response cut short) always mark the worker failed,
+	// unless the client left first. Default DefaultFailureStatus.
+	FailureStatus func(code int) bool
+	// RenewInterval is how often, at most, a streaming response renews its
+	// booking's lease (selection.Booking.Renew): when a body chunk arrives at
+	// least this long after the booking or the last renewal. Keep it well
+	// below the service's ActiveRequestExpiry. Default DefaultRenewInterval
+	// (10 s); negative disables renewal.
+	RenewInterval time.Duration
+	// Logger receives upstream failures (WARN) and rejections and cancels
+	// (DEBUG). Default: none.
+	Logger *slog.Logger
+}
+
+// DefaultFailureStatus is the default Options.FailureStatus: every 5xx except
+// 501 Not Implemented and 505 HTTP Version Not Supported, which answer the
+// request rather than describe the worker's health. 4xx never count: they are
+// the request's fault (429 is the engine's own back-pressure, which the
+// service's load already tracks).
+func DefaultFailureStatus(code int) bool {
+	return code >= 500 && code <= 599 && code != http.StatusNotImplemented && code != http.StatusHTTPVersionNotSupported
+}
+
+// Router is an http.Handler that routes OpenAI completion requests to the
+// worker the selection service books, through an httputil.ReverseProxy, and
+// settles the booking: PrefillComplete at the first response body byte of a
+// 2xx answer, Renew while it streams, Done exactly once whatever happens. See
+// the package documentation for the request path. A Router is safe for
+// concurrent use; create it with New (a zero Router is unusable).
+type Router struct {
+	opts      Options
+	proxy     *httputil.ReverseProxy
+	transport http.RoundTripper
+	owned     *http.Transport // the default transport, when the Router made it
+	log       *slog.Logger
+	st        counters
+}
+
+// New validates opts, reporting every problem at once (wrapped
+// ErrInvalidOptions), and returns a Router. It starts nothing and dials
+// nothing.
+func New(opts Options) (*Router, error) {
+	var problems []string
+	if opts.Service == nil {
+		problems = append(problems, "Service is nil")
+	}
+	if opts.Tokenizer == nil {
+		problems = append(problems, "Tokenizer is nil")
+	}
+	switch {
+	case opts.MaxBodyBytes == 0:
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	case opts.MaxBodyBytes < 0:
+		problems = append(problems, fmt.Sprintf("MaxBodyBytes %d is negative", opts.MaxBodyBytes))
+	}
+	switch opts.Scheme {
+	case "":
+		opts.Scheme = "http"
+	case "http", "https":
+	default:
+		problems = append(problems, fmt.Sprintf("Scheme %q is neither http nor https", opts.Scheme))
+	}
+	if opts.RenewInterval == 0 {
+		opts.RenewInterval = DefaultRenewInterval
+	}
+	if opts.FailureStatus == nil {
+		opts.FailureStatus = DefaultFailureStatus
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
+	}
+	r := &Router{opts: opts, transport: opts.Transport, log: opts.Logger}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	if r.transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.Proxy = nil
+		t.DisableCompression = true
+		t.MaxIdleConnsPerHost = DefaultMaxIdleConnsPerHost
+		r.owned, r.transport = t, t
+	}
+	r.proxy = &httputil.ReverseProxy{
+		Rewrite:        r.rewrite,
+		Transport:      r.transport,
+		ModifyResponse: r.modifyResponse,
+		ErrorHandler:   r.errorHandler,
+		// The proxy logs a body copy that failed, which every client cancel
+		// mid-stream causes: DEBUG.
+		ErrorLog: slog.NewLogLogger(r.log.Handler(), slog.LevelDebug),
+	}
+	return r, nil
+}
+
+// CloseIdleConnections closes the idle upstream connections of the transport
+// the Router made (none when Options.Transport was given). The Router stays
+// usable.
+func (r *Router) CloseIdleConnections() {
+	if r.owned != nil {
+		r.owned.CloseIdleConnections()
+	}
+}
+
+// controlHeaders are request headers a client could use to steer routing
+// downstream (a sidecar, another gateway) or to fake a gateway's report; they
+// are removed from every upstream request. These are the reference EPP's.
+var controlHeaders = []string{
+	"x-gateway-destination-endpoint",
+	"x-gateway-destination-endpoint-subset",
+	"x-gateway-destination-endpoint-served",
+	"x-gateway-destination-endpoint-scores",
+	"x-prefiller-host-port",
+	"x-llm-d-request-dropped-reason",
+	"test-epp-endpoint-selection",
+	"x-dynamo-worker-instance-id",
+	"x-dynamo-prefill-instance-id",
+	"x-dynamo-dp-rank",
+	"x-dynamo-prefill-dp-rank",
+	"x-dynamo-routing-mode",
+}
+
+// ServeHTTP reads and bounds the body, tokenizes it, books a worker, and
+// proxies the request there. Errors before the upstream are answered with an
+// OpenAI error object (see HTTPStatus); upstream answers, error statuses
+// included, are passed through; a transport error is 502 (504 for a timeout).
+func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.st.requests.Add(1)
+	if req.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		r.reject(w, fmt.Errorf("%w: %s", ErrMethodNotAllowed, req.Method))
+		return
+	}
+	body, err := r.readBody(w, req)
+	if err != nil {
+		r.reject(w, err)
+		return
+	}
+	b, err := r.book(req, body)
+	if err != nil {
+		r.reject(w, err)
+		return
+	}
+	r.st.booked.Add(1)
+	ex := &exchange{r: r, b: b, ctx: req.Context(), lastRenew: time.Now()}
+	stop := context.AfterFunc(req.Context(), func() { ex.settle(outcomeCanceled) })
+	defer func() {
+		stop()
+		if p := recover(); p != nil {
+			// A panic in the proxy path (the transport, a body, the writer;
+			// http.ErrAbortHandler when the copy failed): settle, then let it
+			// go on to net/http, which aborts the response (silently for
+			// ErrAbortHandler, logging anything else).
+			ex.settle(outcomeAborted)
+			panic(p)
+		}
+		ex.settle(ex.endOutcome())
+	}()
+	out := req.WithContext(context.WithValue(req.Context(), exchangeKey{}, ex))
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.ContentLength = int64(len(body))
+	out.TransferEncoding = nil
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	r.proxy.ServeHTTP(w, out)
+}
+
+// readBody reads the whole body, at most MaxBodyBytes.
+func (r *Router) readBody(w http.ResponseWriter, req *http.Request) ([]byte, error) {
+	limit := r.opts.MaxBodyBytes
+	if req.ContentLength > limit {
+		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, req.ContentLength, limit)
+	}
+	var buf bytes.Buffer
+	if req.ContentLength > 0 {
+		buf.Grow(int(req.ContentLength) + 1)
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, req.Body, limit))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return nil, fmt.Errorf("%w: the limit is %d bytes", ErrBodyTooLarge, limit)
+	case err != nil && req.Context().Err() != nil:
+		return nil, fmt.Errorf("httproute: reading the body: %w", req.Context().Err())
+	case err != nil:
+		return nil, fmt.Errorf("%w: reading the body: %v", ErrBadRequest, err)
+	}
+	return buf.Bytes(), nil
+}
+
+// book parses, tokenizes and books the request.
+func (r *Router) book(req *http.Request, body []byte) (*selection.Booking, error) {
+	info, err := ParseRequest(body)
+	if err != nil {
+		return nil, err
+	}
+	info.SessionID = SessionID(req.Header, info)
+	model := r.opts.Model
+	if model == "" {
+		model = info.Model
+	}
+	tr, err := r.opts.Tokenizer.Tokenize(req.Context(), tokenize.Request{Path: req.URL.Path, Body: body, Model: r.opts.Model})
+	if err != nil {
+		return nil, err
+	}
+	sreq := selection.Request{
+		Model: model, Tokens: tr.Tokens, LoRAName: info.LoRA, CacheSalt: tr.CacheSalt,
+		ExpectedOutputTokens: int(min(max(tr.MaxTokens, 0), math.MaxInt32)),
+	}
+	if sreq.CacheSalt == "" {
+		sreq.CacheSalt = info.CacheSalt
+	}
+	if r.opts.Prepare != nil {
+		if err := r.opts.Prepare(req, info, &sreq); err != nil {
+			return nil, err
+		}
+	}
+	b, err := r.opts.Service.Book(req.Context(), sreq)
+	if err != nil {
+		return nil, err
+	}
+	if b.Endpoint == "" { // a catalog never schedules one; a wrapping Service might
+		_ = b.Done()
+		return nil, fmt.Errorf("%w: worker %q has no endpoint", selection.ErrNoEndpoints, b.Worker)
+	}
+	return b, nil
+}
+
+// reject answers an error met before the upstream.
+func (r *Router) reject(w http.ResponseWriter, err error) {
+	status := HTTPStatus(err)
+	r.st.rejected.Add(1)
+	r.log.Debug("httproute: request rejected", slog.Int("status", status), slog.String("error", err.Error()))
+	writeError(w, status, clientMessage(err, status))
+}
+
+// rewrite points the upstream request at the booked worker.
+func (r *Router) rewrite(pr *httputil.ProxyRequest) {
+	ex := exchangeOf(pr.In.Context())
+	pr.Out.URL.Scheme = r.opts.Scheme
+	pr.Out.URL.Host = ex.b.Endpoint
+	pr.Out.Host = ""
+	pr.SetXForwarded()
+	for _, h := range controlHeaders {
+		pr.Out.Header.Del(h)
+	}
+}
+
+// modifyResponse runs when the upstream's headers arrive, before anything is
+// sent to the client: it reports a failure status and wraps the body, whose
+// reads settle the booking. Nothing is freed here while a body is to come.
+func (r *Router) modifyResponse(resp *http.Response) error {
+	ex := exchangeOf(resp.Request.Context())
+	if r.opts.FailureStatus(resp.StatusCode) {
+		r.st.failureStatuses.Add(1)
+		ex.markFailed(fmt.Sprintf("status %d", resp.StatusCode))
+	}
+	if resp.ContentLength == 0 || resp.Body == nil || resp.Body == http.NoBody {
+		ex.settle(outcomeEnded) // no body will follow
+		return nil
+	}
+	resp.Body = &settleBody{ReadCloser: resp.Body, ex: ex, left: resp.ContentLength,
+		success: resp.StatusCode >= 200 && resp.StatusCode < 300}
+	return nil
+}
+
+// errorHandler answers a request the upstream did not answer (connection
+// refused or reset, a timeout, the client's cancel).
+func (r *Router) errorHandler(w http.ResponseWriter, req *http.Request, err error) {
+	ex := exchangeOf(req.Context())
+	if cerr := req.Context().Err(); cerr != nil {
+		// The client left (or the caller's deadline passed): not the worker's
+		// fault. The answer is for the log; nobody may be reading it.
+		ex.settle(outcomeCanceled)
+		status := HTTPStatus(cerr)
+		writeError(w, status, clientMessage(cerr, status))
+		return
+	}
+	r.st.upstreamErrors.Add(1)
+	ex.markFailed(err.Error())
+	ex.settle(outcomeFailed)
+	status := http.StatusBadGateway
+	if isTimeout(err) {
+		status = http.StatusGatewayTimeout
+	}
+	writeError(w, status, clientMessage(err, status))
+}
+
+func isTimeout(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
+}
+
+// Stats are a Router's counters since New. Once no request is in flight,
+// Booked == Done, and Done == Ended + Canceled + Failed + Aborted.
+type Stats struct {
+	// Requests counts requests received; Rejected those answered before any
+	// upstream (method, body, tokenizer, Prepare, selection).
+	Requests, Rejected uint64
+	// Booked counts bookings made; Done those settled.
+	Booked, Done uint64
+	// Ended, Canceled, Failed and Aborted split Done by how the exchange
+	// ended: the upstream's answer was read to its end; the client left (or
+	// the request's deadline passed); the upstream could not be reached or
+	// cut its answer short; the proxy path panicked or stopped otherwise.
+	Ended, Canceled, Failed, Aborted uint64
+	// FirstBytes counts PrefillComplete calls (the first body byte of a 2xx
+	// answer); Renewals the leases renewed while streaming.
+	FirstBytes, Renewals uint64
+	// UpstreamErrors counts transport errors (client cancels excluded);
+	// FailureStatuses upstream answers with a failure status; MarkedFailed the
+	// MarkFailed calls (at most one per request).
+	UpstreamErrors, FailureStatuses, MarkedFailed uint64
+}
+
+// Stats returns the counters. Each is read atomically, but the set is not one
+// snapshot while requests are in flight.
+func (r *Router) Stats() Stats {
+	s := &r.st
+	return Stats{
+		Requests: s.requests.Load(), Rejected: s.rejected.Load(), Booked: s.booked.Load(), Done: s.done.Load(),
+		Ended: s.ended.Load(), Canceled: s.canceled.Load(), Failed: s.failed.Load(), Aborted: s.aborted.Load(),
+		FirstBytes: s.firstBytes.Load(), Renewals: s.renewals.Load(),
+		UpstreamErrors: s.upstreamErrors.Load(), FailureStatuses: s.failureStatuses.Load(), MarkedFailed: s.markedFailed.Load(),
+	}
+}
+
+type counters struct {
+	requests, rejected, booked, done              atomic.Uint64
+	ended, canceled, failed, aborted              atomic.Uint64
+	firstBytes, renewals                          atomic.Uint64
+	upstreamErrors, failureStatuses, markedFailed atomic.Uint64
+}

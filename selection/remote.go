@@ -1,0 +1,146 @@
+package selection
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/reservation"
+)
+
+// BookingEvent is one booking the service made itself, as a peer service
+// needs it to carry the same load (package replica ships it).
+type BookingEvent struct {
+	ID     string
+	Model  string
+	Worker catalog.WorkerRank
+	// SeqHashes are the booking's active block hashes. In a Booked call they
+	// are the service's own buffer, valid only during the call: copy what you
+	// keep.
+	SeqHashes            []uint64
+	PrivateBlocks        int
+	PrefillTokens        int
+	ExpectedOutputTokens int
+	// Lease is the booking's lease (Config.ActiveRequestExpiry).
+	Lease time.Duration
+}
+
+// Settlement is a settling call on a booking.
+type Settlement uint8
+
+// Settlements.
+const (
+	SettlePrefill Settlement = iota + 1 // PrefillComplete
+	SettleRenew                         // RenewReservation
+	SettleFree                          // FreeReservation
+)
+
+// String returns "prefill", "renew" or "free".
+func (k Settlement) String() string {
+	switch k {
+	case SettlePrefill:
+		return "prefill"
+	case SettleRenew:
+		return "renew"
+	case SettleFree:
+		return "free"
+	}
+	return fmt.Sprintf("Settlement(%d)", uint8(k))
+}
+
+// BookingObserver hears of every booking the service makes and of every
+// successful settling call on one (PrefillComplete, RenewReservation,
+// FreeReservation), but not of remote bookings or of expiries: a peer's copy
+// carries the lease and expires by itself. Calls run on the request path,
+// after the ledger accepted the change and in its order for one id: they must
+// not block and must not call the service.
+type BookingObserver interface {
+	Booked(ev BookingEvent)
+	Settled(id string, how Settlement)
+}
+
+// Observe sets the observer of the service's own bookings (package replica's
+// Replicator shares them with peer services). Default: none.
+func (b *SelectionServiceBuilder) Observe(o BookingObserver) *SelectionServiceBuilder {
+	b.observer = o
+	return b
+}
+
+// remoteID is the ledger id of a peer's booking: ids of different origins, and
+// of the service's own bookings, never collide.
+func remoteID(origin, id string) string { return "\x00" + origin + "\x00" + id }
+
+// BookRemote books a peer service's booking (ev, from origin's observer) in
+// this service's ledger: it counts as load exactly as a local booking does,
+// and with the approximate index it is remembered as a prefix of its worker.
+// Its lease is ev.Lease from now. A booking on a worker or rank this service
+// does not route to (discovery not yet caught up, another model) is refused
+// with ErrNotFound; a repeated id with ErrConflict.
+func (s *SelectionService) BookRemote(origin string, ev BookingEvent) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	// Held for reading so that DeleteWorker (which holds it for writing while
+	// it drops the worker's load) cannot run between the check and the book.
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	p := s.workerPart[ev.Worker.Worker]
+	if p == nil || p.model != modelOf(ev.Model) || !s.rankKnownLocked(ev.Worker) {
+		return fmt.Errorf("%w: remote booking on %v of model %q", ErrNotFound, ev.Worker, modelOf(ev.Model))
+	}
+	err := s.ledger.Book(reservation.Booking{
+		ID: remoteID(origin, ev.ID), Worker: ev.Worker, SeqHashes: ev.SeqHashes, PrivateBlocks: ev.PrivateBlocks,
+		PrefillTokens: ev.PrefillTokens, ExpectedOutputTokens: ev.ExpectedOutputTokens, Lease: ev.Lease,
+	})
+	if err != nil {
+		if errors.Is(err, reservation.ErrConflict) {
+			return fmt.Errorf("%w: %w", ErrConflict, err)
+		}
+		return fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	if p.approx != nil {
+		p.approx.Record(ev.Worker, ev.SeqHashes)
+	}
+	s.st.remoteBookings.Add(1)
+	return nil
+}
+
+// SettleRemote applies a peer's settling call to its booking id (see
+// BookRemote). An id that is not booked here (expired, dropped with its
+// worker, never accepted) is ErrUnknownReservation.
+func (s *SelectionService) SettleRemote(origin, id string, how Settlement) error {
+	rid := remoteID(origin, id)
+	var err error
+	switch how {
+	case SettlePrefill:
+		err = s.ledger.PrefillComplete(rid)
+	case SettleRenew:
+		err = s.ledger.Touch(rid)
+	case SettleFree:
+		err = s.ledger.Free(rid)
+	default:
+		return fmt.Errorf("%w: settlement %v", ErrBadRequest, how)
+	}
+	if err != nil {
+		if errors.Is(err, reservation.ErrUnknownReservation) {
+			return fmt.Errorf("%w: %w", ErrUnknownReservation, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// rankKnownLocked reports whether w is a rank of a registered worker. s.mu is
+// held.
+func (s *SelectionService) rankKnownLocked(w catalog.WorkerRank) bool {
+	rr, ok := s.rankRange[w.Worker]
+	return ok && w.Rank >= rr[0] && w.Rank < rr[0]+rr[1]
+}
+
+// observeSettled tells the observer of a successful settling call.
+func (s *SelectionService) observeSettled(id string, how Settlement) {
+	if s.obs != nil {
+		s.obs.Settled(id, how)
+	}
+}

@@ -1,0 +1,79 @@
+package selection
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/catalog"
+)
+
+type recordingObserver struct {
+	mu      sync.Mutex
+	booked  []BookingEvent
+	settled []string
+}
+
+func (o *recordingObserver) Booked(ev BookingEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ev.SeqHashes = append([]uint64(nil), ev.SeqHashes...)
+	o.booked = append(o.booked, ev)
+}
+
+func (o *recordingObserver) Settled(id string, how Settlement) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.settled = append(o.settled, id+":"+how.String())
+}
+
+// What one service books and settles, replayed into another with BookRemote
+// and SettleRemote, is the same load there.
+func TestObserverAndRemoteBookings(t *testing.T) {
+	obs := &recordingObserver{}
+	a, _ := newTestService(t, nil)
+	a.obs = obs
+	b, _ := newTestService(t, nil)
+	addWorkers(t, a, "w1", "w2")
+	addWorkers(t, b, "w1", "w2")
+
+	bk, err := a.Book(context.Background(), Request{Tokens: toks(16, 1)})
+	require.NoError(t, err)
+	require.Len(t, obs.booked, 1)
+	ev := obs.booked[0]
+	require.Equal(t, bk.ReservationID, ev.ID)
+	require.Equal(t, bk.Worker, ev.Worker.Worker)
+	require.NoError(t, b.BookRemote("replica-a", ev))
+	require.Equal(t, a.Loads(""), b.Loads(""), "the peer carries the same load")
+	require.ErrorIs(t, b.BookRemote("replica-a", ev), ErrConflict)
+
+	require.NoError(t, bk.PrefillComplete())
+	require.NoError(t, bk.Renew())
+	require.NoError(t, b.SettleRemote("replica-a", ev.ID, SettlePrefill))
+	require.NoError(t, b.SettleRemote("replica-a", ev.ID, SettleRenew))
+	require.Equal(t, a.Loads(""), b.Loads(""))
+	require.NoError(t, bk.Done())
+	require.Equal(t, []string{ev.ID + ":prefill", ev.ID + ":renew", ev.ID + ":free"}, obs.settled)
+	require.NoError(t, b.SettleRemote("replica-a", ev.ID, SettleFree))
+	requireIdle(t, b)
+	require.ErrorIs(t, b.SettleRemote("replica-a", ev.ID, SettleFree), ErrUnknownReservation)
+	require.Equal(t, uint64(1), b.Stats().RemoteBookings)
+	require.Zero(t, b.Stats().Bookings, "remote bookings are not the service's own")
+
+	// A booking on a worker or rank the peer does not know is refused.
+	ev.Worker = catalog.WorkerRank{Worker: "w3"}
+	require.ErrorIs(t, b.BookRemote("replica-a", ev), ErrNotFound)
+	ev.Worker = catalog.WorkerRank{Worker: "w1", Rank: 5}
+	require.ErrorIs(t, b.BookRemote("replica-a", ev), ErrNotFound)
+	// A remote id never collides with a local one.
+	ev.Worker = catalog.WorkerRank{Worker: "w1"}
+	ev.ID = "same"
+	require.NoError(t, b.BookRemote("replica-a", ev))
+	_, err = b.SelectAndReserve(context.Background(), Request{ReservationID: "same", Tokens: toks(8, 2)})
+	require.NoError(t, err)
+	require.NoError(t, b.FreeReservation("same"))
+	require.NoError(t, b.SettleRemote("replica-a", "same", SettleFree))
+	requireIdle(t, b)
+}
