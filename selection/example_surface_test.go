@@ -3,6 +3,7 @@ package selection_test
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
@@ -142,4 +143,23 @@ func ExampleSelectionService_MarkFailed() {
 	// Output:
 	// pod-a
 	// draining 1
+}
+
+// With the sweeper off (SweepInterval(-1)) and a clock of its own, a caller
+// expires orphaned bookings itself, at the time it chooses.
+func ExampleSelectionService_ExpireReservations() {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cfg := selection.DefaultConfig(16)
+	cfg.ActiveRequestExpiry = time.Minute
+	svc, _ := selection.NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(func() time.Time { return now }).
+		SweepInterval(-1).Build(context.Background())
+	defer svc.Close()
+	_, _ = svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1})
+	_, _ = svc.Book(context.Background(), selection.Request{Tokens: make([]uint32, 32)}) // never settled
+	fmt.Println("expired at once:", svc.ExpireReservations())
+	now = now.Add(time.Minute)
+	fmt.Println("expired after the lease:", svc.ExpireReservations(), "active:", svc.Loads("")[0].ActiveRequests)
+	// Output:
+	// expired at once: 0
+	// expired after the lease: 1 active: 0
 }

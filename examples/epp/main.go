@@ -369,6 +369,11 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	ms := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	logger.Info("epp listening", "extproc", extLis.Addr().String(), "health", healthLis.Addr().String(),
 		"metrics", metricsLis.Addr().String(), "tls", cfg.SecureServing, "model", cfg.Model)
+	for _, r := range e.rs.Census().Mode.Roles() {
+		if a := e.rs.Service(r).EventBindAddr(); a != nil { // engines dial this address
+			logger.Info("kv events bound", "role", r.String(), "addr", a.String())
+		}
+	}
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return gs.Serve(extLis) })
