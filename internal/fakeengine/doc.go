@@ -49,7 +49,9 @@
 // other. The only goroutines the engine starts are the replay server (when
 // EnableReplay is set) and the HTTP server with its connections (when
 // EnableHTTP is set); Close stops them and waits for them, and for every HTTP
-// handler in flight. The HTTP counters have their own mutex. go-zeromq v0.17.0 itself
+// handler in flight. The HTTP counters have their own mutex, and so has the P/D
+// bookkeeping (held transfers, bootstrap rooms). BootstrapHandler runs on a
+// server the caller owns. go-zeromq v0.17.0 itself
 // leaves one goroutine per PUB socket after Close (see LeakyZMQFunction), which
 // goleak-based tests must ignore.
 //
@@ -89,11 +91,14 @@
 //     header, next to x-fake-prompt-tokens and x-fake-cached-tokens):
 //     TTFTBase + PerTokenPrefill * uncached prompt tokens. The TTFT is
 //     only reported unless SleepTTFT is set. The output is max_tokens (default
-//     OutputTokens) words of dummy text, finish_reason "length".
+//     OutputTokens) words of dummy text, finish_reason "length"; streamed tokens
+//     are TokenInterval apart.
 //   - POST /v1/chat/completions/render (one vLLM GenerateRequest) and
 //     /v1/completions/render (a list, one per prompt), POST /tokenize ({count,
 //     max_model_len, tokens, token_strs}), in vLLM's shapes; they never touch the
 //     cache.
+//   - POST PullPath (/fake/kv/pull): a decode engine takes a prefill leg's held
+//     KV (see Disaggregated serving below).
 //   - GET /health, GET /v1/models, GET /metrics. The metrics are counters in the
 //     Prometheus text format, labelled model_name: fake_prefix_cache_queries_total
 //     and fake_prefix_cache_hits_total count prompt tokens (as vLLM's
@@ -101,10 +106,41 @@
 //     fake_requests_running, fake_generation_tokens_total,
 //     fake_request_errors_total, fake_kv_cache_blocks,
 //     fake_kv_cache_capacity_blocks and the fake_simulated_ttft_seconds summary
-//     (sum and count). HTTPStats returns the same counters.
+//     (sum and count). HTTPStats returns the same counters and more: computed,
+//     transferred and aborted requests, and the P/D legs below.
 //   - Errors are vLLM's ErrorResponse {"error": {message, type, param, code}}: 404
 //     for a "model" other than Options.Model, 400 for a malformed body, 413 for a
 //     body over 16 MiB, 503 after Close.
+//
+// # Disaggregated serving
+//
+// A completion request can be one leg of a prefill/decode exchange, in vLLM's,
+// SGLang's or TensorRT-LLM's wire form (pd.go has the details):
+//
+//   - vLLM: kv_transfer_params.do_remote_decode makes a prefill leg (one prompt,
+//     not streamed) whose answer carries kv_transfer_params naming the engine
+//     (EngineID, AdvertiseAddr) and its block hashes as remote_block_ids; the
+//     engine holds them for KVHoldTimeout. do_remote_prefill with those
+//     parameters makes a decode leg, which pulls them over HTTP (POST PullPath
+//     on the prefill engine, once per hold) before answering.
+//   - SGLang: bootstrap_host, bootstrap_port and bootstrap_room, the same on
+//     both legs; PDRole says which one the engine serves. The prefill opens the
+//     room once computed and waits (KVHoldTimeout) for the decode before it
+//     answers (streamed or not, as asked), while the decode asks
+//     the prefill engine's BootstrapHandler for the room (KVWaitTimeout).
+//   - TensorRT-LLM: disaggregated_params.request_type context_only makes a
+//     prefill leg whose first choice carries disaggregated_params (an
+//     encoded_opaque_state naming the engine), and prompt_token_ids;
+//     generation_only with those parameters makes a decode leg that pulls.
+//
+// A decode leg checks that the KV it took is its own prompt's, does not
+// compute those tokens again (TransferredTokens; the TTFT adds
+// TransferPerBlock per pulled block instead of their prefill) and reuses what
+// it has cached. PDRolePrefill and PDRoleDecode refuse the other kind of leg
+// (400), as they do a P/D leg with several prompts, a streamed vLLM or
+// TensorRT-LLM prefill leg, or fields of two protocols. A transfer that fails
+// is answered 502 (an SGLang prefill nobody took in time, 504); a client that
+// goes away during any of these waits is an abort (HTTPStats.Aborted).
 //
 // Prompts are tokenized by a deterministic toy tokenizer that the package
 // exports (Tokenize, CompletionTokens, ApplyChatTemplate), so tests can compute

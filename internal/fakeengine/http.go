@@ -64,6 +64,28 @@ type HTTPStats struct {
 	// PublishErrors counts requests whose KV-event batch the PUB socket refused
 	// (the request is still served and the cache change stands).
 	PublishErrors uint64
+	// ComputedTokens counts prompt tokens the engine computed itself: neither
+	// cached nor transferred from a prefill engine.
+	ComputedTokens uint64
+	// Aborted counts completion requests that ended before their answer did:
+	// the client went away (or the engine closed) during the TTFT wait, a P/D
+	// wait or the stream.
+	Aborted uint64
+
+	// Disaggregated serving (see PDRole). PrefillLegs and DecodeLegs count the
+	// legs served to the end of their hand-over: vLLM's do_remote_decode and
+	// do_remote_prefill, SGLang's bootstrap requests in prefill and decode mode,
+	// TensorRT-LLM's context_only and generation_only.
+	PrefillLegs uint64
+	DecodeLegs  uint64
+	// TransferredTokens counts prompt tokens decode legs took from a prefill
+	// engine instead of computing them.
+	TransferredTokens uint64
+	// Pulls counts hand-overs this engine gave as the prefill engine (a KV pull
+	// answered, an SGLang room taken).
+	Pulls uint64
+	// HoldsExpired counts prefill legs whose blocks nobody pulled in time.
+	HoldsExpired uint64
 }
 
 // HitRate returns CachedTokens / PromptTokens, or 0 when no prompt was served.
@@ -79,6 +101,7 @@ func (s HTTPStats) HitRate() float64 {
 type httpState struct {
 	handler http.Handler
 	reqID   atomic.Uint64
+	pd      pdState // held transfers and SGLang rooms; see pd.go
 
 	mu    sync.Mutex
 	stats HTTPStats
@@ -120,6 +143,7 @@ func (e *Engine) HTTPEndpoint() string {
 //	GET  /v1/models                    the served model
 //	GET  /health                       200 while the engine is not closed
 //	GET  /metrics                      Prometheus text format (see the package doc)
+//	POST /fake/kv/pull                 a decode engine takes a prefill leg's held KV (PullPath)
 func (e *Engine) Handler() http.Handler { return e.web.handler }
 
 func (e *Engine) newHandler() http.Handler {
@@ -140,6 +164,7 @@ func (e *Engine) newHandler() http.Handler {
 	mux.HandleFunc("GET /v1/models", e.handleModels)
 	mux.HandleFunc("GET /health", e.handleHealth)
 	mux.HandleFunc("GET /metrics", e.handleMetrics)
+	mux.HandleFunc("POST "+PullPath, e.handlePull)
 	return mux
 }
 
@@ -229,7 +254,15 @@ func (s *httpServer) close() error {
 
 // waitTTFT waits d when SleepTTFT is set; false means ctx ended first.
 func (e *Engine) waitTTFT(ctx context.Context, d time.Duration) bool {
-	if !e.opts.SleepTTFT || d <= 0 {
+	if !e.opts.SleepTTFT {
+		return ctx.Err() == nil
+	}
+	return wait(ctx, d)
+}
+
+// wait waits d (no time when d <= 0); false means ctx ended first.
+func wait(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
 		return ctx.Err() == nil
 	}
 	t := time.NewTimer(d)
@@ -263,14 +296,20 @@ func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 }
 
 // generate serves a validated request: every prompt goes through Serve, then the
-// answer is written after the simulated TTFT.
+// answer is written after the simulated TTFT. A P/D decode leg takes its KV from
+// the prefill engine first; a prefill leg hands its KV over after its TTFT.
 func (e *Engine) generate(w http.ResponseWriter, r *http.Request, p prepared) {
+	l, aerr := e.parseLeg(&p)
+	if aerr != nil {
+		e.fail(w, aerr)
+		return
+	}
 	promptTokens, cachedTokens, publishErrs := 0, 0, 0
 	for _, toks := range p.prompts {
 		res, err := e.Serve(Request{Tokens: toks, CacheSalt: p.cacheSalt})
 		switch {
 		case errors.Is(err, ErrClosed):
-			e.fail(w, &apiError{http.StatusServiceUnavailable, "the engine is shutting down"})
+			e.fail(w, &apiError{status: http.StatusServiceUnavailable, msg: "the engine is shutting down"})
 			return
 		case err != nil:
 			publishErrs++
@@ -278,20 +317,38 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, p prepared) {
 		promptTokens += len(toks)
 		cachedTokens += res.CachedBlocks * e.opts.BlockSize
 	}
-	ttft := e.ttft(promptTokens - cachedTokens)
+	id := fmt.Sprintf("%s-fake-%d", p.idPrefix(), e.web.reqID.Add(1))
+	var leg legResult
+	if l.decode() {
+		leg, aerr = e.takeOver(r.Context(), l, p.prompts[0], cachedTokens)
+	}
+	computed := max(promptTokens-cachedTokens-leg.transferred, 0)
+	ttft := e.ttft(computed) + time.Duration(leg.pulledBlocks)*e.opts.TransferPerBlock
+	if aerr != nil {
+		computed = 0 // the decode leg failed before computing anything
+	}
 	e.web.update(func(s *HTTPStats) {
 		s.Requests++
 		s.Prompts += uint64(len(p.prompts))
 		s.PromptTokens += uint64(promptTokens)
 		s.CachedTokens += uint64(cachedTokens)
+		s.ComputedTokens += uint64(computed)
+		s.TransferredTokens += uint64(leg.transferred)
 		s.OutputTokens += uint64(p.maxTokens * len(p.prompts))
 		s.TTFTTotal += ttft
 		s.PublishErrors += uint64(publishErrs)
+		if aerr == nil && l.decode() {
+			s.DecodeLegs++
+		}
 	})
+	if aerr != nil {
+		e.fail(w, aerr)
+		return
+	}
 
 	a := answer{
 		prepared: p,
-		id:       fmt.Sprintf("%s-fake-%d", p.idPrefix(), e.web.reqID.Add(1)),
+		id:       id,
 		created:  e.now().Unix(),
 		model:    e.opts.Model,
 		usage: usageJSON{
@@ -300,6 +357,7 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, p prepared) {
 			TotalTokens:      promptTokens + p.maxTokens*len(p.prompts),
 			SimulatedTTFTMs:  durationMs(ttft),
 		},
+		interval: e.opts.TokenInterval,
 	}
 	a.usage.PromptTokensDetails.CachedTokens = cachedTokens
 	h := w.Header()
@@ -307,9 +365,22 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, p prepared) {
 	h.Set(HeaderPromptTokens, strconv.Itoa(promptTokens))
 	h.Set(HeaderCachedTokens, strconv.Itoa(cachedTokens))
 
+	if l.prefill() {
+		// The prompt is computed (its TTFT), its KV handed over, then answered.
+		if !e.waitTTFT(r.Context(), ttft) {
+			e.fail(w, errCanceled())
+			return
+		}
+		if a.leg, aerr = e.handOver(r, l, p.prompts[0], id); aerr != nil {
+			e.fail(w, aerr)
+			return
+		}
+		e.web.update(func(s *HTTPStats) { s.PrefillLegs++ })
+		ttft = 0
+	}
 	if !p.stream {
 		if !e.waitTTFT(r.Context(), ttft) {
-			e.fail(w, &apiError{http.StatusServiceUnavailable, "the request was canceled"})
+			e.fail(w, errCanceled())
 			return
 		}
 		writeJSON(w, http.StatusOK, a.whole())
@@ -320,10 +391,9 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, p prepared) {
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
-	if !e.waitTTFT(r.Context(), ttft) {
-		return
+	if !e.waitTTFT(r.Context(), ttft) || !a.stream(r.Context(), w, rc) {
+		e.web.update(func(s *HTTPStats) { s.Aborted++ })
 	}
-	a.stream(r.Context(), w, rc)
 }
 
 // durationMs converts d to milliseconds.
@@ -336,7 +406,7 @@ func (e *Engine) handleRender(w http.ResponseWriter, r *http.Request, chat bool)
 		p, aerr = e.prepare(chat, body)
 	}
 	if aerr == nil && e.closed() {
-		aerr = &apiError{http.StatusServiceUnavailable, "the engine is shutting down"}
+		aerr = &apiError{status: http.StatusServiceUnavailable, msg: "the engine is shutting down"}
 	}
 	if aerr != nil {
 		e.fail(w, aerr)
@@ -379,7 +449,7 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		ans, aerr = e.tokenizeBody(body)
 	}
 	if aerr == nil && e.closed() {
-		aerr = &apiError{http.StatusServiceUnavailable, "the engine is shutting down"}
+		aerr = &apiError{status: http.StatusServiceUnavailable, msg: "the engine is shutting down"}
 	}
 	if aerr != nil {
 		e.fail(w, aerr)
@@ -391,7 +461,7 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 
 func (e *Engine) handleModels(w http.ResponseWriter, _ *http.Request) {
 	if e.closed() {
-		e.fail(w, &apiError{http.StatusServiceUnavailable, "the engine is shutting down"})
+		e.fail(w, &apiError{status: http.StatusServiceUnavailable, msg: "the engine is shutting down"})
 		return
 	}
 	writeJSON(w, http.StatusOK, modelsJSON{
@@ -443,9 +513,15 @@ func escapeLabel(v string) string {
 	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(v)
 }
 
-// fail writes an OpenAI-style error answer and counts it.
+// fail writes an OpenAI-style error answer and counts it (and the abort, when
+// the request was canceled).
 func (e *Engine) fail(w http.ResponseWriter, aerr *apiError) {
-	e.web.update(func(s *HTTPStats) { s.Errors++ })
+	e.web.update(func(s *HTTPStats) {
+		s.Errors++
+		if aerr.aborted {
+			s.Aborted++
+		}
+	})
 	writeJSONError(w, aerr.status, aerr.msg)
 }
 
@@ -455,9 +531,9 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		return nil, &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", maxHTTPBody)}
+		return nil, &apiError{status: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("request body exceeds %d bytes", maxHTTPBody)}
 	case err != nil:
-		return nil, &apiError{http.StatusBadRequest, "cannot read the request body"}
+		return nil, &apiError{status: http.StatusBadRequest, msg: "cannot read the request body"}
 	}
 	return body, nil
 }

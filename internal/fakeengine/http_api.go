@@ -8,16 +8,24 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // apiError is an error answer: its status and a message for the client.
+// aborted marks a request that ended because it was canceled.
 type apiError struct {
-	status int
-	msg    string
+	status  int
+	msg     string
+	aborted bool
 }
 
 func badRequest(format string, args ...any) *apiError {
-	return &apiError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
+	return &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf(format, args...)}
+}
+
+// errCanceled is the answer to a request whose client went away.
+func errCanceled() *apiError {
+	return &apiError{status: http.StatusServiceUnavailable, msg: "the request was canceled", aborted: true}
 }
 
 // errorJSON is vLLM's ErrorResponse: {"error": {message, type, param, code}}.
@@ -38,6 +46,8 @@ func writeJSONError(w http.ResponseWriter, status int, msg string) {
 		e.Error.Type = "NotFoundError"
 	case http.StatusServiceUnavailable:
 		e.Error.Type = "ServiceUnavailableError"
+	case http.StatusBadGateway, http.StatusGatewayTimeout, http.StatusInternalServerError:
+		e.Error.Type = "InternalServerError"
 	default:
 		e.Error.Type = "BadRequestError"
 	}
@@ -67,6 +77,7 @@ type prepared struct {
 	hasSalt          bool
 	priority         int
 	kvTransferParams json.RawMessage
+	pd               pdFields // the P/D fields, read by parseLeg (pd.go)
 }
 
 func (p *prepared) idPrefix() string {
@@ -86,6 +97,11 @@ type commonBody struct {
 	CacheSalt        *string         `json:"cache_salt"`
 	Priority         *int            `json:"priority"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	// TensorRT-LLM's and SGLang's P/D fields (see pd.go).
+	DisaggregatedParams json.RawMessage `json:"disaggregated_params"`
+	BootstrapHost       json.RawMessage `json:"bootstrap_host"`
+	BootstrapPort       json.RawMessage `json:"bootstrap_port"`
+	BootstrapRoom       json.RawMessage `json:"bootstrap_room"`
 }
 
 type chatBody struct {
@@ -123,7 +139,7 @@ func decodeBody(body []byte, v any) *apiError {
 // checkModel answers 404 when the request names another model, as vLLM does.
 func (e *Engine) checkModel(model *string) *apiError {
 	if model != nil && *model != e.opts.Model {
-		return &apiError{http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", *model)}
+		return &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("The model `%s` does not exist.", *model)}
 	}
 	return nil
 }
@@ -201,6 +217,12 @@ func (e *Engine) prepare(chat bool, body []byte) (prepared, *apiError) {
 	}
 	if !isNull(common.KVTransferParams) {
 		p.kvTransferParams = common.KVTransferParams
+	}
+	p.pd = pdFields{
+		disaggregated: common.DisaggregatedParams,
+		host:          common.BootstrapHost,
+		port:          common.BootstrapPort,
+		room:          common.BootstrapRoom,
 	}
 	p.maxTokens = e.opts.OutputTokens
 	if maxTok != nil {
@@ -460,10 +482,12 @@ type usageJSON struct {
 // answer builds the completion answers of a served request.
 type answer struct {
 	prepared
-	id      string
-	created int64
-	model   string
-	usage   usageJSON
+	id       string
+	created  int64
+	model    string
+	usage    usageJSON
+	interval time.Duration // wait between streamed tokens (Options.TokenInterval)
+	leg      legResult     // the P/D fields of a whole answer
 }
 
 type chatMessageJSON struct {
@@ -483,6 +507,8 @@ type choiceJSON struct {
 	Text         *string          `json:"text,omitempty"`    // completions
 	Logprobs     *struct{}        `json:"logprobs"`
 	FinishReason *string          `json:"finish_reason"`
+	// TensorRT-LLM's context_only answer (P/D).
+	DisaggregatedParams json.RawMessage `json:"disaggregated_params,omitempty"`
 }
 
 type completionJSON struct {
@@ -492,6 +518,9 @@ type completionJSON struct {
 	Model   string       `json:"model"`
 	Choices []choiceJSON `json:"choices"`
 	Usage   *usageJSON   `json:"usage,omitempty"`
+	// vLLM's prefill answer, and TensorRT-LLM's prompt ids (P/D).
+	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
+	PromptTokenIDs   []uint32        `json:"prompt_token_ids,omitempty"`
 }
 
 var finishLength = "length"
@@ -516,10 +545,12 @@ func (a *answer) whole() completionJSON {
 		} else {
 			ch.Text = &text
 		}
+		ch.DisaggregatedParams = a.leg.disaggregatedParams
 		c.Choices = append(c.Choices, ch)
 	}
 	u := a.usage
 	c.Usage = &u
+	c.KVTransferParams, c.PromptTokenIDs = a.leg.kvTransferParams, a.leg.promptTokenIDs
 	return c
 }
 
@@ -541,9 +572,10 @@ func (a *answer) objectName(chunk bool) string {
 // stream writes the SSE answer: for chat a first chunk with the assistant role,
 // then one chunk per generated token (the last one carries finish_reason), per
 // prompt; then, with stream_options.include_usage, a chunk with no choices and
-// the usage; then "data: [DONE]". Each event is flushed. It stops early when ctx
-// ends or a write fails.
-func (a *answer) stream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController) {
+// the usage; then "data: [DONE]". Each event is flushed, and token chunks are
+// a.interval apart. It stops early, returning false, when ctx ends or a write
+// fails.
+func (a *answer) stream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController) bool {
 	obj := a.objectName(true)
 	send := func(c completionJSON) bool {
 		if ctx.Err() != nil {
@@ -564,10 +596,13 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, rc *http.Res
 			empty := ""
 			c.Choices = []choiceJSON{{Index: i, Delta: &deltaJSON{Role: "assistant", Content: &empty}}}
 			if !send(c) {
-				return
+				return false
 			}
 		}
 		for t := range a.maxTokens {
+			if t > 0 && !wait(ctx, a.interval) {
+				return false
+			}
 			piece := outputPiece(t)
 			ch := choiceJSON{Index: i}
 			if a.chat {
@@ -581,7 +616,7 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, rc *http.Res
 			c := a.frame(obj)
 			c.Choices = []choiceJSON{ch}
 			if !send(c) {
-				return
+				return false
 			}
 		}
 	}
@@ -591,11 +626,14 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, rc *http.Res
 		u := a.usage
 		c.Usage = &u
 		if !send(c) {
-			return
+			return false
 		}
 	}
-	if ctx.Err() == nil {
-		_, _ = io.WriteString(w, "data: [DONE]\n\n")
-		_ = rc.Flush()
+	if ctx.Err() != nil {
+		return false
 	}
+	if _, err := io.WriteString(w, "data: [DONE]\n\n"); err != nil {
+		return false
+	}
+	return rc.Flush() == nil
 }

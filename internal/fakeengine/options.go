@@ -227,6 +227,11 @@ const (
 	DefaultOutputTokens    = 16
 	DefaultTTFTBase        = time.Millisecond
 	DefaultPerTokenPrefill = 20 * time.Microsecond
+
+	// Defaults of disaggregated serving (see PDRole).
+	DefaultEngineID      = "fake-engine"
+	DefaultKVHoldTimeout = 30 * time.Second
+	DefaultKVWaitTimeout = 30 * time.Second
 )
 
 // Options configures an Engine. The zero value is valid and means every default.
@@ -358,6 +363,32 @@ type Options struct {
 	// the x-fake-ttft-ms header and the usage block), so tests and demos run at
 	// full speed.
 	SleepTTFT bool
+	// TokenInterval is a real wait between two streamed tokens (it ends early
+	// when the client goes away). Default 0: no wait; must be >= 0.
+	TokenInterval time.Duration
+
+	// PDRole is the engine's part in disaggregated prefill/decode serving (see
+	// pd.go and the package doc). Default PDRoleAny.
+	PDRole PDRole
+	// EngineID names the engine in the transfer parameters it hands out (vLLM's
+	// remote_engine_id); a pull that names another engine is refused. Default
+	// "fake-engine".
+	EngineID string
+	// AdvertiseAddr is the host:port decode engines pull this engine's KV from
+	// (vLLM's remote_host and remote_port, TensorRT-LLM's opaque state). Default:
+	// HTTPEndpoint when the engine serves HTTP itself, else the Host the prefill
+	// request was sent to.
+	AdvertiseAddr string
+	// TransferPerBlock is the simulated KV transfer time of one pulled block; a
+	// decode leg's TTFT adds it per block it pulls. Default 0; must be >= 0.
+	TransferPerBlock time.Duration
+	// KVHoldTimeout is how long a prefill leg's blocks wait to be pulled (vLLM's
+	// kv_lease_duration); an SGLang prefill waits that long for its decode.
+	// Default 30s; must be >= 0 (0 means the default).
+	KVHoldTimeout time.Duration
+	// KVWaitTimeout bounds a decode leg's pull, and its wait for an SGLang prefill
+	// to reach the bootstrap room. Default 30s; must be >= 0 (0 means the default).
+	KVWaitTimeout time.Duration
 }
 
 // withDefaults returns a validated copy of o with defaults applied.
@@ -501,5 +532,8 @@ func (o *Options) httpDefaults(problems []string) []string {
 	} else if o.PerTokenPrefill < 0 {
 		problems = append(problems, fmt.Sprintf("PerTokenPrefill %v < 0", o.PerTokenPrefill))
 	}
-	return problems
+	if o.TokenInterval < 0 {
+		problems = append(problems, fmt.Sprintf("TokenInterval %v < 0", o.TokenInterval))
+	}
+	return o.pdDefaults(problems)
 }
