@@ -28,24 +28,57 @@ func exchangeOf(ctx context.Context) *exchange {
 }
 
 // exchange is one booked request on its way through the proxy. settle may run
-// on the context's AfterFunc goroutine; everything else runs on the request's
-// goroutine (the proxy calls Rewrite, ModifyResponse, ErrorHandler and the body
-// on it).
+// on the context's AfterFunc goroutine and renewals on the renewal timer's;
+// everything else runs on the request's goroutine (the proxy calls Rewrite,
+// ModifyResponse, ErrorHandler and the body on it).
 type exchange struct {
 	r   *Router
 	b   *selection.Booking
 	ctx context.Context // the client's request context
 
-	once   sync.Once
-	marked atomic.Bool
+	once    sync.Once
+	settled atomic.Bool
+	marked  atomic.Bool
 
-	// The request's goroutine only.
-	lastRenew time.Time
+	mu    sync.Mutex  // guards renew against a concurrent Reset and Stop
+	renew *time.Timer // nil when renewal is off
 }
 
-// settle frees the booking, once, and counts how the exchange ended.
+// startRenewal arms the renewal timer (RenewInterval > 0).
+func (ex *exchange) startRenewal() {
+	if every := ex.r.opts.RenewInterval; every > 0 {
+		ex.mu.Lock()
+		ex.renew = time.AfterFunc(every, ex.renewTick)
+		ex.mu.Unlock()
+	}
+}
+
+// renewTick renews the lease and re-arms the timer, until the exchange is
+// settled.
+func (ex *exchange) renewTick() {
+	if ex.settled.Load() {
+		return
+	}
+	if ex.b.Renew() == nil {
+		ex.r.st.renewals.Add(1)
+	}
+	ex.mu.Lock()
+	if !ex.settled.Load() {
+		ex.renew.Reset(ex.r.opts.RenewInterval)
+	}
+	ex.mu.Unlock()
+}
+
+// settle frees the booking, once, stops the renewals and counts how the
+// exchange ended.
 func (ex *exchange) settle(o outcome) {
 	ex.once.Do(func() {
+		ex.settled.Store(true)
+		ex.mu.Lock()
+		if ex.renew != nil {
+			ex.renew.Stop()
+		}
+		ex.mu.Unlock()
 		_ = ex.b.Done() // an error means the booking was already gone (lease, worker deleted): nothing to do
 		st := &ex.r.st
 		st.done.Add(1)
@@ -93,25 +126,10 @@ func (ex *exchange) firstByte() {
 	}
 }
 
-// progress renews the lease when RenewInterval has passed since the booking or
-// the last renewal.
-func (ex *exchange) progress() {
-	every := ex.r.opts.RenewInterval
-	if every < 0 {
-		return
-	}
-	if now := time.Now(); now.Sub(ex.lastRenew) >= every {
-		ex.lastRenew = now
-		if ex.b.Renew() == nil {
-			ex.r.st.renewals.Add(1)
-		}
-	}
-}
-
 // settleBody is the upstream response body as the proxy reads it: its first
-// bytes complete the prefill (of a 2xx answer), each chunk may renew the lease,
-// and its end settles the booking before the last bytes go out, so a client
-// that has read the whole answer finds the booking done.
+// bytes complete the prefill (of a 2xx answer), and its end settles the
+// booking before the last bytes go out, so a client that has read the whole
+// answer finds the booking done.
 type settleBody struct {
 	io.ReadCloser
 	ex      *exchange
@@ -129,7 +147,6 @@ func (b *settleBody) Read(p []byte) (int, error) {
 				b.ex.firstByte()
 			}
 		}
-		b.ex.progress()
 		if b.left >= 0 {
 			if b.left -= int64(n); b.left <= 0 {
 				b.ex.settle(outcomeEnded)

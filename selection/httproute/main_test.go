@@ -1,6 +1,7 @@
 package httproute_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -110,10 +111,16 @@ func newEnv(t *testing.T, o envOptions) *testEnv {
 	return env
 }
 
-// upstream starts an engine stand-in and returns its host:port.
+// upstream starts an engine stand-in and returns its host:port. Like an
+// engine, it reads the whole request body before h runs (the server notices
+// a closed connection, and cancels the request's context, only then).
 func upstream(t *testing.T, h http.HandlerFunc) string {
 	t.Helper()
-	s := httptest.NewUnstartedServer(h)
+	s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		h(w, r)
+	}))
 	s.Config.ErrorLog = log.New(io.Discard, "", 0)
 	s.Start()
 	t.Cleanup(s.Close)

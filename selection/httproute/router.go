@@ -83,11 +83,14 @@ type Options struct {
 	// refused or reset, a response cut short) always mark the worker failed,
 	// unless the client left first. Default DefaultFailureStatus.
 	FailureStatus func(code int) bool
-	// RenewInterval is how often, at most, a streaming response renews its
-	// booking's lease (selection.Booking.Renew): when a body chunk arrives at
-	// least this long after the booking or the last renewal. Keep it well
-	// below the service's ActiveRequestExpiry. Default DefaultRenewInterval
-	// (10 s); negative disables renewal.
+	// RenewInterval is how often a request in flight renews its booking's
+	// lease (selection.Booking.Renew), from the booking until it is settled:
+	// while the worker prefills, streams, or computes a long answer that is
+	// not streamed, so none of them outlives the service's
+	// ActiveRequestExpiry and is released as an orphan. The lease still
+	// releases the booking of a gateway that died, whose timers died with
+	// it. Keep it well below ActiveRequestExpiry. Default
+	// DefaultRenewInterval (10 s); negative disables renewal.
 	RenewInterval time.Duration
 	// Logger receives upstream failures (WARN) and rejections and cancels
 	// (DEBUG). Default: none.
@@ -106,7 +109,7 @@ func DefaultFailureStatus(code int) bool {
 // Router is an http.Handler that routes OpenAI completion requests to the
 // worker the selection service books, through an httputil.ReverseProxy, and
 // settles the booking: PrefillComplete at the first response body byte of a
-// 2xx answer, Renew while it streams, Done exactly once whatever happens. See
+// 2xx answer, Renew while it is in flight, Done exactly once whatever happens. See
 // the package documentation for the request path. A Router is safe for
 // concurrent use; create it with New (a zero Router is unusable).
 type Router struct {
@@ -223,7 +226,8 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	r.st.booked.Add(1)
-	ex := &exchange{r: r, b: b, ctx: req.Context(), lastRenew: time.Now()}
+	ex := &exchange{r: r, b: b, ctx: req.Context()}
+	ex.startRenewal()
 	stop := context.AfterFunc(req.Context(), func() { ex.settle(outcomeCanceled) })
 	defer func() {
 		stop()
@@ -253,7 +257,9 @@ func (r *Router) readBody(w http.ResponseWriter, req *http.Request) ([]byte, err
 	}
 	var buf bytes.Buffer
 	if req.ContentLength > 0 {
-		buf.Grow(int(req.ContentLength) + 1)
+		// The declared length, up to 1 MiB: a client may declare more than
+		// it sends.
+		buf.Grow(int(min(req.ContentLength, 1<<20)) + 1)
 	}
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, req.Body, limit))
 	var tooLarge *http.MaxBytesError
@@ -385,7 +391,7 @@ type Stats struct {
 	// cut its answer short; the proxy path panicked or stopped otherwise.
 	Ended, Canceled, Failed, Aborted uint64
 	// FirstBytes counts PrefillComplete calls (the first body byte of a 2xx
-	// answer); Renewals the leases renewed while streaming.
+	// answer); Renewals the leases renewed.
 	FirstBytes, Renewals uint64
 	// UpstreamErrors counts transport errors (client cancels excluded);
 	// FailureStatuses upstream answers with a failure status; MarkedFailed the

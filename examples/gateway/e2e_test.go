@@ -1,0 +1,461 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/internal/fakeengine"
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/tokenize"
+)
+
+// The end-to-end workload: a few long system prompts shared by many requests,
+// three engines whose caches hold about half of those prompts each, 16
+// requests in flight, a fifth of them cancelled by their client mid-stream and
+// one in twenty failed by the engine's side.
+const (
+	e2eEngines   = 3
+	e2eRequests  = 2000
+	e2eRRequests = 600 // the round-robin baseline
+	e2eInflight  = 16
+	e2ePrompts   = 15
+	e2eBlock     = 16
+	// e2eCapacity is each engine's cache in blocks: about half of the shared
+	// prefixes together (15 of 5 blocks), a third of which is what each
+	// engine needs when the prefixes stay where they were first computed.
+	e2eCapacity  = 36
+	e2eMaxTokens = 8
+	e2eModel     = "fake-model"
+	// e2eEjection is how long a failed worker is left out; short, so that
+	// the injected failures (which are not the workers' fault) barely move
+	// the prefixes.
+	e2eEjection = 5 * time.Millisecond
+	// headerFault makes the fault front of an engine fail the request: "500"
+	// answers 500, "hangup" closes the connection without an answer.
+	headerFault = "x-test-fault"
+)
+
+type e2eKind int
+
+const (
+	kindComplete e2eKind = iota // read to data: [DONE]
+	kindCancel                  // the client cancels after a few events
+	kindFail500                 // the engine's front answers 500
+	kindHangup                  // the engine's front closes the connection
+)
+
+type e2eRequest struct {
+	kind   e2eKind
+	prompt int
+	body   []byte
+	reads  int // kindCancel: lines read before the cancel
+}
+
+// systemPrompts returns the shared system prompts: with the chat template,
+// 85 shared tokens each (5 complete blocks).
+func systemPrompts() []string {
+	out := make([]string, e2ePrompts)
+	for i := range out {
+		out[i] = fmt.Sprintf("You are assistant number %d of the fleet. ", i) +
+			strings.Repeat(fmt.Sprintf("Policy %d says answer briefly and cite the handbook section %d. ", i, i*7), 6)
+	}
+	return out
+}
+
+// e2ePlan draws n requests from a seeded source: prompts uniformly, 20%
+// cancels and (with faults) 5% failures, half of them 500s.
+func e2ePlan(n int, seed uint64, faults bool) []e2eRequest {
+	rng := rand.New(rand.NewPCG(seed, 0x67617465))
+	kinds := make([]e2eKind, n)
+	if faults {
+		for i := range n / 5 {
+			kinds[i] = kindCancel
+		}
+		for i := range n / 20 {
+			kinds[n/5+i] = []e2eKind{kindFail500, kindHangup}[i%2]
+		}
+		rng.Shuffle(n, func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+	}
+	sys := systemPrompts()
+	plan := make([]e2eRequest, n)
+	for i := range plan {
+		p := rng.IntN(e2ePrompts)
+		body, _ := json.Marshal(map[string]any{"model": e2eModel, "max_tokens": e2eMaxTokens, "stream": true,
+			"messages": []map[string]string{
+				{"role": "system", "content": sys[p]},
+				{"role": "user", "content": fmt.Sprintf("question %d about part %d", rng.IntN(1000), rng.IntN(50))},
+			}})
+		plan[i] = e2eRequest{kind: kinds[i], prompt: p, body: body, reads: 1 + rng.IntN(4)}
+	}
+	return plan
+}
+
+// prefixTokens is the number of leading tokens all requests of a system
+// prompt share (the template up to the user's content).
+func prefixTokens(sys string) int {
+	a := fakeengine.ApplyChatTemplate([]fakeengine.Message{{Role: "system", Content: sys}, {Role: "user", Content: "alpha"}})
+	b := fakeengine.ApplyChatTemplate([]fakeengine.Message{{Role: "system", Content: sys}, {Role: "user", Content: "omega"}})
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+// faultFront is what stands in front of each engine: it fails the requests
+// that carry headerFault, and passes the others to the engine.
+func faultFront(engine http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Header.Get(headerFault) {
+		case "500":
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, `{"error":{"message":"injected failure","type":"InternalServerError","code":500}}`)
+		case "hangup":
+			_, _ = io.Copy(io.Discard, r.Body)
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				_ = conn.Close()
+			}
+		default:
+			engine.ServeHTTP(w, r)
+		}
+	})
+}
+
+// e2eEnv is the gateway in process, serving on loopback, and the engines it
+// routes to, each behind its fault front.
+type e2eEnv struct {
+	g        *gateway
+	url      string
+	engines  []*fakeengine.Engine
+	fronts   []string // host:port of each engine's front
+	client   *http.Client
+	closers  []func()
+	closeAll sync.Once
+}
+
+func (env *e2eEnv) close() {
+	env.closeAll.Do(func() {
+		for i := len(env.closers) - 1; i >= 0; i-- {
+			env.closers[i]()
+		}
+	})
+}
+
+func quietServer(h http.Handler) *httptest.Server {
+	s := httptest.NewUnstartedServer(h)
+	s.Config.ErrorLog = log.New(io.Discard, "", 0)
+	s.Start()
+	return s
+}
+
+func newE2EEnv(t *testing.T) *e2eEnv {
+	env := &e2eEnv{}
+	t.Cleanup(env.close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type fileWorker struct {
+		ID       string `json:"id"`
+		Endpoint string `json:"endpoint"`
+		Events   string `json:"kv_events_endpoint"`
+	}
+	var workers []fileWorker
+	for i := range e2eEngines {
+		eng, err := fakeengine.New(fakeengine.Options{BlockSize: e2eBlock, CapacityBlocks: e2eCapacity, Model: e2eModel,
+			TokenInterval: 2 * time.Millisecond})
+		require.NoError(t, err)
+		require.NoError(t, eng.Start(ctx))
+		env.closers = append(env.closers, func() { _ = eng.Close() })
+		env.engines = append(env.engines, eng)
+		front := quietServer(faultFront(eng.Handler()))
+		env.closers = append(env.closers, front.Close)
+		ep := front.Listener.Addr().String()
+		env.fronts = append(env.fronts, ep)
+		workers = append(workers, fileWorker{ID: fmt.Sprintf("engine-%d", i), Endpoint: ep, Events: eng.PubEndpoint()})
+	}
+	// The engines' tokenizer (vLLM's render endpoint), without faults.
+	tok := quietServer(env.engines[0].Handler())
+	env.closers = append(env.closers, tok.Close)
+	file, err := json.Marshal(map[string]any{"workers": workers})
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "workers.json")
+	require.NoError(t, os.WriteFile(path, file, 0o600))
+
+	cfg := config{Addr: "127.0.0.1:0", WorkersFile: path, Model: e2eModel, TokenizerURL: tok.URL,
+		TokenizerProtocol: tokenize.ProtocolVLLMRender, TokenizerTimeout: 5 * time.Second, BlockSize: e2eBlock,
+		UseKVEvents: true, MaxBodyBytes: 8 << 20, FailureEjection: e2eEjection}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	env.g, err = newGateway(ctx, cfg, logger, func(b *selection.SelectionServiceBuilder) {
+		b.EventFeed(selection.FeedOptions{ReconnectMin: time.Millisecond, ReconnectMax: 50 * time.Millisecond})
+	})
+	require.NoError(t, err)
+	env.closers = append(env.closers, env.g.close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	env.url = "http://" + ln.Addr().String()
+	serveCtx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- env.g.serve(serveCtx, ln) }()
+	env.closers = append(env.closers, func() {
+		stop()
+		require.NoError(t, <-served)
+	})
+	select {
+	case <-env.g.synced:
+	case <-ctx.Done():
+		require.FailNow(t, "the workers file was never applied")
+	}
+	for _, eng := range env.engines {
+		require.NoError(t, eng.WaitSubscribed(ctx))
+	}
+	env.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: e2eInflight}}
+	env.closers = append(env.closers, env.client.CloseIdleConnections)
+	return env
+}
+
+// testWriter sends a logger's lines to the test log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// e2eResult is what the client saw of one request.
+type e2eResult struct {
+	status int
+	cached int  // the engine's x-fake-cached-tokens
+	done   bool // the stream ended with data: [DONE]
+}
+
+// one sends r to url and plays its client.
+func (env *e2eEnv) one(url string, r e2eRequest) (e2eResult, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(string(r.body)))
+	if err != nil {
+		return e2eResult{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	switch r.kind {
+	case kindFail500:
+		req.Header.Set(headerFault, "500")
+	case kindHangup:
+		req.Header.Set(headerFault, "hangup")
+	}
+	resp, err := env.client.Do(req)
+	if err != nil {
+		return e2eResult{}, err
+	}
+	defer resp.Body.Close()
+	res := e2eResult{status: resp.StatusCode}
+	res.cached, _ = strconv.Atoi(resp.Header.Get(fakeengine.HeaderCachedTokens))
+	br := bufio.NewReader(resp.Body)
+	if r.kind == kindCancel && resp.StatusCode == http.StatusOK {
+		for range r.reads {
+			if _, err := br.ReadString('\n'); err != nil {
+				return res, fmt.Errorf("stream ended before the cancel: %w", err)
+			}
+		}
+		cancel() // mid-stream
+		return res, nil
+	}
+	body, err := io.ReadAll(br)
+	if err != nil {
+		return res, err
+	}
+	res.done = strings.HasSuffix(strings.TrimSpace(string(body)), "data: [DONE]")
+	return res, nil
+}
+
+// load runs plan against url, e2eInflight at a time, and returns the
+// results in plan order.
+func (env *e2eEnv) load(t *testing.T, url string, plan []e2eRequest) []e2eResult {
+	results := make([]e2eResult, len(plan))
+	errs := make([]error, len(plan))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range e2eInflight {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < len(plan); i = int(next.Add(1) - 1) {
+				results[i], errs[i] = env.one(url, plan[i])
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "request %d (kind %d)", i, plan[i].kind)
+	}
+	return results
+}
+
+// prefixHitRate is the share of the shared-prefix blocks that the engines
+// served from their caches, over the answered (200) requests.
+func prefixHitRate(plan []e2eRequest, results []e2eResult) float64 {
+	sys := systemPrompts()
+	var hit, want float64
+	for i, r := range results {
+		if r.status != http.StatusOK {
+			continue
+		}
+		shared := prefixTokens(sys[plan[i].prompt]) / e2eBlock * e2eBlock
+		hit += float64(min(r.cached, shared))
+		want += float64(shared)
+	}
+	return hit / want
+}
+
+// waitIdle waits until the gateway has settled every booking and no engine
+// is still answering: a cancel is settled on a goroutine of its own, after
+// the client has gone, so the test polls for it.
+func (env *e2eEnv) waitIdle(t *testing.T) {
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		rs := env.g.router.Stats()
+		busy := rs.Booked != rs.Done
+		for _, l := range env.g.svc.Loads(e2eModel) {
+			busy = busy || l.ActiveRequests != 0 || l.ActiveBlocks != 0 || l.ActivePrefillTokens != 0
+		}
+		for _, eng := range env.engines {
+			busy = busy || eng.HTTPStats().Running != 0
+		}
+		if !busy {
+			return
+		}
+		require.False(t, time.Now().After(deadline), "still busy: router %+v, loads %+v", rs, env.g.svc.Loads(e2eModel))
+		<-tick.C
+	}
+}
+
+// TestGatewayEndToEnd drives 2,000 streamed chat requests through the real
+// gateway (workers file, engine tokenizer, selection with KV events, Router)
+// to three fake engines, 16 in flight: 20% are cancelled by their client
+// mid-stream, 5% failed by a front of the engine (500, or the connection
+// closed). Requests that share a system prompt must land where it is cached:
+// the engines report serving at least twice the share of the shared prefixes
+// from cache that routing to a random engine, one warm engine in three, would
+// give, which round-robin over the same engines does not reach. Afterwards
+// every load is zero and every booking was freed by its request.
+func TestGatewayEndToEnd(t *testing.T) {
+	start := time.Now()
+	env := newE2EEnv(t)
+	plan := e2ePlan(e2eRequests, 1, true)
+	loadStart := time.Now()
+	results := env.load(t, env.url, plan)
+	loadTime := time.Since(loadStart)
+	env.waitIdle(t)
+
+	planned := map[e2eKind]int{}
+	statuses := map[int]int{}
+	for i, r := range results {
+		k := plan[i].kind
+		planned[k]++
+		statuses[r.status]++
+		switch k {
+		case kindComplete:
+			require.Equal(t, http.StatusOK, r.status, "request %d", i)
+			require.True(t, r.done, "request %d: stream cut short", i)
+		case kindCancel:
+			require.Equal(t, http.StatusOK, r.status, "request %d", i)
+		case kindFail500:
+			require.Equal(t, http.StatusInternalServerError, r.status, "request %d", i)
+		case kindHangup:
+			require.Equal(t, http.StatusBadGateway, r.status, "request %d", i)
+		}
+	}
+
+	// Every load is back to zero, every booking was freed by its request:
+	// none expired, none dropped with a worker.
+	for _, l := range env.g.svc.Loads(e2eModel) {
+		require.Zero(t, l.ActiveRequests, "%+v", l)
+		require.Zero(t, l.ActiveBlocks, "%+v", l)
+		require.Zero(t, l.ActivePrefillTokens, "%+v", l)
+	}
+	st := env.g.svc.Stats()
+	require.Equal(t, st.Bookings, st.Frees+st.Expired+uint64(st.Ledger.Removed), "%+v", st)
+	require.Zero(t, st.Expired)
+	require.Zero(t, st.Ledger.Removed)
+	require.Zero(t, st.Ledger.Active)
+	require.EqualValues(t, e2eRequests, st.Bookings, "one booking per request")
+	require.Zero(t, st.UnknownReservations)
+	rs := env.g.router.Stats()
+	require.EqualValues(t, e2eRequests, rs.Booked, "%+v", rs)
+	require.Equal(t, rs.Booked, rs.Done, "%+v", rs)
+	require.Equal(t, rs.Done, rs.Ended+rs.Canceled+rs.Failed+rs.Aborted, "%+v", rs)
+	require.EqualValues(t, planned[kindFail500]+planned[kindHangup], rs.MarkedFailed, "one MarkFailed per injected failure, none for a cancel")
+	require.EqualValues(t, rs.MarkedFailed, st.Failures)
+	require.EqualValues(t, planned[kindHangup], rs.Failed, "%+v", rs)
+	// A cancel lands mid-stream unless the engine's last token (2 ms apart)
+	// has already been read when it arrives.
+	require.GreaterOrEqual(t, rs.Canceled, uint64(planned[kindCancel]*3/4), "cancels must land mid-stream (%+v)", rs)
+	require.LessOrEqual(t, rs.Canceled, uint64(planned[kindCancel]))
+	var aborted uint64
+	for _, eng := range env.engines {
+		aborted += eng.HTTPStats().Aborted
+	}
+
+	hit := prefixHitRate(plan, results)
+	bound := 2.0 / e2eEngines
+
+	// The baseline: the same engines, caches emptied, behind a round-robin
+	// proxy, with the same system prompts (no cancels, no failures).
+	for _, eng := range env.engines {
+		_, err := eng.ResetPrefixCache()
+		require.NoError(t, err)
+	}
+	var rr atomic.Uint64
+	rrTransport := &http.Transport{MaxIdleConnsPerHost: e2eInflight}
+	defer rrTransport.CloseIdleConnections()
+	rp := &httputil.ReverseProxy{Transport: rrTransport, Rewrite: func(pr *httputil.ProxyRequest) {
+		pr.Out.URL.Scheme, pr.Out.URL.Host = "http", env.fronts[rr.Add(1)%e2eEngines]
+	}, ErrorLog: log.New(testWriter{t}, "round-robin proxy: ", 0)}
+	rrProxy := quietServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Buffered, as the Router does: an HTTP/1 server closes the inbound
+		// body when the answer starts, which a streaming proxy's transport
+		// may still read (golang/go#40747), cutting the answer.
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		rp.ServeHTTP(w, r)
+	}))
+	defer rrProxy.Close()
+	rrPlan := e2ePlan(e2eRRequests, 2, false)
+	rrHit := prefixHitRate(rrPlan, env.load(t, rrProxy.URL, rrPlan))
+
+	t.Logf("kvselect: %d requests in %v (%d in flight): planned %d complete, %d cancelled, %d 500, %d hang-ups; statuses %v",
+		e2eRequests, loadTime.Round(time.Millisecond), e2eInflight, planned[kindComplete], planned[kindCancel],
+		planned[kindFail500], planned[kindHangup], statuses)
+	t.Logf("router: %+v; engines aborted %d", rs, aborted)
+	t.Logf("selection: bookings %d, frees %d, expired %d, removed %d, failures %d, chosen/best/request blocks %d/%d/%d",
+		st.Bookings, st.Frees, st.Expired, st.Ledger.Removed, st.Failures, st.ChosenOverlapBlocks, st.BestOverlapBlocks, st.RequestBlocks)
+	t.Logf("shared-prefix hit rate: kvselect %.3f, round-robin %.3f (%d requests), bound %.3f; %v in all",
+		hit, rrHit, e2eRRequests, bound, time.Since(start).Round(time.Millisecond))
+	require.GreaterOrEqual(t, hit, bound, "requests sharing a prompt must land on the engine that holds it")
+	require.Less(t, rrHit, bound, "the bound must be one that round-robin fails")
+}

@@ -1,0 +1,241 @@
+// Command gateway is a plain-HTTP OpenAI gateway that embeds kvselect: every
+// chat or completions request is tokenized with the engines' own tokenizer,
+// booked on the best worker by the selection service, and proxied there by
+// selection/httproute, which settles the booking as the answer streams.
+// Workers come from a static file (the reference EPP's format, watched for
+// changes); KV events keep the index true, or approximate mode routes on the
+// gateway's own decisions.
+//
+//	go run ./examples/gateway --workers-file workers.json --tokenizer-url http://10.0.0.5:8000
+//
+// It serves POST /v1/chat/completions, POST /v1/completions and GET /health
+// (200 once the workers file is applied and a worker is schedulable).
+// Every flag also reads an environment variable; --help lists them.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/examples/epp/discovery"
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/httproute"
+	"github.com/kvselect/kvselect/tokenize"
+)
+
+// shutdownGrace is how long in-flight answers may finish after a signal.
+const shutdownGrace = 10 * time.Second
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg, err := loadConfig(fs, args, getenv)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	g, err := newGateway(ctx, cfg, logger, nil)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	defer g.close()
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", cfg.Addr)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	logger.Info("gateway listening", slog.String("addr", ln.Addr().String()), slog.String("workers_file", cfg.WorkersFile),
+		slog.Bool("kv_events", cfg.UseKVEvents))
+	if err := g.serve(ctx, ln); err != nil {
+		logger.Error("gateway stopped", slog.String("error", err.Error()))
+		return 1
+	}
+	return 0
+}
+
+// gateway is the assembled program: tokenizer, selection service, Router, the
+// workers file and the HTTP handler.
+type gateway struct {
+	log    *slog.Logger
+	client *tokenize.Client
+	cache  *tokenize.Cache
+	svc    *selection.SelectionService
+	router *httproute.Router
+	source *discovery.Static
+	mux    *http.ServeMux
+	// synced is closed once the first workers snapshot is applied.
+	synced chan struct{}
+}
+
+// newGateway builds everything that does not listen yet. configure, when set,
+// adjusts the selection service's builder (tests use it).
+func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure func(*selection.SelectionServiceBuilder)) (*gateway, error) {
+	g := &gateway{log: logger, synced: make(chan struct{})}
+	var err error
+	defer func() {
+		if err != nil {
+			g.close()
+		}
+	}()
+	g.source, err = discovery.NewStatic(discovery.StaticOptions{
+		Path: cfg.WorkersFile, Defaults: discovery.Defaults{Model: cfg.Model, BlockSize: cfg.BlockSize}, Logger: logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	g.client, err = tokenize.New(tokenize.Options{Protocol: cfg.TokenizerProtocol, BaseURL: cfg.TokenizerURL,
+		Timeout: cfg.TokenizerTimeout, MaxRequestBytes: cfg.MaxBodyBytes, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	// The Router only hashes the ids: share the cached slices.
+	g.cache, err = tokenize.NewCache(g.client, tokenize.CacheOptions{ShareResults: true, Model: cfg.Model,
+		CallTimeout: cfg.TokenizerTimeout, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	scfg := selection.DefaultConfig(cfg.BlockSize)
+	scfg.UseKVEvents = cfg.UseKVEvents
+	scfg.FailureEjection = cfg.FailureEjection
+	b := selection.NewSelectionServiceBuilder(scfg).Logger(logger)
+	if configure != nil {
+		configure(b)
+	}
+	g.svc, err = b.Build(ctx)
+	if err != nil {
+		return nil, err
+	}
+	g.router, err = httproute.New(httproute.Options{Service: g.svc, Tokenizer: g.cache, MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	g.mux = http.NewServeMux()
+	g.mux.Handle("POST /v1/chat/completions", g.router)
+	g.mux.Handle("POST /v1/completions", g.router)
+	g.mux.HandleFunc("GET /health", g.health)
+	return g, nil
+}
+
+// close releases what newGateway built; it is safe on a partial gateway.
+func (g *gateway) close() {
+	if g.router != nil {
+		g.router.CloseIdleConnections()
+	}
+	if g.svc != nil {
+		_ = g.svc.Close()
+	}
+	if g.cache != nil {
+		g.cache.Close()
+	}
+	if g.client != nil {
+		g.client.Close()
+	}
+}
+
+// health answers 200 once the workers file is applied and a worker is
+// schedulable, 503 before.
+func (g *gateway) health(w http.ResponseWriter, _ *http.Request) {
+	select {
+	case <-g.synced:
+	default:
+		http.Error(w, "workers file not applied yet", http.StatusServiceUnavailable)
+		return
+	}
+	if r := g.svc.Ready(); !r.Ready {
+		http.Error(w, fmt.Sprintf("no schedulable worker (%d known)", r.Workers), http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = io.WriteString(w, "ok\n")
+}
+
+// apply reconciles the service with a workers snapshot: deletes first, then
+// upserts. The workers file's Run calls it, one snapshot at a time.
+func (g *gateway) apply(s discovery.Snapshot) {
+	plan, err := catalog.Reconcile(g.svc.Workers(), s.Workers)
+	if err != nil {
+		g.log.Warn("workers file not applied", slog.String("error", err.Error()))
+		return
+	}
+	for _, inv := range plan.Invalid {
+		g.log.Warn("invalid worker", slog.String("id", inv.ID), slog.String("error", inv.Err.Error()))
+	}
+	for _, id := range plan.Deletes {
+		if _, err := g.svc.DeleteWorker(id); err != nil {
+			g.log.Warn("delete worker", slog.String("id", id), slog.String("error", err.Error()))
+		}
+	}
+	for _, w := range plan.Upserts {
+		rec, err := g.svc.UpsertWorker(w)
+		switch {
+		case err != nil:
+			g.log.Warn("upsert worker", slog.String("id", w.ID), slog.String("error", err.Error()))
+		case rec.Lifecycle != catalog.Schedulable:
+			g.log.Info("worker not schedulable", slog.String("id", w.ID), slog.String("reasons", fmt.Sprint(rec.Reasons)))
+		}
+	}
+	select {
+	case <-g.synced:
+	default:
+		close(g.synced)
+		g.log.Info("workers file applied", slog.Int("workers", len(s.Workers)))
+	}
+}
+
+// serve runs the workers file's watcher and the HTTP server on ln until ctx is
+// done, then lets the answers in flight finish (at most shutdownGrace). It
+// returns nil after a shutdown requested through ctx.
+func (g *gateway) serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           g.mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+	}
+	eg, ctx := errgroup.WithContext(ctx)
+	eg.Go(func() error { return g.source.Run(ctx, g.apply) })
+	eg.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	eg.Go(func() error {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			return srv.Close()
+		}
+		return nil
+	})
+	if err := eg.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}

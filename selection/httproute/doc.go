@@ -1,0 +1,113 @@
+// Package httproute embeds kvselect in a plain Go HTTP gateway: a Router is an
+// http.Handler that books the best worker for each OpenAI completion request
+// with the selection service and proxies the request there through
+// net/http/httputil.ReverseProxy, settling the booking as the answer streams.
+//
+//	router, err := httproute.New(httproute.Options{Service: svc, Tokenizer: cache})
+//	mux.Handle("POST /v1/chat/completions", router)
+//
+// # Request path
+//
+//  1. The body is read whole, at most Options.MaxBodyBytes (413 past it),
+//     and sent upstream from memory (a proxy that streams the inbound body
+//     through can have its upstream connection torn down as the answer
+//     starts: an HTTP/1 server closes the inbound body when the response
+//     begins, golang/go#40747).
+//  2. ParseRequest reads the model, SGLang's lora_path, vLLM's cache_salt and
+//     the session id; the body must be a JSON object (400 otherwise).
+//  3. The Tokenizer turns the request into the engine's token ids
+//     (tokenize.Request{Path, Body, Model}).
+//  4. A selection.Request is built (Model: Options.Model, else the body's
+//     "model"; Tokens; CacheSalt; LoRAName; ExpectedOutputTokens), adjusted by
+//     Options.Prepare, and booked with Service.Book.
+//  5. The ReverseProxy's Rewrite points the request at the Booking's Endpoint
+//     (Options.Scheme), sets X-Forwarded-For/-Host/-Proto, and removes the
+//     hop-by-hop headers and the routing headers a client could forge
+//     (x-gateway-destination-endpoint and its subset, served and scores
+//     forms, x-prefiller-host-port, Dynamo's worker and rank headers, ...).
+//  6. The answer is streamed back; server-sent events and answers without a
+//     length are flushed chunk by chunk (the ReverseProxy's rule).
+//
+// Errors before step 5 are answered with an OpenAI error object,
+// {"error": {"message", "type", "code"}}, code being the HTTP status, mapped
+// as the reference EPP does (HTTPStatus: the tokenizer's classes first, then
+// selection's). A 4xx message says what is wrong with the request; a 5xx one
+// is a fixed phrase, the details (worker names, reasons, the tokenizer's
+// answer) going to the Logger. An upstream answer is passed through as it is,
+// error statuses included; a transport error is 502 (504 for a timeout). The
+// Router does not retry on another worker.
+//
+// # Settling a booking
+//
+// The response body is wrapped when the upstream's headers arrive
+// (ModifyResponse), and the wrapper's reads settle the booking:
+//
+//   - PrefillComplete at the first Read that returns bytes, for a 2xx answer
+//     only (an error answer is no first output, and must not feed the
+//     service's token-parity check). Not at the response headers: an SSE
+//     engine sends them before its prefill is done.
+//   - Done at the end of the body: when as many bytes as the Content-Length
+//     have been read (before they are passed on) or at io.EOF. A client that
+//     has read the whole answer therefore finds its booking done.
+//
+// From the booking until it is settled, a timer renews the lease every
+// Options.RenewInterval (10 s): a long prefill, a long stream or a long answer
+// that is not streamed (whose first byte comes at its end) outlives the
+// service's lease (ActiveRequestExpiry) without being released as an orphan,
+// while the booking of a gateway that died, with its timers, still is.
+//
+// Done is also called when the client goes away (the request context's
+// AfterFunc, at once, wherever the exchange stands), in the ReverseProxy's
+// ErrorHandler (connection refused or reset, timeout, cancel before the
+// headers), when the body's read fails or the proxy closes it early, when the
+// proxy path panics (a deferred recover settles, then panics again with the
+// same value, so net/http still aborts the response: silently for
+// http.ErrAbortHandler, which the ReverseProxy raises when a copy fails, and
+// logging anything else), and, failing all of these, when ServeHTTP returns.
+// A booking is never freed in ModifyResponse while a body is still to come:
+// that runs before the body is streamed; an answer declared empty
+// (Content-Length 0) is settled there.
+//
+// # Failure feedback
+//
+// A transport error while the client is still there (the connection refused
+// or reset, the answer cut short) and an upstream status for which
+// Options.FailureStatus is true (DefaultFailureStatus: 5xx except 501 and
+// 505) call Service.MarkFailed for the worker, at most once per request: the
+// service stops picking it for its FailureEjection time and forgets the
+// approximate affinity that would pull requests back to it. A client's cancel
+// or an expired deadline never marks a worker.
+//
+// # Session ids
+//
+// SessionID reads the x-session-id header, then Dynamo's x-dynamo-session-id,
+// then the body's prompt_cache_key. The Router passes it to Options.Prepare in
+// RequestInfo.SessionID and routes on nothing else of it; "user" and
+// "safety_identifier" are not session ids (see RequestInfo).
+//
+// # Concurrency
+//
+// A Router is safe for concurrent use. New starts nothing, and the Router
+// starts no goroutine of its own but two kinds of short callbacks, each owned
+// by one request: the context AfterFunc that settles the request when its
+// client leaves, and the renewal timer's ticks, which the settle stops.
+// Everything else of a request runs on the goroutine net/http calls ServeHTTP
+// on: the ReverseProxy calls Rewrite, ModifyResponse, ErrorHandler and the
+// body's Read and Close there, so that state needs no lock. The settle (which
+// the AfterFunc may run) and the renewals are guarded by a sync.Once, an
+// atomic flag and a mutex; a selection.Booking is safe for concurrent use.
+// The transport the Router makes keeps idle connections, which
+// CloseIdleConnections releases. Options.Prepare and the Service are called
+// concurrently.
+//
+// # Invariants
+//
+//   - Every booking is Done exactly once, on every path: end of the answer,
+//     client cancel, upstream error, panic. Once no request is in flight,
+//     Stats.Booked == Stats.Done, and the service's loads are back to zero.
+//   - PrefillComplete is called at most once per booking, never before the
+//     first body byte of a 2xx answer has been read from the worker.
+//   - MarkFailed is called at most once per request, never for a request the
+//     client abandoned.
+//   - No request reaches a worker with a routing header the client set.
+package httproute

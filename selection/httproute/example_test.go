@@ -1,0 +1,89 @@
+package httproute_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/httproute"
+	"github.com/kvselect/kvselect/tokenize"
+)
+
+// promptBytes stands in for the engine's tokenizer (tokenize.New with the
+// engine's protocol, wrapped in tokenize.NewCache): one id per body byte.
+type promptBytes struct{}
+
+func (promptBytes) Tokenize(_ context.Context, req tokenize.Request) (tokenize.Result, error) {
+	ids := make([]uint32, len(req.Body))
+	for i, c := range req.Body {
+		ids[i] = uint32(c)
+	}
+	return tokenize.Result{Tokens: ids, PromptCount: 1}, nil
+}
+
+// A gateway in two lines: a Router over the selection service, served by
+// net/http. The second request for the same prompt goes back to the engine
+// that computed it, although the other engine is idle, and once each answer
+// has been read its booking is settled.
+func Example() {
+	ctx := context.Background()
+	engine := func(name string) *httptest.Server { // an engine answering with its name
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = fmt.Fprintf(w, `{"served_by":%q}`, name)
+		}))
+	}
+	a, b := engine("engine-a"), engine("engine-b")
+	defer a.Close()
+	defer b.Close()
+
+	cfg := selection.DefaultConfig(4)
+	cfg.UseKVEvents = false // approximate mode: the service remembers where it sent each prefix
+	svc, err := selection.NewSelectionServiceBuilder(cfg).Build(ctx)
+	if err != nil {
+		panic(err)
+	}
+	defer svc.Close()
+
+	router, err := httproute.New(httproute.Options{Service: svc, Tokenizer: promptBytes{}})
+	if err != nil {
+		panic(err)
+	}
+	defer router.CloseIdleConnections()
+	gateway := httptest.NewServer(router)
+	defer gateway.Close()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+
+	body := `{"model":"default","messages":[{"role":"system","content":"You are a terse assistant."},` +
+		`{"role":"user","content":"Name three primary colours."}]}`
+	ask := func() {
+		resp, err := client.Post(gateway.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			panic(err)
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Println(resp.Status, string(answer))
+	}
+	_, _ = svc.UpsertWorker(catalog.Worker{ID: "engine-a", Endpoint: a.Listener.Addr().String(), DPSize: 1})
+	ask()
+	_, _ = svc.UpsertWorker(catalog.Worker{ID: "engine-b", Endpoint: b.Listener.Addr().String(), DPSize: 1})
+	ask()
+	for _, l := range svc.Loads("") {
+		fmt.Println(l.Worker, "active requests:", l.ActiveRequests)
+	}
+	fmt.Println("bookings:", svc.Stats().Bookings, "freed:", svc.Stats().Frees)
+	// Output:
+	// 200 OK {"served_by":"engine-a"}
+	// 200 OK {"served_by":"engine-a"}
+	// engine-a active requests: 0
+	// engine-b active requests: 0
+	// bookings: 2 freed: 2
+}
