@@ -212,9 +212,9 @@ func (a *Approx) publishNext() {
 	a.nextExpiry.Store(a.heap[0].at)
 }
 
-// Expire removes every entry whose TTL has passed. FindMatches and Record do this
-// on their own when needed; call it to release memory on an idle index.
-func (a *Approx) Expire() {
+// expire removes every entry whose TTL has passed. AppendMatches calls it once
+// the earliest expiry has come; Record expires under its own lock.
+func (a *Approx) expire() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.expireLocked(a.now().UnixNano())
@@ -249,15 +249,15 @@ func (a *Approx) FindMatches(seqs []uint64, opts MatchOptions) []Match {
 // AppendMatches is FindMatches appending to dst.
 func (a *Approx) AppendMatches(dst []Match, seqs []uint64, opts MatchOptions) []Match {
 	if a.now().UnixNano() >= a.nextExpiry.Load() {
-		a.Expire()
+		a.expire()
 	}
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	return a.t.appendMatches(dst, seqs, opts)
 }
 
-// ApproxStats is a snapshot of an Approx index.
-type ApproxStats struct {
+// approxStats is a snapshot of an Approx index.
+type approxStats struct {
 	Nodes       int
 	Entries     int
 	WorkerRanks int
@@ -268,13 +268,13 @@ type ApproxStats struct {
 	Pruned uint64
 }
 
-// Stats returns a snapshot.
-func (a *Approx) Stats() ApproxStats {
+// stats returns a snapshot.
+func (a *Approx) stats() approxStats {
 	var s Stats
 	a.mu.RLock()
 	a.t.stats(&s)
 	extra := int64(len(a.exp))*48 + int64(cap(a.heap))*32
 	a.mu.RUnlock()
-	return ApproxStats{Nodes: s.Nodes, Entries: s.Entries, WorkerRanks: s.WorkerRanks,
+	return approxStats{Nodes: s.Nodes, Entries: s.Entries, WorkerRanks: s.WorkerRanks,
 		ApproxBytes: s.ApproxBytes + extra, Expired: a.expired.Load(), Pruned: a.pruned.Load()}
 }

@@ -59,7 +59,30 @@
 // Apply hashes an event's tokens before taking it. A lookup therefore sees the
 // index either before or after any event, never half of one: it may undercount
 // while a store is being applied, and it never overcounts. Hasher is an immutable
-// value. Nothing in this package starts a goroutine.
+// value. Snapshot copies the index under the read lock and orders and encodes
+// the copy after releasing it, so a snapshot is a cut between two events: an
+// event applied meanwhile waits for the copy (tens of milliseconds per million
+// blocks) and lands after the cut. Nothing in this package starts a goroutine.
+//
+// # Snapshots
+//
+// A new router replica can start warm from a serving one. WriteSnapshot (or
+// Snapshot, then Encode) writes every worker rank's blocks per tier, with their
+// engine hashes, prefix chains and repeated stores, the block limits, and the
+// last sequence number applied from each event source; ReadSnapshot builds an
+// equal index from it, and the joining replica replays each engine's feed from
+// the next number. The index does not know the feed's batches: for the numbers
+// to match the cut, the caller reads them and calls Snapshot while no batch is
+// half applied.
+//
+// The format (version 1) is a header (magic, version, payload length,
+// and their CRC-32C), the payload, and the payload's CRC-32C; it is canonical,
+// so equal indexes encode to equal bytes. ReadSnapshot reads another version as
+// ErrSnapshotVersion and a truncated or damaged snapshot as ErrSnapshotCorrupt,
+// never as a panic. It bounds the payload, worker ranks, nodes, blocks and
+// name lengths (ReadOptions; by default 1 GiB, 65536, 16M, 16M and 1 KiB),
+// refusing a larger snapshot with ErrSnapshotLimit, grows its buffers only as
+// bytes arrive, and returns the index it builds only when it is complete.
 //
 // # Invariants
 //

@@ -29,8 +29,8 @@ func (t Tier) String() string {
 	}
 }
 
-// Valid reports whether t is one of the three defined tiers.
-func (t Tier) Valid() bool { return t < numTiers }
+// valid reports whether t is one of the three defined tiers.
+func (t Tier) valid() bool { return t < numTiers }
 
 // EventKind says what an Event does.
 type EventKind uint8

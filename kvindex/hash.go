@@ -10,9 +10,9 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// BaseSeed is the seed of every block hash before LoRA and cache-salt mixing, and
+// baseSeed is the seed of every block hash before LoRA and cache-salt mixing, and
 // the seed of every chain hash.
-const BaseSeed uint64 = 1337
+const baseSeed uint64 = 1337
 
 // ErrBlockSize reports a block size that is not positive, or an event block size
 // that is not a whole multiple of the index's.
@@ -26,18 +26,13 @@ type HashOptions struct {
 	CacheSalt string
 }
 
-// Seed returns the seed of the first block of a sequence for these options:
-//
-//	seed = 1337
-//	if LoRAName != "":  seed += xxhash64(LoRAName, seed 0)   (wrapping)
-//	if CacheSalt != "": seed += xxhash64(CacheSalt, seed 1)  (wrapping)
-//
-// Later blocks use LaterSeed, which leaves the salt out: like vLLM, which mixes the
-// cache salt into the first block only, the salt reaches every later block through
-// the hash chain. That is what lets the index apply a stored run that continues a
-// salted sequence without knowing the salt.
-func (o HashOptions) Seed() uint64 {
-	seed := o.LaterSeed()
+// seed returns the seed of the first block of a sequence for these options (see
+// Hasher for the formula). Later blocks use laterSeed, which leaves the salt out:
+// like vLLM, which mixes the cache salt into the first block only, the salt
+// reaches every later block through the hash chain. That is what lets the index
+// apply a stored run that continues a salted sequence without knowing the salt.
+func (o HashOptions) seed() uint64 {
+	seed := o.laterSeed()
 	if o.CacheSalt != "" {
 		var d xxhash.Digest
 		d.ResetWithSeed(1)
@@ -47,10 +42,10 @@ func (o HashOptions) Seed() uint64 {
 	return seed
 }
 
-// LaterSeed returns the seed of every block but the first: 1337 mixed with the
+// laterSeed returns the seed of every block but the first: 1337 mixed with the
 // LoRA name only.
-func (o HashOptions) LaterSeed() uint64 {
-	seed := BaseSeed
+func (o HashOptions) laterSeed() uint64 {
+	seed := baseSeed
 	if o.LoRAName != "" {
 		seed += xxhash.Sum64String(o.LoRAName)
 	}
@@ -65,8 +60,10 @@ func (o HashOptions) LaterSeed() uint64 {
 //   - Only complete blocks are hashed; a trailing partial block is ignored.
 //   - local[i] = XXH64(seed, bytes) where bytes are the block's token ids, each
 //     written as 4 bytes little-endian, followed, only when the block carries an
-//     extra-key digest x != 0, by x as 8 bytes little-endian. The seed is
-//     HashOptions.Seed for block 0 and HashOptions.LaterSeed for the others.
+//     extra-key digest x != 0, by x as 8 bytes little-endian.
+//   - The seed of every block is 1337, plus (wrapping) XXH64(LoRAName, seed 0)
+//     when LoRAName is set; block 0 of a sequence adds XXH64(CacheSalt, seed 1)
+//     when CacheSalt is set. The salt reaches later blocks through the chain.
 //   - seq[0] = local[0]; seq[i] = XXH64(1337, le64(seq[i-1]) || le64(local[i])).
 //
 // seq[i] therefore names the whole prefix of blocks 0..i, so equal seq hashes mean
@@ -83,18 +80,11 @@ func NewHasher(blockSize int, opts HashOptions) (Hasher, error) {
 	if blockSize <= 0 {
 		return Hasher{}, fmt.Errorf("%w: %d tokens per block, want > 0", ErrBlockSize, blockSize)
 	}
-	return Hasher{blockSize: blockSize, first: opts.Seed(), later: opts.LaterSeed()}, nil
+	return Hasher{blockSize: blockSize, first: opts.seed(), later: opts.laterSeed()}, nil
 }
 
-// BlockSize returns the tokens per block.
-func (h Hasher) BlockSize() int { return h.blockSize }
-
-// Seed returns the seed of block 0 (HashOptions.Seed); later blocks use
-// HashOptions.LaterSeed.
-func (h Hasher) Seed() uint64 { return h.first }
-
-// Blocks returns the number of complete blocks in n tokens.
-func (h Hasher) Blocks(n int) int {
+// blocks returns the number of complete blocks in n tokens.
+func (h Hasher) blocks(n int) int {
 	if h.blockSize <= 0 {
 		return 0
 	}
@@ -104,7 +94,7 @@ func (h Hasher) Blocks(n int) int {
 // SeqHashes returns the sequence hash of every complete block of tokens. Nil or
 // short input yields nil.
 func (h Hasher) SeqHashes(tokens []uint32) []uint64 {
-	n := h.Blocks(len(tokens))
+	n := h.blocks(len(tokens))
 	if n == 0 {
 		return nil
 	}
@@ -114,33 +104,23 @@ func (h Hasher) SeqHashes(tokens []uint32) []uint64 {
 // AppendSeqHashes appends the sequence hash of every complete block of tokens to dst
 // and returns the extended slice. It does not allocate when dst has room.
 func (h Hasher) AppendSeqHashes(dst []uint64, tokens []uint32) []uint64 {
-	n := h.Blocks(len(tokens))
+	n := h.blocks(len(tokens))
 	var prev uint64
 	for i := 0; i < n; i++ {
 		if i == 0 {
 			prev = blockHash(h.first, tokens[:h.blockSize], 0)
 		} else {
-			prev = ChainHash(prev, blockHash(h.later, tokens[i*h.blockSize:(i+1)*h.blockSize], 0))
+			prev = chainHash(prev, blockHash(h.later, tokens[i*h.blockSize:(i+1)*h.blockSize], 0))
 		}
 		dst = append(dst, prev)
 	}
 	return dst
 }
 
-// LocalHash returns the local (unchained) hash of one block's tokens with an
-// optional extra-key digest (0 for none); first selects the seed of block 0.
-// len(tokens) is not checked against the block size.
-func (h Hasher) LocalHash(tokens []uint32, extra uint64, first bool) uint64 {
-	if first {
-		return blockHash(h.first, tokens, extra)
-	}
-	return blockHash(h.later, tokens, extra)
-}
-
-// ChainHash returns the sequence hash of a block whose parent has sequence hash
+// chainHash returns the sequence hash of a block whose parent has sequence hash
 // parent and whose own local hash is local: XXH64(1337, le64(parent) || le64(local)).
-func ChainHash(parent, local uint64) uint64 {
-	return xxh64Two(BaseSeed, parent, local)
+func chainHash(parent, local uint64) uint64 {
+	return xxh64Two(baseSeed, parent, local)
 }
 
 // littleEndian is true when uint32 values are laid out little-endian in memory, so

@@ -133,7 +133,7 @@ func (ix *Index) Apply(w catalog.WorkerRank, ev Event) error {
 		ix.rejected.Add(1)
 		return fmt.Errorf("%w: worker rank %q/%d", ErrInvalidEvent, w.Worker, w.Rank)
 	}
-	if !ev.Tier.Valid() {
+	if !ev.Tier.valid() {
 		ix.rejected.Add(1)
 		return fmt.Errorf("%w: tier %d", ErrInvalidEvent, ev.Tier)
 	}
@@ -187,9 +187,9 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 	plan.ratio = bs / ix.blockSize
 	plan.keys = plan.keys[:0]
 	// A run that starts the sequence salts its first block; a run that continues
-	// one inherits the salt through the chain (see HashOptions.Seed).
+	// one inherits the salt through the chain (see HashOptions.seed).
 	ho := HashOptions{LoRAName: ev.LoRAName, CacheSalt: ev.CacheSalt}
-	first, later := ho.Seed(), ho.LaterSeed()
+	first, later := ho.seed(), ho.laterSeed()
 	if ev.HasParent {
 		first = later
 	}
@@ -251,7 +251,7 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 			local := plan.locals[j*plan.ratio+s]
 			key := local
 			if cur != &t.root {
-				key = ChainHash(cur.key, local)
+				key = chainHash(cur.key, local)
 			}
 			cur = t.child(cur, key)
 			if ix.onStored != nil {

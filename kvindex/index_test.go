@@ -360,7 +360,7 @@ func TestApproxTTLAndRefresh(t *testing.T) {
 	require.Equal(t, []Match{{Worker: w, Device: 2}}, ms)
 	now = now.Add(10 * time.Second)
 	require.Empty(t, a.FindMatches(seqs, MatchOptions{}))
-	st := a.Stats()
+	st := a.stats()
 	require.Zero(t, st.Entries)
 	require.Zero(t, st.Nodes)
 	require.EqualValues(t, 4, st.Expired)
@@ -377,18 +377,18 @@ func TestApproxSizeCapPrunesDeepestFirst(t *testing.T) {
 	seqs := seqsOf(t, 2, toks) // 10 blocks
 	w := catalog.WorkerRank{Worker: "a"}
 	a.Record(w, seqs)
-	require.Equal(t, 10, a.Stats().Entries)
+	require.Equal(t, 10, a.stats().Entries)
 	now = now.Add(time.Second)
 	other := seqsOf(t, 2, []uint32{99, 98})
 	a.Record(catalog.WorkerRank{Worker: "b"}, other) // 11 > 10: prune to 8
-	st := a.Stats()
+	st := a.stats()
 	require.Equal(t, 8, st.Entries)
 	require.EqualValues(t, 3, st.Pruned)
 	// The oldest request lost its three deepest blocks, not a middle one.
 	require.Equal(t, 7, only(a.FindMatches(seqs, MatchOptions{}), w).Device)
 	require.Len(t, a.FindMatches(other, MatchOptions{}), 1)
 	require.Equal(t, 1, a.RemoveWorker("a"))
-	require.Equal(t, 1, a.Stats().Entries)
+	require.Equal(t, 1, a.stats().Entries)
 }
 
 func TestApproxOptions(t *testing.T) {
@@ -402,7 +402,7 @@ func TestApproxOptions(t *testing.T) {
 	require.Equal(t, DefaultApproxMaxBlocks, a.max)
 	a.Record(catalog.WorkerRank{}, []uint64{1}) // invalid worker: ignored
 	a.Record(catalog.WorkerRank{Worker: "x"}, nil)
-	require.Zero(t, a.Stats().Entries)
+	require.Zero(t, a.stats().Entries)
 }
 
 func TestRankLimitRefusesStoresBeyondIt(t *testing.T) {

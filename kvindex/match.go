@@ -83,10 +83,11 @@ func (t *tree) appendMatches(dst []Match, seqs []uint64, opts MatchOptions) []Ma
 
 // walkDevice is the walk when no worker holds anything below the device tier.
 func (t *tree) walkDevice(dst []Match, sc *matchScratch, n *node, seqs []uint64, mask []sword, stopAtOne bool) []Match {
-	cand := intersectInto(sc.c[0][:0], n.devWords(), mask)
+	cand := sc.intersectInto(sc.c[0][:0], n.devWords(), mask)
 	sc.c[0] = cand
 	live := countWords(cand)
 	depth := 1
+	gone := sc.gone[:0]
 	for live > 0 && depth < len(seqs) {
 		if stopAtOne && live == 1 {
 			break
@@ -95,45 +96,29 @@ func (t *tree) walkDevice(dst []Match, sc *matchScratch, n *node, seqs []uint64,
 		if c == nil {
 			break
 		}
-		var dropped int
-		cand, dropped, dst = t.narrow(dst, cand, c.devWords(), depth)
-		live -= dropped
+		cand, gone = narrow(cand, c.devWords(), gone[:0])
+		if len(gone) != 0 { // rare: kept out of the loop, which stays in registers
+			dst = t.appendDevice(dst, gone, depth)
+			live -= countWords(gone)
+		}
 		n = c
 		depth++
 	}
-	for _, w := range cand {
+	sc.gone = gone
+	dst = t.appendDevice(dst, cand, depth)
+	sc.c[0] = cand[:0]
+	return dst
+}
+
+// appendDevice appends a device-only Match of depth blocks for every slot of ws.
+func (t *tree) appendDevice(dst []Match, ws []sword, depth int) []Match {
+	for _, w := range ws {
 		for b := w.bits; b != 0; b &= b - 1 {
 			slot := w.idx<<6 | uint32(bits.TrailingZeros64(b))
 			dst = append(dst, Match{Worker: t.slots[slot].key, Device: depth})
 		}
 	}
-	sc.c[0] = cand[:0]
 	return dst
-}
-
-// narrow intersects cand with set in place, appends a device-only Match at depth
-// for every slot that dropped out, and compacts away empty words.
-func (t *tree) narrow(dst []Match, cand, set []sword, depth int) ([]sword, int, []Match) {
-	out, j, dropped := 0, 0, 0
-	for _, w := range cand {
-		for j < len(set) && set[j].idx < w.idx {
-			j++
-		}
-		var keep uint64
-		if j < len(set) && set[j].idx == w.idx {
-			keep = w.bits & set[j].bits
-		}
-		for gone := w.bits &^ keep; gone != 0; gone &= gone - 1 {
-			slot := w.idx<<6 | uint32(bits.TrailingZeros64(gone))
-			dst = append(dst, Match{Worker: t.slots[slot].key, Device: depth})
-			dropped++
-		}
-		if keep != 0 {
-			cand[out] = sword{idx: w.idx, bits: keep}
-			out++
-		}
-	}
-	return cand[:out], dropped, dst
 }
 
 // walkTiers is the general walk: three nested candidate sets, device (c[0]),
@@ -147,17 +132,14 @@ func (t *tree) walkTiers(dst []Match, sc *matchScratch, n *node, seqs []uint64, 
 	lvl0, lvl1 := sc.lvl[0][:len(t.slots)], sc.lvl[1][:len(t.slots)]
 	var c [numTiers][]sword
 	dev, dh, anyTier := sc.tierWords(n)
-	c[0] = intersectInto(sc.c[0][:0], dev, mask)
-	c[1] = intersectInto(sc.c[1][:0], dh, mask)
-	c[2] = intersectInto(sc.c[2][:0], anyTier, mask)
-	for _, w := range c[2] {
-		for b := w.bits; b != 0; b &= b - 1 {
-			slot := w.idx<<6 | uint32(bits.TrailingZeros64(b))
-			lvl0[slot], lvl1[slot] = 0, 0
-		}
-	}
+	c[0] = sc.intersectInto(sc.c[0][:0], dev, mask)
+	c[1] = sc.intersectInto(sc.c[1][:0], dh, mask)
+	c[2] = sc.intersectInto(sc.c[2][:0], anyTier, mask)
+	setLevel(lvl0, c[2], 0)
+	setLevel(lvl1, c[2], 0)
 	live := countWords(c[2])
 	depth := 1
+	gone := sc.gone[:0]
 	for live > 0 && depth < len(seqs) {
 		if stopAtOne && live == 1 {
 			break
@@ -167,43 +149,40 @@ func (t *tree) walkTiers(dst []Match, sc *matchScratch, n *node, seqs []uint64, 
 			break
 		}
 		dev, dh, anyTier = sc.tierWords(ch)
-		c[0] = narrowLevel(c[0], dev, lvl0, depth)
-		c[1] = narrowLevel(c[1], dh, lvl1, depth)
-		c[2], sc.gone = narrowGone(c[2], anyTier, sc.gone[:0])
-		for _, w := range sc.gone {
-			for b := w.bits; b != 0; b &= b - 1 {
-				slot := w.idx<<6 | uint32(bits.TrailingZeros64(b))
-				dst = appendTiered(dst, t.slots[slot].key, int(lvl0[slot]), int(lvl1[slot]), depth)
-				live--
-			}
+		c[0], gone = narrow(c[0], dev, gone[:0])
+		setLevel(lvl0, gone, depth)
+		c[1], gone = narrow(c[1], dh, gone[:0])
+		setLevel(lvl1, gone, depth)
+		c[2], gone = narrow(c[2], anyTier, gone[:0])
+		if len(gone) != 0 {
+			dst = t.appendTiered(dst, gone, lvl0, lvl1, depth)
+			live -= countWords(gone)
 		}
 		n = ch
 		depth++
 	}
-	for _, w := range c[0] {
-		for b := w.bits; b != 0; b &= b - 1 {
-			lvl0[w.idx<<6|uint32(bits.TrailingZeros64(b))] = int32(depth)
-		}
-	}
-	for _, w := range c[1] {
-		for b := w.bits; b != 0; b &= b - 1 {
-			lvl1[w.idx<<6|uint32(bits.TrailingZeros64(b))] = int32(depth)
-		}
-	}
-	for _, w := range c[2] {
-		for b := w.bits; b != 0; b &= b - 1 {
-			slot := w.idx<<6 | uint32(bits.TrailingZeros64(b))
-			dst = appendTiered(dst, t.slots[slot].key, int(lvl0[slot]), int(lvl1[slot]), depth)
-		}
-	}
+	sc.gone = gone
+	setLevel(lvl0, c[0], depth)
+	setLevel(lvl1, c[1], depth)
+	dst = t.appendTiered(dst, c[2], lvl0, lvl1, depth)
 	for tier := range numTiers {
 		sc.c[tier] = c[tier][:0]
 	}
 	return dst
 }
 
-func appendTiered(dst []Match, w catalog.WorkerRank, d0, d1, d2 int) []Match {
-	return append(dst, Match{Worker: w, Device: d0, Host: d1 - d0, Disk: d2 - d1})
+// appendTiered appends a Match for every slot of ws, which left the any-tier set
+// at depth and the device and device-or-host sets at the depths lvl0 and lvl1
+// record.
+func (t *tree) appendTiered(dst []Match, ws []sword, lvl0, lvl1 []int32, depth int) []Match {
+	for _, w := range ws {
+		for b := w.bits; b != 0; b &= b - 1 {
+			slot := w.idx<<6 | uint32(bits.TrailingZeros64(b))
+			d0, d1 := int(lvl0[slot]), int(lvl1[slot])
+			dst = append(dst, Match{Worker: t.slots[slot].key, Device: d0, Host: d1 - d0, Disk: depth - d1})
+		}
+	}
+	return dst
 }
 
 // tierWords returns n's device set, its device-or-host set and its any-tier set.
@@ -219,32 +198,10 @@ func (sc *matchScratch) tierWords(n *node) (dev, dh, anyTier []sword) {
 	return dev, sc.dh, sc.any
 }
 
-// narrowLevel intersects cand with set in place and records depth in lvl for every
-// slot that dropped out.
-func narrowLevel(cand, set []sword, lvl []int32, depth int) []sword {
-	out, j := 0, 0
-	for _, w := range cand {
-		for j < len(set) && set[j].idx < w.idx {
-			j++
-		}
-		var keep uint64
-		if j < len(set) && set[j].idx == w.idx {
-			keep = w.bits & set[j].bits
-		}
-		for gone := w.bits &^ keep; gone != 0; gone &= gone - 1 {
-			lvl[w.idx<<6|uint32(bits.TrailingZeros64(gone))] = int32(depth)
-		}
-		if keep != 0 {
-			cand[out] = sword{idx: w.idx, bits: keep}
-			out++
-		}
-	}
-	return cand[:out]
-}
-
-// narrowGone intersects cand with set in place and appends the dropped bits to
-// gone.
-func narrowGone(cand, set, gone []sword) ([]sword, []sword) {
+// narrow intersects cand with set in place, both sorted by word index: each word
+// of cand keeps the bits set also has, words left empty are dropped, and the
+// bits removed are appended to gone. It is the one merge-intersect of the walks.
+func narrow(cand, set, gone []sword) (kept, dropped []sword) {
 	out, j := 0, 0
 	for _, w := range cand {
 		for j < len(set) && set[j].idx < w.idx {
@@ -265,22 +222,23 @@ func narrowGone(cand, set, gone []sword) ([]sword, []sword) {
 	return cand[:out], gone
 }
 
-// intersectInto appends a ∩ mask to dst (a itself when mask is nil).
-func intersectInto(dst, a, mask []sword) []sword {
+// setLevel records depth in lvl for every slot of ws.
+func setLevel(lvl []int32, ws []sword, depth int) {
+	for _, w := range ws {
+		for b := w.bits; b != 0; b &= b - 1 {
+			lvl[w.idx<<6|uint32(bits.TrailingZeros64(b))] = int32(depth)
+		}
+	}
+}
+
+// intersectInto appends a ∩ mask to dst (a itself when mask is nil), using
+// sc.gone for the bits left out.
+func (sc *matchScratch) intersectInto(dst, a, mask []sword) []sword {
+	dst = append(dst, a...)
 	if mask == nil {
-		return append(dst, a...)
+		return dst
 	}
-	j := 0
-	for _, w := range a {
-		for j < len(mask) && mask[j].idx < w.idx {
-			j++
-		}
-		if j < len(mask) && mask[j].idx == w.idx {
-			if b := w.bits & mask[j].bits; b != 0 {
-				dst = append(dst, sword{idx: w.idx, bits: b})
-			}
-		}
-	}
+	dst, sc.gone = narrow(dst, mask, sc.gone[:0])
 	return dst
 }
 

@@ -128,13 +128,13 @@ func (o *oracle) apply(w catalog.WorkerRank, ev Event) bool {
 			if ev.Extra != nil {
 				extra = ev.Extra[j]
 			}
-			seed := ho.LaterSeed()
+			seed := ho.laterSeed()
 			if !hasPrev {
-				seed = ho.Seed()
+				seed = ho.seed()
 			}
 			local := blockHash(seed, ev.Tokens[off:off+o.bs], extra)
 			if hasPrev {
-				prev = ChainHash(prev, local)
+				prev = chainHash(prev, local)
 			} else {
 				prev, hasPrev = local, true
 			}

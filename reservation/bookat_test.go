@@ -186,7 +186,7 @@ func TestRankHandles(t *testing.T) {
 	l := newLedger(t, Options{})
 	a, b := wr("a", 0), wr("b", 1)
 	ranks := l.AppendRanks(nil, []catalog.WorkerRank{a, b})
-	require.Equal(t, []catalog.WorkerRank{a, b}, []catalog.WorkerRank{ranks[0].Worker(), ranks[1].Worker()})
+	require.Equal(t, []catalog.WorkerRank{a, b}, []catalog.WorkerRank{ranks[0].key, ranks[1].key})
 	require.Empty(t, l.Loads(), "an entry made by AppendRanks has no load to report")
 	require.NoError(t, l.Book(Booking{ID: "x", Worker: a, SeqHashes: []uint64{1, 2}, PrefillTokens: 5}))
 

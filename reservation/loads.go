@@ -134,21 +134,15 @@ func (l *Ledger) scanRequest(sc *requestScratch, seqs []uint64, slots int32, loo
 	}
 	sorted := l.byStripe(sc.sorted, uniq, &sc.runs)
 	sc.sorted = sorted
-	for s := range l.blocks {
-		from, to := sc.runs.span(s)
-		if from == to {
-			continue
+	l.eachStripe(&sc.runs, func(a *activeBlocks, from, to int) {
+		if a.live() == 0 {
+			return
 		}
-		st := &l.blocks[s]
-		st.mu.Lock()
-		if st.a.live() > 0 {
-			for _, h := range sorted[from:to] {
-				if e := st.a.holders(h); e != nil {
-					sc.credit(e)
-				}
+		for _, h := range sorted[from:to] {
+			if e := a.holders(h); e != nil {
+				sc.credit(e)
 			}
 		}
-		st.mu.Unlock()
-	}
+	})
 	return len(uniq)
 }

@@ -114,9 +114,6 @@ type Rank struct {
 	r   *rankState
 }
 
-// Worker returns the worker rank the handle names.
-func (k Rank) Worker() catalog.WorkerRank { return k.key }
-
 // AppendRanks appends a handle for each of workers to dst, making an empty load
 // entry for each worker rank that has none, and returns the extended slice. An
 // entry lives until RemoveWorker of its worker; callers resolve a worker's

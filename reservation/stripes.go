@@ -96,6 +96,23 @@ func (l *Ledger) byStripe(dst, src []uint64, runs *stripeRuns) []uint64 {
 	return dst
 }
 
+// eachStripe calls f for every block stripe that holds hashes of a slice grouped
+// by runs (see byStripe), in stripe order, with the stripe's mutex held and the
+// bounds of its run. It is how every caller walks the block index: one stripe
+// locked at a time, never two.
+func (l *Ledger) eachStripe(runs *stripeRuns, f func(a *activeBlocks, from, to int)) {
+	for s := range l.blocks {
+		from, to := runs.span(s)
+		if from == to {
+			continue
+		}
+		st := &l.blocks[s]
+		st.mu.Lock()
+		f(&st.a, from, to)
+		st.mu.Unlock()
+	}
+}
+
 // addRefs adds bk's references to the block index, one stripe at a time, records
 // the entry of each hash in bk.buf.idx and returns how many hashes were new to
 // bk's worker rank. bk.rank.mu must be held.
@@ -103,22 +120,15 @@ func (l *Ledger) addRefs(bk *booking) int {
 	buf, slot := bk.buf, bk.rank.slot
 	seqs, idx := buf.seqs, buf.idx[:len(buf.seqs)]
 	added := 0
-	for s := range l.blocks {
-		from, to := buf.runs.span(s)
-		if from == to {
-			continue
-		}
-		st := &l.blocks[s]
-		st.mu.Lock()
+	l.eachStripe(&buf.runs, func(a *activeBlocks, from, to int) {
 		for i := from; i < to; i++ {
-			j, isNew := st.a.inc(seqs[i], slot)
+			j, isNew := a.inc(seqs[i], slot)
 			idx[i] = j
 			if isNew {
 				added++
 			}
 		}
-		st.mu.Unlock()
-	}
+	})
 	buf.idx = idx
 	return added
 }
@@ -130,20 +140,13 @@ func (l *Ledger) dropRefs(bk *booking) int {
 	buf, slot := bk.buf, bk.rank.slot
 	seqs, idx := buf.seqs, buf.idx
 	gone := 0
-	for s := range l.blocks {
-		from, to := buf.runs.span(s)
-		if from == to {
-			continue
-		}
-		st := &l.blocks[s]
-		st.mu.Lock()
+	l.eachStripe(&buf.runs, func(a *activeBlocks, from, to int) {
 		for i := from; i < to; i++ {
-			if st.a.dec(idx[i], seqs[i], slot) {
+			if a.dec(idx[i], seqs[i], slot) {
 				gone++
 			}
 		}
-		st.a.sweep()
-		st.mu.Unlock()
-	}
+		a.sweep()
+	})
 	return gone
 }

@@ -71,7 +71,7 @@ func benchRoles(b *testing.B, mode TopologyMode, prompts [][]uint32) *RoleSelect
 	}
 	for _, role := range mode.Roles() {
 		svc := rs.Service(role)
-		if !rs.Profile(role).Config.UseKVEvents {
+		if !rs.profiles[role].Config.UseKVEvents {
 			continue
 		}
 		for i, rec := range svc.Workers() {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -21,9 +20,9 @@ const DefaultPlanningTimeout = 30 * time.Second
 // and "p/decode" on the decode selector, or "p/aggregated" alone when the
 // destination prefills locally.
 const (
-	SuffixPrefill    = "/prefill"
-	SuffixDecode     = "/decode"
-	SuffixAggregated = "/aggregated"
+	suffixPrefill    = "/prefill"
+	suffixDecode     = "/decode"
+	suffixAggregated = "/aggregated"
 )
 
 // PrefillFallback says what Book does when the prefill role cannot take the
@@ -54,19 +53,6 @@ func (f PrefillFallback) String() string {
 	}
 }
 
-// ParsePrefillFallback parses "fail" or "decode-only" ("decode_only" too),
-// ignoring ASCII case and surrounding white space.
-func ParsePrefillFallback(s string) (PrefillFallback, error) {
-	v := strings.TrimSpace(s)
-	switch {
-	case asciiEqualFold(v, "fail"):
-		return PrefillFail, nil
-	case asciiEqualFold(v, "decode-only"), asciiEqualFold(v, "decode_only"):
-		return PrefillDecodeOnly, nil
-	}
-	return 0, fmt.Errorf("%w: prefill fallback %q, want fail or decode-only", ErrInvalidOptions, s)
-}
-
 // BookerOptions configure a PairBooker. The zero value means the defaults.
 type BookerOptions struct {
 	// PrefillFallback: what to do when the prefill role cannot take a request.
@@ -93,6 +79,15 @@ type BookerOptions struct {
 	// tokens, no assumed reuse), so the pick is the same either way, without
 	// hashing, matching and indexing every block of every request.
 	DecodePrefixHashes bool
+	// LocalPrefillBelow turns on conditional disaggregation: a request whose
+	// uncached prompt on the decode worker that would take it alone is at
+	// most this many tokens, or that arrives while every prefill worker is
+	// busy (with queueing), is booked on that decode worker alone, which
+	// prefills it itself (LocalPrefill, no prefill hint), as llm-d decides per
+	// request. The decode worker's overlap comes from the decode service's
+	// approximate index, so this also turns DecodePrefixHashes on. 0: off (the
+	// default); >= 0.
+	LocalPrefillBelow int
 }
 
 // Plan is a booked request: where it goes and, in disaggregated mode, which
@@ -163,8 +158,9 @@ func (p Plan) PrefillHint() (string, bool) {
 type BookerStats struct {
 	// Booked counts plans returned by Book, LocalPrefill the ones among them
 	// whose destination prefills locally, Fallbacks the ones booked that way
-	// because the prefill role could not take them.
-	Booked, LocalPrefill, Fallbacks int64
+	// because the prefill role could not take them, Conditional the ones
+	// booked that way by BookerOptions.LocalPrefillBelow.
+	Booked, LocalPrefill, Fallbacks, Conditional int64
 	// Failed counts Book calls that returned an error; Compensated the legs
 	// such calls (and fallbacks) booked and then freed.
 	Failed, Compensated int64
@@ -175,6 +171,7 @@ type BookerStats struct {
 // leg is what the booker needs of a role's service. *selection.SelectionService
 // implements it; tests put a fake behind it to inject failures and blocks.
 type leg interface {
+	Select(ctx context.Context, req selection.Request) (selection.Result, error)
 	SelectAndReserve(ctx context.Context, req selection.Request) (selection.Result, error)
 	FreeReservation(id string) error
 	PrefillComplete(id string) error
@@ -208,7 +205,8 @@ type PairBooker struct {
 	plans      *planTable
 	readyCheck func() bool
 
-	booked, local, fallbacks, failed, compensated atomic.Int64
+	localBelow                                                 int // BookerOptions.LocalPrefillBelow
+	booked, local, fallbacks, conditional, failed, compensated atomic.Int64
 }
 
 // NewPairBooker returns a booker over rs. It validates opts (wrapped
@@ -250,13 +248,16 @@ func NewPairBooker(rs *RoleSelectors, opts BookerOptions) (*PairBooker, error) {
 }
 
 // newPairBooker builds a booker over any legs; pre is nil in aggregated mode.
-func newPairBooker(destRole Role, pre, dest leg, destProfile Profile, opts BookerOptions) (*PairBooker, error) {
+func newPairBooker(destRole Role, pre, dest leg, destProfile profile, opts BookerOptions) (*PairBooker, error) {
 	var errs []error
 	if opts.PrefillFallback > PrefillDecodeOnly {
 		errs = append(errs, fmt.Errorf("PrefillFallback is %v", opts.PrefillFallback))
 	}
 	if opts.PlanLease < 0 {
 		errs = append(errs, fmt.Errorf("PlanLease is %v, want >= 0", opts.PlanLease))
+	}
+	if opts.LocalPrefillBelow < 0 {
+		errs = append(errs, fmt.Errorf("LocalPrefillBelow is %d, want >= 0", opts.LocalPrefillBelow))
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, errors.Join(errs...))
@@ -273,7 +274,8 @@ func newPairBooker(destRole Role, pre, dest leg, destProfile Profile, opts Booke
 	return &PairBooker{
 		destRole: destRole, prefill: pre, dest: dest,
 		destOver: destProfile.Override, localOver: destProfile.LocalPrefillOverride,
-		fallback: opts.PrefillFallback, fullHashes: opts.DecodePrefixHashes, blockSize: destProfile.Config.BlockSize,
+		fallback: opts.PrefillFallback, fullHashes: opts.DecodePrefixHashes || opts.LocalPrefillBelow > 0,
+		localBelow: opts.LocalPrefillBelow, blockSize: destProfile.Config.BlockSize,
 		legsWait: true, timeout: timeout, now: now, plans: plans,
 		readyCheck: func() bool { return true },
 	}, nil
@@ -286,7 +288,7 @@ func (b *PairBooker) Ready() bool { return b.readyCheck() }
 
 // Book books req and returns its plan. The plan id is req.ReservationID, or a
 // minted random id when it is empty; the reservations are the plan id plus
-// SuffixPrefill and SuffixDecode (or SuffixAggregated).
+// "/prefill" and "/decode" (or "/aggregated").
 //
 // In disaggregated mode the prefill and decode legs run concurrently, each on
 // its own selector with its own queue, the decode leg with the decode Override
@@ -340,13 +342,20 @@ func (b *PairBooker) book(ctx context.Context, req selection.Request) (Plan, err
 	if b.prefill == nil {
 		return b.bookLocal(lctx, id, req, b.destOver)
 	}
+	if b.localBelow > 0 && b.prefillNotWorthIt(lctx, req) {
+		p, err := b.bookLocal(lctx, id, req, b.localOver)
+		if err == nil {
+			b.conditional.Add(1)
+		}
+		return p, err
+	}
 
 	preq, dreq := req, req
-	preq.ReservationID = id + SuffixPrefill
+	preq.ReservationID = id + suffixPrefill
 	if !b.fullHashes {
 		dreq = b.decodeRequest(req)
 	}
-	dreq.ReservationID = id + SuffixDecode
+	dreq.ReservationID = id + suffixDecode
 	dreq.Override = mergeOverride(req.Override, b.destOver)
 	var pres, dres selection.Result
 	var perr, derr error
@@ -416,6 +425,23 @@ func (b *PairBooker) book(ctx context.Context, req selection.Request) (Plan, err
 
 func noCancel() {}
 
+// prefillNotWorthIt reports whether a request is better prefilled by the
+// decode worker that would take it alone: its uncached prompt there is at
+// most LocalPrefillBelow tokens, or every prefill worker is busy. Both are
+// advisory reads (Select books nothing); a read that fails says no.
+func (b *PairBooker) prefillNotWorthIt(ctx context.Context, req selection.Request) bool {
+	r := req
+	r.Override = mergeOverride(req.Override, b.localOver)
+	if res, err := b.dest.Select(ctx, r); err == nil && res.EffectivePrefillTokens <= b.localBelow {
+		return true
+	}
+	if !b.legsWait {
+		return false // without queueing no worker is ever busy
+	}
+	res, err := b.prefill.Select(ctx, req)
+	return err == nil && res.Busy
+}
+
 // legFailed reports a leg error that is not the end of the leg's context.
 func legFailed(err error) bool {
 	return err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
@@ -462,7 +488,7 @@ func prefillUnavailable(err error) bool {
 // prefills the prompt itself.
 func (b *PairBooker) bookLocal(ctx context.Context, id string, req selection.Request, over *selection.Override) (Plan, error) {
 	r := req
-	r.ReservationID = id + SuffixAggregated
+	r.ReservationID = id + suffixAggregated
 	r.Override = mergeOverride(req.Override, over)
 	res, err := b.dest.SelectAndReserve(ctx, r)
 	if err != nil {
@@ -563,7 +589,7 @@ func (b *PairBooker) settle(s settlement) {
 // Stats returns the counters.
 func (b *PairBooker) Stats() BookerStats {
 	return BookerStats{
-		Booked: b.booked.Load(), LocalPrefill: b.local.Load(), Fallbacks: b.fallbacks.Load(),
+		Booked: b.booked.Load(), LocalPrefill: b.local.Load(), Fallbacks: b.fallbacks.Load(), Conditional: b.conditional.Load(),
 		Failed: b.failed.Load(), Compensated: b.compensated.Load(), Plans: b.plans.Stats(),
 	}
 }

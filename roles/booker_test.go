@@ -54,6 +54,13 @@ func (f *fakeLeg) SelectAndReserve(ctx context.Context, req selection.Request) (
 	return selection.Result{ReservationID: req.ReservationID, WorkerRank: catalog.WorkerRank{Worker: f.name + "-0"}, Endpoint: f.name + ":8000"}, nil
 }
 
+// Select answers as a booking would, without booking (conditional
+// disaggregation's advisory read).
+func (f *fakeLeg) Select(_ context.Context, req selection.Request) (selection.Result, error) {
+	return selection.Result{WorkerRank: catalog.WorkerRank{Worker: f.name + "-0"}, Endpoint: f.name + ":8000",
+		EffectivePrefillTokens: len(req.Tokens)}, nil
+}
+
 func (f *fakeLeg) FreeReservation(id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -103,7 +110,7 @@ func (f *fakeLeg) lastRequest() selection.Request {
 
 func fakeBooker(t *testing.T, opts BookerOptions) (*PairBooker, *fakeLeg, *fakeLeg) {
 	t.Helper()
-	ps, err := Profiles(selection.DefaultConfig(4), ProfileOptions{})
+	ps, err := deriveProfiles(selection.DefaultConfig(4), ProfileOptions{})
 	require.NoError(t, err)
 	pre, dec := newFakeLeg("prefill"), newFakeLeg("decode")
 	b, err := newPairBooker(Decode, pre, dec, ps[Decode], opts)
@@ -320,13 +327,13 @@ func TestDecodeOverrideOnEveryDecodeRequest(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, plan.LocalPrefill)
 	l := dec.lastRequest()
-	require.Equal(t, plan.ID+SuffixAggregated, l.ReservationID)
+	require.Equal(t, plan.ID+suffixAggregated, l.ReservationID)
 	require.True(t, *l.Override.TrackPrefillTokens)
 	require.True(t, *l.Override.AssumeKVReuse)
 	require.Equal(t, selection.DefaultConfig(4).OverlapScoreCredit, *l.Override.OverlapScoreCredit, "the base credit is restored")
-	require.Equal(t, []string{plan.ID + SuffixAggregated}, dec.bookedIDs(), "the decode-override leg was freed")
+	require.Equal(t, []string{plan.ID + suffixAggregated}, dec.bookedIDs(), "the decode-override leg was freed")
 	require.NoError(t, b.Handoff(plan.ID))
-	require.Equal(t, []string{plan.ID + SuffixAggregated}, dec.done)
+	require.Equal(t, []string{plan.ID + suffixAggregated}, dec.done)
 	require.NoError(t, b.Complete(plan.ID))
 	requireNothingBooked(t, b, pre, dec)
 	st := b.Stats()
@@ -343,13 +350,6 @@ func TestBookerOptions(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	require.ErrorContains(t, err, "PrefillFallback")
 	require.ErrorContains(t, err, "PlanLease")
-	for s, want := range map[string]PrefillFallback{"fail": PrefillFail, " Decode-Only": PrefillDecodeOnly, "decode_only": PrefillDecodeOnly} {
-		got, err := ParsePrefillFallback(s)
-		require.NoError(t, err)
-		require.Equal(t, want, got)
-	}
-	_, err = ParsePrefillFallback("aggregated")
-	require.ErrorIs(t, err, ErrInvalidOptions)
 }
 
 // TestDecodeOverrideReadBackThroughLoads: the same prompt books its prefill

@@ -6,12 +6,14 @@
 // # Pieces
 //
 //	Role, TopologyMode     aggregated | prefill | decode; aggregated | disaggregated
-//	ValidateLabelKey       the role label key (default DefaultRoleLabel) is a Kubernetes label key
+//	                       (ParseTopologyMode reads a setting)
 //	Split                  one desired worker set -> disjoint per-role sets + excluded workers with reasons
-//	Profiles               per-role selection.Config and per-request Override from one base Config
-//	RoleSelectors          owns one SelectionService per role, reconciles each from the split
+//	                       (the role label key, default DefaultRoleLabel, must be a Kubernetes label key)
+//	RoleSelectors          owns one SelectionService per role, each configured from one base Config
+//	                       (below), and reconciles each from the split
 //	PairBooker             books both legs of a request concurrently, compensates failures,
-//	                       settles plans at hand-off and completion (the plan table (plans.go))
+//	                       settles plans at hand-off and completion (the plan table, plans.go)
+//	Plan                   a booked request and its handle: PrefillComplete, Renew, Done
 //
 // In aggregated mode labels are never read: every worker is Aggregated, there is
 // one service, and a PairBooker books that service alone, so an EPP can use the

@@ -91,7 +91,7 @@ func ids(rs *RoleSelectors, r Role) []string {
 // requireIdle asserts that every role's service holds no load and no booking.
 func requireIdle(t testing.TB, rs *RoleSelectors) {
 	t.Helper()
-	for _, r := range rs.Mode().Roles() {
+	for _, r := range rs.mode.Roles() {
 		svc := rs.Service(r)
 		for _, m := range []string{"", "m1", "m2"} {
 			for _, l := range svc.Loads(m) {
@@ -121,4 +121,33 @@ func pool(prefix string, n int, role string) []catalog.Worker {
 		out[i] = wk(fmt.Sprintf("%s%d", prefix, i), role)
 	}
 	return out
+}
+
+// empty returns the roles with no schedulable worker, in role order.
+func (c Census) empty() []Role {
+	var out []Role
+	for _, rc := range c.Roles {
+		if rc.Schedulable == 0 {
+			out = append(out, rc.Role)
+		}
+	}
+	return out
+}
+
+// readyStatus tells whether every role of the mode has a schedulable worker
+// (and the selectors are not closed), and which roles have none.
+type readyStatus struct {
+	Ready bool
+	Empty []Role
+}
+
+func (rs *RoleSelectors) ready() readyStatus {
+	var st readyStatus
+	for _, r := range rs.mode.Roles() {
+		if !rs.services[r].Ready().Ready {
+			st.Empty = append(st.Empty, r)
+		}
+	}
+	st.Ready = len(st.Empty) == 0 && !rs.closed.Load()
+	return st
 }

@@ -20,10 +20,10 @@ type ProfileOptions struct {
 	DecodeMaxNumBatchedTokens  int
 }
 
-// Profile is how one role's SelectionService is configured and used. Profiles
-// derives one per role from a single base Config. A Profile is a plain value;
-// do not modify the Overrides it points to.
-type Profile struct {
+// profile is how one role's SelectionService is configured and used.
+// deriveProfiles derives one per role from a single base Config. A profile is a
+// plain value; do not modify the Overrides it points to.
+type profile struct {
 	Role Role
 	// Config builds the role's service.
 	Config selection.Config
@@ -39,11 +39,11 @@ type Profile struct {
 	MaxNumBatchedTokens int
 }
 
-// Worker returns the copy of w that the role's service is given: without KV
+// worker returns the copy of w that the role's service is given: without KV
 // event and replay endpoints when the role runs without KV events (a decode
 // worker is then schedulable without them, and no subscription is attempted),
 // and with the role's max_num_batched_tokens when set. w is not modified.
-func (p Profile) Worker(w catalog.Worker) catalog.Worker {
+func (p profile) worker(w catalog.Worker) catalog.Worker {
 	if !p.Config.UseKVEvents {
 		w.KVEventEndpoints = nil
 		w.ReplayEndpoint = ""
@@ -56,7 +56,7 @@ func (p Profile) Worker(w catalog.Worker) catalog.Worker {
 
 func ptr[T any](v T) *T { return &v }
 
-// Profiles derives the profile of every role from base:
+// deriveProfiles derives the profile of every role from base:
 //
 //   - Aggregated: base as it is.
 //   - Prefill: base as it is (KV events on when base has them), with
@@ -70,7 +70,7 @@ func ptr[T any](v T) *T { return &v }
 //
 // base must pass Validate. Errors wrap selection.ErrInvalidConfig or
 // ErrInvalidOptions and list every problem.
-func Profiles(base selection.Config, opts ProfileOptions) (map[Role]Profile, error) {
+func deriveProfiles(base selection.Config, opts ProfileOptions) (map[Role]profile, error) {
 	var errs []error
 	if err := base.Validate(); err != nil {
 		errs = append(errs, err)
@@ -92,7 +92,7 @@ func Profiles(base selection.Config, opts ProfileOptions) (map[Role]Profile, err
 	decode.TrackPrefillTokens = false
 
 	credit := base.OverlapScoreCredit
-	return map[Role]Profile{
+	return map[Role]profile{
 		Aggregated: {Role: Aggregated, Config: base},
 		Prefill:    {Role: Prefill, Config: base, MaxNumBatchedTokens: opts.PrefillMaxNumBatchedTokens},
 		Decode: {

@@ -17,9 +17,6 @@ var (
 	// ErrInvalidLabelKey reports a worker-role label key that is not a valid
 	// Kubernetes label key.
 	ErrInvalidLabelKey = errors.New("roles: invalid label key")
-	// ErrInvalidRole reports a role name that is not aggregated, prefill or
-	// decode.
-	ErrInvalidRole = errors.New("roles: invalid role")
 	// ErrInvalidTopologyMode reports a topology mode that is not aggregated or
 	// disaggregated.
 	ErrInvalidTopologyMode = errors.New("roles: invalid topology mode")
@@ -74,19 +71,21 @@ func (r Role) String() string {
 	}
 }
 
-// Valid reports whether r is one of the three roles.
-func (r Role) Valid() bool { return r <= Decode }
+func (r Role) valid() bool { return r <= Decode }
 
-// ParseRole parses "aggregated", "prefill" or "decode", ignoring ASCII case and
-// surrounding white space. Anything else is ErrInvalidRole.
-func ParseRole(s string) (Role, error) {
+// errInvalidRole reports a role name that is not aggregated, prefill or decode.
+var errInvalidRole = errors.New("roles: invalid role")
+
+// parseRole parses "aggregated", "prefill" or "decode", ignoring ASCII case and
+// surrounding white space. Anything else is errInvalidRole.
+func parseRole(s string) (Role, error) {
 	v := strings.TrimSpace(s)
 	for _, r := range []Role{Aggregated, Prefill, Decode} {
 		if asciiEqualFold(v, r.String()) {
 			return r, nil
 		}
 	}
-	return 0, fmt.Errorf("%w: %q, want aggregated, prefill or decode", ErrInvalidRole, s)
+	return 0, fmt.Errorf("%w: %q, want aggregated, prefill or decode", errInvalidRole, s)
 }
 
 // TopologyMode says whether one pool serves requests whole (aggregated) or is
@@ -175,13 +174,13 @@ const (
 	maxLabelName   = 63
 )
 
-// ValidateLabelKey checks key against the Kubernetes label key rules: an
+// validateLabelKey checks key against the Kubernetes label key rules: an
 // optional prefix and "/", then a name. The prefix is a DNS-1123 subdomain (at
 // most 253 characters; dot-separated parts of lower-case letters, digits and
 // '-', each starting and ending with a letter or digit); the name has 1 to 63
 // characters, letters, digits, '-', '_' and '.', starting and ending with a
 // letter or digit. The error wraps ErrInvalidLabelKey and says what is wrong.
-func ValidateLabelKey(key string) error {
+func validateLabelKey(key string) error {
 	prefix, name, hasPrefix := strings.Cut(key, "/")
 	if !hasPrefix {
 		name, prefix = prefix, ""

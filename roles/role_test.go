@@ -17,17 +17,17 @@ import (
 
 func TestRoleStringParse(t *testing.T) {
 	for _, r := range []Role{Aggregated, Prefill, Decode} {
-		require.True(t, r.Valid())
-		got, err := ParseRole(" " + strings.ToUpper(r.String()) + "\n")
+		require.True(t, r.valid())
+		got, err := parseRole(" " + strings.ToUpper(r.String()) + "\n")
 		require.NoError(t, err)
 		require.Equal(t, r, got)
 	}
 	require.Equal(t, Aggregated, Role(0), "the zero Role is Aggregated")
-	require.False(t, Role(3).Valid())
+	require.False(t, Role(3).valid())
 	require.Equal(t, "Role(3)", Role(3).String())
 	for _, bad := range []string{"", "both", "pre-fill", "decoder", "\u212Aecode"} {
-		_, err := ParseRole(bad)
-		require.ErrorIs(t, err, ErrInvalidRole, bad)
+		_, err := parseRole(bad)
+		require.ErrorIs(t, err, errInvalidRole, bad)
 	}
 }
 
@@ -59,7 +59,7 @@ func TestValidateLabelKey(t *testing.T) {
 		strings.Repeat("abcdefghi.", 25) + "abc/n", // 253 characters
 	}
 	for _, k := range valid {
-		require.NoError(t, ValidateLabelKey(k), "%q", k)
+		require.NoError(t, validateLabelKey(k), "%q", k)
 	}
 	invalid := map[string]string{
 		"":                            "name is empty",
@@ -81,7 +81,7 @@ func TestValidateLabelKey(t *testing.T) {
 		"nvidia.com/" + long(64, "r"): "64 characters",
 	}
 	for k, want := range invalid {
-		err := ValidateLabelKey(k)
+		err := validateLabelKey(k)
 		require.ErrorIs(t, err, ErrInvalidLabelKey, "%q", k)
 		require.ErrorContains(t, err, want, "%q", k)
 	}
@@ -155,14 +155,14 @@ func FuzzSplit(f *testing.F) {
 		f.Add(s.key, s.value)
 	}
 	f.Fuzz(func(t *testing.T, key, value string) {
-		_ = ValidateLabelKey(key)
-		_, _ = ParseRole(value)
+		_ = validateLabelKey(key)
+		_, _ = parseRole(value)
 		_, _ = ParseTopologyMode(value)
 		w := catalog.Worker{ID: "w", Labels: map[string]string{key: value}}
 		res, err := Split([]catalog.Worker{w}, ModeDisaggregated, key)
 		if err != nil {
 			require.ErrorIs(t, err, ErrInvalidLabelKey)
-			require.Error(t, ValidateLabelKey(key))
+			require.Error(t, validateLabelKey(key))
 			return
 		}
 		n := len(res.ByRole[Prefill]) + len(res.ByRole[Decode]) + len(res.Excluded)
@@ -188,7 +188,7 @@ func TestProfiles(t *testing.T) {
 	base := selection.DefaultConfig(16)
 	base.Temperature = 0.5
 	base.OverlapScoreCredit = 2
-	ps, err := Profiles(base, ProfileOptions{PrefillMaxNumBatchedTokens: 8192})
+	ps, err := deriveProfiles(base, ProfileOptions{PrefillMaxNumBatchedTokens: 8192})
 	require.NoError(t, err)
 	require.Len(t, ps, 3)
 	require.Equal(t, base, ps[Aggregated].Config)
@@ -214,11 +214,11 @@ func TestProfiles(t *testing.T) {
 
 	// A base credit of 0 is the local-prefill credit too.
 	base.OverlapScoreCredit = 0
-	ps, err = Profiles(base, ProfileOptions{})
+	ps, err = deriveProfiles(base, ProfileOptions{})
 	require.NoError(t, err)
 	require.Equal(t, 0.0, *ps[Decode].LocalPrefillOverride.OverlapScoreCredit)
 
-	_, err = Profiles(selection.DefaultConfig(0), ProfileOptions{PrefillMaxNumBatchedTokens: -1, DecodeMaxNumBatchedTokens: -2})
+	_, err = deriveProfiles(selection.DefaultConfig(0), ProfileOptions{PrefillMaxNumBatchedTokens: -1, DecodeMaxNumBatchedTokens: -2})
 	require.ErrorIs(t, err, selection.ErrInvalidConfig)
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	require.ErrorContains(t, err, "PrefillMaxNumBatchedTokens")
@@ -226,17 +226,17 @@ func TestProfiles(t *testing.T) {
 }
 
 func TestProfileWorker(t *testing.T) {
-	ps, err := Profiles(selection.DefaultConfig(4), ProfileOptions{DecodeMaxNumBatchedTokens: 512})
+	ps, err := deriveProfiles(selection.DefaultConfig(4), ProfileOptions{DecodeMaxNumBatchedTokens: 512})
 	require.NoError(t, err)
 	w := wk("w", "decode")
-	d := ps[Decode].Worker(w)
+	d := ps[Decode].worker(w)
 	require.Nil(t, d.KVEventEndpoints)
 	require.Empty(t, d.ReplayEndpoint)
 	require.Equal(t, 512, d.MaxNumBatchedTokens)
 	require.NotNil(t, w.KVEventEndpoints, "the caller's worker is untouched")
 	require.Equal(t, 100, w.MaxNumBatchedTokens)
 
-	p := ps[Prefill].Worker(w)
+	p := ps[Prefill].worker(w)
 	require.Equal(t, w.KVEventEndpoints, p.KVEventEndpoints)
 	require.Equal(t, w.ReplayEndpoint, p.ReplayEndpoint)
 	require.Equal(t, 100, p.MaxNumBatchedTokens, "falls back to the worker's value")

@@ -22,8 +22,8 @@ type RoleOptions struct {
 	// mode. "" means DefaultRoleLabel. A non-empty key must be a valid
 	// Kubernetes label key in either mode.
 	LabelKey string
-	// Base is the configuration every role's profile derives from (see
-	// Profiles). Required; it must pass Validate.
+	// Base is the configuration every role's service derives from (the
+	// package documentation says how). Required; it must pass Validate.
 	Base selection.Config
 	// Profile holds the per-role settings outside selection.Config.
 	Profile ProfileOptions
@@ -38,17 +38,17 @@ type RoleOptions struct {
 
 // RoleSelectors owns one SelectionService per role of its topology (one in
 // aggregated mode, a prefill and a decode one in disaggregated mode), each built
-// from its role's Profile, and keeps each service's catalog equal to its share
-// of the desired worker set.
+// from its role's share of the base Config, and keeps each service's catalog
+// equal to its share of the desired worker set.
 //
 // A RoleSelectors is safe for concurrent use. Reconcile calls are serialised by
-// a mutex; Select, SelectAndReserve, Census, Ready and Service read without it
-// (each service has its own locks). The services' goroutines (KV-event feed,
-// expiry sweeper) are owned by the RoleSelectors: Close stops them and waits.
+// a mutex; Census and Service read without it (each service has its own
+// locks). The services' goroutines (KV-event feed, expiry sweeper) are owned by
+// the RoleSelectors: Close stops them and waits.
 type RoleSelectors struct {
 	mode     TopologyMode
 	labelKey string
-	profiles [Decode + 1]Profile
+	profiles [Decode + 1]profile
 	services [Decode + 1]*selection.SelectionService // nil for roles outside the mode
 	logger   *slog.Logger
 
@@ -81,10 +81,10 @@ func New(ctx context.Context, opts RoleOptions) (*RoleSelectors, error) {
 	if key == "" {
 		key = DefaultRoleLabel
 	}
-	if err := ValidateLabelKey(key); err != nil {
+	if err := validateLabelKey(key); err != nil {
 		errs = append(errs, err)
 	}
-	profiles, err := Profiles(opts.Base, opts.Profile)
+	profiles, err := deriveProfiles(opts.Base, opts.Profile)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -113,26 +113,11 @@ func New(ctx context.Context, opts RoleOptions) (*RoleSelectors, error) {
 	return rs, nil
 }
 
-// Mode returns the topology mode.
-func (rs *RoleSelectors) Mode() TopologyMode { return rs.mode }
-
-// LabelKey returns the role label key in use.
-func (rs *RoleSelectors) LabelKey() string { return rs.labelKey }
-
-// Profile returns the profile of role r (every role has one, whether or not the
-// mode uses it).
-func (rs *RoleSelectors) Profile(r Role) Profile {
-	if !r.Valid() {
-		return Profile{}
-	}
-	return rs.profiles[r]
-}
-
 // Service returns the SelectionService of role r, or nil when the mode has no
-// such role. Calls made on it directly skip the role's Override; use
-// SelectAndReserve or a PairBooker for routing.
+// such role. Calls made on it directly skip the role's Override; book through
+// a PairBooker.
 func (rs *RoleSelectors) Service(r Role) *selection.SelectionService {
-	if !r.Valid() {
+	if !r.valid() {
 		return nil
 	}
 	return rs.services[r]
@@ -153,13 +138,14 @@ type ReconcileResult struct {
 }
 
 // Reconcile makes the role catalogs match desired: it splits desired by role
-// (Split), prepares each worker for its role (Profile.Worker) and, for every
-// role's service, deletes the workers no longer desired there and upserts the
-// new or changed ones. All deletes, of every role, run before any upsert, so a
-// worker whose label flipped leaves its old catalog before it joins the new
-// one: it is never in both, and is in neither only for that instant. Excluded
-// workers are in no catalog (a worker that becomes excluded is deleted).
-// Deleting a worker frees its bookings on that service.
+// (Split), prepares each worker for its role (a decode worker loses its KV-event
+// and replay endpoints) and, for every role's service, deletes the workers no
+// longer desired there and upserts the new or changed ones. All deletes, of
+// every role, run before any upsert, so a worker whose label flipped leaves its
+// old catalog before it joins the new one: it is never in both, and is in
+// neither only for that instant. Excluded workers are in no catalog (a worker
+// that becomes excluded is deleted). Deleting a worker frees its bookings on
+// that service.
 //
 // A desired set naming one id twice is refused before anything changes
 // (ErrDuplicateID). Workers that fail catalog validation are reported in their
@@ -185,7 +171,7 @@ func (rs *RoleSelectors) Reconcile(desired []catalog.Worker) (ReconcileResult, e
 		ws := split.ByRole[r]
 		prepared := make([]catalog.Worker, len(ws))
 		for i, w := range ws {
-			prepared[i] = rs.profiles[r].Worker(w)
+			prepared[i] = rs.profiles[r].worker(w)
 		}
 		plan, err := catalog.Reconcile(rs.services[r].Workers(), prepared)
 		if err != nil { // duplicates were refused above
@@ -266,9 +252,6 @@ type RoleCensus struct {
 	Workers, Schedulable int
 }
 
-// Ready reports whether the role has a schedulable worker.
-func (c RoleCensus) Ready() bool { return c.Schedulable > 0 }
-
 // Census is a snapshot of every role's catalog.
 type Census struct {
 	Mode TopologyMode
@@ -277,17 +260,6 @@ type Census struct {
 	Roles []RoleCensus
 	// Excluded are the workers the last Reconcile left out.
 	Excluded []Excluded
-}
-
-// Empty returns the roles with no schedulable worker, in role order.
-func (c Census) Empty() []Role {
-	var out []Role
-	for _, rc := range c.Roles {
-		if !rc.Ready() {
-			out = append(out, rc.Role)
-		}
-	}
-	return out
 }
 
 // Census counts every role's catalog. A role that has been empty from the
@@ -304,66 +276,9 @@ func (rs *RoleSelectors) Census() Census {
 	return c
 }
 
-// ReadyStatus tells whether every role can route.
-type ReadyStatus struct {
-	// Ready is true when every role of the mode has a schedulable worker and
-	// the selectors are not closed.
-	Ready bool
-	// Empty lists the roles without a schedulable worker.
-	Empty []Role
-}
-
-// Ready reports whether every role of the mode has a schedulable worker. A
-// PairBooker with the PrefillDecodeOnly fallback can route with the decode
-// role alone: see PairBooker.Ready.
-func (rs *RoleSelectors) Ready() ReadyStatus {
-	var st ReadyStatus
-	for _, r := range rs.mode.Roles() {
-		if !rs.services[r].Ready().Ready {
-			st.Empty = append(st.Empty, r)
-		}
-	}
-	st.Ready = len(st.Empty) == 0 && !rs.closed.Load()
-	return st
-}
-
 func (rs *RoleSelectors) roleReady(r Role) bool {
 	svc := rs.Service(r)
 	return svc != nil && svc.Ready().Ready
-}
-
-// Select picks a worker of role r for req without booking it, with the role's
-// Override merged over req.Override. Errors: those of
-// selection.SelectionService.Select, with ErrRoleCatalogEmpty when the role has
-// no ready worker for the model; ErrInvalidRole for a role outside the mode.
-func (rs *RoleSelectors) Select(ctx context.Context, r Role, req selection.Request) (selection.Result, error) {
-	svc := rs.Service(r)
-	if svc == nil {
-		return selection.Result{}, fmt.Errorf("%w: %v is not a role of the %v topology", ErrInvalidRole, r, rs.mode)
-	}
-	req.Override = mergeOverride(req.Override, rs.profiles[r].Override)
-	res, err := svc.Select(ctx, req)
-	if err != nil {
-		return selection.Result{}, roleError(r, err)
-	}
-	return res, nil
-}
-
-// SelectAndReserve picks and books a worker of role r for req, with the role's
-// Override merged over req.Override (for Decode: no overlap credit, no KV
-// reuse, no prefill tokens). The caller settles the booking on Service(r).
-// Errors as Select. To book a disaggregated request use a PairBooker.
-func (rs *RoleSelectors) SelectAndReserve(ctx context.Context, r Role, req selection.Request) (selection.Result, error) {
-	svc := rs.Service(r)
-	if svc == nil {
-		return selection.Result{}, fmt.Errorf("%w: %v is not a role of the %v topology", ErrInvalidRole, r, rs.mode)
-	}
-	req.Override = mergeOverride(req.Override, rs.profiles[r].Override)
-	res, err := svc.SelectAndReserve(ctx, req)
-	if err != nil {
-		return selection.Result{}, roleError(r, err)
-	}
-	return res, nil
 }
 
 // roleError names the role in a selection error, and marks a role without a

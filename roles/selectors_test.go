@@ -42,7 +42,7 @@ func TestServicesPerMode(t *testing.T) {
 	require.Nil(t, agg.Service(Prefill))
 	require.Nil(t, agg.Service(Decode))
 	require.Nil(t, agg.Service(Role(9)))
-	require.Equal(t, DefaultRoleLabel, agg.LabelKey())
+	require.Equal(t, DefaultRoleLabel, agg.labelKey)
 
 	opts := testOptions(ModeDisaggregated, clk)
 	opts.LabelKey = "example.com/role"
@@ -50,14 +50,9 @@ func TestServicesPerMode(t *testing.T) {
 	require.Nil(t, dis.Service(Aggregated))
 	require.NotNil(t, dis.Service(Prefill))
 	require.NotNil(t, dis.Service(Decode))
-	require.Equal(t, "example.com/role", dis.LabelKey())
-	require.False(t, dis.Profile(Decode).Config.UseKVEvents)
-	require.True(t, dis.Profile(Prefill).Config.UseKVEvents)
-
-	_, err := dis.SelectAndReserve(context.Background(), Aggregated, selection.Request{Tokens: toks(8, 1)})
-	require.ErrorIs(t, err, ErrInvalidRole)
-	_, err = dis.Select(context.Background(), Aggregated, selection.Request{Tokens: toks(8, 1)})
-	require.ErrorIs(t, err, ErrInvalidRole)
+	require.Equal(t, "example.com/role", dis.labelKey)
+	require.False(t, dis.profiles[Decode].Config.UseKVEvents)
+	require.True(t, dis.profiles[Prefill].Config.UseKVEvents)
 }
 
 // labelCase is a label value and the role it must give, or the exclusion
@@ -209,15 +204,15 @@ func TestRoutingInvariant(t *testing.T) {
 							hint, ok := plan.PrefillHint()
 							require.True(t, ok)
 							require.Equal(t, plan.Prefill.Endpoint, hint)
-							require.Equal(t, plan.ID+SuffixPrefill, plan.Prefill.ReservationID)
-							require.Equal(t, plan.ID+SuffixDecode, plan.Decode.ReservationID)
+							require.Equal(t, plan.ID+suffixPrefill, plan.Prefill.ReservationID)
+							require.Equal(t, plan.ID+suffixDecode, plan.Decode.ReservationID)
 							pairs++
 						} else {
 							local++
 							require.True(t, plan.LocalPrefill)
 							_, ok := plan.PrefillHint()
 							require.False(t, ok)
-							require.Equal(t, plan.ID+SuffixAggregated, plan.Decode.ReservationID)
+							require.Equal(t, plan.ID+suffixAggregated, plan.Decode.ReservationID)
 						}
 						plans = append(plans, plan)
 					}
@@ -325,7 +320,7 @@ func TestLabelFlipsRemovalAndInvalidValues(t *testing.T) {
 	requireRoles(t, rs, nil, []string{"b"})
 	census := rs.Census()
 	require.Equal(t, res.Excluded, census.Excluded)
-	require.Equal(t, []Role{Prefill}, census.Empty())
+	require.Equal(t, []Role{Prefill}, census.empty())
 
 	// Removal.
 	res, err = rs.Reconcile([]catalog.Worker{a})
@@ -369,16 +364,14 @@ func TestEmptyRolesFromStart(t *testing.T) {
 	c := rs.Census()
 	require.Equal(t, ModeDisaggregated, c.Mode)
 	require.Equal(t, []RoleCensus{{Role: Prefill}, {Role: Decode}}, c.Roles)
-	require.Equal(t, []Role{Prefill, Decode}, c.Empty())
-	st := rs.Ready()
+	require.Equal(t, []Role{Prefill, Decode}, c.empty())
+	st := rs.ready()
 	require.False(t, st.Ready)
 	require.Equal(t, []Role{Prefill, Decode}, st.Empty)
 	require.False(t, b.Ready())
 	_, err := b.Book(context.Background(), selection.Request{Tokens: toks(16, 1)})
 	require.ErrorIs(t, err, ErrRoleCatalogEmpty)
 	require.Equal(t, http.StatusServiceUnavailable, HTTPStatus(err))
-	_, err = rs.SelectAndReserve(context.Background(), Prefill, selection.Request{Tokens: toks(16, 1)})
-	require.ErrorIs(t, err, ErrRoleCatalogEmpty)
 
 	// Decode workers only: the prefill role stays empty and is logged once.
 	_, err = rs.Reconcile(pool("d", 2, "decode"))
@@ -389,8 +382,8 @@ func TestEmptyRolesFromStart(t *testing.T) {
 	require.Contains(t, logs.String(), "role=prefill")
 	c = rs.Census()
 	require.Equal(t, []RoleCensus{{Role: Prefill}, {Role: Decode, Workers: 2, Schedulable: 2}}, c.Roles)
-	require.Equal(t, []Role{Prefill}, c.Empty())
-	require.Equal(t, []Role{Prefill}, rs.Ready().Empty)
+	require.Equal(t, []Role{Prefill}, c.empty())
+	require.Equal(t, []Role{Prefill}, rs.ready().Empty)
 	require.True(t, b.Ready(), "the decode-only fallback can route")
 	plan, err := b.Book(context.Background(), selection.Request{Tokens: toks(16, 1)})
 	require.NoError(t, err)
@@ -401,12 +394,12 @@ func TestEmptyRolesFromStart(t *testing.T) {
 	_, err = rs.Reconcile(append(pool("d", 2, "decode"), wk("p", "prefill")))
 	require.NoError(t, err)
 	require.Contains(t, logs.String(), "role has ready workers again")
-	require.True(t, rs.Ready().Ready)
+	require.True(t, rs.ready().Ready)
 	requireIdle(t, rs)
 
 	require.NoError(t, rs.Close())
 	require.NoError(t, rs.Close())
-	require.False(t, rs.Ready().Ready)
+	require.False(t, rs.ready().Ready)
 	require.False(t, b.Ready())
 	_, err = rs.Reconcile(nil)
 	require.ErrorIs(t, err, ErrClosed)
@@ -424,7 +417,7 @@ func TestAggregatedParity(t *testing.T) {
 	require.Empty(t, res.Excluded)
 	require.Len(t, ids(rs, Aggregated), len(p.workers))
 	require.Equal(t, []RoleCensus{{Role: Aggregated, Workers: len(p.workers), Schedulable: len(p.workers)}}, rs.Census().Roles)
-	require.True(t, rs.Ready().Ready)
+	require.True(t, rs.ready().Ready)
 
 	plain, err := selection.NewSelectionServiceBuilder(selection.DefaultConfig(4)).
 		Clock(clk.Now).Rand(rand.NewPCG(1, uint64(Aggregated)+2)).SweepInterval(-1).ExternalEvents().Build(context.Background())
@@ -449,7 +442,7 @@ func TestAggregatedParity(t *testing.T) {
 		require.Equal(t, want.Worker, plan.Decode.Worker, "request %d", i)
 		require.Equal(t, want.Cost, plan.Decode.Cost)
 		require.True(t, plan.LocalPrefill)
-		require.Equal(t, plan.ID+SuffixAggregated, plan.Decode.ReservationID)
+		require.Equal(t, plan.ID+suffixAggregated, plan.Decode.ReservationID)
 		plans = append(plans, plan)
 	}
 	require.Equal(t, plain.Loads(""), rs.Service(Aggregated).Loads(""))

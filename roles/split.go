@@ -52,22 +52,20 @@ func Split(workers []catalog.Worker, mode TopologyMode, labelKey string) (SplitR
 	if labelKey == "" {
 		labelKey = DefaultRoleLabel
 	}
-	if err := ValidateLabelKey(labelKey); err != nil {
+	if err := validateLabelKey(labelKey); err != nil {
 		return SplitResult{}, err
 	}
 	res := SplitResult{ByRole: map[Role][]catalog.Worker{Prefill: nil, Decode: nil}}
 	for _, w := range workers {
 		raw, ok := w.Labels[labelKey]
-		v := strings.TrimSpace(raw)
+		r, err := parseRole(raw)
 		switch {
-		case !ok || v == "":
+		case !ok || strings.TrimSpace(raw) == "":
 			res.Excluded = append(res.Excluded, Excluded{ID: w.ID, Reason: ReasonRoleLabelMissing, Value: raw})
-		case asciiEqualFold(v, "prefill"):
-			res.ByRole[Prefill] = append(res.ByRole[Prefill], w)
-		case asciiEqualFold(v, "decode"):
-			res.ByRole[Decode] = append(res.ByRole[Decode], w)
-		default:
+		case err != nil || r == Aggregated:
 			res.Excluded = append(res.Excluded, Excluded{ID: w.ID, Reason: ReasonRoleLabelInvalid, Value: raw})
+		default:
+			res.ByRole[r] = append(res.ByRole[r], w)
 		}
 	}
 	return res, nil

@@ -6,6 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/kvselect/kvselect/tokenize"
 )
@@ -27,7 +30,9 @@ func Example() {
 		panic(err)
 	}
 	defer client.Close()
-	cache, err := tokenize.NewCache(client, tokenize.CacheOptions{MaxBytes: 32 << 20})
+	// 32 MiB of entries, each kept at most an hour (a new tokenizer revision
+	// behind the same URL is then picked up within the hour).
+	cache, err := tokenize.NewCache(client, tokenize.CacheOptions{MaxBytes: 32 << 20, TTL: time.Hour})
 	if err != nil {
 		panic(err)
 	}
@@ -44,4 +49,41 @@ func Example() {
 	// Output:
 	// [151644 872 198 9707 151645] <nil>
 	// 400 tokenize: bad request: unsupported path "/v1/embeddings" (want /v1/chat/completions or /v1/completions)
+}
+
+// ExampleNew reaches a tokenizer served over TLS through the caller's own HTTP
+// client (here one that trusts the test server's certificate), and bounds the
+// request bodies it forwards: a larger one fails before anything is sent.
+func ExampleNew() {
+	var calls atomic.Int32
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		_, _ = io.WriteString(w, `{"count":3,"max_model_len":4096,"tokens":[1,2,3]}`)
+	}))
+	defer srv.Close()
+
+	client, err := tokenize.New(tokenize.Options{
+		Protocol:        tokenize.ProtocolVLLMTokenize,
+		BaseURL:         srv.URL,
+		HTTPClient:      srv.Client(),
+		MaxRequestBytes: 1 << 10,
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+
+	res, err := client.Tokenize(context.Background(), tokenize.Request{
+		Path: tokenize.PathCompletions, Body: []byte(`{"model":"m","prompt":"Hello there"}`),
+	})
+	fmt.Println(res.Tokens, res.MaxModelLen, err)
+
+	big := `{"model":"m","prompt":"` + strings.Repeat("x", 2<<10) + `"}`
+	_, err = client.Tokenize(context.Background(), tokenize.Request{Path: tokenize.PathCompletions, Body: []byte(big)})
+	fmt.Println(tokenize.HTTPStatus(err), err)
+	fmt.Println("calls:", calls.Load())
+	// Output:
+	// [1 2 3] 4096 <nil>
+	// 400 tokenize: bad request: body of 2073 bytes exceeds the limit of 1024
+	// calls: 1
 }

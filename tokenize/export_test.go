@@ -30,6 +30,7 @@ func (c *Cache) KeyProtocol() string { return c.protocol }
 func (c *Client) Limits() (time.Duration, int64, int64) { return c.timeout, c.maxResp, c.maxReq }
 
 var (
+	Protocols     = protocols
 	ParseResponse = parseResponse
 	ParseTokenIDs = parseTokenIDs
 	BuildRequest  = func(protocol string, req Request) (path string, body []byte, direct *Result, err error) {

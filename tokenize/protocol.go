@@ -34,8 +34,8 @@ const (
 	ProtocolSGLang = "sglang"
 )
 
-// Protocols lists the valid protocol names.
-func Protocols() []string {
+// protocols lists the valid protocol names.
+func protocols() []string {
 	return []string{ProtocolVLLMRender, ProtocolVLLMTokenize, ProtocolSGLang}
 }
 
@@ -401,9 +401,9 @@ func lenientInt(raw json.RawMessage) int64 {
 	return v
 }
 
-// validProtocol reports whether name is one of Protocols().
+// validProtocol reports whether name is one of protocols().
 func validProtocol(name string) bool {
-	for _, p := range Protocols() {
+	for _, p := range protocols() {
 		if p == name {
 			return true
 		}
@@ -411,4 +411,4 @@ func validProtocol(name string) bool {
 	return false
 }
 
-func protocolList() string { return strings.Join(Protocols(), ", ") }
+func protocolList() string { return strings.Join(protocols(), ", ") }

@@ -24,14 +24,12 @@ type BindConfig struct {
 	// interfaces; port 0 for any free port, see the address Bind returns) or
 	// "ipc://path". Required.
 	Endpoint string
-	// Rank is the data-parallel rank given to the worker ranks the default attribution
-	// finds. vLLM offsets each rank's endpoint port by the rank, so rank r of every
-	// engine dials the listener on base port + r: bind one listener per rank.
-	Rank int
 	// Attribute maps a message topic to the worker rank it belongs to; false drops the
 	// message (counted in BindStats.Unattributed). It is called from the listener's
-	// goroutine, once per new topic (results are cached). Nil uses TopicWorker with
-	// Rank.
+	// goroutine, once per new topic (results are cached). Nil uses TopicWorker, whose
+	// ranks are 0; engines with data parallelism need an Attribute that knows the
+	// rank (vLLM offsets each rank's endpoint port by the rank, so rank r of every
+	// engine dials the listener on base port + r).
 	Attribute func(topic string) (catalog.WorkerRank, bool)
 	// ReplayEndpoint optionally maps a worker rank to its replay ROUTER endpoint ("" or
 	// false: none). Without it, gaps of bound sources are not repaired and the source
@@ -47,6 +45,10 @@ type BindConfig struct {
 	// address; an error drops the message (topic_refused). Nil accepts every
 	// topic from every admitted peer.
 	Peer func(peer net.IP, topic string) error
+
+	// rank replaces the rank TopicWorker gives when Attribute is nil. Set by
+	// tests.
+	rank int
 }
 
 // excerptTopic is a topic for a log line: at most 128 bytes, quoted.
@@ -127,12 +129,12 @@ func (f *Feed) Bind(cfg BindConfig) (net.Addr, error) {
 	if err := validateEndpoint(cfg.Endpoint, true); err != nil {
 		return nil, fmt.Errorf("%w: Endpoint: %w", ErrInvalidSource, err)
 	}
-	if cfg.Rank < 0 {
-		return nil, fmt.Errorf("%w: Rank %d < 0", ErrInvalidSource, cfg.Rank)
+	if cfg.rank < 0 {
+		return nil, fmt.Errorf("%w: rank %d < 0", ErrInvalidSource, cfg.rank)
 	}
 	b := &binding{feed: f, cfg: cfg, attribute: cfg.Attribute}
 	if b.attribute == nil {
-		rank := cfg.Rank
+		rank := cfg.rank
 		b.attribute = func(topic string) (catalog.WorkerRank, bool) {
 			wr, ok := TopicWorker(topic)
 			wr.Rank = rank
@@ -237,7 +239,7 @@ func (b *binding) recvLoop(ctx context.Context) {
 		if msg.Type == zmq4.CmdMsg {
 			continue
 		}
-		fr, err := ParseLiveFrames(msg.Frames)
+		fr, err := parseLiveFrames(msg.Frames)
 		if err != nil {
 			b.framesSkipped.Add(1)
 			b.feed.drop("bad_frames", b.cfg.Endpoint, "error", err)
@@ -257,7 +259,7 @@ func (b *binding) recvLoop(ctx context.Context) {
 				cache[string(fr.Topic)] = s
 			}
 		}
-		s.deliver(ctx, fr) // may wait up to OverflowWait for a slow source
+		s.deliver(ctx, fr) // may wait up to overflowWait for a slow source
 	}
 }
 
@@ -286,7 +288,7 @@ func (b *binding) sourceFor(topic string) *source {
 		}
 		return s
 	}
-	if _, busy := f.removing[wr]; busy || f.nBound >= f.opts.MaxBoundSources {
+	if _, busy := f.removing[wr]; busy || f.nBound >= f.opts.maxBoundSources {
 		return nil
 	}
 	s := newSource(f, cfg, true)

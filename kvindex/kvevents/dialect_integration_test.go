@@ -44,7 +44,7 @@ func newDialectRig(t *testing.T) *dialectRig {
 	feed, err := NewFeed(FeedOptions{
 		Handler:      h,
 		ReconnectMin: time.Millisecond, ReconnectMax: 20 * time.Millisecond,
-		ReplayIdleTimeout: 2 * time.Second, ReplayTimeout: 10 * time.Second,
+		replayIdleTimeout: 2 * time.Second, replayTimeout: 10 * time.Second,
 	})
 	require.NoError(t, err)
 	runFeed(t, feed)

@@ -75,16 +75,17 @@
 // them, because such a group does not keep a whole prefix: a request can reuse
 // the main group's blocks only as far as the engine also holds the other
 // groups' state, which the router does not model, so a match may overcount
-// for such models. These skips are by design (SkipReason.ByDesign) and are not
+// for such models. These skips (SkipNonMainGroup, SkipNonMainKind,
+// SkipLocality), those of unknown event types (SkipUnknownType, newer engines)
+// and of stores without token ids (SkipNoTokens) are by design and are not
 // warned about.
 //
 // # Feed health
 //
 // Every skip is counted per source and reason (HandlerStats.Skipped). Skips
-// that mean the index lost something (every reason that is not ByDesign, and
+// that mean the index lost something (every reason that is not by design, and
 // undecodable batches) are logged: the first at once, then at most one line per
-// source and reason every HandlerOptions.WarnInterval, with the count since the
-// previous line. A removal that names blocks the index does not hold is
+// source and reason a minute, with the count since the previous line. A removal that names blocks the index does not hold is
 // SkipUnknownBlock (its known blocks are still removed), never "applied".
 // Stored events are counted apart (StoresApplied, StoresRejected) so that a
 // consumer can judge a feed by the share of stores it loses; the selection
@@ -108,7 +109,7 @@
 // valid until its next Decode call. IndexHandler is safe for concurrent use across
 // sources; calls for one source must not overlap (the Handler contract), which the
 // transport guarantees by running each source on one goroutine. Its counters are
-// atomics, readable at any time through Stats and AllStats.
+// atomics, readable at any time through Stats.
 //
 // # Block sizes
 //
@@ -133,9 +134,8 @@
 // READY is sliced past its end, a listener shakes hands inline with no
 // deadline), so every tcp:// connection, dialed or accepted, goes through a ZMTP
 // guard (internal/zmtpguard) that validates each inbound byte first: frames up
-// to FeedOptions.MaxFrameBytes, handshakes within FeedOptions.HandshakeTimeout
-// on a goroutine per accepted peer, at most FeedOptions.MaxPeers connections
-// per listener, a deadline on every write. A violation closes that connection;
+// to 64 MiB, handshakes within 5 s on a goroutine per accepted peer, at most 256
+// connections per listener, a deadline on every write. A violation closes that connection;
 // Feed.Refused counts them by reason and the Logger gets one line per reason a
 // minute. A bind listener also asks BindConfig.Admit whether a peer may speak at
 // all and BindConfig.Peer whether a message's topic may come from it.
@@ -147,11 +147,10 @@
 // every socket is closed. Per source, one goroutine reads the socket into a bounded
 // queue and one goroutine calls the Handler, so calls for one source never overlap
 // and arrive in sequence order, while different sources run in parallel.
-// AddSource, RemoveSource, ForgetSource, Bind and Stats are safe from any
-// goroutine, before and during Run (not from inside a Handler call). RemoveSource
-// returns once the source's goroutines have exited; it leaves the index untouched.
-// ForgetSource also calls Handler.ResetSource, the one-call cleanup for a worker
-// that goes away. Stats reads atomics only. A Handler must not keep a payload after
+// AddSource, RemoveSource, Bind and Stats are safe from any goroutine, before and
+// during Run (not from inside a Handler call). RemoveSource returns once the
+// source's goroutines have exited; it leaves the index untouched (the owner
+// clears it, for instance with Handler.ResetSource). Stats reads atomics only. A Handler must not keep a payload after
 // its call returns.
 //
 // # Sequence semantics
@@ -170,7 +169,7 @@
 // drains the live batches that queued meanwhile, dropping any at or below the
 // watermark: no seq is applied twice, and a replayed batch is never applied after a
 // later live one. A replay that starts late, skips, stops short, fails or times out
-// (ReplayIdleTimeout between replies, ReplayTimeout in total) counts the missing
+// (2 s without a reply, 2 min in total) counts the missing
 // batches as lost and marks the source degraded; so does a gap without a replay
 // endpoint, including a start in the middle of a stream, since the history before
 // it is unknown. A degraded source keeps being applied; the flag says its index
@@ -178,15 +177,16 @@
 // orphan every later store, whose parent would be unknown). A seq lower than the
 // previous live seq means the engine restarted: the Feed calls Handler.ResetSource
 // and starts over from that batch (replaying from 0 when it is > 0 and a replay
-// endpoint is known). A live batch numbered more than FeedOptions.MaxSeqJump
-// beyond the watermark is suspect (one forged or corrupt frame must not mark a
-// million batches lost, nor become the baseline that makes the real stream look
-// like a restart): it is dropped and counted, unless SuspectRun consecutive
-// batches number on from it, which resets the source and starts over there.
-// When a source's queue stays full for OverflowWait, its
+// endpoint is known). A live batch numbered more than 100000 beyond the
+// watermark (ten times vLLM's replay buffer) is suspect (one forged or corrupt
+// frame must not mark a million batches lost, nor become the baseline that
+// makes the real stream look like a restart): it is dropped and counted
+// (SourceStats.Suspect), unless 3 consecutive batches number on from it, which
+// resets the source and starts over there. When a source's queue stays full for
+// 100 ms, its
 // queued batches are dropped, Handler.ResetSource is called and the source
 // resynchronises: a replay from 0 when possible, otherwise from the next live
 // batch, degraded. A reset clears the degraded flag. ResetSource is called only for
-// a restart, a confirmed jump, an overflow, an endpoint change (AddSource with a
-// new config) and ForgetSource.
+// a restart, a confirmed jump, an overflow and an endpoint change (AddSource with
+// a new config).
 package kvevents

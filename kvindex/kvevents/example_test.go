@@ -26,7 +26,11 @@ func mustHex(s string) []byte {
 }
 
 func ExampleDecoder() {
-	d, err := kvevents.NewDecoder(kvevents.DecoderOptions{})
+	// Bound what one payload from the network may make the decoder hold (zero
+	// fields keep the defaults).
+	d, err := kvevents.NewDecoder(kvevents.DecoderOptions{
+		MaxEvents: 1024, MaxBlocksPerEvent: 4096, MaxTokensPerEvent: 1 << 20, MaxInternedStrings: 64,
+	})
 	if err != nil {
 		panic(err)
 	}
@@ -50,7 +54,10 @@ func ExampleIndexHandler() {
 	if err != nil {
 		panic(err)
 	}
-	h, err := kvevents.NewIndexHandler(ix, kvevents.HandlerOptions{BlockSize: ix.BlockSize()})
+	h, err := kvevents.NewIndexHandler(ix, kvevents.HandlerOptions{
+		BlockSize: ix.BlockSize(),
+		Decoder:   kvevents.DecoderOptions{MaxEvents: 1024}, // each source's decoder
+	})
 	if err != nil {
 		panic(err)
 	}

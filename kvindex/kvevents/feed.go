@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -19,8 +18,8 @@ import (
 var (
 	// ErrInvalidSource wraps every problem found in a SourceConfig or BindConfig.
 	ErrInvalidSource = errors.New("kvevents: invalid source config")
-	// ErrUnknownSource is returned by RemoveSource and ForgetSource for a worker rank
-	// the feed does not have; the call is a harmless no-op.
+	// ErrUnknownSource is returned by RemoveSource for a worker rank the feed does
+	// not have; the call is a harmless no-op.
 	ErrUnknownSource = errors.New("kvevents: unknown source")
 	// ErrFeedRunning is returned by a second call to Run.
 	ErrFeedRunning = errors.New("kvevents: feed already running")
@@ -31,22 +30,27 @@ var (
 
 // Defaults applied by NewFeed to zero FeedOptions fields.
 const (
-	DefaultQueueLen             = 4096
-	DefaultReconnectMin         = 100 * time.Millisecond
-	DefaultReconnectMax         = 5 * time.Second
-	DefaultDialTimeout          = 5 * time.Second
-	DefaultReplayIdleTimeout    = 2 * time.Second
-	DefaultReplayTimeout        = 2 * time.Minute
-	DefaultMaxConcurrentReplays = 8
-	DefaultMaxBoundSources      = 4096
-	DefaultMaxSeqJump           = 100_000
-	DefaultMaxFrameBytes        = 64 << 20
-	DefaultHandshakeTimeout     = 5 * time.Second
-	DefaultMaxPeers             = 256
-	// SuspectRun is how many consecutive batches far ahead (see
-	// FeedOptions.MaxSeqJump) confirm that a stream really moved on.
-	SuspectRun          = 3
-	DefaultOverflowWait = 100 * time.Millisecond
+	DefaultQueueLen     = 4096
+	DefaultReconnectMin = 100 * time.Millisecond
+	DefaultReconnectMax = 5 * time.Second
+)
+
+// The transport's fixed limits (the defaults of the unexported FeedOptions
+// fields, which only tests change).
+const (
+	defaultOverflowWait         = 100 * time.Millisecond
+	defaultDialTimeout          = 5 * time.Second
+	defaultReplayIdleTimeout    = 2 * time.Second
+	defaultReplayTimeout        = 2 * time.Minute
+	defaultMaxConcurrentReplays = 8
+	defaultMaxBoundSources      = 4096
+	defaultMaxFrameBytes        = 64 << 20
+	defaultHandshakeTimeout     = 5 * time.Second
+	defaultMaxPeers             = 256
+	defaultMaxSeqJump           = 100_000
+	// suspectConfirm is how many consecutive batches far ahead (see maxSeqJump)
+	// confirm that a stream really moved on.
+	suspectConfirm = 3
 )
 
 // FeedOptions configures a Feed. The zero value of every field except Handler means
@@ -58,59 +62,62 @@ type FeedOptions struct {
 	// Handler calls (live batches also wait there while a replay runs). When it is
 	// full the queue is dropped and the source resynchronised. Default 4096.
 	QueueLen int
-	// OverflowWait is how long a source's receiver waits for room in a full queue
+	// ReconnectMin and ReconnectMax bound the exponential backoff between dial
+	// attempts of a source (jittered in [d/2, d]). Defaults 100 ms and 5 s;
+	// ReconnectMin must not exceed ReconnectMax.
+	ReconnectMin, ReconnectMax time.Duration
+	// Logger receives connection notices and, rate-limited per kind, warnings of
+	// lost, suspect and dropped batches, restarts, overflows and refused peers.
+	// Nil: no logging; the counters in Stats carry the same information.
+	Logger *slog.Logger
+
+	// The transport's limits. Production uses the defaults; tests set smaller
+	// ones. Zero means the default, negative is an error.
+
+	// overflowWait is how long a source's receiver waits for room in a full queue
 	// before dropping it and resynchronising, so a consumer that was briefly starved
 	// of CPU does not cost a resync (while it waits, the engine's socket buffers
 	// absorb the burst). It is not waited again until the resync has been handled.
 	// A bind listener waits on behalf of one source, delaying the others. Default
 	// 100 ms.
-	OverflowWait time.Duration
-	// ReconnectMin and ReconnectMax bound the exponential backoff between dial
-	// attempts of a source (jittered in [d/2, d]). Defaults 100 ms and 5 s;
-	// ReconnectMin must not exceed ReconnectMax.
-	ReconnectMin, ReconnectMax time.Duration
-	// DialTimeout bounds one TCP connect. Default 5 s.
-	DialTimeout time.Duration
-	// ReplayIdleTimeout is how long a replay may wait for the next reply (the Handler's
+	overflowWait time.Duration
+	// dialTimeout bounds one TCP connect. Default 5 s.
+	dialTimeout time.Duration
+	// replayIdleTimeout is how long a replay may wait for the next reply (the Handler's
 	// time is not counted). Default 2 s.
-	ReplayIdleTimeout time.Duration
-	// ReplayTimeout bounds a whole replay exchange. Default 2 min; must not be below
-	// ReplayIdleTimeout.
-	ReplayTimeout time.Duration
-	// MaxConcurrentReplays limits the replays running at once across the feed, so a
+	replayIdleTimeout time.Duration
+	// replayTimeout bounds a whole replay exchange. Default 2 min; must not be below
+	// replayIdleTimeout.
+	replayTimeout time.Duration
+	// maxConcurrentReplays limits the replays running at once across the feed, so a
 	// network blip does not make every engine serve its whole buffer at once. Default 8.
-	MaxConcurrentReplays int
-	// MaxBoundSources limits how many worker ranks bind listeners may create from
+	maxConcurrentReplays int
+	// maxBoundSources limits how many worker ranks bind listeners may create from
 	// topics (each has a queue and a goroutine). Messages for further ranks are
 	// counted as unattributed. Default 4096.
-	MaxBoundSources int
-	// MaxFrameBytes is the largest ZMQ frame a peer may send (an engine's batch
+	maxBoundSources int
+	// maxFrameBytes is the largest ZMQ frame a peer may send (an engine's batch
 	// payload is one frame); larger ones close the connection before any of it
-	// is read. Default DefaultMaxFrameBytes. Every connection, dialed or bound,
-	// runs through a ZMTP guard (internal/zmtpguard) that checks the greeting,
-	// the READY, every frame header and every command before the ZMQ library
-	// sees a byte, and closes the connection on any violation (counted by
-	// reason in Refused).
-	MaxFrameBytes int64
-	// HandshakeTimeout bounds a peer's ZMTP greeting and READY, on dialed and
+	// is read. Default 64 MiB. Every connection, dialed or bound, runs through a
+	// ZMTP guard (internal/zmtpguard) that checks the greeting, the READY, every
+	// frame header and every command before the ZMQ library sees a byte, and
+	// closes the connection on any violation (counted by reason in Refused).
+	maxFrameBytes int64
+	// handshakeTimeout bounds a peer's ZMTP greeting and READY, on dialed and
 	// accepted connections. A bind listener shakes hands with each engine on a
 	// goroutine of its own, so a silent peer delays no one. Default 5 s.
-	HandshakeTimeout time.Duration
-	// MaxPeers is the most connections a bind listener holds at once (in
+	handshakeTimeout time.Duration
+	// maxPeers is the most connections a bind listener holds at once (in
 	// handshake or open); more are closed at once and counted. Default 256.
-	MaxPeers int
-	// MaxSeqJump is how far ahead of a source's watermark a live batch may be
+	maxPeers int
+	// maxSeqJump is how far ahead of a source's watermark a live batch may be
 	// numbered and still be taken as a gap. A batch further ahead is suspect (a
 	// forged or corrupt sequence number): it is dropped and counted
-	// (SourceStats.Suspect) and moves nothing, unless SuspectRun batches in a
+	// (SourceStats.Suspect) and moves nothing, unless suspectConfirm batches in a
 	// row confirm it by numbering on from it, in which case the stream really
 	// moved on and the source is reset and starts over from there. Default
 	// 100000 (ten times vLLM's replay buffer).
-	MaxSeqJump uint64
-	// Logger receives connection notices and, rate-limited per kind, warnings of
-	// lost, suspect and dropped batches, restarts, overflows and refused peers.
-	// Nil: no logging; the counters in Stats carry the same information.
-	Logger *slog.Logger
+	maxSeqJump uint64
 }
 
 func (o *FeedOptions) withDefaults() (FeedOptions, error) {
@@ -138,31 +145,31 @@ func (o *FeedOptions) withDefaults() (FeedOptions, error) {
 			*v = def
 		}
 	}
-	if out.MaxSeqJump == 0 {
-		out.MaxSeqJump = DefaultMaxSeqJump
+	if out.maxSeqJump == 0 {
+		out.maxSeqJump = defaultMaxSeqJump
 	}
 	switch {
-	case out.MaxFrameBytes < 0:
-		bad("MaxFrameBytes %d < 0", out.MaxFrameBytes)
-	case out.MaxFrameBytes == 0:
-		out.MaxFrameBytes = DefaultMaxFrameBytes
+	case out.maxFrameBytes < 0:
+		bad("maxFrameBytes %d < 0", out.maxFrameBytes)
+	case out.maxFrameBytes == 0:
+		out.maxFrameBytes = defaultMaxFrameBytes
 	}
-	defInt("MaxPeers", &out.MaxPeers, DefaultMaxPeers)
-	defDur("HandshakeTimeout", &out.HandshakeTimeout, DefaultHandshakeTimeout)
+	defInt("maxPeers", &out.maxPeers, defaultMaxPeers)
+	defDur("handshakeTimeout", &out.handshakeTimeout, defaultHandshakeTimeout)
 	defInt("QueueLen", &out.QueueLen, DefaultQueueLen)
-	defInt("MaxConcurrentReplays", &out.MaxConcurrentReplays, DefaultMaxConcurrentReplays)
-	defInt("MaxBoundSources", &out.MaxBoundSources, DefaultMaxBoundSources)
+	defInt("maxConcurrentReplays", &out.maxConcurrentReplays, defaultMaxConcurrentReplays)
+	defInt("maxBoundSources", &out.maxBoundSources, defaultMaxBoundSources)
 	defDur("ReconnectMin", &out.ReconnectMin, DefaultReconnectMin)
 	defDur("ReconnectMax", &out.ReconnectMax, DefaultReconnectMax)
-	defDur("DialTimeout", &out.DialTimeout, DefaultDialTimeout)
-	defDur("OverflowWait", &out.OverflowWait, DefaultOverflowWait)
-	defDur("ReplayIdleTimeout", &out.ReplayIdleTimeout, DefaultReplayIdleTimeout)
-	defDur("ReplayTimeout", &out.ReplayTimeout, DefaultReplayTimeout)
+	defDur("dialTimeout", &out.dialTimeout, defaultDialTimeout)
+	defDur("overflowWait", &out.overflowWait, defaultOverflowWait)
+	defDur("replayIdleTimeout", &out.replayIdleTimeout, defaultReplayIdleTimeout)
+	defDur("replayTimeout", &out.replayTimeout, defaultReplayTimeout)
 	if out.ReconnectMin > 0 && out.ReconnectMax > 0 && out.ReconnectMin > out.ReconnectMax {
 		bad("ReconnectMin %v > ReconnectMax %v", out.ReconnectMin, out.ReconnectMax)
 	}
-	if out.ReplayIdleTimeout > 0 && out.ReplayTimeout > 0 && out.ReplayTimeout < out.ReplayIdleTimeout {
-		bad("ReplayTimeout %v < ReplayIdleTimeout %v", out.ReplayTimeout, out.ReplayIdleTimeout)
+	if out.replayIdleTimeout > 0 && out.replayTimeout > 0 && out.replayTimeout < out.replayIdleTimeout {
+		bad("replayTimeout %v < replayIdleTimeout %v", out.replayTimeout, out.replayIdleTimeout)
 	}
 	return out, joinErrs(errs)
 }
@@ -180,8 +187,8 @@ const (
 // that calls the Handler in sequence order, plus optional bind listeners that engines
 // dial into.
 //
-// A Feed is safe for concurrent use: AddSource, RemoveSource, ForgetSource, Bind,
-// Stats and BindStats may be called from any goroutine, before and during Run. Create
+// A Feed is safe for concurrent use: AddSource, RemoveSource, Bind, Stats and
+// BindStats may be called from any goroutine, before and during Run. Create
 // it with NewFeed; the zero Feed is not usable. Run may be called once.
 type Feed struct {
 	opts      FeedOptions
@@ -190,7 +197,7 @@ type Feed struct {
 	notices   notices
 
 	// life serialises the calls that start or stop sources (AddSource, RemoveSource,
-	// ForgetSource, Bind, Run's start and shutdown), so a source's Handler calls never
+	// Bind, Run's start and shutdown), so a source's Handler calls never
 	// overlap with its replacement's. It is held while waiting for goroutines to exit.
 	life sync.Mutex
 
@@ -216,7 +223,7 @@ func NewFeed(opts FeedOptions) (*Feed, error) {
 	}
 	f := &Feed{
 		opts:      o,
-		replaySem: make(chan struct{}, o.MaxConcurrentReplays),
+		replaySem: make(chan struct{}, o.maxConcurrentReplays),
 		sources:   make(map[catalog.WorkerRank]*source),
 		removing:  make(map[catalog.WorkerRank]struct{}),
 	}
@@ -326,7 +333,7 @@ func (f *Feed) AddSource(cfg SourceConfig) error {
 // RemoveSource stops the source of wr (dialed or created by a bind listener) and waits
 // until its goroutines have exited: when it returns, no Handler call for wr is running
 // or will follow. It removes nothing from the index: the Handler keeps what it was
-// given. Use ForgetSource to also clear it. Do not call it from inside a Handler method
+// given (Handler.ResetSource clears it). Do not call it from inside a Handler method
 // (it would wait for itself). A missing wr returns ErrUnknownSource.
 //
 // A worker rank that a bind listener attributes messages to again after its removal is
@@ -334,22 +341,6 @@ func (f *Feed) AddSource(cfg SourceConfig) error {
 func (f *Feed) RemoveSource(wr catalog.WorkerRank) error {
 	f.life.Lock()
 	defer f.life.Unlock()
-	return f.removeLocked(wr, false)
-}
-
-// ForgetSource is the one-call cleanup for a worker rank that goes away: it removes the
-// source as RemoveSource does and then calls Handler.ResetSource(wr), so the index drops
-// what this source put there. No Handler call for wr overlaps with that reset or
-// follows it until wr is added again. A missing wr returns ErrUnknownSource and resets
-// nothing.
-func (f *Feed) ForgetSource(wr catalog.WorkerRank) error {
-	f.life.Lock()
-	defer f.life.Unlock()
-	return f.removeLocked(wr, true)
-}
-
-// removeLocked runs with f.life held.
-func (f *Feed) removeLocked(wr catalog.WorkerRank, reset bool) error {
 	f.mu.Lock()
 	s := f.sources[wr]
 	if s == nil {
@@ -359,14 +350,11 @@ func (f *Feed) removeLocked(wr catalog.WorkerRank, reset bool) error {
 	delete(f.sources, wr)
 	if s.bound {
 		f.nBound--
-		// Keep bind listeners from re-creating wr until the reset is done.
+		// Keep bind listeners from re-creating wr until the old source has stopped.
 		f.removing[wr] = struct{}{}
 	}
 	f.mu.Unlock()
 	s.stop()
-	if reset {
-		f.opts.Handler.ResetSource(wr)
-	}
 	if s.bound {
 		f.mu.Lock()
 		delete(f.removing, wr)
@@ -385,22 +373,6 @@ func (f *Feed) Stats() []SourceStats {
 	for _, s := range srcs {
 		out = append(out, s.stats())
 	}
-	slices.SortFunc(out, func(a, b SourceStats) int {
-		if c := strings.Compare(a.Worker.Worker, b.Worker.Worker); c != 0 {
-			return c
-		}
-		return a.Worker.Rank - b.Worker.Rank
-	})
+	slices.SortFunc(out, func(a, b SourceStats) int { return a.Worker.Compare(b.Worker) })
 	return out
-}
-
-// SourceStats returns the counters of one source, and false when wr has none.
-func (f *Feed) SourceStats(wr catalog.WorkerRank) (SourceStats, bool) {
-	f.mu.Lock()
-	s := f.sources[wr]
-	f.mu.Unlock()
-	if s == nil {
-		return SourceStats{}, false
-	}
-	return s.stats(), true
 }

@@ -24,9 +24,9 @@ func TestNewFeedValidation(t *testing.T) {
 		{"negative queue", FeedOptions{Handler: h, QueueLen: -1}},
 		{"backoff min > max", FeedOptions{Handler: h, ReconnectMin: time.Second, ReconnectMax: time.Millisecond}},
 		{"min above default max", FeedOptions{Handler: h, ReconnectMin: time.Minute}},
-		{"negative idle", FeedOptions{Handler: h, ReplayIdleTimeout: -time.Second}},
-		{"total below idle", FeedOptions{Handler: h, ReplayIdleTimeout: time.Minute, ReplayTimeout: time.Second}},
-		{"negative replays", FeedOptions{Handler: h, MaxConcurrentReplays: -2}},
+		{"negative idle", FeedOptions{Handler: h, replayIdleTimeout: -time.Second}},
+		{"total below idle", FeedOptions{Handler: h, replayIdleTimeout: time.Minute, replayTimeout: time.Second}},
+		{"negative replays", FeedOptions{Handler: h, maxConcurrentReplays: -2}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -40,8 +40,8 @@ func TestNewFeedValidation(t *testing.T) {
 	require.Equal(t, DefaultQueueLen, f.opts.QueueLen)
 	require.Equal(t, DefaultReconnectMin, f.opts.ReconnectMin)
 	require.Equal(t, DefaultReconnectMax, f.opts.ReconnectMax)
-	require.Equal(t, DefaultReplayIdleTimeout, f.opts.ReplayIdleTimeout)
-	require.Equal(t, DefaultReplayTimeout, f.opts.ReplayTimeout)
+	require.Equal(t, defaultReplayIdleTimeout, f.opts.replayIdleTimeout)
+	require.Equal(t, defaultReplayTimeout, f.opts.replayTimeout)
 }
 
 func TestAddSourceValidation(t *testing.T) {
@@ -398,7 +398,7 @@ func TestFeedBindMode(t *testing.T) {
 	opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	f, err := NewFeed(opts)
 	require.NoError(t, err)
-	addr, err := f.Bind(BindConfig{Endpoint: "tcp://127.0.0.1:0", Rank: 2})
+	addr, err := f.Bind(BindConfig{Endpoint: "tcp://127.0.0.1:0", rank: 2})
 	require.NoError(t, err)
 	ep := "tcp://" + addr.String()
 	runFeed(t, f)
@@ -489,7 +489,7 @@ func TestFeedRemoveAndReplaceWhileRunning(t *testing.T) {
 	require.Equal(t, seqRange(0, 2), applied)
 	require.Equal(t, 1, resets)
 
-	// RemoveSource keeps the index; ForgetSource-style cleanup is tested below.
+	// RemoveSource keeps the index.
 	require.NoError(t, f.RemoveSource(w))
 	_, ok := f.SourceStats(w)
 	require.False(t, ok)
@@ -498,12 +498,6 @@ func TestFeedRemoveAndReplaceWhileRunning(t *testing.T) {
 	_, resets = rec.state(w)
 	require.Equal(t, 1, resets, "RemoveSource does not reset")
 
-	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: e2.addr}))
-	require.NoError(t, f.ForgetSource(w))
-	applied, resets = rec.state(w)
-	require.Empty(t, applied)
-	require.Equal(t, 2, resets, "ForgetSource resets once")
-	require.ErrorIs(t, f.ForgetSource(w), ErrUnknownSource)
 }
 
 func TestFeedRunOnce(t *testing.T) {

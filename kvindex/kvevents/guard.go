@@ -12,9 +12,9 @@ import (
 // guardLimits are the ZMTP guard's limits for this feed's connections.
 func (f *Feed) guardLimits() zmtpguard.Limits {
 	return zmtpguard.Limits{
-		MaxFrame:         f.opts.MaxFrameBytes,
-		HandshakeTimeout: f.opts.HandshakeTimeout,
-		MaxConns:         f.opts.MaxPeers,
+		MaxFrame:         f.opts.maxFrameBytes,
+		HandshakeTimeout: f.opts.handshakeTimeout,
+		MaxConns:         f.opts.maxPeers,
 	}
 }
 

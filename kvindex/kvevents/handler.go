@@ -45,20 +45,22 @@ type HandlerOptions struct {
 	// defaults of DecoderOptions.
 	Decoder DecoderOptions
 	// Logger, when set, receives a warning the first time a source loses events
-	// for a reason (every SkipReason that is not ByDesign, and undecodable
-	// batches), then at most one per reason every WarnInterval, saying how many
-	// were lost since the previous one. Everything is counted in Stats
-	// regardless. Default: no logging.
+	// for a reason (every reason that is not by design, and undecodable
+	// batches), then at most one per reason a minute, saying how many were lost
+	// since the previous one. Everything is counted in Stats regardless.
+	// Default: no logging.
 	Logger *slog.Logger
-	// WarnInterval is the least time between two warnings of one source for one
-	// reason. 0 means DefaultWarnInterval; negative is invalid.
-	WarnInterval time.Duration
-	// Now is the clock of the warning limiter. Default time.Now.
-	Now func() time.Time
+
+	// warnInterval is the least time between two warnings of one source for one
+	// reason. 0 means defaultWarnInterval; negative is invalid. Set by tests.
+	warnInterval time.Duration
+	// now is the clock of the warning limiter. Default time.Now. Set by tests.
+	now func() time.Time
 }
 
-// DefaultWarnInterval is HandlerOptions.WarnInterval's default.
-const DefaultWarnInterval = time.Minute
+// defaultWarnInterval is the least time between two warnings of one source for
+// one reason.
+const defaultWarnInterval = time.Minute
 
 // HandlerStats are the counters of one source, as returned by IndexHandler.Stats.
 type HandlerStats struct {
@@ -101,8 +103,8 @@ func (s HandlerStats) SkippedTotal() uint64 {
 // Handler contract states, calls for one source (HandleBatch, ResetSource, and
 // Forget) must not overlap; its caller (one goroutine per source, or any sequence
 // of goroutines that synchronise with each other) provides that. Calls for
-// different sources run in parallel without sharing a lock. Stats and AllStats may
-// be called at any time from any goroutine; they read atomics.
+// different sources run in parallel without sharing a lock. Stats may be called
+// at any time from any goroutine; it reads atomics.
 type IndexHandler struct {
 	applier   Applier
 	blockSize int
@@ -157,8 +159,8 @@ func NewIndexHandler(a Applier, opts HandlerOptions) (*IndexHandler, error) {
 	if opts.BlockSize <= 0 {
 		errs = append(errs, fmt.Errorf("%w: BlockSize is %d, want > 0", ErrInvalidOptions, opts.BlockSize))
 	}
-	if opts.WarnInterval < 0 {
-		errs = append(errs, fmt.Errorf("%w: WarnInterval is %v, want >= 0 (0 means %v)", ErrInvalidOptions, opts.WarnInterval, DefaultWarnInterval))
+	if opts.warnInterval < 0 {
+		errs = append(errs, fmt.Errorf("%w: warnInterval is %v, want >= 0 (0 means %v)", ErrInvalidOptions, opts.warnInterval, defaultWarnInterval))
 	}
 	dec, err := opts.Decoder.withDefaults()
 	if err != nil {
@@ -167,9 +169,9 @@ func NewIndexHandler(a Applier, opts HandlerOptions) (*IndexHandler, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	h := &IndexHandler{applier: a, blockSize: opts.BlockSize, decOpts: dec, log: opts.Logger, warnEvery: opts.WarnInterval, now: opts.Now}
+	h := &IndexHandler{applier: a, blockSize: opts.BlockSize, decOpts: dec, log: opts.Logger, warnEvery: opts.warnInterval, now: opts.now}
 	if h.warnEvery == 0 {
-		h.warnEvery = DefaultWarnInterval
+		h.warnEvery = defaultWarnInterval
 	}
 	if h.now == nil {
 		h.now = time.Now
@@ -205,7 +207,7 @@ func (h *IndexHandler) HandleBatch(src catalog.WorkerRank, seq uint64, payload [
 	for r, n := range batch.Skipped {
 		if n > 0 {
 			st.skipped[r].Add(uint64(n))
-			if !SkipReason(r).ByDesign() {
+			if !SkipReason(r).byDesign() {
 				h.warn(st, src, SkipReason(r), uint64(n), "kvevents: engine events skipped by the decoder", "seq", seq)
 			}
 		}
@@ -342,16 +344,6 @@ func (h *IndexHandler) Stats(src catalog.WorkerRank) HandlerStats {
 		return HandlerStats{}
 	}
 	return v.(*sourceState).snapshot()
-}
-
-// AllStats returns the counters of every source seen and not forgotten.
-func (h *IndexHandler) AllStats() map[catalog.WorkerRank]HandlerStats {
-	out := make(map[catalog.WorkerRank]HandlerStats)
-	h.sources.Range(func(k, v any) bool {
-		out[k.(catalog.WorkerRank)] = v.(*sourceState).snapshot()
-		return true
-	})
-	return out
 }
 
 func (st *sourceState) snapshot() HandlerStats {

@@ -126,7 +126,7 @@ func TestIndexHandlerCountsSkipsAndRejections(t *testing.T) {
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	now := time.Unix(1000, 0)
-	h := newTestHandler(t, rec, HandlerOptions{BlockSize: 4, Logger: logger, Now: func() time.Time { return now }})
+	h := newTestHandler(t, rec, HandlerOptions{BlockSize: 4, Logger: logger, now: func() time.Time { return now }})
 	src := catalog.WorkerRank{Worker: "w", Rank: 1}
 	toks := seqTokens(0, 12)
 	batch := arrayBatch(noRank,
@@ -176,7 +176,7 @@ func TestIndexHandlerCountsSkipsAndRejections(t *testing.T) {
 
 	// A minute later each reason warns again, with the count since its last
 	// warning.
-	now = now.Add(DefaultWarnInterval)
+	now = now.Add(defaultWarnInterval)
 	logs.Reset()
 	h.HandleBatch(src, 14, batch)
 	out = logs.String()

@@ -44,11 +44,10 @@ func newRig(t *testing.T, wrap func(kvevents.Handler) kvevents.Handler, queueLen
 	if wrap != nil {
 		handler = wrap(h)
 	}
-	feed, err := kvevents.NewFeed(kvevents.FeedOptions{
+	feed, err := kvevents.NewFeed(kvevents.WithReplayTimeouts(kvevents.FeedOptions{
 		Handler: handler, QueueLen: queueLen,
 		ReconnectMin: time.Millisecond, ReconnectMax: 20 * time.Millisecond,
-		ReplayIdleTimeout: 2 * time.Second, ReplayTimeout: 10 * time.Second,
-	})
+	}, 2*time.Second, 10*time.Second))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &rig{t: t, ix: ix, handler: h, feed: feed, cancel: cancel, done: make(chan error, 1), rng: rand.New(rand.NewPCG(7, 7))}

@@ -10,16 +10,16 @@ import (
 	"github.com/go-zeromq/zmq4"
 )
 
-// ErrReplay reports a replay that did not complete: the replay server could not be
-// reached, went silent for longer than FeedOptions.ReplayIdleTimeout, or did not finish
-// within FeedOptions.ReplayTimeout. The feed counts it (SourceStats.ReplaysFailed) and
+// errReplay reports a replay that did not complete: the replay server could not be
+// reached, went silent for longer than replayIdleTimeout, or did not finish within
+// replayTimeout (FeedOptions). The feed counts it (SourceStats.ReplaysFailed) and
 // marks the source degraded for the batches it could not recover.
-var ErrReplay = errors.New("kvevents: replay failed")
+var errReplay = errors.New("kvevents: replay failed")
 
 // replay runs one replay exchange with an engine's ROUTER: it sends ["", start] on a
 // fresh DEALER socket and calls yield for every batch reply until the end marker. At
-// most FeedOptions.MaxConcurrentReplays replays run at once across the feed.
-func (f *Feed) replay(ctx context.Context, endpoint string, start uint64, st *counters, yield func(Frame)) error {
+// most maxConcurrentReplays (FeedOptions) replays run at once across the feed.
+func (f *Feed) replay(ctx context.Context, endpoint string, start uint64, st *counters, yield func(frame)) error {
 	select {
 	case f.replaySem <- struct{}{}:
 	case <-ctx.Done():
@@ -27,7 +27,7 @@ func (f *Feed) replay(ctx context.Context, endpoint string, start uint64, st *co
 	}
 	defer func() { <-f.replaySem }()
 
-	ctx, cancelTotal := context.WithTimeout(ctx, f.opts.ReplayTimeout)
+	ctx, cancelTotal := context.WithTimeout(ctx, f.opts.replayTimeout)
 	defer cancelTotal()
 	sctx, cancelSock := context.WithCancel(ctx)
 	defer cancelSock()
@@ -35,15 +35,15 @@ func (f *Feed) replay(ctx context.Context, endpoint string, start uint64, st *co
 	sock := zmq4.NewDealer(sctx, f.socketOptions()...)
 	defer closeSocket(sock)
 	if err := sock.Dial(f.dialEndpoint(endpoint)); err != nil {
-		return fmt.Errorf("%w: %s: %w", ErrReplay, endpoint, err)
+		return fmt.Errorf("%w: %s: %w", errReplay, endpoint, err)
 	}
-	if err := sock.Send(zmq4.NewMsgFrom([]byte{}, AppendSeq(nil, start))); err != nil {
-		return fmt.Errorf("%w: %s: request: %w", ErrReplay, endpoint, err)
+	if err := sock.Send(zmq4.NewMsgFrom([]byte{}, appendSeq(nil, start))); err != nil {
+		return fmt.Errorf("%w: %s: request: %w", errReplay, endpoint, err)
 	}
 
 	// go-zeromq's Recv has no deadline: an idle timer cancels the socket's context.
 	var idle atomic.Bool
-	timer := time.AfterFunc(f.opts.ReplayIdleTimeout, func() {
+	timer := time.AfterFunc(f.opts.replayIdleTimeout, func() {
 		idle.Store(true)
 		cancelSock()
 	})
@@ -53,19 +53,19 @@ func (f *Feed) replay(ctx context.Context, endpoint string, start uint64, st *co
 		if err != nil {
 			switch {
 			case idle.Load():
-				return fmt.Errorf("%w: %s: no reply for %v", ErrReplay, endpoint, f.opts.ReplayIdleTimeout)
+				return fmt.Errorf("%w: %s: no reply for %v", errReplay, endpoint, f.opts.replayIdleTimeout)
 			case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
-				return fmt.Errorf("%w: %s: not finished within %v", ErrReplay, endpoint, f.opts.ReplayTimeout)
+				return fmt.Errorf("%w: %s: not finished within %v", errReplay, endpoint, f.opts.replayTimeout)
 			default:
-				return fmt.Errorf("%w: %s: %w", ErrReplay, endpoint, err)
+				return fmt.Errorf("%w: %s: %w", errReplay, endpoint, err)
 			}
 		}
 		if !timer.Stop() {
 			// The idle timer fired while this message arrived; the socket is done.
-			return fmt.Errorf("%w: %s: no reply for %v", ErrReplay, endpoint, f.opts.ReplayIdleTimeout)
+			return fmt.Errorf("%w: %s: no reply for %v", errReplay, endpoint, f.opts.replayIdleTimeout)
 		}
 		if msg.Type != zmq4.CmdMsg {
-			fr, end, err := ParseReplayFrames(msg.Frames)
+			fr, end, err := parseReplayFrames(msg.Frames)
 			switch {
 			case err != nil:
 				st.framesSkipped.Add(1)
@@ -76,6 +76,6 @@ func (f *Feed) replay(ctx context.Context, endpoint string, start uint64, st *co
 				yield(fr) // the idle clock is stopped while the Handler works
 			}
 		}
-		timer.Reset(f.opts.ReplayIdleTimeout)
+		timer.Reset(f.opts.replayIdleTimeout)
 	}
 }

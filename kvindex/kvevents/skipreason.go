@@ -80,11 +80,11 @@ var skipReasonNames = [NumSkipReasons]string{
 	SkipUnknownBlock:  "unknown_block",
 }
 
-// ByDesign reports whether events skipped for r are left out on purpose, not
+// byDesign reports whether events skipped for r are left out on purpose, not
 // lost: events of another cache group or kind, of remote blocks, or of a type
 // this package does not know (newer engines). The other reasons mean the index
 // is missing something the engine holds (or holds something it lost).
-func (r SkipReason) ByDesign() bool {
+func (r SkipReason) byDesign() bool {
 	switch r {
 	case SkipUnknownType, SkipNonMainGroup, SkipNonMainKind, SkipLocality, SkipNoTokens:
 		return true

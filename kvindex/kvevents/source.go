@@ -83,10 +83,10 @@ func newSource(f *Feed, cfg SourceConfig, bound bool) *source {
 func (s *source) start(parent context.Context, fwg *sync.WaitGroup) {
 	ctx, cancel := context.WithCancel(parent)
 	s.cancel = cancel
-	seq := &sequencer{src: s.wr, h: s.feed.opts.Handler, st: &s.st, maxJump: s.feed.opts.MaxSeqJump, note: s.feed.notice}
+	seq := &sequencer{src: s.wr, h: s.feed.opts.Handler, st: &s.st, maxJump: s.feed.opts.maxSeqJump, note: s.feed.notice}
 	if s.cfg.ReplayEndpoint != "" {
 		ep := s.cfg.ReplayEndpoint
-		seq.replay = func(ctx context.Context, start uint64, yield func(Frame)) error {
+		seq.replay = func(ctx context.Context, start uint64, yield func(frame)) error {
 			return s.feed.replay(ctx, ep, start, &s.st, yield)
 		}
 	}
@@ -122,7 +122,7 @@ func (s *source) stop() {
 }
 
 // push hands one item to the apply goroutine. When the queue is full it waits up to
-// FeedOptions.OverflowWait for room (the apply goroutine may merely be waiting for a
+// overflowWait (FeedOptions) for room (the apply goroutine may merely be waiting for a
 // CPU), unless an overflow is already pending (the apply goroutine has not even reached
 // the last resync marker: it is stuck). Then everything queued is dropped and a resync
 // marker takes its place, followed by the incoming batch: memory stays bounded and the
@@ -134,7 +134,7 @@ func (s *source) push(ctx context.Context, it item) {
 	default:
 	}
 	if !s.resyncPending.Load() {
-		t := time.NewTimer(s.feed.opts.OverflowWait)
+		t := time.NewTimer(s.feed.opts.overflowWait)
 		select {
 		case s.queue <- it:
 			t.Stop()
@@ -254,7 +254,7 @@ func (s *source) readLoop(ctx context.Context, sock zmq4.Socket) error {
 		if msg.Type == zmq4.CmdMsg {
 			continue // a ZMTP command (PING), not a message
 		}
-		f, err := ParseLiveFrames(msg.Frames)
+		f, err := parseLiveFrames(msg.Frames)
 		if err != nil {
 			s.st.framesSkipped.Add(1)
 			s.feed.drop("bad_frames", s.wr.String(), "error", err)
@@ -266,7 +266,7 @@ func (s *source) readLoop(ctx context.Context, sock zmq4.Socket) error {
 
 // deliver queues one live batch. zmq4 allocates a fresh buffer for every frame it
 // reads, so the payload is handed over without a copy.
-func (s *source) deliver(ctx context.Context, f Frame) {
+func (s *source) deliver(ctx context.Context, f frame) {
 	s.st.received.Add(1)
 	s.st.lastSeq.Store(f.Seq)
 	s.push(ctx, item{seq: f.Seq, payload: f.Payload})

@@ -9,7 +9,7 @@ import (
 // replayFunc asks a replay server for every buffered batch from start on and calls
 // yield for each, in the order received, until the end marker. It returns nil only when
 // the end marker arrived.
-type replayFunc func(ctx context.Context, start uint64, yield func(Frame)) error
+type replayFunc func(ctx context.Context, start uint64, yield func(frame)) error
 
 // itemKind tells the apply goroutine what a queue item is.
 type itemKind uint8
@@ -86,7 +86,7 @@ func (q *sequencer) handle(ctx context.Context, it item) {
 }
 
 // suspect reports whether live batch seq is too far ahead of the watermark to be
-// believed, counting it; a run of SuspectRun such batches, each numbered one
+// believed, counting it; a run of suspectConfirm such batches, each numbered one
 // after the previous, is believed: the source is then reset (its history is
 // lost either way) and starts over from seq.
 func (q *sequencer) suspect(seq uint64) bool {
@@ -101,7 +101,7 @@ func (q *sequencer) suspect(seq uint64) bool {
 	}
 	q.suspectLast = seq
 	q.st.suspect.Add(1)
-	if q.suspectRun < SuspectRun {
+	if q.suspectRun < suspectConfirm {
 		q.log("suspect_seq", "kvevents: dropped a batch numbered far beyond the source's watermark (forged or corrupt?)",
 			"seq", seq, "watermark", q.wm, "max_jump", q.maxJump)
 		return true
@@ -171,7 +171,7 @@ func (q *sequencer) reset() {
 // that range is counted as lost.
 func (q *sequencer) replayFrom(ctx context.Context, start, target uint64) {
 	exact := true
-	err := q.replay(ctx, start, func(f Frame) {
+	err := q.replay(ctx, start, func(f frame) {
 		if f.Seq < start || (q.hasWM && f.Seq <= q.wm) {
 			q.st.stale.Add(1)
 			return

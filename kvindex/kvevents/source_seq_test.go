@@ -16,11 +16,11 @@ type fakeReplay struct {
 	asked []uint64
 }
 
-func (r *fakeReplay) fn(ctx context.Context, start uint64, yield func(Frame)) error {
+func (r *fakeReplay) fn(ctx context.Context, start uint64, yield func(frame)) error {
 	r.asked = append(r.asked, start)
 	for _, s := range r.have {
 		if s >= start {
-			yield(Frame{Seq: s, Payload: payloadFor(s)})
+			yield(frame{Seq: s, Payload: payloadFor(s)})
 		}
 	}
 	return r.err

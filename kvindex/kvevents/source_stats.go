@@ -46,8 +46,8 @@ type SourceStats struct {
 	// truncation).
 	ReplaysOK, ReplaysFailed uint64
 	// Suspect counts live batches dropped because they were numbered more than
-	// FeedOptions.MaxSeqJump beyond the watermark; Jumps counts the runs of them
-	// that were confirmed (each followed by a ResetSource).
+	// 100000 beyond the watermark (see the package documentation); Jumps counts
+	// the runs of them that were confirmed (each followed by a ResetSource).
 	Suspect, Jumps uint64
 	// Restarts counts sequence regressions (the engine restarted), each followed by a
 	// ResetSource.

@@ -25,7 +25,7 @@ var discardLog = log.New(io.Discard, "", 0)
 func (f *Feed) socketOptions() []zmq4.Option {
 	return []zmq4.Option{
 		zmq4.WithDialerMaxRetries(0),
-		zmq4.WithDialerTimeout(f.opts.DialTimeout),
+		zmq4.WithDialerTimeout(f.opts.dialTimeout),
 		zmq4.WithLogger(discardLog),
 	}
 }

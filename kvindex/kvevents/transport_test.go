@@ -297,12 +297,12 @@ func (e *testEngine) serveReplay(ctx context.Context) {
 		for _, s := range seqs {
 			reply(seq8(s), payloadFor(s))
 		}
-		reply(seq8(ReplayEndSeq), []byte{})
+		reply(seq8(replayEndSeq), []byte{})
 	}
 }
 
 func seqOf(b []byte) uint64 {
-	f, err := ParseLiveFrames([][]byte{nil, b, nil})
+	f, err := parseLiveFrames([][]byte{nil, b, nil})
 	if err != nil {
 		return 0
 	}
@@ -315,10 +315,10 @@ func testOpts(h Handler) FeedOptions {
 		Handler:           h,
 		ReconnectMin:      5 * time.Millisecond,
 		ReconnectMax:      50 * time.Millisecond,
-		DialTimeout:       time.Second,
-		OverflowWait:      time.Millisecond,
-		ReplayIdleTimeout: time.Second,
-		ReplayTimeout:     5 * time.Second,
+		dialTimeout:       time.Second,
+		overflowWait:      time.Millisecond,
+		replayIdleTimeout: time.Second,
+		replayTimeout:     5 * time.Second,
 	}
 }
 
