@@ -22,7 +22,7 @@ func TestBookAtRejectsABookingSinceTheRead(t *testing.T) {
 	err := l.BookAt(Booking{ID: "mine", Worker: a, SeqHashes: []uint64{1, 2}}, seen)
 	require.ErrorIs(t, err, ErrStale)
 	require.ErrorContains(t, err, `"mine"`)
-	_, ok := l.Get("mine")
+	_, ok := l.get("mine")
 	require.False(t, ok, "a stale BookAt books nothing")
 	require.Equal(t, Load{ActiveBlocks: 1, ActiveRequests: 1}, l.Load(a))
 	require.Equal(t, int64(1), l.Stats().Stale)
@@ -187,7 +187,7 @@ func TestRankHandles(t *testing.T) {
 	a, b := wr("a", 0), wr("b", 1)
 	ranks := l.AppendRanks(nil, []catalog.WorkerRank{a, b})
 	require.Equal(t, []catalog.WorkerRank{a, b}, []catalog.WorkerRank{ranks[0].key, ranks[1].key})
-	require.Empty(t, l.Loads(), "an entry made by AppendRanks has no load to report")
+	require.Empty(t, l.loads(), "an entry made by AppendRanks has no load to report")
 	require.NoError(t, l.Book(Booking{ID: "x", Worker: a, SeqHashes: []uint64{1, 2}, PrefillTokens: 5}))
 
 	byHandle := l.AppendRankLoads(nil, ranks, []uint64{1, 2, 3})

@@ -261,3 +261,58 @@ func (l *Ledger) nextExpiry() (time.Time, bool) {
 	}
 	return next, found
 }
+
+// liveBooking is a snapshot of one live booking, as returned by get.
+type liveBooking struct {
+	ID                   string
+	Worker               catalog.WorkerRank
+	PrefillTokens        int
+	PrefillDone          bool
+	ExpectedOutputTokens int
+	Blocks               int // sequence hashes the booking holds (as given, duplicates included)
+	PrivateBlocks        int // blocks it holds outside the shared block index (Booking.PrivateBlocks)
+	Lease                time.Duration
+	BookedAt             time.Time
+	Deadline             time.Time // Expire frees the booking at or after this time
+}
+
+// get returns a snapshot of the live booking id, and false when there is none.
+func (l *Ledger) get(id string) (liveBooking, bool) {
+	bk := l.find(id)
+	if bk == nil {
+		return liveBooking{}, false
+	}
+	r := bk.rank
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if bk.settled {
+		return liveBooking{}, false
+	}
+	return liveBooking{
+		ID:                   bk.id,
+		Worker:               bk.worker,
+		PrefillTokens:        bk.prefill,
+		PrefillDone:          bk.prefillDone,
+		ExpectedOutputTokens: bk.expected,
+		Blocks:               len(bk.buf.seqs),
+		PrivateBlocks:        bk.private,
+		Lease:                bk.lease,
+		BookedAt:             bk.bookedAt,
+		Deadline:             bk.deadline,
+	}, true
+}
+
+// loads returns a snapshot of the load of every worker rank that has any (each
+// worker rank's read at one point); worker ranks without live bookings are
+// absent.
+func (l *Ledger) loads() map[catalog.WorkerRank]Load {
+	out := make(map[catalog.WorkerRank]Load)
+	for _, r := range l.rankList() {
+		r.mu.Lock()
+		if r.head != nil && !r.dead.Load() {
+			out[r.key] = r.load()
+		}
+		r.mu.Unlock()
+	}
+	return out
+}

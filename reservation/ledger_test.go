@@ -42,7 +42,7 @@ func TestDefaultClockAndLease(t *testing.T) {
 	before := time.Now()
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: wr("w", 0)}))
 	after := time.Now()
-	r, ok := l.Get("a")
+	r, ok := l.get("a")
 	require.True(t, ok)
 	require.False(t, r.BookedAt.Before(before))
 	require.False(t, r.BookedAt.After(after))
@@ -86,7 +86,7 @@ func TestBookValidation(t *testing.T) {
 			for _, w := range tc.wants {
 				require.ErrorContains(t, err, w)
 			}
-			require.Empty(t, l.Loads())
+			require.Empty(t, l.loads())
 			require.Equal(t, Stats{Invalid: 1}, l.Stats())
 			checkInvariants(t, l)
 		})
@@ -107,10 +107,10 @@ func TestLifecycle(t *testing.T) {
 
 	require.NoError(t, l.Book(Booking{ID: "req-1", Worker: w, SeqHashes: []uint64{11, 12, 13, 14}, PrefillTokens: 100, ExpectedOutputTokens: 20, Lease: time.Minute}))
 	require.Equal(t, Load{ActivePrefillTokens: 100, ActiveBlocks: 4, ActiveRequests: 1}, l.Load(w))
-	require.Equal(t, map[catalog.WorkerRank]Load{w: {100, 4, 1}}, l.Loads())
-	r, ok := l.Get("req-1")
+	require.Equal(t, map[catalog.WorkerRank]Load{w: {100, 4, 1}}, l.loads())
+	r, ok := l.get("req-1")
 	require.True(t, ok)
-	require.Equal(t, Reservation{
+	require.Equal(t, liveBooking{
 		ID: "req-1", Worker: w, PrefillTokens: 100, ExpectedOutputTokens: 20, Blocks: 4,
 		Lease: time.Minute, BookedAt: epoch, Deadline: epoch.Add(time.Minute),
 	}, r)
@@ -119,7 +119,7 @@ func TestLifecycle(t *testing.T) {
 
 	require.NoError(t, l.PrefillComplete("req-1"))
 	require.Equal(t, Load{ActiveBlocks: 4, ActiveRequests: 1}, l.Load(w))
-	r, _ = l.Get("req-1")
+	r, _ = l.get("req-1")
 	require.True(t, r.PrefillDone)
 	require.Equal(t, []catalog.WorkerRank{w}, changes)
 
@@ -130,8 +130,8 @@ func TestLifecycle(t *testing.T) {
 
 	require.NoError(t, l.Free("req-1"))
 	require.Equal(t, Load{}, l.Load(w))
-	require.Empty(t, l.Loads())
-	_, ok = l.Get("req-1")
+	require.Empty(t, l.loads())
+	_, ok = l.get("req-1")
 	require.False(t, ok)
 	_, ok = l.nextExpiry()
 	require.False(t, ok)
@@ -167,7 +167,7 @@ func TestUnknownIDsChangeNothing(t *testing.T) {
 	require.NoError(t, l.Book(Booking{ID: "removed", Worker: wr("gone", 0), SeqHashes: []uint64{5}}))
 	require.Equal(t, 1, l.RemoveWorker("gone"))
 
-	before := l.Loads()
+	before := l.loads()
 	beforeStats := l.Stats()
 	beforeNotified := notified
 	calls := []struct {
@@ -187,7 +187,7 @@ func TestUnknownIDsChangeNothing(t *testing.T) {
 				unknown++
 				require.ErrorIs(t, err, ErrUnknownReservation)
 				require.ErrorContains(t, err, fmt.Sprintf("reservation: unknown reservation id: %s %q", c.verb, id))
-				require.Equal(t, before, l.Loads())
+				require.Equal(t, before, l.loads())
 				checkInvariants(t, l)
 			})
 		}
@@ -196,7 +196,7 @@ func TestUnknownIDsChangeNothing(t *testing.T) {
 	want.UnknownIDs += int64(unknown)
 	require.Equal(t, want, l.Stats())
 	require.Equal(t, beforeNotified, notified)
-	r, ok := l.Get("live")
+	r, ok := l.get("live")
 	require.True(t, ok)
 	require.False(t, r.PrefillDone)
 }
@@ -205,15 +205,15 @@ func TestConflict(t *testing.T) {
 	l := newLedger(t, Options{Now: newFakeClock().Now})
 	a, b := wr("a", 0), wr("b", 2)
 	require.NoError(t, l.Book(Booking{ID: "dup", Worker: a, SeqHashes: []uint64{1, 2}, PrefillTokens: 10}))
-	before := l.Loads()
+	before := l.loads()
 	for _, w := range []catalog.WorkerRank{a, b} {
 		err := l.Book(Booking{ID: "dup", Worker: w, SeqHashes: []uint64{7, 8, 9}, PrefillTokens: 99})
 		require.ErrorIs(t, err, ErrConflict)
 		require.ErrorContains(t, err, `reservation: id already booked: id "dup" is held on a/0 (asked for `+w.String()+")")
-		require.Equal(t, before, l.Loads())
+		require.Equal(t, before, l.loads())
 		checkInvariants(t, l)
 	}
-	r, _ := l.Get("dup")
+	r, _ := l.get("dup")
 	require.Equal(t, a, r.Worker)
 	require.Equal(t, 10, r.PrefillTokens)
 	st := l.Stats()
@@ -242,7 +242,7 @@ func TestSharedPrefixesAreRefCounted(t *testing.T) {
 
 	require.NoError(t, l.Free("c"))
 	require.NoError(t, l.Free("b"))
-	require.Empty(t, l.Loads())
+	require.Empty(t, l.loads())
 	require.Zero(t, liveBlocks(l))
 	checkInvariants(t, l)
 }
@@ -260,11 +260,11 @@ func TestPrivateBlocks(t *testing.T) {
 	require.Equal(t, 2+1+128+1, l.Load(w).ActiveBlocks, "hashes shared, private blocks never")
 	require.Equal(t, 7, l.Load(v).ActiveBlocks)
 	require.Equal(t, 2, liveBlocks(l), "private blocks never enter the shared index")
-	r, ok := l.Get("private")
+	r, ok := l.get("private")
 	require.True(t, ok)
 	require.Zero(t, r.Blocks)
 	require.Equal(t, 128, r.PrivateBlocks)
-	r, _ = l.Get("tail")
+	r, _ = l.get("tail")
 	require.Equal(t, 2, r.Blocks)
 	require.Equal(t, 1, r.PrivateBlocks)
 	// New blocks count hashes only: another request's private blocks are not
@@ -290,7 +290,7 @@ func TestPrivateBlocks(t *testing.T) {
 	require.ErrorIs(t, l.Free("other"), ErrUnknownReservation)
 	checkInvariants(t, l)
 	require.Equal(t, 1, l.RemoveWorker("w"))
-	require.Empty(t, l.Loads())
+	require.Empty(t, l.loads())
 	require.Zero(t, liveBlocks(l))
 	checkInvariants(t, l)
 
@@ -305,13 +305,13 @@ func TestDuplicateHashesInOneBooking(t *testing.T) {
 	w := wr("w", 0)
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: w, SeqHashes: []uint64{5, 5, 6}}))
 	require.Equal(t, 2, l.Load(w).ActiveBlocks)
-	r, _ := l.Get("a")
+	r, _ := l.get("a")
 	require.Equal(t, 3, r.Blocks)
 	require.NoError(t, l.Book(Booking{ID: "b", Worker: w, SeqHashes: []uint64{5}}))
 	require.NoError(t, l.Free("a"))
 	require.Equal(t, 1, l.Load(w).ActiveBlocks, "b's reference on 5 survives a's two")
 	require.NoError(t, l.Free("b"))
-	require.Empty(t, l.Loads())
+	require.Empty(t, l.loads())
 	checkInvariants(t, l)
 }
 
@@ -407,7 +407,7 @@ func TestExpire(t *testing.T) {
 	require.Equal(t, epoch.Add(10*time.Second), next)
 
 	require.Equal(t, 0, l.Expire(epoch.Add(10*time.Second-time.Nanosecond)), "nothing before its deadline")
-	require.Len(t, l.Loads(), 5)
+	require.Len(t, l.loads(), 5)
 	require.Equal(t, 2, l.Expire(epoch.Add(10*time.Second)), "a deadline equal to now expires")
 	require.Equal(t, []catalog.WorkerRank{wr("early", 0), wr("mid", 0)}, order, "ties settle in booking order")
 	next, _ = l.nextExpiry()
@@ -416,7 +416,7 @@ func TestExpire(t *testing.T) {
 
 	require.Equal(t, 2, l.Expire(epoch.Add(time.Minute)))
 	require.Equal(t, []catalog.WorkerRank{wr("early", 0), wr("mid", 0), wr("default", 0), wr("late", 0)}, order)
-	require.Equal(t, map[catalog.WorkerRank]Load{wr("keep", 0): {ActiveRequests: 1}}, l.Loads())
+	require.Equal(t, map[catalog.WorkerRank]Load{wr("keep", 0): {ActiveRequests: 1}}, l.loads())
 	require.Equal(t, int64(4), l.Stats().Expired)
 	checkInvariants(t, l)
 
@@ -440,7 +440,7 @@ func TestExpireNotifiesEachWorkerOnce(t *testing.T) {
 	for w, n := range counts {
 		require.Equal(t, 1, n, "%s notified %d times", w, n)
 	}
-	require.Empty(t, l.Loads())
+	require.Empty(t, l.loads())
 	checkInvariants(t, l)
 }
 
@@ -452,7 +452,7 @@ func TestTouch(t *testing.T) {
 
 	clk.Advance(8 * time.Second)
 	require.NoError(t, l.Touch("a"))
-	r, _ := l.Get("a")
+	r, _ := l.get("a")
 	require.Equal(t, epoch.Add(18*time.Second), r.Deadline)
 	require.Equal(t, epoch, r.BookedAt)
 	next, _ := l.nextExpiry()
@@ -461,10 +461,10 @@ func TestTouch(t *testing.T) {
 
 	require.Equal(t, 0, l.Expire(epoch.Add(10*time.Second)), "a's old deadline no longer applies")
 	require.Equal(t, 1, l.Expire(epoch.Add(17*time.Second)))
-	_, ok := l.Get("b")
+	_, ok := l.get("b")
 	require.False(t, ok)
 	require.Equal(t, 1, l.Expire(epoch.Add(18*time.Second)))
-	require.Empty(t, l.Loads())
+	require.Empty(t, l.loads())
 	checkInvariants(t, l)
 }
 
@@ -476,7 +476,7 @@ func TestTouchNeverShortens(t *testing.T) {
 	require.NoError(t, l.Touch("a")) // epoch+15s
 	clk.Advance(-4 * time.Second)    // a clock that stepped back
 	require.NoError(t, l.Touch("a"))
-	r, _ := l.Get("a")
+	r, _ := l.get("a")
 	require.Equal(t, epoch.Add(15*time.Second), r.Deadline)
 	checkInvariants(t, l)
 }
@@ -498,10 +498,10 @@ func TestRemoveWorker(t *testing.T) {
 	require.Equal(t, map[catalog.WorkerRank]Load{
 		wr("stay", 0):     {ActivePrefillTokens: 6, ActiveBlocks: 2, ActiveRequests: 1},
 		wr("gone-too", 0): {ActiveBlocks: 1, ActiveRequests: 1},
-	}, l.Loads())
+	}, l.loads())
 	for _, id := range []string{"1", "2", "3"} {
 		require.ErrorIs(t, l.Free(id), ErrUnknownReservation)
-		_, ok := l.Get(id)
+		_, ok := l.get(id)
 		require.False(t, ok)
 	}
 	next, _ := l.nextExpiry()
@@ -541,11 +541,11 @@ func TestOnChange(t *testing.T) {
 func TestLoadsIsASnapshot(t *testing.T) {
 	l := newLedger(t, Options{Now: newFakeClock().Now})
 	require.NoError(t, l.Book(Booking{ID: "a", Worker: wr("w", 0), PrefillTokens: 1}))
-	snap := l.Loads()
+	snap := l.loads()
 	require.NoError(t, l.Free("a"))
 	require.Equal(t, map[catalog.WorkerRank]Load{wr("w", 0): {ActivePrefillTokens: 1, ActiveRequests: 1}}, snap)
 	snap[wr("x", 0)] = Load{ActiveRequests: 5}
-	require.Empty(t, l.Loads())
+	require.Empty(t, l.loads())
 }
 
 func TestSeqHashesAreCopied(t *testing.T) {
@@ -587,7 +587,7 @@ func TestChurnDoesNotGrow(t *testing.T) {
 	for round := 8000 - live; round < 8000; round++ {
 		require.NoError(t, l.Free(fmt.Sprint("r", round)))
 	}
-	require.Empty(t, l.Loads())
+	require.Empty(t, l.loads())
 	require.Zero(t, l.Stats().Active)
 	require.Zero(t, liveBlocks(l))
 	for _, r := range l.rankList() {

@@ -281,7 +281,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 
 		// Compare everything observable after every operation.
 		want := m.loads()
-		require.Equal(t, want, l.Loads(), "step %d (%s)", step, op)
+		require.Equal(t, want, l.loads(), "step %d (%s)", step, op)
 		for w, ld := range before {
 			if after := want[w]; after.ActiveRequests < ld.ActiveRequests || after.ActivePrefillTokens < ld.ActivePrefillTokens {
 				require.Contains(t, notified, w, "step %d (%s): load of %s went down unnoticed", step, op, w)
@@ -305,7 +305,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			require.Equal(t, nb, newBlocks(l, w, probe))
 		}
 		for id, b := range m.live {
-			r, ok := l.Get(id)
+			r, ok := l.get(id)
 			require.True(t, ok)
 			require.Equal(t, b.worker, r.Worker)
 			require.Equal(t, b.done, r.PrefillDone)

@@ -108,7 +108,7 @@ func TestConcurrentBookAndFree(t *testing.T) {
 			default:
 			}
 			lostToExpiry.Add(int64(l.Expire(clk.Advance(100 * time.Millisecond))))
-			for w, ld := range l.Loads() {
+			for w, ld := range l.loads() {
 				if ld.ActiveRequests <= 0 || ld.ActiveBlocks < 0 || ld.ActivePrefillTokens < 0 {
 					t.Errorf("load of %s mid-run: %+v", w, ld)
 				}
@@ -135,7 +135,7 @@ func TestConcurrentBookAndFree(t *testing.T) {
 	// settled it first, so nothing should be live; a final sweep far in the
 	// future must find nothing either.
 	require.Equal(t, 0, l.Expire(clk.Advance(time.Hour)))
-	require.Empty(t, l.Loads())
+	require.Empty(t, l.loads())
 	for _, w := range workers {
 		require.Equal(t, Load{}, l.Load(w))
 	}

@@ -144,8 +144,8 @@ func (b *SelectionServiceBuilder) BindEvents(endpoint string) *SelectionServiceB
 // worker and steer routing. A single forged batch can fill a worker's index
 // with prefixes it does not hold, or clear it (a sequence number that goes
 // back looks like an engine restart, and an AllBlocksCleared event like a
-// cache reset; only a forged number far ahead is held back, see kvevents'
-// FeedOptions.MaxSeqJump). Keep such a port on a network only engines reach.
+// cache reset; only a forged number far ahead (more than 100,000) is held back, see
+// kvevents' package doc). Keep such a port on a network only engines reach.
 func (b *SelectionServiceBuilder) BindEventsFromAnyPeer() *SelectionServiceBuilder {
 	b.anyPeer = true
 	return b

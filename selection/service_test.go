@@ -697,14 +697,16 @@ func TestPrivateBlocksAreCounted(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			s, _ := newTestService(t, c.mod)
+			obs := &recordingObserver{}
+			s.obs = obs // the booking as the ledger took it
 			addWorkers(t, s, "a")
 			for i, id := range []string{"x", "y"} {
 				res, err := s.SelectAndReserve(ctx, Request{ReservationID: id, Tokens: toks(c.tokens, 1), Override: c.override})
 				require.NoError(t, err)
-				r, ok := s.ledger.Get(id)
-				require.True(t, ok)
-				require.Equal(t, c.hashes, r.Blocks, "sequence hashes booked")
-				require.Equal(t, c.private, r.PrivateBlocks)
+				ev := obs.booked[len(obs.booked)-1]
+				require.Equal(t, id, ev.ID)
+				require.Len(t, ev.SeqHashes, c.hashes, "sequence hashes booked")
+				require.Equal(t, c.private, ev.PrivateBlocks)
 				want := []int{c.first, c.second}[i]
 				require.Equal(t, want, res.PotentialDecodeBlocks)
 				require.Equal(t, want, s.Loads("")[0].ActiveBlocks, "the potential became the load")
@@ -713,7 +715,7 @@ func TestPrivateBlocksAreCounted(t *testing.T) {
 			require.NoError(t, s.FreeReservation("x"))
 			require.NoError(t, s.FreeReservation("y"))
 			requireIdle(t, s)
-			require.Empty(t, s.ledger.Loads())
+			require.Zero(t, s.ledger.Load(catalog.WorkerRank{Worker: "a"}), "nothing left on the rank")
 		})
 	}
 }
