@@ -84,8 +84,8 @@ type Booking struct {
 	// (prompt length minus cached tokens); >= 0, and 0 when there is nothing to
 	// prefill or prefill is not tracked.
 	PrefillTokens int
-	// ExpectedOutputTokens is the expected response length, >= 0; recorded for
-	// Get only.
+	// ExpectedOutputTokens is the expected response length, >= 0; kept with
+	// the booking.
 	ExpectedOutputTokens int
 	// Lease is how long the booking may live without Touch; >= 0, 0 meaning the
 	// ledger's default lease.

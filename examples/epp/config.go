@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvselect/kvselect/examples/internal/pdhint"
+	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -21,6 +23,8 @@ type config struct {
 	Mode              string
 	Topology          string // aggregated | disaggregated
 	RoleLabel         string
+	PDHintKey         []byte        // signs prefill hints; nil: unsigned
+	PDHintTTL         time.Duration // lifetime of a hint's signature
 	PoolName          string
 	Namespace         string
 	PodIP             string
@@ -131,14 +135,35 @@ func (c *config) settings() []setting {
 			}},
 		{env: "DYN_EPP_TOPOLOGY_MODE", flag: "topology", def: "aggregated", help: "`aggregated` or `disaggregated` (prefill/decode split by the role label)",
 			parse: func(c *config, v string) error {
-				switch s := strings.ToLower(strings.TrimSpace(v)); s {
-				case "aggregated", "disaggregated":
-					c.Topology = s
-					return nil
+				m, err := roles.ParseTopologyMode(v)
+				if err != nil {
+					return fmt.Errorf("%q: want aggregated or disaggregated", v)
 				}
-				return fmt.Errorf("%q: want aggregated or disaggregated", v)
+				c.Topology = m.String()
+				return nil
 			}},
-		{env: "DYN_EPP_WORKER_ROLE_LABEL", flag: "role-label", def: "nvidia.com/dynamo-worker-role", help: "pod label that carries `prefill` or `decode` (disaggregated mode)", parse: str(&c.RoleLabel)},
+		{env: "DYN_EPP_WORKER_ROLE_LABEL", flag: "role-label", def: roles.DefaultRoleLabel, help: "pod label that carries `prefill` or `decode` (disaggregated mode)", parse: str(&c.RoleLabel)},
+		{env: "DYN_EPP_PD_HINT_KEY", flag: "pd-hint-key", help: "signs each prefill hint (x-kvselect-prefiller-signature) with the key the decode sidecars check (their DYN_PD_HINT_KEY): `file:<path>` or an absolute path is read, anything else is the key itself; at least 32 bytes (unset: hints are not signed)",
+			parse: func(c *config, v string) error {
+				key, err := pdhint.LoadKey(strings.TrimSpace(v))
+				if err != nil {
+					return err
+				}
+				if len(key) < pdhint.MinKeyLen { // never quote the key
+					return fmt.Errorf("a key of %d bytes; want at least %d", len(key), pdhint.MinKeyLen)
+				}
+				c.PDHintKey = key
+				return nil
+			}},
+		{env: "DYN_EPP_PD_HINT_TTL_MS", flag: "pd-hint-ttl-ms", def: "30000", help: "how long a hint's signature is valid, in ms (>= 1000; at most the sidecars' DYN_PD_HINT_MAX_LIFETIME_MS, 300000 by default)",
+			parse: func(c *config, v string) error {
+				var ms int
+				if err := intIn(&ms, 1000, 86_400_000)(c, v); err != nil {
+					return err
+				}
+				c.PDHintTTL = time.Duration(ms) * time.Millisecond
+				return nil
+			}},
 		{env: "DYN_EPP_INFERENCE_POOL_NAME", flag: "inference-pool", required: "with Kubernetes discovery", help: "the InferencePool this EPP serves", parse: str(&c.PoolName)},
 		{env: "POD_NAMESPACE", flag: "namespace", required: "with Kubernetes discovery", help: "namespace of the pool and its pods (downward API)", parse: str(&c.Namespace)},
 		{env: "POD_IP", flag: "pod-ip", help: "this EPP's own IP (informational)", parse: str(&c.PodIP)},

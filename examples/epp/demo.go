@@ -46,6 +46,8 @@ type demoOptions struct {
 	capacityTokens int                // each fake engine's KV cache, in tokens
 	concurrency    int
 	parityDelay    time.Duration // FeedTrust.ParityDelay of the kvselect runs
+	tokenInterval  time.Duration // the fake engines' wait between two streamed tokens
+	maxTokens      int           // each request's max_tokens; default 8
 	seed           uint64
 	logger         *slog.Logger
 }
@@ -70,6 +72,9 @@ func (o *demoOptions) defaults() {
 	}
 	if o.concurrency <= 0 {
 		o.concurrency = 4
+	}
+	if o.maxTokens <= 0 {
+		o.maxTokens = 8
 	}
 	if o.parityDelay <= 0 {
 		o.parityDelay = 10 * time.Millisecond
@@ -98,8 +103,16 @@ type demoResult struct {
 	prompt      int       // prompt tokens, from the engines' usage reports
 	cached      int       // cached prompt tokens, idem
 	ttfts       []float64 // ms from sending a request to its first streamed byte
+	itls        []float64 // ms between two streamed tokens of a request, as the client read them
 	perEndpoint map[string]int
-	endpoints   []string
+	// perPrefiller counts the requests whose x-prefiller-host-port named each
+	// prefill endpoint (disaggregated runs).
+	perPrefiller map[string]int
+	endpoints    []string
+	firstFailure string // the first failed request: its error or status and body
+	// engineStats are the fake engines' counters at the end of the run, in
+	// endpoint order (nil with engines the user runs).
+	engineStats []fakeengine.HTTPStats
 	feeds       []feedRow // kvselect runs: each worker rank's KV-event feed at the end
 	// engineRenders counts the render answers the fake engines gave, and
 	// serviceRenders those of the separate render service (TensorRT-LLM).
@@ -116,6 +129,9 @@ func (r demoResult) hitRate() float64 {
 // runDemo replays a shared-prefix chat workload through the real ext_proc
 // server, once routed by kvselect and once round-robin, and prints the table.
 func runDemo(ctx context.Context, cfg *config, o demoOptions, out io.Writer) error {
+	if cfg.Topology == "disaggregated" {
+		return runDisaggregatedDemo(ctx, cfg, o, out)
+	}
 	o.defaults()
 	if o.workersFile != "" {
 		if err := o.loadWorkers(ctx, cfg); err != nil {
@@ -211,7 +227,7 @@ func demoWorkload(o demoOptions, run int) []demoRequest {
 				{"role": "system", "content": systems[g]},
 				{"role": "user", "content": fmt.Sprintf("Question %d: ", i) + sentence(12+r.IntN(20))},
 			},
-			"max_tokens":     8,
+			"max_tokens":     o.maxTokens,
 			"stream":         true,
 			"stream_options": map[string]bool{"include_usage": true},
 		})
@@ -264,6 +280,7 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 			opts := o.dialect.Apply(fakeengine.Options{
 				BlockSize: cfg.BlockSize, CapacityBlocks: o.capacityTokens / cfg.BlockSize, EnableReplay: true, EnableHTTP: true,
 				Model: o.model, Topic: fmt.Sprintf("kv@127.0.0.1@%s", o.model), SleepTTFT: true,
+				TokenInterval: o.tokenInterval,
 			})
 			if opts.PubMode != fakeengine.PubBind {
 				// Engines that dial in need the EPP's bind listener and topics that
@@ -345,7 +362,9 @@ func demoRun(ctx context.Context, base *config, o demoOptions, policy string, wo
 		return res, err
 	}
 	for _, en := range engines {
-		res.engineRenders += en.HTTPStats().Renders
+		st := en.HTTPStats()
+		res.engineRenders += st.Renders
+		res.engineStats = append(res.engineStats, st)
 	}
 	if renderService != nil {
 		res.serviceRenders = renderService.HTTPStats().Renders
@@ -380,7 +399,7 @@ func demoDrive(ctx context.Context, o demoOptions, policy string, workload []dem
 	httpc := &http.Client{Timeout: 30 * time.Second}
 	defer httpc.CloseIdleConnections()
 
-	res := demoResult{policy: policy, perEndpoint: map[string]int{}, endpoints: endpoints}
+	res := demoResult{policy: policy, perEndpoint: map[string]int{}, perPrefiller: map[string]int{}, endpoints: endpoints}
 	var mu sync.Mutex
 	next := atomic.Int64{}
 	var wg sync.WaitGroup
@@ -393,11 +412,11 @@ func demoDrive(ctx context.Context, o demoOptions, policy string, workload []dem
 				if i >= len(workload) || ctx.Err() != nil {
 					return
 				}
-				var body *firstByteBody
+				var body *streamClock
 				forward := func(_ string, req *http.Request) (*http.Response, error) {
 					resp, err := httpc.Do(req)
 					if err == nil {
-						body = &firstByteBody{ReadCloser: resp.Body}
+						body = &streamClock{ReadCloser: resp.Body}
 						resp.Body = body
 					}
 					return resp, err
@@ -409,15 +428,24 @@ func demoDrive(ctx context.Context, o demoOptions, policy string, workload []dem
 				res.requests++
 				if err != nil || resp.StatusCode != http.StatusOK {
 					res.failed++
+					if res.firstFailure == "" {
+						res.firstFailure = fmt.Sprintf("request %d: status %d, %.200q, err %v", i, resp.StatusCode, resp.Body, err)
+					}
 					mu.Unlock()
 					continue
 				}
 				res.perEndpoint[resp.Served]++
+				if p := resp.Decision.Prefiller; p != "" {
+					res.perPrefiller[p]++
+				}
 				p, c := usageOf(resp.Body)
 				res.prompt += p
 				res.cached += c
-				if body != nil && !body.at.IsZero() {
-					res.ttfts = append(res.ttfts, float64(body.at.Sub(sent))/float64(time.Millisecond))
+				if body != nil && !body.first.IsZero() {
+					res.ttfts = append(res.ttfts, ms(body.first.Sub(sent)))
+					for k := 1; k < len(body.tokens); k++ {
+						res.itls = append(res.itls, ms(body.tokens[k].Sub(body.tokens[k-1])))
+					}
 				}
 				mu.Unlock()
 			}
@@ -427,19 +455,65 @@ func demoDrive(ctx context.Context, o demoOptions, policy string, workload []dem
 	return res, ctx.Err()
 }
 
-// firstByteBody is an upstream response body that notes when its first byte
-// arrived. Roundtrip reads it on the calling goroutine, before it returns.
-type firstByteBody struct {
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// streamClock is an upstream response body that notes when its first byte
+// arrived and when each streamed token did (a server-sent event whose choices
+// carry text). Roundtrip reads it on the calling goroutine, before it returns.
+type streamClock struct {
 	io.ReadCloser
-	at time.Time
+	first   time.Time
+	tokens  []time.Time
+	pending []byte // the start of an event not complete yet
 }
 
-func (b *firstByteBody) Read(p []byte) (int, error) {
+func (b *streamClock) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if n > 0 && b.at.IsZero() {
-		b.at = time.Now()
+	if n == 0 {
+		return n, err
+	}
+	now := time.Now()
+	if b.first.IsZero() {
+		b.first = now
+	}
+	b.pending = append(b.pending, p[:n]...)
+	for {
+		end := bytes.Index(b.pending, []byte("\n\n"))
+		if end < 0 {
+			break
+		}
+		if isTokenEvent(b.pending[:end]) {
+			b.tokens = append(b.tokens, now)
+		}
+		b.pending = b.pending[end+2:]
 	}
 	return n, err
+}
+
+// isTokenEvent reports whether a server-sent event is a completion chunk with
+// generated text (not the role chunk, the usage chunk or the end marker).
+func isTokenEvent(ev []byte) bool {
+	data, ok := bytes.CutPrefix(bytes.TrimSpace(ev), []byte("data:"))
+	if !ok {
+		return false
+	}
+	var chunk struct {
+		Choices []struct {
+			Text  string `json:"text"`
+			Delta struct {
+				Content string `json:"content"`
+			} `json:"delta"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(bytes.TrimSpace(data), &chunk) != nil {
+		return false
+	}
+	for _, c := range chunk.Choices {
+		if c.Text != "" || c.Delta.Content != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // feedRow is one worker rank's KV-event feed at the end of a kvselect run.

@@ -5,6 +5,7 @@
 // with kvselect, and tells Envoy where to send the request.
 //
 //	go run ./examples/epp --demo            # fake engines, a workload, kvselect vs round-robin
+//	go run ./examples/epp --demo --topology disaggregated  # prefill engines, decode engines behind sidecars, vs aggregated
 //	go run ./examples/epp --print-env-table # the environment contract as Markdown
 //
 // Configuration follows the environment contract of Dynamo's standalone EPP;
@@ -63,7 +64,7 @@ func main() {
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("epp", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	demo := fs.Bool("demo", false, "run the self-contained demo: fake engines, a shared-prefix workload, kvselect vs round-robin")
+	demo := fs.Bool("demo", false, "run the self-contained demo: fake engines, a shared-prefix workload, kvselect vs round-robin (with --topology disaggregated: prefill engines and decode engines behind sidecars, vs aggregated serving)")
 	demoEngines := fs.Int("demo-engines", 4, "demo: number of fake engines")
 	demoRequests := fs.Int("demo-requests", 480, "demo: requests per policy")
 	demoWorkers := fs.String("demo-workers-file", "", "demo: drive engines you already run (static workers file) instead of fake ones")
@@ -199,6 +200,9 @@ func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure fun
 	}
 	dest := e.rs.Service(mode.Destination())
 	e.router = newRouter(cfg.Model, cache, e.pairs, dest)
+	if cfg.PDHintKey != nil {
+		e.router.signer = &hintSigner{key: cfg.PDHintKey, ttl: cfg.PDHintTTL, now: time.Now}
+	}
 	services := map[string]*selection.SelectionService{}
 	for _, r := range mode.Roles() {
 		services[r.String()] = e.rs.Service(r)
@@ -332,6 +336,9 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	if cfg.Topology == "disaggregated" && cfg.KVEventBind != "" {
 		logger.Warn("DYN_EPP_KV_EVENT_BIND binds the prefill role's feed only")
 	}
+	if cfg.Topology != "disaggregated" && cfg.PDHintKey != nil {
+		logger.Warn("DYN_EPP_PD_HINT_KEY is set, but an aggregated EPP gives no prefill hint to sign")
+	}
 	src, err := newSource(cfg, logger)
 	if err != nil {
 		return err
@@ -385,18 +392,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		return nil
 	})
 	g.Go(func() error { return src.Run(gctx, e.apply) })
-	g.Go(func() error { // plans of requests whose stream never ended expire
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-gctx.Done():
-				return nil
-			case <-t.C:
-				e.pairs.Expire()
-			}
-		}
-	})
+	g.Go(func() error { e.expirePlans(gctx, time.Second); return nil })
 	g.Go(func() error {
 		<-gctx.Done()
 		e.server.SetReady(false)
@@ -418,6 +414,25 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		return nil
 	}
 	return err
+}
+
+// expirePlans settles, every interval until ctx is done, the plans whose
+// lease passed: requests whose stream never ended (an Envoy that died
+// mid-request), whose reservations would otherwise count as load until their
+// own leases ran out.
+func (e *epp) expirePlans(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if n := e.pairs.Expire(); n > 0 {
+				e.logger.Warn("plans expired: their requests never ended", "plans", n)
+			}
+		}
+	}
 }
 
 // selfSignedCert makes the certificate the ext_proc port serves with when secure

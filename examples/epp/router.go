@@ -8,9 +8,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
+	"github.com/kvselect/kvselect/examples/internal/pdhint"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
@@ -44,6 +46,9 @@ type router struct {
 	tok   tokenize.Tokenizer
 	book  booker
 	loads loadSource // the destination role's service
+	// signer signs prefill hints; nil leaves them unsigned. Set before the
+	// router serves, never after.
+	signer *hintSigner
 
 	mu       sync.RWMutex
 	byAddr   map[string]string   // canonical ip:port -> worker id
@@ -146,8 +151,37 @@ func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pic
 	pick := extproc.Pick{Destination: plan.Destination(), Settle: &planSettle{b: r.book, id: plan.ID}}
 	if hint, ok := plan.PrefillHint(); ok {
 		pick.Prefiller = hint
+		if r.signer != nil {
+			if pick.Prefiller, pick.PrefillerSignature, err = r.signer.sign(hint, req.Body); err != nil {
+				_ = r.book.Complete(plan.ID) // no pick, so nobody else settles it
+				return extproc.Pick{}, err
+			}
+		}
 	}
 	return pick, nil
+}
+
+// hintSigner signs the prefill hint of each disaggregated pick (package
+// pdhint), so that a decode sidecar holding the same key runs a P/D exchange
+// only with the prefill worker this EPP chose, for that request body, until the
+// signature expires, once. It is safe for concurrent use (it only reads).
+type hintSigner struct {
+	key []byte        // at least pdhint.MinKeyLen bytes
+	ttl time.Duration // > 0; the expiry is truncated to the second
+	now func() time.Time
+}
+
+// sign returns the hint as it goes on the wire (canonical, as the ext_proc
+// server would send it) and its signature over that value and body: expiry
+// now+ttl, a fresh nonce.
+func (s *hintSigner) sign(hint string, body []byte) (endpoint, signature string, err error) {
+	if endpoint, err = extproc.CanonicalEndpoint(hint); err == nil {
+		signature, err = pdhint.Sign(s.key, endpoint, body, s.now().Add(s.ttl), pdhint.NewNonce())
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("epp: sign the prefill hint: %w", err)
+	}
+	return endpoint, signature, nil
 }
 
 // planSettle settles a plan: the first output byte hands off (the prefill leg

@@ -7,11 +7,11 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kvselect/kvselect/examples/internal/pdhint"
 	"github.com/kvselect/kvselect/examples/pdsidecar/sidecar"
 )
 
@@ -75,7 +75,7 @@ func (c *config) variables() []variable {
 			return nil
 		}},
 		{"DYN_PD_HINT_KEY", "hint-key", "", "key of signed hints: `file:<path>` or an absolute path is read, anything else is the key itself (unset: hints are not signed)", func(v string) error {
-			key, err := hintKey(v)
+			key, err := pdhint.LoadKey(v)
 			o.HintKey = key
 			return err
 		}},
@@ -124,23 +124,6 @@ func bytesIn(dst *int64) func(string) error {
 		*dst = n
 		return nil
 	}
-}
-
-// hintKey reads DYN_PD_HINT_KEY: a file (file:<path>, or an absolute path),
-// its trailing newline trimmed, or the value itself.
-func hintKey(v string) ([]byte, error) {
-	path, isFile := strings.CutPrefix(v, "file:")
-	if !isFile && !strings.HasPrefix(v, "/") {
-		return []byte(v), nil
-	}
-	if !isFile {
-		path = v
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read the key file: %w", err)
-	}
-	return []byte(strings.TrimRight(string(b), "\r\n")), nil
 }
 
 // errConfig wraps every startup configuration problem.

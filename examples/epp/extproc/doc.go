@@ -24,10 +24,12 @@
 // # Security
 //
 // Routing headers a client may forge (the destination, the subset, the served
-// endpoint, the prefill target and the rest of ControlHeaders) are removed from
-// the forwarded request and never reach the Picker; the destination is always
-// overwritten; the subset hint is read only from gateway metadata; every
-// host:port is validated (IP literal, port 1-65535) before it is emitted.
+// endpoint, the prefill target, its signature and the rest of ControlHeaders)
+// are removed from the forwarded request and never reach the Picker; the
+// destination is always overwritten; the subset hint is read only from gateway
+// metadata; every host:port is validated (IP literal, port 1-65535) before it
+// is emitted, and a prefiller signature only goes out with the prefiller it
+// signs, exactly as signed.
 // Errors are answered with an ImmediateResponse carrying a short fixed body;
 // details go to the log only.
 //

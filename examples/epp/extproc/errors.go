@@ -24,6 +24,10 @@ var (
 	// ErrInvalidEndpoint: a host:port is not an IP literal with a port in
 	// 1-65535; a Pick carrying one fails with 500.
 	ErrInvalidEndpoint = errors.New("extproc: invalid endpoint")
+	// ErrInvalidSignature: a Pick's PrefillerSignature comes without a
+	// Prefiller, with one not in canonical form, or is not a short visible
+	// ASCII string; the Pick fails with 500.
+	ErrInvalidSignature = errors.New("extproc: invalid prefiller signature")
 	// ErrUnsupportedMode: the request body mode is neither
 	// FULL_DUPLEX_STREAMED nor BUFFERED, or observability mode is on; the
 	// stream fails with FAILED_PRECONDITION.

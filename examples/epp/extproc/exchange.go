@@ -228,8 +228,14 @@ func (x *exchange) decide(by completion) error {
 			return x.reject(http.StatusInternalServerError)
 		}
 	}
+	if pick.PrefillerSignature != "" {
+		if err := checkSignature(pick.PrefillerSignature, pick.Prefiller, prefiller); err != nil {
+			x.logRejected(http.StatusInternalServerError, fmt.Errorf("picker: %w", err))
+			return x.reject(http.StatusInternalServerError)
+		}
+	}
 	x.dest = dest
-	if err := x.sendDecision(by, dest, prefiller); err != nil {
+	if err := x.sendDecision(by, dest, prefiller, pick.PrefillerSignature); err != nil {
 		return err
 	}
 	x.body = nil
@@ -247,17 +253,24 @@ func (x *exchange) logRejected(st int, err error) {
 	lvl("request rejected", "request_id", x.hdr.requestID, "status", st, "err", err)
 }
 
-func (x *exchange) sendDecision(by completion, dest, prefiller string) error {
+// sendDecision sends the routing mutations: the destination, and in
+// disaggregated mode the prefiller and, when hints are signed, its signature
+// (no header for what is ""), then the body.
+func (x *exchange) sendDecision(by completion, dest, prefiller, signature string) error {
 	mut := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderDestination, dest)}}
 	if prefiller != "" {
 		mut.SetHeaders = append(mut.SetHeaders, setHeader(HeaderPrefiller, prefiller))
+	}
+	if signature != "" {
+		mut.SetHeaders = append(mut.SetHeaders, setHeader(HeaderPrefillerSignature, signature))
 	}
 	buffered := x.reqMode == extprocfilterv3.ProcessingMode_BUFFERED && by == byBody
 	if !buffered {
 		// Removing a header that is also set in the same mutation is left
 		// out: the overwrite already replaces the client's value.
 		for _, h := range x.hdr.remove {
-			if h == HeaderDestination || (h == HeaderPrefiller && prefiller != "") {
+			if h == HeaderDestination || (h == HeaderPrefiller && prefiller != "") ||
+				(h == HeaderPrefillerSignature && signature != "") {
 				continue
 			}
 			mut.RemoveHeaders = append(mut.RemoveHeaders, h)

@@ -8,6 +8,8 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvselect/kvselect/examples/internal/pdhint"
 )
 
 // Names of the GAIE Endpoint Picker protocol and the disaggregated-serving
@@ -19,6 +21,9 @@ const (
 	// HeaderPrefiller carries the prefill worker's host:port to the decode
 	// worker's sidecar in disaggregated mode.
 	HeaderPrefiller = "x-prefiller-host-port"
+	// HeaderPrefillerSignature carries the EPP's signature of the prefiller
+	// hint (package pdhint) when hints are signed; the sidecar checks it.
+	HeaderPrefillerSignature = pdhint.Header
 	// MetadataNamespace is the dynamic-metadata namespace of the destination
 	// (EPP to gateway) and of the served endpoint (gateway to EPP).
 	MetadataNamespace = "envoy.lb"
@@ -31,6 +36,10 @@ const (
 	// of the endpoint that really served the request.
 	ServedKey = "x-gateway-destination-endpoint-served"
 )
+
+// MaxSignatureLen bounds Pick.PrefillerSignature (a pdhint value is at most
+// 155 bytes).
+const MaxSignatureLen = 256
 
 // MaxSubsetEntries caps the subset hint; later entries are ignored, which can
 // only narrow the choice.
@@ -45,6 +54,7 @@ var routingHeaders = []string{
 	ServedKey,
 	"x-gateway-destination-endpoint-scores",
 	HeaderPrefiller,
+	HeaderPrefillerSignature,
 	"x-llm-d-request-dropped-reason",
 	"test-epp-endpoint-selection",
 	"x-dynamo-worker-instance-id",
@@ -87,7 +97,7 @@ var controlSet = func() map[string]int {
 
 // ControlHeaders returns the request headers the server removes from every
 // forwarded request (a new slice each call). The routing ones (destination,
-// subset, served, scores, prefiller, dropped-reason, the conformance
+// subset, served, scores, prefiller and its signature, dropped-reason, the conformance
 // selection header and Dynamo's worker-id headers) are also hidden from the
 // Picker; the input ones (objective, fairness id, model-name rewrite, SLO
 // hints) are passed to the Picker, which is their consumer.
@@ -219,6 +229,26 @@ func parsePort(s string) (uint16, bool) {
 		return 0, false
 	}
 	return uint16(n), true
+}
+
+// checkSignature validates a Pick's prefiller signature before it is emitted:
+// it needs the prefiller it signs, sent exactly as the Picker gave it
+// (canonical), and a value that is safe as a header (visible ASCII, bounded).
+func checkSignature(sig, picked, canonical string) error {
+	switch {
+	case picked == "":
+		return fmt.Errorf("%w: a signature without a prefiller", ErrInvalidSignature)
+	case picked != canonical:
+		return fmt.Errorf("%w: it signs %q, which is sent as %q", ErrInvalidSignature, picked, canonical)
+	case len(sig) > MaxSignatureLen:
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidSignature, len(sig), MaxSignatureLen)
+	}
+	for i := 0; i < len(sig); i++ {
+		if sig[i] <= ' ' || sig[i] > '~' {
+			return fmt.Errorf("%w: byte %d is not visible ASCII", ErrInvalidSignature, i)
+		}
+	}
+	return nil
 }
 
 // readSubset reads the subset hint from request metadata. present reports

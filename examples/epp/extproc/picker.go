@@ -49,6 +49,13 @@ type Pick struct {
 	// Prefiller is the host:port of the prefill worker in disaggregated mode,
 	// sent as x-prefiller-host-port; "" in aggregated mode.
 	Prefiller string
+	// PrefillerSignature, when set, is sent as x-kvselect-prefiller-signature
+	// next to Prefiller: the Picker's signature of that exact value (package
+	// pdhint), which the decode sidecar checks. It requires a Prefiller that is
+	// already canonical (CanonicalEndpoint), since the signature covers the
+	// value as sent, and must be at most MaxSignatureLen visible ASCII
+	// characters; the request fails with 500 otherwise. "" sends no header.
+	PrefillerSignature string
 	// Settle settles the booking behind the pick. Nil is treated as a no-op.
 	Settle Settler
 }

@@ -19,6 +19,7 @@ func spoofed(evil string) http.Header {
 		"X-Gateway-Destination-Endpoint-Served": {evil},
 		"X-Gateway-Destination-Endpoint-Scores": {evil},
 		"X-Prefiller-Host-Port":                 {evil},
+		"X-Kvselect-Prefiller-Signature":        {"v1.1.AAAAAAAAAAA.AAAA"},
 		"Test-Epp-Endpoint-Selection":           {evil},
 		"X-Dynamo-Worker-Instance-Id":           {"7"},
 		"X-Gateway-Inference-Objective":         {"premium"},
@@ -66,7 +67,7 @@ func TestSpoofedRoutingHeadersAreRemovedAndIgnored(t *testing.T) {
 					require.Empty(t, got.Values(HeaderPrefiller))
 					require.Empty(t, d.Prefiller)
 				}
-				for _, hdr := range []string{SubsetKey, ServedKey, "x-gateway-destination-endpoint-scores",
+				for _, hdr := range []string{SubsetKey, ServedKey, "x-gateway-destination-endpoint-scores", HeaderPrefillerSignature,
 					"test-epp-endpoint-selection", "x-dynamo-worker-instance-id", "x-gateway-inference-objective"} {
 					require.Empty(t, got.Values(hdr), hdr)
 				}

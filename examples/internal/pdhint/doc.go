@@ -28,7 +28,8 @@
 //
 // # Concurrency
 //
-// Sign, Parse and NewNonce are pure functions (NewNonce reads crypto/rand). A
+// Sign, Parse and NewNonce are pure functions (NewNonce reads crypto/rand);
+// LoadKey, which reads the key setting both ends share, may read a file. A
 // Verifier is safe for concurrent use: its replay cache has its own mutex, and
 // Verify does the MAC check (constant time) before taking it. Nothing in the
 // package starts a goroutine.
