@@ -41,6 +41,7 @@ type config struct {
 	TotalKVBlocks     int
 	MaxBatched        int
 	PrefillMaxBatched int
+	LocalPrefillBelow int // conditional disaggregation threshold in tokens (0: off)
 	DecodeMaxBatched  int
 	MaxInflight       int
 	IndexerThreads    int
@@ -197,6 +198,7 @@ func (c *config) settings() []setting {
 		{env: "DYN_EPP_MAX_NUM_BATCHED_TOKENS", flag: "max-num-batched-tokens", def: "0", required: "when DYN_ROUTER_QUEUE_THRESHOLD is set", help: "engines' max_num_batched_tokens, the busy base of queueing", parse: intIn(&c.MaxBatched, 0, math.MaxInt32)},
 		{env: "DYN_EPP_PREFILL_MAX_NUM_BATCHED_TOKENS", flag: "prefill-max-num-batched-tokens", def: "0", help: "prefill workers' value (0: the shared one)", parse: intIn(&c.PrefillMaxBatched, 0, math.MaxInt32)},
 		{env: "DYN_EPP_DECODE_MAX_NUM_BATCHED_TOKENS", flag: "decode-max-num-batched-tokens", def: "0", help: "decode workers' value (0: the shared one)", parse: intIn(&c.DecodeMaxBatched, 0, math.MaxInt32)},
+		{env: "DYN_EPP_LOCAL_PREFILL_BELOW", flag: "local-prefill-below", def: "0", help: "conditional disaggregation (disaggregated mode): a request whose uncached prompt on its decode worker is at most this many tokens, or that meets a busy prefill pool, skips the prefill leg (0: off)", parse: intIn(&c.LocalPrefillBelow, 0, math.MaxInt32)},
 		{env: "DYN_EPP_MAX_INFLIGHT_REQUESTS", flag: "max-inflight", def: "1024", help: "concurrent picks; more are shed with 503", parse: intIn(&c.MaxInflight, 1, 1<<20)},
 		{env: "DYN_EPP_SELECTION_INDEXER_THREADS", flag: "indexer-threads", def: "4", help: "accepted for compatibility (each event source applies on its own goroutine)", parse: intIn(&c.IndexerThreads, 1, 1024)},
 		{env: "DYN_SECURE_SERVING", flag: "secure-serving", def: "true", help: "TLS with a self-signed certificate on the ext_proc port (false: plaintext h2c)", parse: boolean(&c.SecureServing)},

@@ -192,7 +192,7 @@ func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure fun
 		},
 	})
 	if err == nil {
-		e.pairs, err = roles.NewPairBooker(e.rs, roles.BookerOptions{})
+		e.pairs, err = roles.NewPairBooker(e.rs, roles.BookerOptions{LocalPrefillBelow: cfg.LocalPrefillBelow})
 	}
 	if err != nil {
 		e.close()
