@@ -1,6 +1,6 @@
 # kvselect developer targets. `make ci` is what .ci/run executes.
 GO ?= go
-PKGS ?= ./... ./examples/...
+PKGS ?= ./... ./examples/... ./replica/natsbus/...
 FUZZTIME ?= 10s
 BENCHCOUNT ?= 6
 

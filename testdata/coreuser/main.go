@@ -10,14 +10,17 @@ import (
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
 	"github.com/kvselect/kvselect/kvindex/kvevents"
+	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/httproute"
 	"github.com/kvselect/kvselect/tokenize"
 )
 
 func main() {
 	cfg := selection.DefaultConfig(16)
 	fmt.Println(cfg.Validate() == nil, catalog.Schedulable, kvindex.TierDevice, kvevents.DefaultQueueLen,
-		reservation.ErrUnknownReservation, roles.Prefill, tokenize.ErrBadRequest)
+		reservation.ErrUnknownReservation, roles.Prefill, tokenize.ErrBadRequest, replica.DefaultSubject,
+		httproute.HeaderSessionID)
 }

@@ -1,0 +1,143 @@
+package replica_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/replica"
+	"github.com/kvselect/kvselect/selection"
+)
+
+// discardBus takes every publish and answers nothing: the cost of sharing,
+// without a peer's.
+type discardBus struct{ bytes atomic.Int64 }
+
+func (d *discardBus) Publish(_ string, data []byte) error { d.bytes.Add(int64(len(data))); return nil }
+func (d *discardBus) Subscribe(string, func([]byte)) (func(), error) {
+	return func() {}, nil
+}
+
+func (d *discardBus) Request(context.Context, string, []byte) ([]byte, error) {
+	return nil, errNoResponders
+}
+
+func (d *discardBus) Respond(string, func([]byte) []byte) (func(), error) {
+	return func() {}, nil
+}
+
+// benchService builds a service with an event-fed index: 16 workers of
+// 16-token blocks, each holding 16 cached prompts of 2k tokens from 8 shared
+// system prompts, with obs (nil: none) as its observer.
+func benchService(b *testing.B, obs selection.BookingObserver) (*selection.SelectionService, [][]uint32) {
+	bld := selection.NewSelectionServiceBuilder(selection.DefaultConfig(16)).ExternalEvents().SweepInterval(-1).Rand(rand.NewPCG(1, 1))
+	if obs != nil {
+		bld = bld.Observe(obs)
+	}
+	s, err := bld.Build(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	r := rand.New(rand.NewPCG(5, 5))
+	system := make([][]uint32, 8)
+	for i := range system {
+		system[i] = make([]uint32, 1024)
+		for j := range system[i] {
+			system[i][j] = r.Uint32N(32000)
+		}
+	}
+	prompt := func(g, k int) []uint32 {
+		p := append([]uint32(nil), system[g]...)
+		rr := rand.New(rand.NewPCG(uint64(g), uint64(k)))
+		for len(p) < 2048 {
+			p = append(p, rr.Uint32N(32000))
+		}
+		return p
+	}
+	var prompts [][]uint32
+	for w := range 16 {
+		id := fmt.Sprintf("w%02d", w)
+		if _, err := s.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", w+1), DPSize: 1, BlockSize: 16, MaxNumBatchedTokens: 8192}); err != nil {
+			b.Fatal(err)
+		}
+		for k := range 16 {
+			p := prompt(k%8, w*16+k)
+			hs := make([]uint64, len(p)/16)
+			for i := range hs {
+				hs[i] = uint64(w*16+k)<<16 | uint64(i) + 1
+			}
+			if err := s.ApplyEvent(catalog.WorkerRank{Worker: id}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: p}); err != nil {
+				b.Fatal(err)
+			}
+			if k == 0 {
+				prompts = append(prompts, p)
+			}
+		}
+	}
+	for k := range 16 {
+		prompts = append(prompts, prompt(k%8, 1<<20+k))
+	}
+	return s, prompts
+}
+
+// BenchmarkSelectAndReserveReplicated is one request's booking and free of
+// 2k-token prompts with the service's observer off and on (a Replicator
+// publishing to a bus that discards): the request path's cost of sharing,
+// plus the publisher's encoding running beside it. Both services are built
+// and warmed before either is timed, so neither pays the process's warm-up.
+// cpu-ns/op is the process's CPU time per op, every goroutine counted: on a
+// shared machine it is steadier than the wall time.
+func BenchmarkSelectAndReserveReplicated(b *testing.B) {
+	off, prompts := benchService(b, nil)
+	bus := &discardBus{}
+	r, err := replica.New(replica.Options{Bus: bus, ID: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	on, _ := benchService(b, r)
+	if err := r.Start(on); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = r.Close() })
+	ids := make([]string, len(prompts))
+	for i := range ids {
+		ids[i] = fmt.Sprintf("req-%d", i)
+	}
+	ctx := context.Background()
+	once := func(tb testing.TB, s *selection.SelectionService, i int) {
+		k := i % len(prompts)
+		if _, err := s.SelectAndReserve(ctx, selection.Request{ReservationID: ids[k], Tokens: prompts[k]}); err != nil {
+			tb.Fatal(err)
+		}
+		if err := s.FreeReservation(ids[k]); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	for i := range 5000 {
+		once(b, off, i)
+		once(b, on, i)
+	}
+	run := func(s *selection.SelectionService) func(*testing.B) {
+		return func(b *testing.B) {
+			b.ReportAllocs()
+			cpu := cpuTime()
+			for i := 0; b.Loop(); i++ {
+				once(b, s, i)
+			}
+			if d := cpuTime() - cpu; d > 0 {
+				b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "cpu-ns/op")
+			}
+		}
+	}
+	b.Run("off", run(off))
+	b.Run("on", func(b *testing.B) {
+		before := bus.bytes.Load()
+		run(on)(b)
+		b.ReportMetric(float64(bus.bytes.Load()-before)/float64(b.N), "wire-B/op")
+	})
+}

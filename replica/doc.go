@@ -1,0 +1,140 @@
+// Package replica lets several replicas of one router (Endpoint Pickers that
+// route the same pool) carry the same active load: every replica shares the
+// bookings its SelectionService makes and books its peers' into its own, so
+// none of them sends a request to a worker the others have just filled.
+//
+// Only active load is shared: bookings and their settling calls
+// (PrefillComplete, RenewReservation, FreeReservation). Each replica builds
+// its KV index from the workers' own event streams, and each has its own
+// catalog; a peer's booking on a worker a replica does not know yet is not
+// applied there (see Refusals).
+//
+// A Replicator is a selection.BookingObserver. The observer must exist
+// before the service is built and the service before the Replicator can book
+// into it, hence three steps:
+//
+//	r, err := replica.New(replica.Options{Bus: bus})
+//	svc, err := selection.NewSelectionServiceBuilder(cfg).Observe(r).Build(ctx)
+//	err = r.Start(svc)
+//	defer r.Close() // before svc.Close
+//
+// The transport is a Bus (publish/subscribe plus request/reply);
+// package replica/natsbus, a module of its own, implements it over NATS.
+//
+// # Wire
+//
+// Every message starts with the magic "KVSR" and a version byte (WireVersion)
+// and is at most Options.MaxMessageBytes; integers are little-endian, uv is
+// an unsigned varint, str a uv length and its bytes (the full grammar is in
+// wire.go):
+//
+//	subject                  message   body
+//	<Subject>.ops            batch     flags (resync) | origin | epoch u64 | seq uv | ops
+//	<Subject>.snapshot.<ID>  request   requester | after (the page cursor: the last id received)
+//	                         page      flags (more) | origin | epoch u64 | seq uv | booked ops
+//
+//	op booked    id | model | worker | rank | seq hashes (u64 each) | private blocks |
+//	             prefill tokens | expected output tokens | lease ms | remaining lease ms
+//	op settled   id | settlement (prefill, renew, free)
+//
+// Every length and number is bounded (strings at 1 KiB, numbers at
+// math.MaxInt32, counts by the bytes left), and every decode error is one of
+// a few sentinels; the decoders are fuzzed.
+//
+// # Ordering
+//
+// A replica's batches carry its ID, its epoch (its start time in milliseconds
+// above 16 random bits, so a restarted replica is a new, larger epoch) and a
+// sequence number that grows by one per batch. One goroutine publishes, so
+// batches leave in sequence order, and the Bus keeps one publisher's order.
+// A heartbeat is a batch without ops carrying the last sequence number; it
+// goes every HeartbeatInterval.
+//
+// A receiver follows each peer (origin, epoch):
+//
+//   - the next batch (last+1) is applied: BookRemote and SettleRemote into the
+//     service, in order;
+//   - a heartbeat or batch at or below last changes nothing;
+//   - a gap (a batch beyond last+1, a heartbeat beyond last, an unknown peer
+//     whose stream is past its start) or a batch flagged resync starts a
+//     snapshot of that peer;
+//   - a larger epoch means the peer restarted: its old bookings are freed and
+//     the new epoch is followed from its start; a smaller one is ignored.
+//
+// A snapshot is requested on the peer's snapshot subject, in pages of at most
+// MaxMessageBytes, each answering "my live bookings with ids after this
+// cursor, in id order". The first page carries the sequence number S it is
+// consistent with, read before its ids are collected: whatever it does not
+// show is in a batch after S. The taker frees every booking it held of the
+// peer, books the pages' entries with their remaining lease (prefill tokens
+// left out once prefilled), and meanwhile buffers the peer's batches. When
+// the last page is in, the buffered batches after S are applied in order;
+// a hole among them, or a sequence number heard and never applied, starts
+// another snapshot at once. A failed request is retried every
+// HeartbeatInterval while the peer is heard from.
+//
+// Replaying a batch over a snapshot that already shows its effect is
+// harmless, because ops are idempotent on the receiver: a booking already
+// held is not booked twice (Stats.Duplicates), a settling call on a booking
+// not held is ignored, a second prefill is a no-op and a renewal only extends.
+// That is what lets a snapshot be taken while the peer keeps booking, and be
+// paged.
+//
+// # Silence, leases and partitions
+//
+// A peer with no message for PeerTimeout has all its bookings freed, at most
+// one HeartbeatInterval later (so within PeerTimeout + HeartbeatInterval of
+// its last message). Every remote booking also carries its lease: it
+// expires by itself if its Free never arrives.
+//
+// When the Bus reports its connection lost (ConnWatcher), the replica keeps
+// routing on its own bookings and on what it holds of its peers, and reports
+// itself degraded (Stats.Degraded, a WARN line). When the connection is
+// back, it asks every peer for a snapshot and flags its next batch resync so
+// that every peer takes one of it. A partition longer than PeerTimeout
+// drops peers on both sides; they rejoin as unknown peers with a stream
+// past its start, which is a gap.
+//
+// # Refusals and bounds
+//
+// Peers' ops that cannot be applied are counted by reason (Stats.Refused),
+// never retried: a booking on a worker this service does not know yet
+// (discovery behind) stays unapplied until the next snapshot of that peer,
+// and its settling calls are ignored. The request path never waits for the
+// bus: Booked and Settled copy the op into a pending buffer of at most
+// PendingMax ops; when the publisher cannot keep up, further ops are dropped
+// from the stream (Stats.Overflow, one WARN per episode) but kept in the
+// local table, and the next batch asks the peers for a snapshot, which
+// carries them. A replica follows at most MaxPeers peers and buffers a
+// bounded tail while it takes a snapshot.
+//
+// # Concurrency
+//
+// A Replicator is safe for concurrent use. Booked and Settled (on the
+// service's request path) take one short lock: Booked copies the booking's
+// hashes once, into its entry of the live-booking table (entries are reused),
+// and both queue an op in a reused buffer, so neither allocates in the steady
+// state. An entry freed before its op is published is reused only after the
+// flush that publishes it. A snapshot page is encoded under the same lock
+// (at most MaxMessageBytes). Start begins three goroutines, all stopped and
+// waited for by Close:
+//
+//	publisher         batches (BatchInterval, BatchMax), heartbeats, the final flush
+//	watchdog          every HeartbeatInterval: silent peers, snapshot retries, expired leases
+//	snapshot taker    one snapshot at a time, each request bounded by SnapshotTimeout
+//
+// Bus callbacks (batches, snapshot requests, connection changes) run on the
+// Bus's goroutines; they are admitted only until Close begins, and Close
+// waits for those running. The peers' state has its own lock, separate from
+// the request path's; neither is held while the other is taken.
+//
+// # Invariants
+//
+//   - What a replica holds of a peer is the peer's live bookings as of some
+//     batch of the peer's stream, less the refused ones; after a snapshot and
+//     once the stream is quiet, exactly the peer's live bookings.
+//   - A remote booking is freed when its origin frees it, when its lease
+//     passes, when its origin is silent for PeerTimeout, restarts, or is
+//     snapshotted without it, and when the Replicator closes.
+//   - A replica never applies its own batches, nor a peer's batch twice.
+package replica

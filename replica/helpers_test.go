@@ -1,0 +1,113 @@
+package replica_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/replica"
+	"github.com/kvselect/kvselect/selection"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// node is one replica under test: its service and its Replicator.
+type node struct {
+	svc *selection.SelectionService
+	r   *replica.Replicator
+	bus *member
+}
+
+var testWorkers = []string{"w1", "w2", "w3", "w4"}
+
+// newNode builds a service (approximate mode, 16-token blocks, the test
+// workers) with a Replicator on hub, started. mod edits the options.
+func newNode(t testing.TB, h *hub, id string, mod func(*replica.Options)) *node {
+	t.Helper()
+	n := &node{bus: h.member()}
+	o := replica.Options{Bus: n.bus, ID: id, HeartbeatInterval: 50 * time.Millisecond}
+	if mod != nil {
+		mod(&o)
+	}
+	r, err := replica.New(o)
+	require.NoError(t, err)
+	cfg := selection.DefaultConfig(16)
+	cfg.UseKVEvents = false
+	svc, err := selection.NewSelectionServiceBuilder(cfg).Observe(r).Build(context.Background())
+	require.NoError(t, err)
+	for i, w := range testWorkers {
+		_, err := svc.UpsertWorker(catalog.Worker{ID: w, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1, MaxNumBatchedTokens: 8192})
+		require.NoError(t, err)
+	}
+	require.NoError(t, r.Start(svc))
+	n.svc, n.r = svc, r
+	t.Cleanup(n.close)
+	return n
+}
+
+func (n *node) close() {
+	_ = n.r.Close()
+	_ = n.svc.Close()
+}
+
+// book books a request of blocks full blocks (random tokens) and returns its
+// id.
+func (n *node) book(t testing.TB, rng *rand.Rand, blocks int) string {
+	t.Helper()
+	toks := make([]uint32, blocks*16+3)
+	for i := range toks {
+		toks[i] = rng.Uint32N(32000)
+	}
+	res, err := n.svc.SelectAndReserve(context.Background(), selection.Request{Tokens: toks})
+	require.NoError(t, err)
+	return res.ReservationID
+}
+
+// views reports how the nodes' views differ, "" when they agree entry by
+// entry: every node's loads are the same, and every node holds exactly each
+// peer's live local bookings.
+func views(nodes ...*node) string {
+	want := nodes[0].svc.Loads("")
+	for _, n := range nodes[1:] {
+		if got := n.svc.Loads(""); !slices.Equal(got, want) {
+			return fmt.Sprintf("loads of %s %v, of %s %v", nodes[0].r.ID(), want, n.r.ID(), got)
+		}
+	}
+	for _, a := range nodes {
+		local := a.r.LocalIDs()
+		for _, b := range nodes {
+			if a == b {
+				continue
+			}
+			if got := b.r.RemoteIDs(a.r.ID()); !slices.Equal(got, local) && !(len(got) == 0 && len(local) == 0) {
+				return fmt.Sprintf("%s holds %d bookings of %s, which has %d", b.r.ID(), len(got), a.r.ID(), len(local))
+			}
+		}
+	}
+	return ""
+}
+
+// requireConverged waits until the nodes' views agree (see views).
+func requireConverged(t testing.TB, nodes ...*node) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Empty(c, views(nodes...))
+	}, 5*time.Second, 2*time.Millisecond)
+}
+
+// activeRequests sums the active requests of every worker of n's service.
+func activeRequests(n *node) int {
+	s := 0
+	for _, l := range n.svc.Loads("") {
+		s += l.ActiveRequests
+	}
+	return s
+}

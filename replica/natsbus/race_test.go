@@ -1,0 +1,5 @@
+//go:build race
+
+package natsbus_test
+
+const raceEnabled = true

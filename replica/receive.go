@@ -1,0 +1,587 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/kvselect/kvselect/selection"
+)
+
+// Bounds of what a replica holds for its peers.
+const (
+	// MaxPeers bounds the peers one replica follows; messages of further
+	// origins are refused (Stats.Refused["too_many_peers"]).
+	MaxPeers = 1024
+	// maxTail bounds the batches buffered while a peer's snapshot is taken
+	// (and their bytes, at 8 x MaxMessageBytes); beyond it the snapshot is
+	// taken again.
+	maxTail = 1024
+	// maxSnapshotEntries bounds one peer's snapshot.
+	maxSnapshotEntries = 1 << 20
+)
+
+// peer is what this replica holds of one other replica. Guarded by pmu.
+type peer struct {
+	origin string
+	epoch  uint64
+	last   uint64 // the last batch applied
+	seen   uint64 // the highest sequence number heard in this epoch
+	heard  int64  // Now's UnixNano of the last message
+	ids    map[string]remote
+
+	syncing  bool
+	queued   bool   // in syncQ
+	gen      uint64 // bumped to abandon a snapshot in flight
+	retryAt  int64  // after a failed snapshot: when the watchdog asks again
+	snapSeq  uint64
+	tail     [][]byte // raw batches received while syncing
+	tailSize int
+	tailLost uint64 // the highest sequence number dropped from the tail
+}
+
+// remote is one of the peer's bookings booked into the service.
+type remote struct {
+	deadline int64
+	lease    time.Duration
+}
+
+// Peer is what a replica holds of one peer (Replicator.Peers).
+type Peer struct {
+	ID    string
+	Epoch uint64
+	// Seq is the last batch applied.
+	Seq uint64
+	// Syncing is true while a snapshot of the peer is being taken (or
+	// retried).
+	Syncing bool
+	// Bookings counts the peer's bookings held in the service.
+	Bookings int
+	// LastHeard is when the peer's last message arrived (Options.Now).
+	LastHeard time.Time
+}
+
+// onBatch is the subscription callback of the booking stream.
+func (r *Replicator) onBatch(data []byte) {
+	if !r.enter() {
+		return
+	}
+	defer r.leave()
+	r.pmu.Lock()
+	defer r.pmu.Unlock()
+	b := &r.rx
+	if err := decodeBatch(data, r.o.MaxMessageBytes, b); err != nil {
+		r.refuse(reasonMalformed)
+		r.warn("malformed", "replica: undecodable message on the booking stream", "err", err, "bytes", len(data))
+		return
+	}
+	if b.origin == r.o.ID {
+		if b.epoch != r.epoch {
+			r.st.idClashes.Add(1)
+			r.warn("clash", "replica: another replica publishes with this replica's ID; give each replica its own",
+				"their_epoch", b.epoch)
+		}
+		return
+	}
+	r.st.received.Add(1)
+	now := r.o.Now().UnixNano()
+	p := r.peers[b.origin]
+	if p != nil && b.epoch < p.epoch {
+		r.refuse(reasonStaleEpoch)
+		return
+	}
+	if p != nil && b.epoch > p.epoch {
+		r.log.Info("replica: peer restarted", "peer", p.origin, "epoch", b.epoch, "bookings_dropped", len(p.ids))
+		r.removePeerLocked(p)
+		p = nil
+	}
+	if p == nil {
+		if len(r.peers) >= MaxPeers {
+			r.refuse(reasonTooManyPeers)
+			return
+		}
+		p = &peer{origin: b.origin, epoch: b.epoch, ids: map[string]remote{}}
+		r.peers[b.origin] = p
+		r.log.Info("replica: peer joined", "peer", p.origin, "epoch", p.epoch, "seq", b.seq)
+	}
+	p.heard = now
+	p.seen = max(p.seen, b.seq)
+	switch {
+	case p.syncing:
+		r.bufferLocked(p, b, data)
+	case b.flags&flagResync != 0:
+		r.st.resyncs.Add(1)
+		r.startSyncLocked(p, "resync asked")
+		r.bufferLocked(p, b, data)
+	case b.seq <= p.last:
+		// A heartbeat, or a batch already covered.
+	case len(b.ops) == 0 || b.seq != p.last+1:
+		r.st.gaps.Add(1)
+		r.startSyncLocked(p, fmt.Sprintf("gap: have %d, got %d", p.last, b.seq))
+		r.bufferLocked(p, b, data)
+	default:
+		r.applyLocked(p, b.ops, now)
+		p.last = b.seq
+	}
+}
+
+// bufferLocked keeps a copy of a batch received while p is synchronising.
+func (r *Replicator) bufferLocked(p *peer, b *wireBatch, data []byte) {
+	if len(b.ops) == 0 {
+		return // a heartbeat: p.seen has its sequence number
+	}
+	if len(p.tail) >= maxTail || p.tailSize+len(data) > 8*r.o.MaxMessageBytes {
+		p.tailLost = max(p.tailLost, b.seq)
+		return
+	}
+	p.tail = append(p.tail, append([]byte(nil), data...))
+	p.tailSize += len(data)
+}
+
+// applyLocked books and settles a peer's ops in the service.
+func (r *Replicator) applyLocked(p *peer, ops []wireOp, now int64) {
+	for i := range ops {
+		o := &ops[i]
+		r.st.applied.Add(1)
+		if o.kind == opBooked {
+			r.bookLocked(p, o, now)
+			continue
+		}
+		if _, held := p.ids[o.id]; !held {
+			r.refuse(reasonUnknown)
+			continue
+		}
+		err := r.svc.SettleRemote(p.origin, o.id, o.how)
+		switch {
+		case err == nil && o.how == selection.SettleFree:
+			delete(p.ids, o.id)
+		case err == nil && o.how == selection.SettleRenew:
+			h := p.ids[o.id]
+			h.deadline = max(h.deadline, now+int64(h.lease))
+			p.ids[o.id] = h
+		case err == nil:
+		case errors.Is(err, selection.ErrUnknownReservation): // expired here first
+			delete(p.ids, o.id)
+			r.refuse(reasonUnknown)
+		default:
+			r.refuse(reasonInvalid)
+		}
+	}
+}
+
+// bookLocked books one of p's bookings (from the stream or a snapshot) with
+// its remaining lease.
+func (r *Replicator) bookLocked(p *peer, o *wireOp, now int64) {
+	lease := time.Duration(o.remainingMS) * time.Millisecond
+	if lease <= 0 {
+		r.refuse(reasonExpired)
+		return
+	}
+	err := r.svc.BookRemote(p.origin, selection.BookingEvent{
+		ID: o.id, Model: o.model, Worker: o.worker, SeqHashes: o.hashes, PrivateBlocks: o.private,
+		PrefillTokens: o.prefill, ExpectedOutputTokens: o.expected, Lease: lease,
+	})
+	switch {
+	case err == nil:
+		p.ids[o.id] = remote{deadline: now + int64(lease), lease: lease}
+	case errors.Is(err, selection.ErrConflict):
+		// Held already: a batch replayed over the snapshot that covers it.
+		r.st.duplicates.Add(1)
+		if _, ok := p.ids[o.id]; !ok {
+			p.ids[o.id] = remote{deadline: now + int64(lease), lease: lease}
+		}
+	case errors.Is(err, selection.ErrNotFound):
+		r.refuse(reasonNotFound)
+	case errors.Is(err, selection.ErrClosed):
+		r.refuse(reasonClosed)
+	default:
+		r.refuse(reasonInvalid)
+	}
+}
+
+// dropViewLocked frees every booking of p held in the service.
+func (r *Replicator) dropViewLocked(p *peer) {
+	for id := range p.ids {
+		_ = r.svc.SettleRemote(p.origin, id, selection.SettleFree)
+	}
+	clear(p.ids)
+}
+
+// removePeerLocked forgets p and frees its bookings.
+func (r *Replicator) removePeerLocked(p *peer) {
+	r.dropViewLocked(p)
+	p.gen++
+	delete(r.peers, p.origin)
+}
+
+// startSyncLocked marks p as synchronising and queues a snapshot of it: from
+// now on its batches are buffered until the snapshot is in.
+func (r *Replicator) startSyncLocked(p *peer, why string) {
+	if p.syncing {
+		return
+	}
+	r.limited(slog.LevelInfo, "sync:"+p.origin, "replica: taking a snapshot of a peer", "peer", p.origin, "why", why)
+	p.syncing = true
+	r.resetSyncLocked(p)
+	r.enqueueLocked(p)
+}
+
+// resetSyncLocked abandons any snapshot of p in flight and its buffered tail.
+func (r *Replicator) resetSyncLocked(p *peer) {
+	p.gen++
+	p.tail, p.tailSize, p.tailLost, p.retryAt = nil, 0, 0, 0
+}
+
+func (r *Replicator) enqueueLocked(p *peer) {
+	if p.queued {
+		return
+	}
+	p.queued = true
+	r.syncQ = append(r.syncQ, p.origin)
+	select {
+	case r.syncKick <- struct{}{}:
+	default:
+	}
+}
+
+// syncLoop is the goroutine that takes snapshots, one peer at a time.
+func (r *Replicator) syncLoop() {
+	defer r.wg.Done()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-r.syncKick:
+		}
+		for r.ctx.Err() == nil {
+			r.pmu.Lock()
+			if len(r.syncQ) == 0 {
+				r.pmu.Unlock()
+				break
+			}
+			origin := r.syncQ[0]
+			r.syncQ = slices.Delete(r.syncQ, 0, 1)
+			p := r.peers[origin]
+			var gen uint64
+			ok := p != nil && p.syncing
+			if p != nil {
+				p.queued = false
+				gen = p.gen
+			}
+			r.pmu.Unlock()
+			if ok {
+				r.syncPeer(p, gen)
+			}
+		}
+	}
+}
+
+// syncPeer takes a snapshot of p, page by page, and replaces p's view with
+// it (see the package doc).
+func (r *Replicator) syncPeer(p *peer, gen uint64) {
+	subject := r.snapSubject(p.origin)
+	var page snapPage
+	after, first, epoch, entries := "", true, uint64(0), 0
+	for {
+		ctx, cancel := context.WithTimeout(r.ctx, r.o.SnapshotTimeout)
+		resp, err := r.o.Bus.Request(ctx, subject, appendRequest(nil, r.o.ID, after))
+		cancel()
+		if err == nil {
+			err = r.checkPage(resp, &page, p.origin, after, first, epoch)
+		}
+		entries += len(page.entries)
+		if err == nil && entries > maxSnapshotEntries {
+			err = fmt.Errorf("%w: more than %d entries", errField, maxSnapshotEntries)
+		}
+		r.pmu.Lock()
+		if r.peers[p.origin] != p || p.gen != gen || r.ctx.Err() != nil {
+			r.pmu.Unlock()
+			return // superseded: the peer restarted, was dropped, or we close
+		}
+		now := r.o.Now().UnixNano()
+		if err == nil && first && page.epoch < p.epoch {
+			err = fmt.Errorf("%w: snapshot of epoch %d, following %d", errField, page.epoch, p.epoch)
+		}
+		if err != nil {
+			r.st.snapshotFailures.Add(1)
+			r.warn("snapshot:"+p.origin, "replica: snapshot failed; retrying", "peer", p.origin, "err", err)
+			r.resetSyncLocked(p)
+			p.retryAt = now + int64(r.o.HeartbeatInterval)
+			r.pmu.Unlock()
+			return
+		}
+		if first {
+			if page.epoch > p.epoch {
+				p.epoch, p.last, p.seen = page.epoch, 0, 0 // restarted: its new stream follows
+			}
+			r.dropViewLocked(p)
+			p.snapSeq = page.seq
+			epoch, first = page.epoch, false
+		}
+		for i := range page.entries {
+			r.bookLocked(p, &page.entries[i], now)
+		}
+		if !page.more {
+			r.finishSyncLocked(p, now)
+			r.pmu.Unlock()
+			return
+		}
+		r.pmu.Unlock()
+		after = page.entries[len(page.entries)-1].id
+	}
+}
+
+// checkPage decodes one snapshot page and checks it continues the snapshot:
+// its origin, its epoch after the first page, ids ascending after the cursor.
+func (r *Replicator) checkPage(resp []byte, page *snapPage, origin, after string, first bool, epoch uint64) error {
+	if err := decodePage(resp, r.o.MaxMessageBytes, page); err != nil {
+		return err
+	}
+	switch {
+	case page.origin != origin:
+		return fmt.Errorf("%w: page of %q", errField, page.origin)
+	case !first && page.epoch != epoch:
+		return fmt.Errorf("%w: the peer restarted during the snapshot", errField)
+	case page.more && len(page.entries) == 0:
+		return fmt.Errorf("%w: an empty page with more to come", errField)
+	}
+	prev := after
+	for i := range page.entries {
+		id := page.entries[i].id
+		if id <= prev {
+			return fmt.Errorf("%w: page ids out of order", errField)
+		}
+		prev = id
+	}
+	return nil
+}
+
+// finishSyncLocked replays the batches buffered during p's snapshot that
+// follow it. A hole among them (or one heard of and lost) starts a new
+// snapshot at once.
+func (r *Replicator) finishSyncLocked(p *peer, now int64) {
+	last := p.snapSeq
+	hole := p.tailLost > last
+	for _, raw := range p.tail {
+		if hole {
+			break
+		}
+		b := &r.tailRx
+		if decodeBatch(raw, r.o.MaxMessageBytes, b) != nil || b.epoch != p.epoch || b.seq <= last {
+			continue
+		}
+		if b.seq != last+1 {
+			hole = true
+			break
+		}
+		r.applyLocked(p, b.ops, now)
+		last = b.seq
+	}
+	p.last = last
+	if hole || p.seen > last {
+		r.st.gaps.Add(1)
+		r.resetSyncLocked(p)
+		r.enqueueLocked(p)
+		return
+	}
+	p.syncing = false
+	p.tail, p.tailSize = nil, 0
+	r.st.snapshotsTaken.Add(1)
+	r.log.Debug("replica: snapshot applied", "peer", p.origin, "seq", last, "bookings", len(p.ids))
+}
+
+// serveSnapshot answers a peer's snapshot request with one page of the live
+// local bookings whose ids follow the request's cursor, in id order.
+//
+// The page's sequence number is read before its ids are collected, under the
+// lock that queues ops: every op the page does not show is in a batch with a
+// larger number, which the taker replays over the snapshot (ops are
+// idempotent there, see the package doc).
+func (r *Replicator) serveSnapshot(req []byte) []byte {
+	if !r.enter() {
+		return nil
+	}
+	defer r.leave()
+	q, err := decodeRequest(req, r.o.MaxMessageBytes)
+	if err != nil {
+		r.refuse(reasonMalformed)
+		r.warn("malformed", "replica: undecodable snapshot request", "err", err)
+		return nil
+	}
+	now := r.o.Now().UnixNano()
+	r.mu.Lock()
+	seq := r.seq.Load()
+	ids := make([]string, 0, len(r.mu.local))
+	for id, e := range r.mu.local {
+		if id > q.after && e.deadline > now {
+			ids = append(ids, id)
+		}
+	}
+	r.mu.Unlock()
+	slices.Sort(ids)
+
+	limit := r.o.MaxMessageBytes - headerReserve
+	body := make([]byte, 0, min(limit, 64<<10))
+	count, more := 0, false
+	r.mu.Lock()
+	for _, id := range ids {
+		e := r.mu.local[id]
+		if e == nil || e.deadline <= now {
+			continue
+		}
+		b := booked{
+			id: id, model: e.model, worker: e.worker, hashes: e.hashes, private: e.private, expected: e.expected,
+			leaseMS: int64(e.lease / time.Millisecond), remainingMS: (e.deadline - now + int64(time.Millisecond) - 1) / int64(time.Millisecond),
+		}
+		if !e.prefilled {
+			b.prefill = e.prefill
+		}
+		b.remainingMS = min(b.remainingMS, maxNumber)
+		if len(body)+b.size() > limit {
+			more = true
+			break
+		}
+		body = appendBooked(body, &b)
+		count++
+	}
+	r.mu.Unlock()
+	if q.after == "" {
+		r.st.snapshotsServed.Add(1)
+	}
+	r.st.pagesServed.Add(1)
+	out := appendPageHeader(make([]byte, 0, len(body)+headerReserve), more, r.o.ID, r.epoch, seq, count)
+	return append(out, body...)
+}
+
+// watchLoop is the goroutine that drops silent peers, retries failed
+// snapshots and prunes expired bookings, every HeartbeatInterval.
+func (r *Replicator) watchLoop() {
+	defer r.wg.Done()
+	t := time.NewTicker(r.o.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+			r.checkPeers()
+			r.pruneLocal()
+		}
+	}
+}
+
+// checkPeers drops every peer silent for PeerTimeout, asks again for failed
+// snapshots and frees remote bookings whose lease has passed.
+func (r *Replicator) checkPeers() {
+	now := r.o.Now().UnixNano()
+	r.pmu.Lock()
+	defer r.pmu.Unlock()
+	for _, p := range r.peers {
+		if now-p.heard > int64(r.o.PeerTimeout) {
+			r.st.droppedPeers.Add(1)
+			r.log.Warn("replica: peer silent, its bookings dropped", "peer", p.origin,
+				"silent_for", time.Duration(now-p.heard), "bookings", len(p.ids))
+			r.removePeerLocked(p)
+			continue
+		}
+		if p.syncing && !p.queued && p.retryAt != 0 && now >= p.retryAt {
+			p.retryAt = 0
+			r.enqueueLocked(p)
+		}
+		for id, h := range p.ids {
+			if h.deadline <= now {
+				_ = r.svc.SettleRemote(p.origin, id, selection.SettleFree)
+				delete(p.ids, id)
+			}
+		}
+	}
+}
+
+// pruneLocal forgets local bookings whose lease has passed: the service has
+// expired them (it tells no observer), and snapshots no longer send them.
+func (r *Replicator) pruneLocal() {
+	now := r.o.Now().UnixNano()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, e := range r.mu.local {
+		if e.deadline <= now {
+			delete(r.mu.local, id)
+			r.retireLocked(e)
+		}
+	}
+}
+
+// connChanged follows the bus connection (ConnWatcher).
+func (r *Replicator) connChanged(up bool) {
+	if !r.enter() {
+		return
+	}
+	defer r.leave()
+	if !up {
+		if r.degraded.CompareAndSwap(false, true) {
+			r.st.disconnects.Add(1)
+			r.log.Warn("replica: bus disconnected; routing on local bookings and what peers sent so far (degraded)")
+		}
+		return
+	}
+	if !r.degraded.CompareAndSwap(true, false) {
+		return
+	}
+	r.log.Info("replica: bus reconnected; resynchronising with every peer")
+	r.resync.Store(true)
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+	r.pmu.Lock()
+	for _, p := range r.peers {
+		if p.syncing {
+			p.retryAt = 0
+			r.enqueueLocked(p)
+		} else {
+			r.startSyncLocked(p, "reconnected")
+		}
+	}
+	r.pmu.Unlock()
+}
+
+// Peers returns what this replica holds of each peer, sorted by ID.
+func (r *Replicator) Peers() []Peer {
+	r.pmu.Lock()
+	out := make([]Peer, 0, len(r.peers))
+	for _, p := range r.peers {
+		out = append(out, Peer{ID: p.origin, Epoch: p.epoch, Seq: p.last, Syncing: p.syncing, Bookings: len(p.ids),
+			LastHeard: time.Unix(0, p.heard)})
+	}
+	r.pmu.Unlock()
+	slices.SortFunc(out, func(a, b Peer) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// RemoteIDs returns the ids of origin's bookings held in the service, sorted
+// (nil for an unknown peer).
+func (r *Replicator) RemoteIDs(origin string) []string {
+	r.pmu.Lock()
+	p := r.peers[origin]
+	var ids []string
+	if p != nil {
+		ids = make([]string, 0, len(p.ids))
+		for id := range p.ids {
+			ids = append(ids, id)
+		}
+	}
+	r.pmu.Unlock()
+	slices.Sort(ids)
+	return ids
+}

@@ -1,0 +1,464 @@
+package replica
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"math/bits"
+	"slices"
+	"unsafe"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/selection"
+)
+
+// WireVersion is the format version a Replicator writes and the only one it
+// reads.
+const WireVersion = 1
+
+// The format, version 1. Integers are little-endian; uv is an unsigned LEB128
+// varint (encoding/binary's Uvarint), str a uv length and that many bytes.
+//
+//	message  magic "KVSR" | version u8 | type u8 | body
+//	batch    type 1: flags u8 (bit 0 resync) | origin str | epoch u64 | seq uv | count uv | count x op
+//	op       kind u8 | id str | then by kind:
+//	           1 booked:  model str | worker str | rank uv | hashes: count uv, count x u64 |
+//	                      private blocks uv | prefill tokens uv | expected output uv |
+//	                      lease ms uv | remaining lease ms uv
+//	           2 settled: settlement u8 (1 prefill, 2 renew, 3 free)
+//	request  type 2: requester str | after str
+//	page     type 3: flags u8 (bit 0 more) | origin str | epoch u64 | seq uv | count uv | count x booked op
+//
+// Bounds checked by every decode: the whole message is at most the
+// receiver's MaxMessageBytes; origin and requester are valid replica IDs; id,
+// model, worker and after are at most maxStr bytes, id and worker non-empty;
+// rank, private blocks, prefill and expected tokens and both leases at most
+// math.MaxInt32; counts at most what the remaining bytes can hold; no byte
+// after the body. A heartbeat is a batch with no ops.
+const (
+	wireMagic = "KVSR"
+
+	msgBatch   = 1
+	msgRequest = 2
+	msgPage    = 3
+
+	opBooked  = 1
+	opSettled = 2
+
+	flagResync = 1 << 0 // batch: take a snapshot of me
+	flagMore   = 1 << 0 // page: ask again after the last entry
+
+	maxStr    = 1024
+	maxNumber = math.MaxInt32
+
+	// headerReserve covers a batch or page header (magic, version, type,
+	// flags, origin, epoch, seq, count) with room to spare.
+	headerReserve = 128
+	minSettledOp  = 4 // kind, id length, one id byte, settlement
+	minBookedOp   = 1 + 2 + 1 + 2 + 1 + 1 + 5
+)
+
+// Decode errors. Every error of a decode wraps exactly one of them.
+var (
+	errTooLarge  = errors.New("replica: message exceeds MaxMessageBytes")
+	errMagic     = errors.New("replica: not a replica message")
+	errVersion   = errors.New("replica: unsupported wire version")
+	errType      = errors.New("replica: unexpected message type")
+	errTruncated = errors.New("replica: truncated message")
+	errTrailing  = errors.New("replica: bytes after the message")
+	errField     = errors.New("replica: field out of range")
+)
+
+// wireOp is one decoded operation.
+type wireOp struct {
+	kind        byte
+	how         selection.Settlement
+	id          string
+	model       string
+	worker      catalog.WorkerRank
+	hashes      []uint64 // into the decoder's flat buffer
+	hoff, hn    int      // where hashes are in it
+	private     int
+	prefill     int
+	expected    int
+	leaseMS     int64
+	remainingMS int64
+}
+
+// wireBatch is a decoded batch, reused across decodes.
+type wireBatch struct {
+	flags  byte
+	origin string
+	epoch  uint64
+	seq    uint64
+	ops    []wireOp
+	flat   []uint64
+}
+
+// snapRequest is a decoded snapshot request.
+type snapRequest struct {
+	requester string
+	after     string
+}
+
+// snapPage is a decoded snapshot page.
+type snapPage struct {
+	more    bool
+	origin  string
+	epoch   uint64
+	seq     uint64
+	entries []wireOp
+	flat    []uint64
+}
+
+// --- encoding -------------------------------------------------------------
+
+func uvLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
+
+func strLen(s string) int { return uvLen(uint64(len(s))) + len(s) }
+
+func appendStr(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+func appendHeader(dst []byte, typ byte) []byte {
+	dst = append(dst, wireMagic...)
+	return append(dst, WireVersion, typ)
+}
+
+// appendBatchHeader starts a batch of count ops.
+func appendBatchHeader(dst []byte, flags byte, origin string, epoch, seq uint64, count int) []byte {
+	dst = appendHeader(dst, msgBatch)
+	dst = append(dst, flags)
+	dst = appendStr(dst, origin)
+	dst = binary.LittleEndian.AppendUint64(dst, epoch)
+	dst = binary.AppendUvarint(dst, seq)
+	return binary.AppendUvarint(dst, uint64(count))
+}
+
+// booked is the content of a booked op, as the encoder takes it.
+type booked struct {
+	id, model   string
+	worker      catalog.WorkerRank
+	hashes      []uint64
+	private     int
+	prefill     int
+	expected    int
+	leaseMS     int64
+	remainingMS int64
+}
+
+func (b *booked) size() int {
+	return 1 + strLen(b.id) + strLen(b.model) + strLen(b.worker.Worker) + uvLen(uint64(b.worker.Rank)) +
+		uvLen(uint64(len(b.hashes))) + 8*len(b.hashes) + uvLen(uint64(b.private)) + uvLen(uint64(b.prefill)) +
+		uvLen(uint64(b.expected)) + uvLen(uint64(b.leaseMS)) + uvLen(uint64(b.remainingMS))
+}
+
+// sendable reports whether every field of b is within the decoder's bounds.
+func (b *booked) sendable() bool {
+	return b.id != "" && len(b.id) <= maxStr && len(b.model) <= maxStr && b.worker.Worker != "" &&
+		len(b.worker.Worker) <= maxStr && inNumber(b.worker.Rank) && inNumber(b.private) &&
+		inNumber(b.prefill) && inNumber(b.expected) && b.leaseMS >= 0 && b.leaseMS <= maxNumber &&
+		b.remainingMS >= 0 && b.remainingMS <= maxNumber
+}
+
+func inNumber(n int) bool { return n >= 0 && n <= maxNumber }
+
+func appendBooked(dst []byte, b *booked) []byte {
+	dst = append(dst, opBooked)
+	dst = appendStr(dst, b.id)
+	dst = appendStr(dst, b.model)
+	dst = appendStr(dst, b.worker.Worker)
+	dst = binary.AppendUvarint(dst, uint64(b.worker.Rank))
+	dst = binary.AppendUvarint(dst, uint64(len(b.hashes)))
+	dst = appendHashes(dst, b.hashes)
+	dst = binary.AppendUvarint(dst, uint64(b.private))
+	dst = binary.AppendUvarint(dst, uint64(b.prefill))
+	dst = binary.AppendUvarint(dst, uint64(b.expected))
+	dst = binary.AppendUvarint(dst, uint64(b.leaseMS))
+	return binary.AppendUvarint(dst, uint64(b.remainingMS))
+}
+
+// littleEndian is true when uint64 values are laid out little-endian in
+// memory, so hashes are copied to and from the wire as bytes.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+func appendHashes(dst []byte, hs []uint64) []byte {
+	if len(hs) == 0 {
+		return dst
+	}
+	if littleEndian {
+		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&hs[0])), 8*len(hs))...)
+	}
+	n := len(dst)
+	dst = slices.Grow(dst, 8*len(hs))[:n+8*len(hs)]
+	for i, h := range hs {
+		binary.LittleEndian.PutUint64(dst[n+8*i:], h)
+	}
+	return dst
+}
+
+func settledSize(id string) int { return 1 + strLen(id) + 1 }
+
+func appendSettled(dst []byte, id string, how selection.Settlement) []byte {
+	dst = append(dst, opSettled)
+	dst = appendStr(dst, id)
+	return append(dst, byte(how))
+}
+
+func appendRequest(dst []byte, requester, after string) []byte {
+	dst = appendHeader(dst, msgRequest)
+	dst = appendStr(dst, requester)
+	return appendStr(dst, after)
+}
+
+func appendPageHeader(dst []byte, more bool, origin string, epoch, seq uint64, count int) []byte {
+	dst = appendHeader(dst, msgPage)
+	var flags byte
+	if more {
+		flags |= flagMore
+	}
+	dst = append(dst, flags)
+	dst = appendStr(dst, origin)
+	dst = binary.LittleEndian.AppendUint64(dst, epoch)
+	dst = binary.AppendUvarint(dst, seq)
+	return binary.AppendUvarint(dst, uint64(count))
+}
+
+// --- decoding -------------------------------------------------------------
+
+// reader consumes a message; the first error sticks.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) fail(err error) {
+	if r.err == nil {
+		r.err = err
+	}
+	r.b = nil
+}
+
+func (r *reader) u8() byte {
+	if len(r.b) < 1 {
+		r.fail(errTruncated)
+		return 0
+	}
+	v := r.b[0]
+	r.b = r.b[1:]
+	return v
+}
+
+func (r *reader) u64() uint64 {
+	if len(r.b) < 8 {
+		r.fail(errTruncated)
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(r.b)
+	r.b = r.b[8:]
+	return v
+}
+
+// uv reads a varint no larger than limit.
+func (r *reader) uv(limit uint64) uint64 {
+	v, n := binary.Uvarint(r.b)
+	switch {
+	case n == 0:
+		r.fail(errTruncated)
+		return 0
+	case n < 0:
+		r.fail(errField) // more than 64 bits
+		return 0
+	case v > limit:
+		r.fail(errField)
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+// hashes appends n little-endian u64s to *flat.
+func (r *reader) hashes(n int, flat *[]uint64) {
+	if r.err != nil || n == 0 {
+		return
+	}
+	if len(r.b) < 8*n {
+		r.fail(errTruncated)
+		return
+	}
+	start := len(*flat)
+	*flat = slices.Grow(*flat, n)[:start+n]
+	if littleEndian {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&(*flat)[start])), 8*n), r.b)
+	} else {
+		for i := range n {
+			(*flat)[start+i] = binary.LittleEndian.Uint64(r.b[8*i:])
+		}
+	}
+	r.b = r.b[8*n:]
+}
+
+func (r *reader) num() int { return int(r.uv(maxNumber)) }
+
+// str reads a string of at most limit bytes.
+func (r *reader) str(limit int) string {
+	n := r.uv(uint64(limit))
+	if r.err != nil {
+		return ""
+	}
+	if uint64(len(r.b)) < n {
+		r.fail(errTruncated)
+		return ""
+	}
+	s := string(r.b[:n])
+	r.b = r.b[n:]
+	return s
+}
+
+// id reads a replica ID.
+func (r *reader) replicaID() string {
+	s := r.str(MaxIDLen)
+	if r.err == nil && !validToken(s, MaxIDLen) {
+		r.fail(errField)
+	}
+	return s
+}
+
+// count reads a count of items of at least minSize bytes each.
+func (r *reader) count(minSize int) int {
+	return int(r.uv(uint64(len(r.b) / minSize)))
+}
+
+// header checks the envelope and returns the message type and its body.
+func header(data []byte, maxBytes int) (byte, []byte, error) {
+	if len(data) > maxBytes {
+		return 0, nil, errTooLarge
+	}
+	if len(data) < len(wireMagic)+2 {
+		if len(data) >= len(wireMagic) && string(data[:len(wireMagic)]) != wireMagic {
+			return 0, nil, errMagic
+		}
+		return 0, nil, errTruncated
+	}
+	if string(data[:len(wireMagic)]) != wireMagic {
+		return 0, nil, errMagic
+	}
+	if data[len(wireMagic)] != WireVersion {
+		return 0, nil, errVersion
+	}
+	return data[len(wireMagic)+1], data[len(wireMagic)+2:], nil
+}
+
+// op reads one op into o, its hashes appended to *flat (o.hashes is set by
+// ops once flat stops growing).
+func (r *reader) op(o *wireOp, flat *[]uint64, onlyBooked bool) {
+	*o = wireOp{kind: r.u8()}
+	o.id = r.str(maxStr)
+	if r.err == nil && o.id == "" {
+		r.fail(errField)
+	}
+	switch {
+	case r.err != nil:
+	case o.kind == opBooked:
+		o.model = r.str(maxStr)
+		o.worker.Worker = r.str(maxStr)
+		if r.err == nil && o.worker.Worker == "" {
+			r.fail(errField)
+		}
+		o.worker.Rank = r.num()
+		n := r.count(8)
+		o.hoff, o.hn = len(*flat), n
+		r.hashes(n, flat)
+		o.private, o.prefill, o.expected = r.num(), r.num(), r.num()
+		o.leaseMS, o.remainingMS = int64(r.num()), int64(r.num())
+	case o.kind == opSettled && !onlyBooked:
+		o.how = selection.Settlement(r.u8())
+		if r.err == nil && (o.how < selection.SettlePrefill || o.how > selection.SettleFree) {
+			r.fail(errField)
+		}
+	default:
+		r.fail(errField)
+	}
+}
+
+// ops reads count ops into *ops and their hashes into *flat (both reused).
+func (r *reader) ops(ops *[]wireOp, flat *[]uint64, onlyBooked bool) {
+	minSize := minSettledOp
+	if onlyBooked {
+		minSize = minBookedOp
+	}
+	n := r.count(minSize)
+	*ops, *flat = (*ops)[:0], (*flat)[:0]
+	for i := 0; i < n && r.err == nil; i++ {
+		*ops = append(*ops, wireOp{})
+		r.op(&(*ops)[i], flat, onlyBooked)
+	}
+	if r.err != nil {
+		*ops = (*ops)[:0]
+		return
+	}
+	for i := range *ops {
+		if o := &(*ops)[i]; o.kind == opBooked {
+			o.hashes = (*flat)[o.hoff : o.hoff+o.hn : o.hoff+o.hn]
+		}
+	}
+}
+
+func (r *reader) end() error {
+	if r.err == nil && len(r.b) > 0 {
+		r.err = errTrailing
+	}
+	return r.err
+}
+
+// decodeBatch decodes a batch message into dst (whose buffers it reuses).
+func decodeBatch(data []byte, maxBytes int, dst *wireBatch) error {
+	typ, body, err := header(data, maxBytes)
+	if err != nil {
+		return err
+	}
+	if typ != msgBatch {
+		return errType
+	}
+	r := reader{b: body}
+	dst.flags = r.u8()
+	dst.origin = r.replicaID()
+	dst.epoch = r.u64()
+	dst.seq = r.uv(math.MaxUint64)
+	r.ops(&dst.ops, &dst.flat, false)
+	return r.end()
+}
+
+// decodeRequest decodes a snapshot request.
+func decodeRequest(data []byte, maxBytes int) (snapRequest, error) {
+	typ, body, err := header(data, maxBytes)
+	if err != nil {
+		return snapRequest{}, err
+	}
+	if typ != msgRequest {
+		return snapRequest{}, errType
+	}
+	r := reader{b: body}
+	q := snapRequest{requester: r.replicaID(), after: r.str(maxStr)}
+	return q, r.end()
+}
+
+// decodePage decodes a snapshot page into dst (whose buffers it reuses).
+func decodePage(data []byte, maxBytes int, dst *snapPage) error {
+	typ, body, err := header(data, maxBytes)
+	if err != nil {
+		return err
+	}
+	if typ != msgPage {
+		return errType
+	}
+	r := reader{b: body}
+	dst.more = r.u8()&flagMore != 0
+	dst.origin = r.replicaID()
+	dst.epoch = r.u64()
+	dst.seq = r.uv(math.MaxUint64)
+	r.ops(&dst.entries, &dst.flat, true)
+	return r.end()
+}

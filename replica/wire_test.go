@@ -1,0 +1,169 @@
+package replica
+
+import (
+	"encoding/binary"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/selection"
+)
+
+func sampleBooked() booked {
+	return booked{
+		id: "req-1", model: "m", worker: catalog.WorkerRank{Worker: "w1", Rank: 3}, hashes: []uint64{1, 2, 1 << 63},
+		private: 1, prefill: 900, expected: 128, leaseMS: 300000, remainingMS: 299000,
+	}
+}
+
+func sampleBatch(flags byte) []byte {
+	b := sampleBooked()
+	buf := appendBatchHeader(nil, flags, "replica-a", 7, 42, 3)
+	buf = appendBooked(buf, &b)
+	buf = appendSettled(buf, "req-0", selection.SettleFree)
+	b.id, b.hashes = "req-2", nil
+	return appendBooked(buf, &b)
+}
+
+func TestBatchRoundTrip(t *testing.T) {
+	data := sampleBatch(flagResync)
+	var got wireBatch
+	require.NoError(t, decodeBatch(data, len(data), &got))
+	require.Equal(t, byte(flagResync), got.flags)
+	require.Equal(t, "replica-a", got.origin)
+	require.Equal(t, uint64(7), got.epoch)
+	require.Equal(t, uint64(42), got.seq)
+	require.Len(t, got.ops, 3)
+	want := sampleBooked()
+	o := got.ops[0]
+	require.Equal(t, byte(opBooked), o.kind)
+	require.Equal(t, want.id, o.id)
+	require.Equal(t, want.model, o.model)
+	require.Equal(t, want.worker, o.worker)
+	require.Equal(t, want.hashes, o.hashes)
+	require.Equal(t, []int{1, 900, 128}, []int{o.private, o.prefill, o.expected})
+	require.Equal(t, []int64{300000, 299000}, []int64{o.leaseMS, o.remainingMS})
+	require.Equal(t, wireOp{kind: opSettled, id: "req-0", how: selection.SettleFree}, got.ops[1])
+	require.Empty(t, got.ops[2].hashes)
+	require.Equal(t, len(data)-len(appendBatchHeader(nil, flagResync, "replica-a", 7, 42, 3)),
+		want.size()+settledSize("req-0")+want.size()-8*3, "size() is the encoded size")
+
+	// A heartbeat is a batch without ops.
+	hb := appendBatchHeader(nil, 0, "b", 1, 9, 0)
+	require.NoError(t, decodeBatch(hb, len(hb), &got))
+	require.Empty(t, got.ops)
+	require.Equal(t, uint64(9), got.seq)
+	require.LessOrEqual(t, len(appendBatchHeader(nil, 255, strings.Repeat("x", MaxIDLen), 1<<63, 1<<63, MaxBatchMax)), headerReserve)
+}
+
+func TestSnapshotRoundTrip(t *testing.T) {
+	req := appendRequest(nil, "b", "req-1")
+	q, err := decodeRequest(req, len(req))
+	require.NoError(t, err)
+	require.Equal(t, snapRequest{requester: "b", after: "req-1"}, q)
+
+	b := sampleBooked()
+	page := appendPageHeader(nil, true, "a", 5, 11, 1)
+	page = appendBooked(page, &b)
+	var got snapPage
+	require.NoError(t, decodePage(page, len(page), &got))
+	require.True(t, got.more)
+	require.Equal(t, "a", got.origin)
+	require.Equal(t, []uint64{5, 11}, []uint64{got.epoch, got.seq})
+	require.Len(t, got.entries, 1)
+	require.Equal(t, b.hashes, got.entries[0].hashes)
+	require.LessOrEqual(t, len(appendPageHeader(nil, true, strings.Repeat("x", MaxIDLen), 1<<63, 1<<63, MaxBatchMax)), headerReserve)
+
+	// A page carries booked ops only.
+	bad := appendPageHeader(nil, false, "a", 5, 11, 1)
+	bad = appendSettled(bad, "x", selection.SettleFree)
+	require.ErrorIs(t, decodePage(bad, len(bad), &got), errField)
+}
+
+// Every malformed message fails with its sentinel, never a panic.
+func TestDecodeErrors(t *testing.T) {
+	batch := sampleBatch(0)
+	mutate := func(f func([]byte) []byte) []byte { return f(append([]byte(nil), batch...)) }
+	hdr := func(origin string, count uint64) []byte {
+		b := appendHeader(nil, msgBatch)
+		b = append(b, 0)
+		b = appendStr(b, origin)
+		b = binary.LittleEndian.AppendUint64(b, 1)
+		b = binary.AppendUvarint(b, 1)
+		return binary.AppendUvarint(b, count)
+	}
+	long := func(n int) []byte {
+		b := hdr("a", 1)
+		b = append(b, opSettled)
+		b = binary.AppendUvarint(b, uint64(n))
+		return append(append(b, strings.Repeat("x", n)...), byte(selection.SettleFree))
+	}
+	for _, tc := range []struct {
+		name string
+		data []byte
+		max  int
+		want error
+	}{
+		{"too large", batch, len(batch) - 1, errTooLarge},
+		{"empty", nil, 0, errTruncated},
+		{"bad magic", mutate(func(b []byte) []byte { b[0] = 'X'; return b }), 0, errMagic},
+		{"short bad magic", []byte("XXXX"), 0, errMagic},
+		{"version", mutate(func(b []byte) []byte { b[4] = 2; return b }), 0, errVersion},
+		{"type", mutate(func(b []byte) []byte { b[5] = msgPage; return b }), 0, errType},
+		{"truncated", batch[:len(batch)-1], 0, errTruncated},
+		{"trailing", append(append([]byte(nil), batch...), 0), 0, errTrailing},
+		{"bad origin", hdr("a.b", 0), 0, errField},
+		{"empty origin", hdr("", 0), 0, errField},
+		{"count beyond bytes", hdr("a", 1<<40), 0, errField},
+		{"unknown op", append(hdr("a", 1), 9, 1, 'x'), 0, errField},
+		{"empty id", append(hdr("a", 1), opSettled, 0, 3), 0, errField},
+		{"bad settlement", append(hdr("a", 1), opSettled, 1, 'x', 4), 0, errField},
+		{"id too long", long(maxStr + 1), 0, errField},
+		{"varint overflow", append(hdr("a", 1), opSettled, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01), 0, errField},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			limit := tc.max
+			if limit == 0 {
+				limit = MessageBytesLimit
+			}
+			var b wireBatch
+			err := decodeBatch(tc.data, limit, &b)
+			require.ErrorIs(t, err, tc.want)
+			require.True(t, isDecodeError(err), "%v is a sentinel", err)
+		})
+	}
+	require.NoError(t, decodeBatch(long(maxStr), MessageBytesLimit, &wireBatch{}))
+	_, err := decodeRequest(append(appendRequest(nil, "a", ""), 0), MessageBytesLimit)
+	require.ErrorIs(t, err, errTrailing)
+}
+
+var decodeErrors = []error{errTooLarge, errMagic, errVersion, errType, errTruncated, errTrailing, errField}
+
+func isDecodeError(err error) bool {
+	for _, e := range decodeErrors {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestUvLen(t *testing.T) {
+	for _, x := range []uint64{0, 1, 127, 128, 1<<14 - 1, 1 << 14, 1<<63 + 5, 1<<64 - 1} {
+		require.Len(t, binary.AppendUvarint(nil, x), uvLen(x), "%d", x)
+	}
+}
+
+// The portable path (big-endian machines) encodes and decodes the same bytes.
+func TestHashesPortablePath(t *testing.T) {
+	fast := sampleBatch(0)
+	littleEndian = false
+	defer func() { littleEndian = true }()
+	require.Equal(t, fast, sampleBatch(0))
+	var got wireBatch
+	require.NoError(t, decodeBatch(fast, len(fast), &got))
+	require.Equal(t, sampleBooked().hashes, got.ops[0].hashes)
+}
