@@ -105,3 +105,32 @@ func ExampleBookerOptions() {
 	// expired at once: 0
 	// expired a minute later: 1
 }
+
+// Conditional disaggregation: with LocalPrefillBelow a request the decode
+// worker would prefill little of is booked on it alone; a long uncached one
+// gets a prefill worker. Timeout bounds a Book whose legs wait in admission
+// queues (services with Config.QueueThreshold); DecodePrefixHashes, which
+// LocalPrefillBelow turns on, lets the decode service learn the prefixes its
+// workers received.
+func ExampleBookerOptions_localPrefillBelow() {
+	rs := disaggregated(time.Now, [2]string{"prefill-0", "prefill"}, [2]string{"decode-0", "decode"})
+	defer rs.Close()
+	b, err := roles.NewPairBooker(rs, roles.BookerOptions{LocalPrefillBelow: 16, DecodePrefixHashes: true, Timeout: 5 * time.Second})
+	if err != nil {
+		panic(err)
+	}
+	for _, n := range []int{8, 64} {
+		plan, err := b.Book(context.Background(), selection.Request{Tokens: make([]uint32, n)})
+		if err != nil {
+			panic(err)
+		}
+		hint, _ := plan.PrefillHint()
+		fmt.Printf("%d tokens: local prefill %v, prefiller %q, to %s\n", n, plan.LocalPrefill, hint, plan.Destination())
+		_ = plan.Done()
+	}
+	fmt.Println("skipped the prefill leg:", b.Stats().Conditional)
+	// Output:
+	// 8 tokens: local prefill true, prefiller "", to 10.0.0.2:8000
+	// 64 tokens: local prefill false, prefiller "10.0.0.1:8000", to 10.0.0.2:8000
+	// skipped the prefill leg: 1
+}
