@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httputil"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -186,15 +187,20 @@ func (r *Router) CloseIdleConnections() {
 	}
 }
 
-// controlHeaders are request headers a client could use to steer routing
-// downstream (a sidecar, another gateway) or to fake a gateway's report; they
-// are removed from every upstream request. These are the reference EPP's.
+// ControlHeaders returns the request headers a client could use to steer
+// routing downstream (choose the destination, the prefill worker or the
+// candidate set of a sidecar or another gateway) or to fake a gateway's
+// report, lower case. The Router removes them from every upstream request; the
+// reference EPP removes the same ones and never shows them to its picker.
+func ControlHeaders() []string { return slices.Clone(controlHeaders) }
+
 var controlHeaders = []string{
 	"x-gateway-destination-endpoint",
 	"x-gateway-destination-endpoint-subset",
 	"x-gateway-destination-endpoint-served",
 	"x-gateway-destination-endpoint-scores",
 	"x-prefiller-host-port",
+	"x-kvselect-prefiller-signature",
 	"x-llm-d-request-dropped-reason",
 	"test-epp-endpoint-selection",
 	"x-dynamo-worker-instance-id",

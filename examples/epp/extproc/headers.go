@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
+	"github.com/kvselect/kvselect/selection/httproute"
 )
 
 // Names of the GAIE Endpoint Picker protocol and the disaggregated-serving
@@ -46,23 +47,10 @@ const MaxSignatureLen = 256
 const MaxSubsetEntries = 1024
 
 // routingHeaders are headers a client could use to choose the destination, the
-// prefill target or the candidate set, or to fake a gateway report. They are
-// removed from the forwarded request and never shown to the Picker.
-var routingHeaders = []string{
-	HeaderDestination,
-	SubsetKey,
-	ServedKey,
-	"x-gateway-destination-endpoint-scores",
-	HeaderPrefiller,
-	HeaderPrefillerSignature,
-	"x-llm-d-request-dropped-reason",
-	"test-epp-endpoint-selection",
-	"x-dynamo-worker-instance-id",
-	"x-dynamo-prefill-instance-id",
-	"x-dynamo-dp-rank",
-	"x-dynamo-prefill-dp-rank",
-	"x-dynamo-routing-mode",
-}
+// prefill target or the candidate set, or to fake a gateway report (the list a
+// gateway embedding kvselect strips too). They are removed from the forwarded
+// request and never shown to the Picker.
+var routingHeaders = httproute.ControlHeaders()
 
 // inputHeaders are EPP inputs (objective, fairness, model rewrite, SLOs): the
 // Picker sees them, the model server does not.
