@@ -82,11 +82,17 @@ func Example() {
 	res, _ := a.SelectAndReserve(context.Background(), selection.Request{Tokens: make([]uint32, 64)})
 	_ = ra.Flush() // publish now rather than within BatchInterval
 	fmt.Println("epp-1 sees active requests:", b.Loads("")[0].ActiveRequests, rb.RemoteIDs("epp-0")[0] == res.ReservationID)
+	for _, p := range rb.Peers() {
+		if p.ID == "epp-0" {
+			fmt.Println("epp-1 holds", p.Bookings, "booking of epp-0, which holds", len(ra.LocalIDs()), "of its own")
+		}
+	}
 
 	_ = a.FreeReservation(res.ReservationID)
 	_ = ra.Flush()
 	fmt.Println("epp-1 sees active requests:", b.Loads("")[0].ActiveRequests)
 	// Output:
 	// epp-1 sees active requests: 1 true
+	// epp-1 holds 1 booking of epp-0, which holds 1 of its own
 	// epp-1 sees active requests: 0
 }
