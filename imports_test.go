@@ -14,7 +14,7 @@ import (
 const module = "github.com/kvselect/kvselect"
 
 // corePackages are the library's core: they may import only the standard
-// library, the modules in allowedModules and each other (DESIGN.md section 1).
+// library, the modules in allowedModules and each other (the design's dependency rule).
 var corePackages = []string{"selection", "kvindex", "catalog", "roles", "reservation", "tokenize", "replica"}
 
 var allowedModules = []string{
