@@ -13,6 +13,14 @@
 // every prompt. --sweep replays kvselect over a grid of overlap credit, prefill
 // load scale and temperature. --csv writes every row to a file.
 //
+// --replicas 1,3 replays each kvselect policy once per value: with R router
+// replicas, each with its own SelectionService and ledger, fed every engine's
+// events, arrivals spread over them round-robin, and each booking and settling
+// call reaching the others --sync-delay later. --no-sync adds, for every R > 1,
+// a row whose replicas never hear of each other's bookings:
+//
+//	go run ./examples/replay --rate 12 --policies kvselect,kvselect-approx --replicas 1,3 --no-sync
+//
 // See internal/replay for the simulation model.
 package main
 
@@ -27,6 +35,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,6 +79,9 @@ type config struct {
 	explain    bool
 	parallel   int
 	common     int
+	replicas   []int
+	syncDelay  time.Duration
+	noSync     bool
 
 	synth trace.SharedPrefixConfig
 
@@ -80,7 +92,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var policies, sweepCredit, sweepScale, sweepTemp string
+	var policies, sweepCredit, sweepScale, sweepTemp, replicas string
 	var seed int64
 	fs.StringVar(&c.tracePath, "trace", "", "Mooncake-format JSONL trace (default: a synthetic shared-prefix workload)")
 	fs.IntVar(&c.blockSize, "block-size", trace.DefaultBlockSize, "tokens per trace block")
@@ -101,6 +113,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&sweepTemp, "sweep-temperature", "0,0.1", "--sweep: temperatures")
 	fs.IntVar(&c.parallel, "parallel", runtime.GOMAXPROCS(0), "replays to run at once")
 	fs.IntVar(&c.common, "common-blocks", 0, "prepend this many blocks shared by every request (every request shares block 0)")
+	fs.StringVar(&replicas, "replicas", "1", "kvselect: comma-separated router replica counts, one row each (e.g. 1,3); arrivals go to the replicas round-robin")
+	fs.DurationVar(&c.syncDelay, "sync-delay", replay.DefaultSyncDelay, "kvselect with replicas: how long a booking or settling call takes to reach the other replicas, in simulated time (0 = at once)")
+	fs.BoolVar(&c.noSync, "no-sync", false, "kvselect with replicas: also replay every --replicas value above 1 without sync (the baseline)")
 
 	fs.IntVar(&c.synth.Groups, "groups", 64, "synthetic: prefix groups")
 	fs.IntVar(&c.synth.PromptsPerGroup, "prompts-per-group", 16, "synthetic: prompts per group")
@@ -115,7 +130,8 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&c.temperature, "temperature", def.Temperature, "kvselect: softmax temperature (0 = argmin)")
 	fs.Float64Var(&c.reqWeight, "active-request-weight", def.DecodeActiveRequestWeight, "kvselect: block-equivalent cost per active request")
 
-	if err := fs.Parse(args); err != nil {
+	err := fs.Parse(args)
+	if err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
@@ -152,6 +168,14 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	if seed < 0 {
 		bad("--seed %d: want >= 0", seed)
+	}
+	if c.syncDelay < 0 {
+		bad("--sync-delay %v: want >= 0", c.syncDelay)
+	}
+	if c.replicas, err = parseReplicas(replicas); err != nil {
+		bad("--replicas: %w", err)
+	} else if c.noSync && slices.Max(c.replicas) == 1 {
+		bad("--no-sync needs a --replicas value above 1")
 	}
 	c.seed = uint64(seed)
 	c.synth.Seed = c.seed
@@ -191,6 +215,23 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	return c, errors.Join(errs...)
 }
 
+// parseReplicas parses a comma-separated list of distinct replica counts >= 1.
+func parseReplicas(list string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		f = strings.TrimSpace(f)
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 1024 {
+			return nil, fmt.Errorf("%q is not a replica count in [1, 1024]", f)
+		}
+		if slices.Contains(out, n) {
+			return nil, fmt.Errorf("%d is listed twice", n)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
 // parseFloats parses a comma-separated list of finite values >= 0.
 func parseFloats(list string) ([]float64, error) {
 	var out []float64
@@ -219,13 +260,52 @@ func (c config) selectionConfig(credit, scale, temperature float64) selection.Co
 	return cfg
 }
 
-// job is one replay: a policy with its kvselect knobs.
+// job is one replay: a policy with its kvselect knobs and router replicas.
 type job struct {
 	label                      string
 	policy                     replay.Policy
 	credit, scale, temperature float64
+	replicas                   int // 0 means 1
+	noSync                     bool
 	res                        replay.Result
 	err                        error
+}
+
+// replicated reports whether --replicas asks for more than one router.
+func (c config) replicated() bool { return len(c.replicas) > 1 || c.replicas[0] > 1 }
+
+// withReplicas expands every kvselect job into one per --replicas value (and,
+// with --no-sync, one more per value above 1). Labels say R and the sync unless
+// the only value is 1, so that the default table is unchanged.
+func (c config) withReplicas(jobs []*job) []*job {
+	if !c.replicated() {
+		return jobs
+	}
+	var out []*job
+	for _, j := range jobs {
+		if j.policy != replay.KVSelect && j.policy != replay.KVSelectApprox {
+			out = append(out, j)
+			continue
+		}
+		for _, r := range c.replicas {
+			rj := *j
+			rj.replicas = r
+			if r == 1 {
+				rj.label += " R=1"
+				out = append(out, &rj)
+				continue
+			}
+			rj.label += fmt.Sprintf(" R=%d sync %v", r, c.syncDelay)
+			out = append(out, &rj)
+			if c.noSync {
+				nj := *j
+				nj.replicas, nj.noSync = r, true
+				nj.label += fmt.Sprintf(" R=%d no sync", r)
+				out = append(out, &nj)
+			}
+		}
+	}
+	return out
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -242,8 +322,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "  %d requests over %v, %d block refs (%d distinct), mean input %.0f tokens, mean output %.0f tokens, reachable hit rate %.3f\n",
 		sum.Requests, sum.Span.Round(time.Millisecond), sum.Blocks, sum.DistinctBlocks,
 		float64(sum.InputTokens)/float64(max(1, sum.Requests)), float64(sum.OutputTokens)/float64(max(1, sum.Requests)), sum.ReachableHitRate)
-	fmt.Fprintf(stdout, "model: %d workers x %d blocks, prefill %.0f tok/s per worker, tpot %v, max running %d, speedup %g, seed %d\n\n",
+	fmt.Fprintf(stdout, "model: %d workers x %d blocks, prefill %.0f tok/s per worker, tpot %v, max running %d, speedup %g, seed %d\n",
 		c.workers, c.capacity, c.prefill, c.tpot, c.maxRunning, c.speedup, c.seed)
+	if c.replicated() {
+		fmt.Fprintf(stdout, "replicas: kvselect with R router replicas, arrivals round-robin over them, every engine's events to each, bookings to the others after %v of simulated time\n",
+			c.syncDelay)
+	}
+	fmt.Fprintln(stdout)
 
 	var jobs []*job
 	for _, p := range c.policies {
@@ -261,6 +346,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
+	jobs = c.withReplicas(jobs)
 	start := time.Now()
 	c.runAll(ctx, reqs, jobs)
 	total := time.Since(start)
@@ -275,7 +361,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "\n%d replays in %v wall (parallel %d)\n", len(jobs), total.Round(time.Millisecond), c.parallel)
 	if c.csvPath != "" {
-		if err := writeCSV(c.csvPath, jobs); err != nil {
+		if err := c.writeCSV(c.csvPath, jobs); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "wrote %s\n", c.csvPath)
@@ -343,6 +429,7 @@ func (c config) runAll(ctx context.Context, reqs []trace.Request, jobs []*job) {
 					Workers: c.workers, CapacityBlocks: c.capacity, BlockSize: c.blockSize,
 					Speedup: c.speedup, PrefillTokensPerSecond: c.prefill, DecodeTokenTime: tpotOption(c.tpot),
 					MaxRunning: c.maxRunning, Seed: c.seed, Selection: &cfg, Explain: c.explain,
+					Replicas: j.replicas, SyncDelay: syncOption(c.syncDelay), NoSync: j.noSync,
 				})
 			}
 		})
@@ -356,6 +443,14 @@ func (c config) runAll(ctx context.Context, reqs []trace.Request, jobs []*job) {
 
 // tpotOption maps the flag (0 = no decode time) onto Options (0 = default).
 func tpotOption(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+// syncOption maps the flag (0 = no delay) onto Options (0 = default).
+func syncOption(d time.Duration) time.Duration {
 	if d == 0 {
 		return -1
 	}
@@ -392,7 +487,7 @@ func printExplain(w io.Writer, jobs []*job) {
 
 func secs(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', 3, 64) + "s" }
 
-func writeCSV(path string, jobs []*job) (err error) {
+func (c config) writeCSV(path string, jobs []*job) (err error) {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
@@ -401,10 +496,14 @@ func writeCSV(path string, jobs []*job) (err error) {
 	cw := csv.NewWriter(f)
 	_ = cw.Write([]string{"label", "policy", "overlap_credit", "prefill_scale", "temperature", "requests", "blocks", "hit_blocks",
 		"hit_rate", "reachable_hit_rate", "believed_hit_rate", "imbalance", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-		"makespan_s", "stored_blocks", "evicted_blocks", "events", "wall_s", "per_worker"})
+		"makespan_s", "stored_blocks", "evicted_blocks", "events", "wall_s", "per_worker", "replicas", "sync_delay_s", "remote_bookings"})
 	ff := func(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
 	for _, j := range jobs {
 		r := j.res
+		sync := ""
+		if r.Replicas > 1 && !j.noSync {
+			sync = ff(c.syncDelay.Seconds())
+		}
 		per := make([]string, len(r.PerWorker))
 		for i, n := range r.PerWorker {
 			per[i] = strconv.Itoa(n)
@@ -414,7 +513,8 @@ func writeCSV(path string, jobs []*job) (err error) {
 			ff(r.HitRate), ff(r.ReachableHitRate), ff(r.BelievedHitRate), ff(r.Imbalance),
 			ff(r.TTFTMean.Seconds()), ff(r.TTFTP50.Seconds()), ff(r.TTFTP90.Seconds()), ff(r.TTFTP99.Seconds()),
 			ff(r.Makespan.Seconds()), strconv.FormatInt(r.StoredBlocks, 10), strconv.FormatInt(r.EvictedBlocks, 10),
-			strconv.FormatInt(r.Events, 10), ff(r.Wall.Seconds()), strings.Join(per, " ")})
+			strconv.FormatInt(r.Events, 10), ff(r.Wall.Seconds()), strings.Join(per, " "),
+			strconv.Itoa(r.Replicas), sync, strconv.FormatInt(r.RemoteBookings, 10)})
 	}
 	cw.Flush()
 	return cw.Error()

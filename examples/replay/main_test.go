@@ -33,6 +33,34 @@ func TestRunSynthetic(t *testing.T) {
 	require.Equal(t, "48", rows[1][5])
 }
 
+func TestRunReplicas(t *testing.T) {
+	csvPath := filepath.Join(t.TempDir(), "out.csv")
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"--workers", "4", "--capacity", "200", "--groups", "8", "--prompts-per-group", "6",
+		"--system-blocks", "6", "--rate", "5", "--policies", "kvselect,round-robin", "--replicas", "1,3", "--no-sync",
+		"--sync-delay", "2ms", "--csv", csvPath, "--parallel", "2"}, &out, &errOut)
+	require.NoError(t, err, errOut.String())
+	s := out.String()
+	for _, want := range []string{"replicas: kvselect with R router replicas", "after 2ms of simulated time", "kvselect R=1 ", "kvselect R=3 sync 2ms",
+		"kvselect R=3 no sync", "round-robin", "4 replays in"} {
+		require.Contains(t, s, want)
+	}
+	f, err := os.Open(csvPath)
+	require.NoError(t, err)
+	defer f.Close()
+	rows, err := csv.NewReader(f).ReadAll()
+	require.NoError(t, err)
+	require.Len(t, rows, 1+4)
+	col := map[string]int{}
+	for i, h := range rows[0] {
+		col[h] = i
+	}
+	for i, want := range [][3]string{{"1", "", "0"}, {"3", "0.002", "96"}, {"3", "", "0"}, {"1", "", "0"}} {
+		r := rows[1+i]
+		require.Equal(t, want, [3]string{r[col["replicas"]], r[col["sync_delay_s"]], r[col["remote_bookings"]]}, r[0])
+	}
+}
+
 func TestRunTraceFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "t.jsonl")
 	require.NoError(t, os.WriteFile(path, []byte(`{"timestamp": 0, "input_length": 1024, "output_length": 5, "hash_ids": [0, 1]}
@@ -66,6 +94,10 @@ func TestFlagValidation(t *testing.T) {
 		{[]string{"--temperature", "-1"}, "Temperature"},
 		{[]string{"--seed", "-1"}, "--seed -1"},
 		{[]string{"--groups", "0"}, "Groups 0"},
+		{[]string{"--replicas", "0"}, `"0" is not a replica count`},
+		{[]string{"--replicas", "1,3,3"}, "3 is listed twice"},
+		{[]string{"--no-sync"}, "--no-sync needs a --replicas value above 1"},
+		{[]string{"--replicas", "2", "--sync-delay", "-1ms"}, "--sync-delay -1ms"},
 		{[]string{"extra"}, "unexpected arguments: extra"},
 		{[]string{"--trace", filepath.Join(t.TempDir(), "missing.jsonl")}, "missing.jsonl"},
 	} {

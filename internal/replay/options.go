@@ -69,6 +69,10 @@ const (
 	DefaultPrefillTokensPerSecond = 10_000
 	DefaultDecodeTokenTime        = 20 * time.Millisecond
 	DefaultMaxRunning             = 32
+	// DefaultSyncDelay is how long a replica's booking takes to reach its
+	// peers: about the p99 package replica measured over NATS on loopback
+	// (docs/REPLICAS.md: p50 2.5 ms, p99 3.7 to 5.9 ms).
+	DefaultSyncDelay = 5 * time.Millisecond
 )
 
 // replayLease is the booking lease the simulator gives the SelectionService:
@@ -98,8 +102,24 @@ type Options struct {
 	// waiting to prefill or decoding); more wait FIFO at the worker. 0 means
 	// DefaultMaxRunning; negative is invalid.
 	MaxRunning int
+	// Replicas is how many router replicas route the trace (the kvselect
+	// policies only; the baselines refuse more than 1). Each replica has its
+	// own SelectionService and ledger, every engine's KV events reach all of
+	// them, and arrival i goes to replica i mod Replicas. 0 means 1; negative
+	// is invalid.
+	Replicas int
+	// SyncDelay is how long, in simulated time, a replica's booking or
+	// settling call takes to reach the other replicas (BookRemote,
+	// SettleRemote). 0 means DefaultSyncDelay; negative means no delay (the
+	// delivery still runs after the event that made it).
+	SyncDelay time.Duration
+	// NoSync cuts the replicas off from each other: each carries only its own
+	// bookings, the baseline replica sync is measured against. No effect with
+	// one replica.
+	NoSync bool
 	// Seed makes random choices (the random policy, tie-breaks, kvselect's
-	// sampling) reproducible.
+	// sampling) reproducible. Replica 0 draws the stream one router does, each
+	// other replica a stream of its own.
 	Seed uint64
 	// Selection is the kvselect policies' configuration. Nil means
 	// selection.DefaultConfig. The simulator overrides BlockSize (1: one router
@@ -140,6 +160,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxRunning < 0 {
 		bad("MaxRunning %d is negative", o.MaxRunning)
 	}
+	if o.Replicas < 0 {
+		bad("Replicas %d is negative", o.Replicas)
+	}
 	if o.Selection != nil {
 		if o.Selection.QueueThreshold != nil {
 			bad("Selection.QueueThreshold must be nil: the replay cannot wait in the admission queue")
@@ -168,6 +191,14 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.MaxRunning == 0 {
 		o.MaxRunning = DefaultMaxRunning
+	}
+	if o.Replicas == 0 {
+		o.Replicas = 1
+	}
+	if o.SyncDelay == 0 {
+		o.SyncDelay = DefaultSyncDelay
+	} else if o.SyncDelay < 0 {
+		o.SyncDelay = 0
 	}
 	if o.Now == nil {
 		o.Now = time.Now

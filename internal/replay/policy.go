@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -27,6 +28,8 @@ type router interface {
 	apply(worker int, ev kvindex.Event) error
 	// wantsEvents reports whether apply needs to be called.
 	wantsEvents() bool
+	// deliver runs a replica-sync event the router scheduled (evSync).
+	deliver(slot int) error
 	close() error
 }
 
@@ -44,6 +47,7 @@ func (b *baseline) apply(int, kvindex.Event) error { return nil }
 func (b *baseline) prefillDone(*simRequest) error  { return nil }
 func (b *baseline) finished(*simRequest) error     { return nil }
 func (b *baseline) close() error                   { return nil }
+func (b *baseline) deliver(int) error              { return nil }
 
 func (b *baseline) route(_ context.Context, r *simRequest) (int, int, error) {
 	ws := b.sim.workers
@@ -93,38 +97,138 @@ type simClock struct {
 
 func (c simClock) Now() time.Time { return c.base.Add(c.sim.now) }
 
-// kvRouter drives the real SelectionService.
+// kvRouter drives the real SelectionService: one per router replica
+// (Options.Replicas), each with its own ledger and every engine's events.
 type kvRouter struct {
-	svc    *selection.SelectionService
+	sim    *sim
+	svcs   []*selection.SelectionService // svcs[i] is replica i's
 	events bool
 	ids    []string
 	byID   map[string]int
 	ranks  []catalog.WorkerRank
 	ev     int64
+	next   int // the replica of the next arrival
+
+	// Replica sync: ops waiting for their delivery event, by slot.
+	ops    []syncOp
+	free   []int
+	remote int64 // bookings delivered to peers
 
 	cfg     selection.Config
 	explain *Explanation // sums until result() averages them
 }
 
+// syncOp is one booking (book) or settling call a replica made, on its way to
+// the other replicas.
+type syncOp struct {
+	from int
+	book bool
+	ev   selection.BookingEvent // a settling call uses ev.ID only
+	how  selection.Settlement
+}
+
+// replicaLink is the BookingObserver of replica from's service: it puts each
+// booking and settling call in the simulator's event queue, to reach the other
+// replicas SyncDelay later in simulated time (as package replica would ship
+// it, without its batching).
+type replicaLink struct {
+	k    *kvRouter
+	from int
+}
+
+var _ selection.BookingObserver = replicaLink{}
+
+func (l replicaLink) Booked(ev selection.BookingEvent) {
+	ev.SeqHashes = slices.Clone(ev.SeqHashes) // the service's buffer
+	l.k.send(syncOp{from: l.from, book: true, ev: ev})
+}
+
+func (l replicaLink) Settled(id string, how selection.Settlement) {
+	l.k.send(syncOp{from: l.from, ev: selection.BookingEvent{ID: id}, how: how})
+}
+
+func (k *kvRouter) send(op syncOp) {
+	var slot int
+	if n := len(k.free); n > 0 {
+		slot, k.free = k.free[n-1], k.free[:n-1]
+		k.ops[slot] = op
+	} else {
+		slot = len(k.ops)
+		k.ops = append(k.ops, op)
+	}
+	k.sim.push(k.sim.now+k.sim.opts.SyncDelay, evSync, slot)
+}
+
+// deliver applies op slot to every replica but its origin.
+func (k *kvRouter) deliver(slot int) error {
+	op := k.ops[slot]
+	k.ops[slot] = syncOp{}
+	k.free = append(k.free, slot)
+	origin := replicaName(op.from)
+	for i, svc := range k.svcs {
+		if i == op.from {
+			continue
+		}
+		var err error
+		if op.book {
+			if err = svc.BookRemote(origin, op.ev); err == nil {
+				k.remote++
+			}
+		} else {
+			err = svc.SettleRemote(origin, op.ev.ID, op.how)
+		}
+		if err != nil {
+			return fmt.Errorf("replay: delivering %s's booking %s to %s: %w", origin, op.ev.ID, replicaName(i), err)
+		}
+	}
+	return nil
+}
+
+func replicaName(i int) string { return "replica-" + strconv.Itoa(i) }
+
 func newKVRouter(ctx context.Context, s *sim, events bool) (*kvRouter, error) {
 	cfg := s.opts.selectionConfig(events)
-	b := selection.NewSelectionServiceBuilder(cfg).
-		Clock(simClock{base: time.Unix(1_700_000_000, 0), sim: s}.Now).
-		Rand(rand.NewPCG(s.opts.Seed, s.opts.Seed^0x5851f42d4c957f2d)).
-		SweepInterval(-1)
-	if events {
-		b = b.ExternalEvents()
-	}
-	svc, err := b.Build(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("replay: building the selection service: %w", err)
-	}
-	k := &kvRouter{svc: svc, events: events, byID: make(map[string]int, len(s.workers)), cfg: cfg}
+	k := &kvRouter{sim: s, events: events, byID: make(map[string]int, len(s.workers)), cfg: cfg}
 	if s.opts.Explain {
 		k.explain = &Explanation{}
 	}
 	for i := range s.workers {
 		id := "worker-" + strconv.Itoa(i)
+		k.ids = append(k.ids, id)
+		k.byID[id] = i
+		k.ranks = append(k.ranks, catalog.WorkerRank{Worker: id})
+	}
+	for r := range s.opts.Replicas {
+		svc, err := k.newService(ctx, r)
+		if err != nil {
+			return nil, errors.Join(err, k.close())
+		}
+		k.svcs = append(k.svcs, svc)
+	}
+	return k, nil
+}
+
+// newService builds replica r's service and registers every worker.
+func (k *kvRouter) newService(ctx context.Context, r int) (*selection.SelectionService, error) {
+	s := k.sim
+	// Replica 0 draws the stream a single router always has; each other
+	// replica its own, as separate processes would.
+	seed := s.opts.Seed + uint64(r)*0x9e3779b97f4a7c15
+	b := selection.NewSelectionServiceBuilder(k.cfg).
+		Clock(simClock{base: time.Unix(1_700_000_000, 0), sim: s}.Now).
+		Rand(rand.NewPCG(seed, s.opts.Seed^0x5851f42d4c957f2d)).
+		SweepInterval(-1)
+	if k.events {
+		b = b.ExternalEvents()
+	}
+	if s.opts.Replicas > 1 && !s.opts.NoSync {
+		b = b.Observe(replicaLink{k: k, from: r})
+	}
+	svc, err := b.Build(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("replay: building the selection service: %w", err)
+	}
+	for _, id := range k.ids {
 		rec, err := svc.UpsertWorker(catalog.Worker{
 			ID: id, Endpoint: id + ":8000", DPSize: 1, BlockSize: 1, TotalKVBlocks: s.opts.CapacityBlocks,
 		})
@@ -134,25 +238,26 @@ func newKVRouter(ctx context.Context, s *sim, events bool) (*kvRouter, error) {
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("replay: adding a worker: %w", err), svc.Close())
 		}
-		k.ids = append(k.ids, id)
-		k.byID[id] = i
-		k.ranks = append(k.ranks, catalog.WorkerRank{Worker: id})
 	}
-	return k, nil
+	return svc, nil
 }
 
 func (k *kvRouter) wantsEvents() bool { return k.events }
 
 func (k *kvRouter) route(ctx context.Context, r *simRequest) (int, int, error) {
+	// Round-robin over the replicas, as Envoy's default load balancer spreads
+	// requests over the Endpoint Pickers behind it.
+	r.replica, k.next = k.next, (k.next+1)%len(k.svcs)
+	svc := k.svcs[r.replica]
 	req := selection.Request{ReservationID: r.id, Tokens: r.tokens, ExpectedOutputTokens: r.out}
 	var scored []selection.Scored
 	if k.explain != nil {
 		var err error
-		if scored, err = k.svc.PotentialLoads(ctx, req); err != nil {
+		if scored, err = svc.PotentialLoads(ctx, req); err != nil {
 			return 0, 0, fmt.Errorf("replay: scoring request %s: %w", r.id, err)
 		}
 	}
-	res, err := k.svc.SelectAndReserve(ctx, req)
+	res, err := svc.SelectAndReserve(ctx, req)
 	if err != nil {
 		return 0, 0, fmt.Errorf("replay: routing request %s: %w", r.id, err)
 	}
@@ -206,15 +311,25 @@ func (k *kvRouter) explainDecision(scored []selection.Scored, chosenID string) {
 	e.ActiveRequests += reqs
 }
 
-func (k *kvRouter) prefillDone(r *simRequest) error { return k.svc.PrefillComplete(r.id) }
-func (k *kvRouter) finished(r *simRequest) error    { return k.svc.FreeReservation(r.id) }
+func (k *kvRouter) prefillDone(r *simRequest) error { return k.svcs[r.replica].PrefillComplete(r.id) }
+func (k *kvRouter) finished(r *simRequest) error    { return k.svcs[r.replica].FreeReservation(r.id) }
 
+// apply gives a worker's event to every replica: each subscribes to every
+// engine.
 func (k *kvRouter) apply(worker int, ev kvindex.Event) error {
 	k.ev++
-	if err := k.svc.ApplyEvent(k.ranks[worker], ev); err != nil {
-		return fmt.Errorf("replay: applying a %v event of %s: %w", ev.Kind, k.ids[worker], err)
+	for _, svc := range k.svcs {
+		if err := svc.ApplyEvent(k.ranks[worker], ev); err != nil {
+			return fmt.Errorf("replay: applying a %v event of %s: %w", ev.Kind, k.ids[worker], err)
+		}
 	}
 	return nil
 }
 
-func (k *kvRouter) close() error { return k.svc.Close() }
+func (k *kvRouter) close() error {
+	var errs []error
+	for _, svc := range k.svcs {
+		errs = append(errs, svc.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -104,13 +105,13 @@ func TestKVSelectIndexMatchesCaches(t *testing.T) {
 	}
 	k := s.router.(*kvRouter)
 	for i := range s.reqs {
-		scores, err := k.svc.OverlapScores(ctx, selection.Request{Tokens: s.reqs[i].tokens})
+		scores, err := k.svcs[0].OverlapScores(ctx, selection.Request{Tokens: s.reqs[i].tokens})
 		require.NoError(t, err)
 		for w, rank := range k.ranks {
 			require.Equal(t, s.workers[w].cache.Prefix(s.reqs[i].keys), scores[rank].Device, "request %d worker %d", i, w)
 		}
 	}
-	st := k.svc.Stats()
+	st := k.svcs[0].Stats()
 	require.EqualValues(t, len(reqs), st.Bookings)
 	require.EqualValues(t, len(reqs), st.PrefillCompleted)
 	require.EqualValues(t, len(reqs), st.Frees)
@@ -212,6 +213,13 @@ func TestRunErrors(t *testing.T) {
 	require.ErrorContains(t, err, "QueueThreshold")
 	require.ErrorContains(t, err, "Temperature")
 
+	_, err = Run(ctx, reqs, KVSelect, Options{Workers: 1, CapacityBlocks: 1, Replicas: -1})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.ErrorContains(t, err, "Replicas -1")
+	_, err = Run(ctx, reqs, LeastLoaded, Options{Workers: 1, CapacityBlocks: 1, Replicas: 3})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.ErrorContains(t, err, `policy "least-loaded" is one router`)
+
 	_, err = Run(ctx, reqs, "fastest", Options{Workers: 1, CapacityBlocks: 1})
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	p, err := ParsePolicy("KVSelect-Approx")
@@ -283,4 +291,103 @@ func TestMooncakeSyntheticReplay(t *testing.T) {
 	require.Greater(t, kv.HitRate, 2*rr.HitRate)
 	require.Less(t, kv.TTFTP90, rr.TTFTP90)
 	require.Less(t, kv.TTFTP90, ll.TTFTP90)
+}
+
+// replicated is the command's default synthetic workload at 12 req/s, which
+// keeps 8 workers busy enough for replicas to collide: `go run ./examples/replay
+// --rate 12 --replicas 1,3 --no-sync` replays the same trace.
+func replicated(t testing.TB) []trace.Request {
+	return workload(t, trace.SharedPrefixConfig{Groups: 64, PromptsPerGroup: 16, SystemBlocks: 16, QuestionBlocks: 2,
+		OutputTokens: 200, Rate: 12, Seed: 1})
+}
+
+// Three replicas that share their bookings route as one router does; three
+// that do not pile onto the same workers (kvselect: tail TTFT) and, without
+// KV events, miss each other's prefixes (kvselect-approx: hit rate).
+func TestReplicasWithSyncMatchOneRouter(t *testing.T) {
+	reqs := replicated(t)
+	ctx := context.Background()
+	for _, p := range []Policy{KVSelect, KVSelectApprox} {
+		t.Run(string(p), func(t *testing.T) {
+			opts := Options{Workers: 8, CapacityBlocks: 10_000, Seed: 1, Now: fixedNow}
+			one, err := Run(ctx, reqs, p, opts)
+			require.NoError(t, err)
+			opts.Replicas = 3
+			synced, err := Run(ctx, reqs, p, opts)
+			require.NoError(t, err)
+			opts.NoSync = true
+			apart, err := Run(ctx, reqs, p, opts)
+			require.NoError(t, err)
+			for _, c := range []struct {
+				name string
+				r    Result
+			}{{"R=1", one}, {"R=3 sync 5ms", synced}, {"R=3 no sync", apart}} {
+				t.Logf("%-13s hit %.4f TTFT p90 %v p99 %v imbalance %.3f remote bookings %d", c.name, c.r.HitRate,
+					c.r.TTFTP90.Round(time.Millisecond), c.r.TTFTP99.Round(time.Millisecond), c.r.Imbalance, c.r.RemoteBookings)
+			}
+			require.Equal(t, 1, one.Replicas)
+			require.Equal(t, 3, synced.Replicas)
+			require.EqualValues(t, 2*len(reqs), synced.RemoteBookings, "every booking reaches both peers")
+			require.Zero(t, apart.RemoteBookings)
+
+			require.InEpsilon(t, one.HitRate, synced.HitRate, 0.03, "hit rate")
+			require.InEpsilon(t, one.TTFTP90.Seconds(), synced.TTFTP90.Seconds(), 0.03, "TTFT p90")
+			if p == KVSelectApprox {
+				// Its index is its own bookings: apart, each replica knows a
+				// third of the prefixes.
+				require.Less(t, apart.HitRate, 0.95*one.HitRate)
+				require.Greater(t, apart.TTFTP90, one.TTFTP90*13/10)
+			} else {
+				// Every replica sees every engine's events, so the prefixes are
+				// known to all; what each misses is the others' load.
+				require.Greater(t, apart.TTFTP99, one.TTFTP99*13/10)
+				require.Greater(t, apart.Imbalance, synced.Imbalance)
+			}
+
+			again, err := Run(ctx, reqs, p, opts)
+			require.NoError(t, err)
+			require.Equal(t, apart, again, "a replicated replay is deterministic")
+		})
+	}
+}
+
+// A booking and each of its settling calls reach the other replica exactly
+// SyncDelay later in simulated time; with NoSync, never.
+func TestReplicaSyncDelay(t *testing.T) {
+	reqs := []trace.Request{{Arrival: 0, InputTokens: 1024, OutputTokens: 3, Blocks: []uint64{1, 2}}}
+	ctx := context.Background()
+	for _, noSync := range []bool{false, true} {
+		o, err := Options{Workers: 2, CapacityBlocks: 10, PrefillTokensPerSecond: 512, DecodeTokenTime: 100 * time.Millisecond,
+			Replicas: 2, SyncDelay: 10 * time.Millisecond, NoSync: noSync}.withDefaults()
+		require.NoError(t, err)
+		s, err := prepare(ctx, reqs, KVSelect, o)
+		require.NoError(t, err)
+		k := s.router.(*kvRouter)
+		type step struct {
+			at   time.Duration
+			same bool // replica 1's loads equal replica 0's
+		}
+		var got []step
+		for s.events.Len() > 0 {
+			require.NoError(t, s.step(ctx))
+			own, peer := k.svcs[0].Loads(""), k.svcs[1].Loads("")
+			got = append(got, step{s.now, reflect.DeepEqual(own, peer)})
+			if noSync {
+				for _, l := range peer {
+					require.Zero(t, l.ActiveRequests)
+				}
+			}
+		}
+		ms := time.Millisecond
+		want := []step{
+			{0, false}, {10 * ms, true}, // booked (2 s prefill), then heard of
+			{2000 * ms, false}, {2010 * ms, true}, // prefilled (200 ms decode)
+			{2200 * ms, false}, {2210 * ms, true}, // freed
+		}
+		if noSync {
+			want = []step{{0, false}, {2000 * ms, false}, {2200 * ms, true}} // the peer never carried it
+		}
+		require.Equal(t, want, got, "no sync %v", noSync)
+		require.NoError(t, k.close())
+	}
 }

@@ -40,8 +40,14 @@ type Result struct {
 	// Makespan is the first arrival to the last completion, in simulated time.
 	Makespan time.Duration
 	// StoredBlocks and EvictedBlocks count cache changes over all workers;
-	// Events the KV events the router received (kvselect only).
+	// Events the KV events the engines sent to the router (kvselect only; each
+	// replica receives every one).
 	StoredBlocks, EvictedBlocks, Events int64
+	// Replicas is the number of router replicas (Options.Replicas for the
+	// kvselect policies, 1 for the others); RemoteBookings counts the
+	// bookings delivered from one replica to another (0 with NoSync).
+	Replicas       int
+	RemoteBookings int64
 	// Wall is the real time the replay took (Options.Now).
 	Wall time.Duration
 	// Explain is set for the kvselect policies when Options.Explain is.
@@ -78,6 +84,7 @@ type simRequest struct {
 	keys     []uint64 // dense prefix ids: cache keys and engine block hashes
 	tokens   []uint32 // the same ids as router tokens (block size 1)
 	worker   int
+	replica  int // the router replica that booked it
 	hit      int
 	believed int
 	ttft     time.Duration
@@ -123,6 +130,7 @@ const (
 	evArrive evKind = iota
 	evPrefillDone
 	evFinish
+	evSync // req is the router's op slot, not a request
 )
 
 type simEvent struct {
@@ -166,6 +174,7 @@ type sim struct {
 	evBuf     kvindex.Event
 	stored    int64
 	evictedN  int64
+	lastDone  time.Duration // the last completion (replica sync may run later)
 }
 
 // Run replays reqs (in arrival order; ties keep slice order) against policy and
@@ -178,6 +187,10 @@ func Run(ctx context.Context, reqs []trace.Request, policy Policy, opts Options)
 	}
 	if _, err := ParsePolicy(string(policy)); err != nil {
 		return Result{}, err
+	}
+	if o.Replicas > 1 && policy != KVSelect && policy != KVSelectApprox {
+		return Result{}, fmt.Errorf("%w: Replicas %d: policy %q is one router (replicas apply to %s and %s)",
+			ErrInvalidOptions, o.Replicas, policy, KVSelect, KVSelectApprox)
 	}
 	start := o.Now()
 	s, err := prepare(ctx, reqs, policy, o)
@@ -274,19 +287,7 @@ func (s *sim) run(ctx context.Context) error {
 				return fmt.Errorf("replay: %w", err)
 			}
 		}
-		e := heap.Pop(&s.events).(simEvent)
-		s.now = e.at
-		r := &s.reqs[e.req]
-		var err error
-		switch e.kind {
-		case evArrive:
-			err = s.arrive(ctx, e.req, r)
-		case evPrefillDone:
-			err = s.prefillDone(r)
-		case evFinish:
-			err = s.finish(r)
-		}
-		if err != nil {
+		if err := s.step(ctx); err != nil {
 			return err
 		}
 	}
@@ -296,6 +297,23 @@ func (s *sim) run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// step runs the next event; the queue is not empty.
+func (s *sim) step(ctx context.Context) error {
+	e := heap.Pop(&s.events).(simEvent)
+	s.now = e.at
+	switch e.kind {
+	case evArrive:
+		return s.arrive(ctx, e.req, &s.reqs[e.req])
+	case evPrefillDone:
+		return s.prefillDone(&s.reqs[e.req])
+	case evFinish:
+		return s.finish(&s.reqs[e.req])
+	case evSync:
+		return s.router.deliver(e.req)
+	}
+	return fmt.Errorf("replay: internal error: event kind %d", e.kind)
 }
 
 func (s *sim) arrive(ctx context.Context, idx int, r *simRequest) error {
@@ -375,6 +393,7 @@ func (s *sim) finish(r *simRequest) error {
 	wk.running--
 	wk.active--
 	r.state = stateDone
+	s.lastDone = s.now
 	if err := s.router.finished(r); err != nil {
 		return fmt.Errorf("replay: completion of request %s: %w", r.id, err)
 	}
@@ -384,9 +403,9 @@ func (s *sim) finish(r *simRequest) error {
 
 func (s *sim) result() Result {
 	res := Result{Policy: s.policy, Requests: len(s.reqs), ReachableHitRate: s.reachable,
-		StoredBlocks: s.stored, EvictedBlocks: s.evictedN}
+		StoredBlocks: s.stored, EvictedBlocks: s.evictedN, Replicas: 1}
 	if k, ok := s.router.(*kvRouter); ok {
-		res.Events = k.ev
+		res.Events, res.Replicas, res.RemoteBookings = k.ev, len(k.svcs), k.remote
 		if k.explain != nil {
 			e := *k.explain
 			if e.Missed > 0 {
@@ -423,7 +442,7 @@ func (s *sim) result() Result {
 		slices.Sort(ttfts)
 		res.TTFTMean = sum / time.Duration(len(ttfts))
 		res.TTFTP50, res.TTFTP90, res.TTFTP99 = percentile(ttfts, 0.50), percentile(ttfts, 0.90), percentile(ttfts, 0.99)
-		res.Makespan = s.now - s.reqs[0].arrival
+		res.Makespan = s.lastDone - s.reqs[0].arrival
 	}
 	return res
 }
