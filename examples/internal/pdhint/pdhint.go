@@ -100,12 +100,14 @@ func Parse(value string) (Signature, error) {
 	if !ok {
 		return s, fmt.Errorf("%w: expiry %q", ErrMalformed, parts[1])
 	}
+	// The base64 decoder skips CR and LF; a field must be its own canonical
+	// encoding, byte for byte.
 	nonce, err := b64.DecodeString(parts[2])
-	if err != nil || len(nonce) < MinNonceLen || len(nonce) > MaxNonceLen {
+	if err != nil || len(nonce) < MinNonceLen || len(nonce) > MaxNonceLen || b64.EncodeToString(nonce) != parts[2] {
 		return s, fmt.Errorf("%w: nonce", ErrMalformed)
 	}
 	mac, err := b64.DecodeString(parts[3])
-	if err != nil || len(mac) != macLen {
+	if err != nil || len(mac) != macLen || b64.EncodeToString(mac) != parts[3] {
 		return s, fmt.Errorf("%w: mac", ErrMalformed)
 	}
 	s.Expiry, s.Nonce = time.Unix(exp, 0), nonce
