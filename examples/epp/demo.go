@@ -48,8 +48,11 @@ type demoOptions struct {
 	parityDelay    time.Duration // FeedTrust.ParityDelay of the kvselect runs
 	tokenInterval  time.Duration // the fake engines' wait between two streamed tokens
 	maxTokens      int           // each request's max_tokens; default 8
-	seed           uint64
-	logger         *slog.Logger
+	// shortEvery > 0 makes every shortEvery-th request a short question with
+	// no system prompt (the disaggregated demo); 0: none.
+	shortEvery int
+	seed       uint64
+	logger     *slog.Logger
 }
 
 const demoModel = "demo-model"
@@ -108,8 +111,16 @@ type demoResult struct {
 	// perPrefiller counts the requests whose x-prefiller-host-port named each
 	// prefill endpoint (disaggregated runs).
 	perPrefiller map[string]int
-	endpoints    []string
-	firstFailure string // the first failed request: its error or status and body
+	// Requests whose decision named no prefill worker: every request of an
+	// aggregated run; in a disaggregated one, those its decode worker
+	// prefilled itself. perUnpaired counts them per endpoint, unpairedShort
+	// the short prompts (demoRequest.short) among them, unpairedTTFTs are
+	// their TTFTs and pairedTTFTs the others'.
+	perUnpaired                map[string]int
+	unpairedShort              int
+	unpairedTTFTs, pairedTTFTs []float64
+	endpoints                  []string
+	firstFailure               string // the first failed request: its error or status and body
 	// engineStats are the fake engines' counters at the end of the run, in
 	// endpoint order (nil with engines the user runs).
 	engineStats []fakeengine.HTTPStats
@@ -190,7 +201,8 @@ func (o *demoOptions) loadWorkers(ctx context.Context, cfg *config) error {
 }
 
 type demoRequest struct {
-	body []byte
+	body  []byte
+	short bool // a short question without a system prompt (demoOptions.shortEvery)
 }
 
 // demoWorkload builds the chat requests of run number run: each of o.groups
@@ -199,6 +211,8 @@ type demoRequest struct {
 // interleaved. Every run gets the same requests, except that the system prompts
 // start with the run's number, so that no run finds the previous run's prompts
 // in the engines' caches (engines the user runs are not restarted between runs).
+// With o.shortEvery, every shortEvery-th request is a short question of its
+// own instead, without a system prompt (a chat's first turn, a quick lookup).
 // Requests stream their answers, as chat clients do, so that the driver can time
 // the first byte.
 func demoWorkload(o demoOptions, run int) []demoRequest {
@@ -220,18 +234,20 @@ func demoWorkload(o demoOptions, run int) []demoRequest {
 	}
 	reqs := make([]demoRequest, o.requests)
 	for i := range reqs {
-		g := r.IntN(o.groups)
+		short := o.shortEvery > 0 && i%o.shortEvery == o.shortEvery-1
+		var messages []map[string]string
+		if !short {
+			messages = append(messages, map[string]string{"role": "system", "content": systems[r.IntN(o.groups)]})
+		}
+		messages = append(messages, map[string]string{"role": "user", "content": fmt.Sprintf("Question %d: ", i) + sentence(12+r.IntN(20))})
 		body, _ := json.Marshal(map[string]any{
-			"model": o.model,
-			"messages": []map[string]string{
-				{"role": "system", "content": systems[g]},
-				{"role": "user", "content": fmt.Sprintf("Question %d: ", i) + sentence(12+r.IntN(20))},
-			},
+			"model":          o.model,
+			"messages":       messages,
 			"max_tokens":     o.maxTokens,
 			"stream":         true,
 			"stream_options": map[string]bool{"include_usage": true},
 		})
-		reqs[i] = demoRequest{body: body}
+		reqs[i] = demoRequest{body: body, short: short}
 	}
 	return reqs
 }
@@ -399,7 +415,7 @@ func demoDrive(ctx context.Context, o demoOptions, policy string, workload []dem
 	httpc := &http.Client{Timeout: 30 * time.Second}
 	defer httpc.CloseIdleConnections()
 
-	res := demoResult{policy: policy, perEndpoint: map[string]int{}, perPrefiller: map[string]int{}, endpoints: endpoints}
+	res := demoResult{policy: policy, perEndpoint: map[string]int{}, perPrefiller: map[string]int{}, perUnpaired: map[string]int{}, endpoints: endpoints}
 	var mu sync.Mutex
 	next := atomic.Int64{}
 	var wg sync.WaitGroup
@@ -435,14 +451,26 @@ func demoDrive(ctx context.Context, o demoOptions, policy string, workload []dem
 					continue
 				}
 				res.perEndpoint[resp.Served]++
-				if p := resp.Decision.Prefiller; p != "" {
-					res.perPrefiller[p]++
+				paired := resp.Decision.Prefiller != ""
+				if paired {
+					res.perPrefiller[resp.Decision.Prefiller]++
+				} else {
+					res.perUnpaired[resp.Served]++
+					if workload[i].short {
+						res.unpairedShort++
+					}
 				}
 				p, c := usageOf(resp.Body)
 				res.prompt += p
 				res.cached += c
 				if body != nil && !body.first.IsZero() {
-					res.ttfts = append(res.ttfts, ms(body.first.Sub(sent)))
+					ttft := ms(body.first.Sub(sent))
+					res.ttfts = append(res.ttfts, ttft)
+					if paired {
+						res.pairedTTFTs = append(res.pairedTTFTs, ttft)
+					} else {
+						res.unpairedTTFTs = append(res.unpairedTTFTs, ttft)
+					}
 					for k := 1; k < len(body.tokens); k++ {
 						res.itls = append(res.itls, ms(body.tokens[k].Sub(body.tokens[k-1])))
 					}

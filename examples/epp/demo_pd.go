@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -25,6 +26,16 @@ const (
 	// per token).
 	pdDemoTransferPerBlock = 20 * time.Microsecond
 	pdDecodeBlocks         = 4096 // decode engines never evict in the demo
+	// pdDemoShortEvery: one request in four is a short question without a
+	// system prompt.
+	pdDemoShortEvery = 4
+	// pdDemoLocalPrefillBelow is the conditional run's
+	// DYN_EPP_LOCAL_PREFILL_BELOW when the environment sets none: above a
+	// short question (under 40 tokens) and the part of a request a decode
+	// engine holding its system prompt has not cached (the rest of the last
+	// cached block and the question, under 60), far below a whole system
+	// prompt (about 400).
+	pdDemoLocalPrefillBelow = 64
 )
 
 // pdRig is an EPP in disaggregated mode in process (its ext_proc server not
@@ -119,6 +130,9 @@ type pdDemoResult struct {
 	sidecars []sidecar.Stats
 	booker   roles.BookerStats
 	fleet    pdFleetView
+	// localBelow is the run's BookerOptions.LocalPrefillBelow (0: a prefill
+	// leg for every request).
+	localBelow int
 }
 
 // pdFleetView names a fleet's workers, in its order.
@@ -163,9 +177,12 @@ func splitEngines(n int) (prefill, decode int) {
 }
 
 // runDisaggregatedDemo is --demo --topology disaggregated: the shared-prefix
-// workload through an EPP in disaggregated mode (prefill engines that publish
-// KV events, decode engines behind decode sidecars), beside aggregated serving
-// of the same workload on as many engines, and the tables.
+// workload, one request in pdDemoShortEvery a short question without a system
+// prompt, through an EPP in disaggregated mode (prefill engines that publish KV
+// events, decode engines behind decode sidecars), once with a prefill leg for
+// every request and once with conditional disaggregation
+// (DYN_EPP_LOCAL_PREFILL_BELOW), beside aggregated serving of the same workload
+// on as many engines, and the tables.
 func runDisaggregatedDemo(ctx context.Context, cfg *config, o demoOptions, out io.Writer) error {
 	if o.workersFile != "" {
 		return errors.New("the disaggregated demo runs its own fake engines and sidecars: drop --demo-workers-file")
@@ -185,25 +202,42 @@ func runDisaggregatedDemo(ctx context.Context, cfg *config, o demoOptions, out i
 	if o.tokenInterval <= 0 {
 		o.tokenInterval = pdDemoTokenInterval
 	}
+	if o.shortEvery <= 0 {
+		o.shortEvery = pdDemoShortEvery
+	}
 	o.defaults()
 
-	// Both runs start fresh engines: the same requests, no warm cache.
+	// Every run starts fresh engines: the same requests, no warm cache. The
+	// disaggregated run books a prefill leg for every request, whatever the
+	// environment says; the conditional one uses DYN_EPP_LOCAL_PREFILL_BELOW
+	// when it is set.
 	workload := demoWorkload(o, 0)
 	agg, err := demoRun(ctx, cfg, o, "kvselect", workload)
 	if err != nil {
 		return fmt.Errorf("aggregated: %w", err)
 	}
 	agg.policy = "aggregated"
-	pd, err := demoPDRun(ctx, cfg, o, prefill, decode, workload)
+	always := *cfg
+	always.LocalPrefillBelow = 0
+	pd, err := demoPDRun(ctx, &always, o, prefill, decode, workload)
 	if err != nil {
 		return fmt.Errorf("disaggregated: %w", err)
 	}
+	conditional := *cfg
+	if conditional.LocalPrefillBelow <= 0 {
+		conditional.LocalPrefillBelow = pdDemoLocalPrefillBelow
+	}
+	cond, err := demoPDRun(ctx, &conditional, o, prefill, decode, workload)
+	if err != nil {
+		return fmt.Errorf("disaggregated, conditional: %w", err)
+	}
+	cond.client.policy = "disaggregated, conditional"
 	rr, err := roundRobinPrefillHitRate(o.pdFleetOptions(cfg, prefill, decode), workload)
 	if err != nil {
 		return err
 	}
-	printPDDemo(out, agg, pd, rr, o, prefill, decode)
-	for _, r := range []demoResult{agg, pd.client} {
+	printPDDemo(out, agg, pd, cond, rr, o, prefill, decode)
+	for _, r := range []demoResult{agg, pd.client, cond.client} {
 		if r.failed > 0 {
 			return fmt.Errorf("%s: %d requests failed, the first: %s", r.policy, r.failed, r.firstFailure)
 		}
@@ -229,7 +263,7 @@ func demoPDRun(ctx context.Context, cfg *config, o demoOptions, prefill, decode 
 		return pdDemoResult{}, err
 	}
 	defer rig.close()
-	res := pdDemoResult{fleet: rig.fleet.view()}
+	res := pdDemoResult{fleet: rig.fleet.view(), localBelow: rig.e.cfg.LocalPrefillBelow}
 	if res.client, err = rig.drive(ctx, o, workload); err != nil {
 		return res, err
 	}
@@ -290,29 +324,31 @@ func chatTokens(body []byte) ([]uint32, error) {
 	return fakeengine.ApplyChatTemplate(req.Messages), nil
 }
 
-func printPDDemo(out io.Writer, agg demoResult, pd pdDemoResult, rrHitRate float64, o demoOptions, prefill, decode int) {
+func printPDDemo(out io.Writer, agg demoResult, pd, cond pdDemoResult, rrHitRate float64, o demoOptions, prefill, decode int) {
 	fmt.Fprintf(out, "kvselect demo, disaggregated: %d fake prefill engines (publishing KV events, %s) and %d fake decode engines,\n"+
 		"each behind a decode sidecar (vLLM NIXL), beside aggregated serving of the same workload on %d fake engines;\n"+
-		"%d shared system prompts, %d chat requests per run, %d in flight, routed through the EPP's ext_proc server.\n"+
-		"Each engine caches %d tokens (a few system prompts), waits its simulated TTFT and %v between tokens;\n"+
-		"latencies are timed by the client.\n\n",
-		prefill, o.dialect, decode, prefill+decode, o.groups, o.requests, o.concurrency, o.capacityTokens, o.tokenInterval)
+		"%d shared system prompts and, one request in %d, a short question without one; %d chat requests per run,\n"+
+		"%d in flight, routed through the EPP's ext_proc server. The conditional run sets DYN_EPP_LOCAL_PREFILL_BELOW=%d:\n"+
+		"a request whose uncached prompt on its decode worker is at most that many tokens skips the prefill leg.\n"+
+		"Each engine caches %d tokens (a few system prompts; decode engines never evict), waits its simulated TTFT\n"+
+		"and %v between tokens; latencies are timed by the client.\n\n",
+		prefill, o.dialect, decode, prefill+decode, o.groups, o.shortEvery, o.requests, o.concurrency, cond.localBelow,
+		o.capacityTokens, o.tokenInterval)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "serving\trequests\tfailed\tTTFT p50\tTTFT p90\tTTFT p99\tITL p50\tITL p90\tITL p99\tprefill-cache hit rate\tfallbacks")
-	fallbacks := uint64(pd.booker.LocalPrefill)
-	for _, s := range pd.sidecars {
-		fallbacks += s.Fallbacks
-	}
-	row := func(r demoResult, hit float64, fb string) {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\t%.2f ms\t%.2f ms\t%.2f ms\t%.1f%%\t%s\n", r.policy, r.requests, r.failed,
+	fmt.Fprintln(tw, "serving\trequests\tfailed\tTTFT p50\tTTFT p90\tTTFT p99\tITL p50\tITL p90\tITL p99\tprefill-cache hit rate\tskipped prefill\tfallbacks")
+	row := func(r demoResult, hit float64, skipped, fb string) {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\t%.2f ms\t%.2f ms\t%.2f ms\t%.1f%%\t%s\t%s\n", r.policy, r.requests, r.failed,
 			percentile(r.ttfts, 0.5), percentile(r.ttfts, 0.9), percentile(r.ttfts, 0.99),
-			percentile(r.itls, 0.5), percentile(r.itls, 0.9), percentile(r.itls, 0.99), 100*hit, fb)
+			percentile(r.itls, 0.5), percentile(r.itls, 0.9), percentile(r.itls, 0.99), 100*hit, skipped, fb)
 	}
-	row(agg, hitRateOf(agg.engineStats), "-")
-	row(pd.client, pd.prefillHitRate(), fmt.Sprint(fallbacks))
+	row(agg, hitRateOf(agg.engineStats), "-", "-")
+	for _, r := range []pdDemoResult{pd, cond} {
+		row(r.client, r.prefillHitRate(), fmt.Sprint(r.booker.Conditional), fmt.Sprint(r.fallbacks()))
+	}
 	_ = tw.Flush()
 
-	fmt.Fprintln(out, "\nWhere each leg landed (booked: what the EPP sent there; served: what the engine counted):")
+	fmt.Fprintln(out, "\nWhere each leg landed (booked: what the EPP sent there; served: what the engine counted; local: prefilled by\n"+
+		"the decode engine itself, no prefill leg):")
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "serving\tworker\trole\tbooked\tserved\tprefix-cache hit rate\tKV transferred")
 	for i, ep := range agg.endpoints {
@@ -323,13 +359,8 @@ func printPDDemo(out io.Writer, agg demoResult, pd pdDemoResult, rrHitRate float
 		fmt.Fprintf(tw, "aggregated\tengine-%d\taggregated\t%d requests\t%d requests\t%.1f%%\t-\n", i, agg.perEndpoint[ep], st.Requests,
 			100*hitRateOf([]fakeengine.HTTPStats{st}))
 	}
-	for i, st := range pd.prefill {
-		fmt.Fprintf(tw, "disaggregated\t%s\tprefill\t%d prefill legs\t%d prefill legs\t%.1f%%\t%d handed over\n", pd.fleet.prefillIDs[i],
-			pd.client.perPrefiller[pd.fleet.prefillEndpoints[i]], st.PrefillLegs, 100*hitRateOf([]fakeengine.HTTPStats{st}), st.Pulls)
-	}
-	for i, st := range pd.decode {
-		fmt.Fprintf(tw, "disaggregated\t%s\tdecode\t%d requests\t%d decode legs\t-\t%d tokens pulled\n", pd.fleet.decodeIDs[i],
-			pd.client.perEndpoint[pd.fleet.decodeEndpoints[i]], st.DecodeLegs, st.TransferredTokens)
+	for _, r := range []pdDemoResult{pd, cond} {
+		r.printLegs(tw)
 	}
 	_ = tw.Flush()
 
@@ -338,8 +369,54 @@ func printPDDemo(out io.Writer, agg demoResult, pd pdDemoResult, rrHitRate float
 		fmt.Fprintf(out, "Round-robin prefill placement of the same workload would hit %.1f%% (its prompts replayed through the\n"+
 			"engines' cache model): kvselect's prefill placement hits %.1fx that.\n", 100*rrHitRate, pd.prefillHitRate()/rrHitRate)
 	}
-	var prefillOK, prefillFailed, bad uint64
-	for _, s := range pd.sidecars {
+	for _, r := range []pdDemoResult{pd, cond} {
+		r.printSummary(out)
+	}
+	c := cond.client
+	fmt.Fprintf(out, "Conditional: %d of %d requests skipped the prefill leg, %d of the %d short questions and %d requests whose\n"+
+		"system prompt their decode engine held (the decode service's approximate index knew it). TTFT p50 %.1f ms for\n"+
+		"them, %.1f ms for the %d with a prefill leg; the run's p50 %.1f ms against %.1f ms with a prefill leg for every\n"+
+		"request (p90 %.1f ms against %.1f ms).\n",
+		cond.booker.Conditional, c.requests, c.unpairedShort, countShort(o), c.unpaired()-c.unpairedShort,
+		percentile(c.unpairedTTFTs, 0.5), percentile(c.pairedTTFTs, 0.5), len(c.pairedTTFTs),
+		percentile(c.ttfts, 0.5), percentile(pd.client.ttfts, 0.5), percentile(c.ttfts, 0.9), percentile(pd.client.ttfts, 0.9))
+}
+
+// printLegs writes the run's rows of the per-worker table.
+func (r pdDemoResult) printLegs(tw io.Writer) {
+	name := r.client.policy
+	for i, st := range r.prefill {
+		fmt.Fprintf(tw, "%s\t%s\tprefill\t%d prefill legs\t%d prefill legs\t%.1f%%\t%d handed over\n", name, r.fleet.prefillIDs[i],
+			r.client.perPrefiller[r.fleet.prefillEndpoints[i]], st.PrefillLegs, 100*hitRateOf([]fakeengine.HTTPStats{st}), st.Pulls)
+	}
+	for i, st := range r.decode {
+		ep := r.fleet.decodeEndpoints[i]
+		booked, served := fmt.Sprintf("%d requests", r.client.perEndpoint[ep]), fmt.Sprintf("%d decode legs", st.DecodeLegs)
+		if r.localBelow > 0 {
+			// A request without a prefill leg is a plain one to the engine.
+			booked += fmt.Sprintf(", %d local", r.client.perUnpaired[ep])
+			served += fmt.Sprintf(", %d local", st.Requests-st.DecodeLegs)
+		}
+		fmt.Fprintf(tw, "%s\t%s\tdecode\t%s\t%s\t-\t%d tokens pulled\n", name, r.fleet.decodeIDs[i], booked, served, st.TransferredTokens)
+	}
+}
+
+// fallbacks counts the requests prefilled by their decode engine for want of
+// a prefill leg: booked so by the EPP because no prefill worker could take
+// them, or after a failed prefill leg (the sidecars' local fallback).
+func (r pdDemoResult) fallbacks() int64 {
+	n := r.booker.LocalPrefill - r.booker.Conditional
+	for _, s := range r.sidecars {
+		n += int64(s.Fallbacks)
+	}
+	return n
+}
+
+// printSummary writes the run's fallbacks, sidecar legs and plans.
+func (r pdDemoResult) printSummary(out io.Writer) {
+	var prefillOK, prefillFailed, bad, sidecarFallbacks, passed uint64
+	for _, s := range r.sidecars {
+		passed += s.Passthrough
 		for k, n := range s.Legs {
 			if k.Leg == sidecar.LegPrefill {
 				if k.Outcome == sidecar.OutcomeOK {
@@ -352,14 +429,37 @@ func printPDDemo(out io.Writer, agg demoResult, pd pdDemoResult, rrHitRate float
 		for _, n := range s.BadHints {
 			bad += n
 		}
-	}
-	var sidecarFallbacks uint64
-	for _, s := range pd.sidecars {
 		sidecarFallbacks += s.Fallbacks
 	}
-	b := pd.booker
-	fmt.Fprintf(out, "Fallbacks: the EPP booked %d requests on a decode worker alone (%d of them because no prefill worker could\n"+
-		"take them), the sidecars prefilled %d locally after a failed prefill leg; sidecars: %d prefill legs ok, %d failed,\n"+
-		"%d hints refused. Plans: %d booked, %d handed off at the first byte, %d completed, %d expired.\n",
-		b.LocalPrefill, b.Fallbacks, sidecarFallbacks, prefillOK, prefillFailed, bad, b.Booked, b.Plans.HandedOff, b.Plans.Completed, b.Plans.Expired)
+	b := r.booker
+	fmt.Fprintf(out, "%s: the EPP booked %d requests on a decode worker alone (%d conditionally, %d because no\n"+
+		"prefill worker could take them), the sidecars prefilled %d locally after a failed prefill leg; sidecars: %d prefill legs\n"+
+		"ok, %d failed, %d hints refused, %d requests passed through. Plans: %d booked, %d handed off at the first byte,\n"+
+		"%d completed, %d expired.\n",
+		capitalize(r.client.policy), b.LocalPrefill, b.Conditional, b.Fallbacks, sidecarFallbacks, prefillOK, prefillFailed, bad,
+		passed, b.Booked, b.Plans.HandedOff, b.Plans.Completed, b.Plans.Expired)
+}
+
+func capitalize(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+// unpaired counts the requests whose decision named no prefill worker.
+func (r demoResult) unpaired() int {
+	n := 0
+	for _, c := range r.perUnpaired {
+		n += c
+	}
+	return n
+}
+
+// countShort is the number of short questions in the workload o builds.
+func countShort(o demoOptions) int {
+	if o.shortEvery <= 0 {
+		return 0
+	}
+	return o.requests / o.shortEvery
 }

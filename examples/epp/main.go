@@ -5,7 +5,7 @@
 // with kvselect, and tells Envoy where to send the request.
 //
 //	go run ./examples/epp --demo            # fake engines, a workload, kvselect vs round-robin
-//	go run ./examples/epp --demo --topology disaggregated  # prefill engines, decode engines behind sidecars, vs aggregated
+//	go run ./examples/epp --demo --topology disaggregated  # prefill engines, decode engines behind sidecars, conditional, vs aggregated
 //	go run ./examples/epp --print-env-table # the environment contract as Markdown
 //
 // Configuration follows the environment contract of Dynamo's standalone EPP;
@@ -64,7 +64,7 @@ func main() {
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("epp", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	demo := fs.Bool("demo", false, "run the self-contained demo: fake engines, a shared-prefix workload, kvselect vs round-robin (with --topology disaggregated: prefill engines and decode engines behind sidecars, vs aggregated serving)")
+	demo := fs.Bool("demo", false, "run the self-contained demo: fake engines, a shared-prefix workload, kvselect vs round-robin (with --topology disaggregated: prefill engines and decode engines behind sidecars, a prefill leg for every request and then conditionally, vs aggregated serving)")
 	demoEngines := fs.Int("demo-engines", 4, "demo: number of fake engines")
 	demoRequests := fs.Int("demo-requests", 480, "demo: requests per policy")
 	demoWorkers := fs.String("demo-workers-file", "", "demo: drive engines you already run (static workers file) instead of fake ones")

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvselect/kvselect/examples/epp/internal/eppproc"
+	"github.com/kvselect/kvselect/examples/pdsidecar/sidecar"
 )
 
 // Pods of the role-split pool, by fleet index.
@@ -28,12 +29,12 @@ const (
 var podNames = [nPods]string{"prefill-0", "prefill-1", "decode-0", "decode-1", "unlabelled", "both"}
 
 // rolePool creates the pool of the disaggregated cases: two prefill pods, two
-// decode pods, one without the role label and one with an invalid value, all
-// Ready members of the pool.
+// decode pods (a decode sidecar in front of the engine), one without the role
+// label and one with an invalid value, all Ready members of the pool.
 func rolePool(t *testing.T, hh *harness) (*space, *fleet, string) {
 	t.Helper()
 	s := newSpace(t, hh)
-	f := startFleet(t, nPods)
+	f := startPods(t, prefillPod, prefillPod, decodePod, decodePod, plainPod, plainPod)
 	tok := startTokenizer(t)
 	s.createPool("pool", map[string]string{"app": "llm"}, f.port)
 	roles := [nPods]string{"prefill", "prefill", "decode", "decode", "", "both"}
@@ -76,6 +77,69 @@ func (p *eppProc) pair(f *fleet, idx ...int) (status, dest, prefill int) {
 	return resp.StatusCode, dest, prefill
 }
 
+// requireLegs checks what the pods' engines and sidecars counted from was to
+// now against the legs the EPP's decisions asked for: prefills[i] prefill legs
+// on pod i, decodes[i] requests with pod i as destination. A prefill leg runs
+// on the pod the EPP named (on a decode pod, through its sidecar's
+// pass-through) and its KV is pulled, once. A decode pod's sidecar takes each
+// of its requests through a prefill leg and a decode leg, whose engine pulls
+// the KV (transferred tokens) and computes none of the prompt itself; no
+// fallback, no refusal, no other outcome. An engine runs nothing else.
+func requireLegs(t *testing.T, f *fleet, was, now []podLegs, prefills, decodes map[int]int) {
+	t.Helper()
+	for i := range f.engines {
+		name, e, e0 := podNames[i], now[i].engine, was[i].engine
+		if f.kinds[i] != decodePod {
+			require.Zero(t, decodes[i], "%s: no sidecar to run a decode leg", name)
+		}
+		require.EqualValues(t, prefills[i], e.PrefillLegs-e0.PrefillLegs, "%s: prefill legs, where the EPP named it", name)
+		require.Equal(t, e.PrefillLegs-e0.PrefillLegs, e.Pulls-e0.Pulls, "%s: every prefill leg's KV pulled", name)
+		require.Equal(t, e0.HoldsExpired, e.HoldsExpired, "%s: prefill legs nobody pulled", name)
+		require.EqualValues(t, decodes[i], e.DecodeLegs-e0.DecodeLegs, "%s: decode legs", name)
+		require.EqualValues(t, prefills[i]+decodes[i], e.Requests-e0.Requests, "%s: requests other than its legs", name)
+		if decodes[i] > 0 {
+			require.Greater(t, e.TransferredTokens, e0.TransferredTokens, "%s: the decode legs pulled their KV", name)
+		}
+		if prefills[i] == 0 {
+			require.Equal(t, e0.ComputedTokens, e.ComputedTokens, "%s: prompt tokens computed by a decode engine", name)
+		}
+		if f.kinds[i] != decodePod {
+			continue
+		}
+		sc, sc0 := now[i].sidecar, was[i].sidecar
+		require.EqualValues(t, decodes[i], sc.Disaggregated-sc0.Disaggregated, "%s: hints the sidecar accepted", name)
+		require.EqualValues(t, prefills[i], sc.Passthrough-sc0.Passthrough, "%s: requests the sidecar passed through", name)
+		require.Equal(t, sc0.Fallbacks, sc.Fallbacks, "%s: local fallbacks", name)
+		for k, n := range sc.Legs {
+			want := sc0.Legs[k]
+			switch {
+			case k.Outcome != sidecar.OutcomeOK:
+			case k.Leg == sidecar.LegPassthrough:
+				want += uint64(prefills[i])
+			default:
+				want += uint64(decodes[i])
+			}
+			require.Equal(t, want, n, "%s: sidecar legs %s %s", name, k.Leg, k.Outcome)
+		}
+		for reason, n := range sc.BadHints {
+			require.Equal(t, sc0.BadHints[reason], n, "%s: hints refused as %s", name, reason)
+		}
+		for reason, n := range sc.Refused {
+			require.Equal(t, sc0.Refused[reason], n, "%s: requests refused as %s", name, reason)
+		}
+	}
+}
+
+// requireNoOrchestrationHeaders checks that no orchestration header reached
+// the engine of any of pods.
+func requireNoOrchestrationHeaders(t *testing.T, f *fleet, pods ...int) {
+	t.Helper()
+	for _, i := range pods {
+		n, first := f.headers[i].seen()
+		require.Zero(t, n, "%s: requests reached its engine with orchestration headers (the first: %s)", podNames[i], first)
+	}
+}
+
 // excluded reports whether the EPP logged the worker of pod as excluded for
 // reason (with value, when not empty).
 func (p *eppProc) excluded(s *space, pod int, reason, value string) bool {
@@ -86,11 +150,13 @@ func (p *eppProc) excluded(s *space, pod int, reason, value string) bool {
 }
 
 // TestDisaggregated runs the role-split validation matrix against one pool of
-// two prefill and two decode pods (plus one unlabelled and one invalid):
-// per-role catalogs, KV-event subscriptions to prefill pods only, 100 requests
-// landing on decode pods with a prefill hint naming a prefill pod (forged
-// routing headers included), label flips in both directions, a removed and an
-// invalid label, decode scaled to zero and back.
+// two prefill and two decode pods, each decode pod a sidecar in front of its
+// engine (plus one unlabelled and one invalid): per-role catalogs, KV-event
+// subscriptions to prefill pods only, 100 requests landing on decode pods with
+// a prefill hint naming a prefill pod (forged routing headers included), each
+// run by the sidecar as a prefill leg on that pod and a decode leg that pulls
+// its KV, with no orchestration header reaching an engine; label flips in both
+// directions, a removed and an invalid label, decode scaled to zero and back.
 func TestDisaggregated(t *testing.T) {
 	hh := need(t)
 	s, f, tok := rolePool(t, hh)
@@ -129,6 +195,8 @@ func TestDisaggregated(t *testing.T) {
 	for i := range before {
 		before[i] = f.requests(i)
 	}
+	legsBefore := f.legs()
+	prefills, decodes := map[int]int{}, map[int]int{}
 	for i := range 100 {
 		r := request{prompt: fmt.Sprintf("shared system prompt for family %d; question %d", i%10, i)}
 		if i%2 == 1 {
@@ -144,8 +212,10 @@ func TestDisaggregated(t *testing.T) {
 		require.Contains(t, []int{pf0, pf1}, pre, "request %d prefill hint %q", i, resp.Decision.Prefiller)
 		require.Equal(t, resp.Served, resp.Decision.Destination)
 		require.Equal(t, []string{resp.Decision.Prefiller}, resp.Decision.Headers["x-prefiller-host-port"],
-			"request %d: one prefill hint reaches the engine", i)
+			"request %d: one prefill hint reaches the decode pod", i)
 		require.Equal(t, []string{resp.Served}, resp.Decision.Headers["x-gateway-destination-endpoint"])
+		prefills[pre]++
+		decodes[d]++
 	}
 	var decodeServed uint64
 	for i := range nPods {
@@ -158,6 +228,15 @@ func TestDisaggregated(t *testing.T) {
 		}
 	}
 	require.EqualValues(t, 100, decodeServed)
+	// The legs: each prefill leg on the prefill pod the EPP named, each
+	// request decoded by its sidecar's engine with the KV pulled from there.
+	legsAfter := f.legs()
+	requireLegs(t, f, legsBefore, legsAfter, prefills, decodes)
+	t.Logf("100 requests: prefill legs %d / %d (prefill-0 / prefill-1), decode legs %d / %d (decode-0 / decode-1), KV tokens pulled %d / %d",
+		prefills[pf0], prefills[pf1], decodes[dc0], decodes[dc1],
+		legsAfter[dc0].engine.TransferredTokens-legsBefore[dc0].engine.TransferredTokens,
+		legsAfter[dc1].engine.TransferredTokens-legsBefore[dc1].engine.TransferredTokens)
+	requireNoOrchestrationHeaders(t, f, pf0, pf1, dc0, dc1, unl, bad)
 
 	// prefill -> decode: prefill-1 becomes a decode worker and a destination;
 	// its KV-event source goes away.
@@ -167,9 +246,21 @@ func TestDisaggregated(t *testing.T) {
 	p.eventually("prefill -> decode label flip", func() bool {
 		return p.workers("prefill", "schedulable") == 1 && p.workers("decode", "schedulable") == 3
 	})
+	was := f.legs()
 	st, d, pre := p.pair(f, pf1, pf0)
 	require.Equal(t, http.StatusOK, st)
 	require.Equal(t, []int{pf1, pf0}, []int{d, pre}, "the flipped pod is a destination now")
+	// It has no sidecar: its engine gets the request as it came, hint
+	// included (the header probe sees it), and prefills it itself; no leg
+	// runs anywhere.
+	now := f.legs()
+	require.Equal(t, was[pf1].engine.Requests+1, now[pf1].engine.Requests, "served by the flipped pod's engine")
+	for i := range nPods {
+		require.Equal(t, was[i].engine.PrefillLegs, now[i].engine.PrefillLegs, "%s: a prefill leg ran", podNames[i])
+		require.Equal(t, was[i].engine.DecodeLegs, now[i].engine.DecodeLegs, "%s: a decode leg ran", podNames[i])
+	}
+	n, _ := f.headers[pf1].seen()
+	require.Positive(t, n, "the probe sees the EPP's headers reach an engine without a sidecar")
 	require.Eventually(t, func() bool {
 		return slices.Equal(s.ids(pf0), sorted(p.eventSources()["prefill"]))
 	}, reconcileTimeout, poll, "the flipped pod's KV-event source is removed")
@@ -180,9 +271,12 @@ func TestDisaggregated(t *testing.T) {
 	p.eventually("decode -> prefill label flip", func() bool {
 		return p.workers("prefill", "schedulable") == 2 && p.workers("decode", "schedulable") == 2
 	})
+	was = f.legs()
 	st, d, pre = p.pair(f, dc0, dc1)
 	require.Equal(t, http.StatusOK, st)
 	require.Equal(t, []int{dc1, dc0}, []int{d, pre}, "the flipped pod is a prefill hint now")
+	// Its prefill leg goes through its sidecar's pass-through to its engine.
+	requireLegs(t, f, was, f.legs(), map[int]int{dc0: 1}, map[int]int{dc1: 1})
 	require.Eventually(t, f.engines[dc0].Subscribed, reconcileTimeout, poll, "KV events of the new prefill pod")
 	require.Eventually(t, func() bool {
 		return slices.Equal(s.ids(pf0, dc0), sorted(p.eventSources()["prefill"]))
@@ -220,9 +314,14 @@ func TestDisaggregated(t *testing.T) {
 		return p.send(request{prompt: "decode is back"}).StatusCode == http.StatusOK
 	})
 	require.NotEmpty(t, p.Logs().Find(eppproc.MsgIs("role has ready workers again", "role", "decode")))
+	was = f.legs()
 	st, d, pre = p.pair(f, dc1, dc0)
 	require.Equal(t, http.StatusOK, st)
 	require.Equal(t, []int{dc1, dc0}, []int{d, pre})
+	requireLegs(t, f, was, f.legs(), map[int]int{dc0: 1}, map[int]int{dc1: 1})
+	// Throughout, only the engine that served as a decode pod without a
+	// sidecar saw an orchestration header.
+	requireNoOrchestrationHeaders(t, f, pf0, dc0, dc1, unl, bad)
 }
 
 // TestDisaggregatedEmptyRoleAtStartup starts the EPP on a pool that has
@@ -231,7 +330,7 @@ func TestDisaggregated(t *testing.T) {
 func TestDisaggregatedEmptyRoleAtStartup(t *testing.T) {
 	hh := need(t)
 	s := newSpace(t, hh)
-	f := startFleet(t, 3)
+	f := startPods(t, prefillPod, prefillPod, decodePod)
 	tok := startTokenizer(t)
 	s.createPool("pool", map[string]string{"app": "llm"}, f.port)
 	s.runPod("prefill-0", f.ips[0], map[string]string{"app": "llm", roleLabel: "prefill"})

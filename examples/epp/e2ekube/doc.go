@@ -19,7 +19,10 @@
 // Pods and then writes their status (phase, Ready condition, pod IP) through
 // the status subresource. Every pod IP is a distinct loopback address
 // (127.0.0.2, 127.0.0.3, ...) where a fake engine serves HTTP, KV events and
-// replay on the pool's shared port numbers. The EPP runs as a subprocess with
+// replay on the pool's shared port numbers; in the role-labelled pools a
+// decode pod's HTTP port is a real decode sidecar (examples/pdsidecar/sidecar)
+// in front of its engine, and the tests check each prefill and decode leg on
+// the engines' counters. The EPP runs as a subprocess with
 // the least-privilege identity (a Role that can only get, list and watch pods
 // and inferencepools in the test's namespace); the tests play Envoy with
 // internal/extproctest against its ext_proc port and read its JSON logs and
