@@ -31,7 +31,7 @@
 //	subject                  message   body
 //	<Subject>.ops            batch     flags (resync) | origin | epoch u64 | seq uv | ops
 //	<Subject>.snapshot.<ID>  request   requester | after (the page cursor: the last id received)
-//	                         page      flags (more) | origin | epoch u64 | seq uv | booked ops
+//	                         page      flags (more) | origin | epoch u64 | seq uv (see Ordering) | booked ops
 //
 //	op booked    id | model | worker | rank | seq hashes (u64 each) | private blocks |
 //	             prefill tokens | expected output tokens | lease ms | remaining lease ms
@@ -57,28 +57,36 @@
 //   - a heartbeat or batch at or below last changes nothing;
 //   - a gap (a batch beyond last+1, a heartbeat beyond last, an unknown peer
 //     whose stream is past its start) or a batch flagged resync starts a
-//     snapshot of that peer;
+//     snapshot of that peer (a resync asked while one is in flight, another
+//     once it is applied);
 //   - a larger epoch means the peer restarted: its old bookings are freed and
 //     the new epoch is followed from its start; a smaller one is ignored.
 //
 // A snapshot is requested on the peer's snapshot subject, in pages of at most
 // MaxMessageBytes, each answering "my live bookings with ids after this
-// cursor, in id order". The first page carries the sequence number S it is
-// consistent with, read before its ids are collected: whatever it does not
-// show is in a batch after S. The taker frees every booking it held of the
-// peer, books the pages' entries with their remaining lease (prefill tokens
-// left out once prefilled), and meanwhile buffers the peer's batches. When
-// the last page is in, the buffered batches after S are applied in order;
-// a hole among them, or a sequence number heard and never applied, starts
-// another snapshot at once. A failed request is retried every
-// HeartbeatInterval while the peer is heard from.
+// cursor, in id order". Each page carries the sequence number S it is exactly
+// consistent with: that of the batch that will carry the last op queued when
+// its ids are collected, read under the lock that queues ops, which seals the
+// pending ops there (a batch ends at S; later ops go in later batches). So a
+// page shows what the batches up to S leave, and nothing of a batch after S
+// (a booking freed while the page is encoded is left out: its free is after S
+// and finds nothing). The taker frees every booking it held of the peer,
+// books the pages' entries with their remaining lease (prefill tokens left
+// out once prefilled), and meanwhile buffers the peer's batches. Once the last
+// page is in and the buffered batches reach the highest page's S without a
+// hole (it waits for them), it replays them in order, each op only over an id
+// whose page is older than the op's batch. A hole, or a sequence number heard
+// and never applied, starts another snapshot at once. A failed request is
+// retried every HeartbeatInterval while the peer is heard from.
 //
-// Replaying a batch over a snapshot that already shows its effect is
-// harmless, because ops are idempotent on the receiver: a booking already
-// held is not booked twice (Stats.Duplicates), a settling call on a booking
-// not held is ignored, a second prefill is a no-op and a renewal only extends.
-// That is what lets a snapshot be taken while the peer keeps booking, and be
-// paged.
+// So no op is applied twice over a snapshot, and a booking a page shows freed
+// is never booked again, neither by its replayed booked op nor by a batch
+// after the snapshot, even when its free never reached the stream (dropped
+// by an overflow). That is what lets a snapshot be taken while the peer keeps
+// booking, and be paged. The ops are idempotent on the receiver besides: a
+// booking already held is not booked twice (Stats.Duplicates), a settling
+// call on a booking not held is ignored, a second prefill is a no-op and a
+// renewal only extends.
 //
 // # Silence, leases and partitions
 //
@@ -131,8 +139,11 @@
 // # Invariants
 //
 //   - What a replica holds of a peer is the peer's live bookings as of some
-//     batch of the peer's stream, less the refused ones; after a snapshot and
+//     batch of the peer's stream, less the refused ones (while a snapshot is
+//     taken, each page's range as of its own batch); after a snapshot and
 //     once the stream is quiet, exactly the peer's live bookings.
+//   - A booking is never applied after its free, or after a snapshot that
+//     shows it freed, for one (origin, epoch).
 //   - A remote booking is freed when its origin frees it, when its lease
 //     passes, when its origin is silent for PeerTimeout, restarts, or is
 //     snapshotted without it, and when the Replicator closes.

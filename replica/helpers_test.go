@@ -32,8 +32,19 @@ var testWorkers = []string{"w1", "w2", "w3", "w4"}
 // workers) with a Replicator on hub, started. mod edits the options.
 func newNode(t testing.TB, h *hub, id string, mod func(*replica.Options)) *node {
 	t.Helper()
+	return newNodeWith(t, h, id, nil, mod)
+}
+
+// newNodeWith is newNode with the Replicator's Bus wrapped by wrap (when
+// set); node.bus stays the hub member underneath.
+func newNodeWith(t testing.TB, h *hub, id string, wrap func(*member) replica.Bus, mod func(*replica.Options)) *node {
+	t.Helper()
 	n := &node{bus: h.member()}
-	o := replica.Options{Bus: n.bus, ID: id, HeartbeatInterval: 50 * time.Millisecond}
+	var bus replica.Bus = n.bus
+	if wrap != nil {
+		bus = wrap(n.bus)
+	}
+	o := replica.Options{Bus: bus, ID: id, HeartbeatInterval: 50 * time.Millisecond}
 	if mod != nil {
 		mod(&o)
 	}
@@ -95,10 +106,43 @@ func views(nodes ...*node) string {
 	return ""
 }
 
-// requireConverged waits until the nodes' views agree (see views).
+// behind reports a node that has not applied a peer's last batch yet (or
+// is taking a snapshot of it), "" when none. Equal views are not enough: a
+// node behind a peer's stream may hold, by chance, what the peer holds now
+// (nothing, say) and go on applying the batches it has yet to see.
+func behind(nodes ...*node) string {
+	for _, a := range nodes {
+		st := a.r.Stats()
+		for _, b := range nodes {
+			if a == b {
+				continue
+			}
+			peers := b.r.Peers()
+			i := slices.IndexFunc(peers, func(p replica.Peer) bool { return p.ID == st.ID })
+			if i < 0 {
+				return fmt.Sprintf("%s does not follow %s yet", b.r.ID(), st.ID)
+			}
+			if p := peers[i]; p.Epoch != st.Epoch || p.Seq != st.Seq || p.Syncing {
+				return fmt.Sprintf("%s follows %s at %d/%d (syncing %v), which is at %d/%d",
+					b.r.ID(), st.ID, p.Epoch, p.Seq, p.Syncing, st.Epoch, st.Seq)
+			}
+		}
+	}
+	return ""
+}
+
+// requireConverged waits until every node has published what it has pending,
+// every node has applied each peer's last batch, and the nodes' views agree
+// (see views).
 func requireConverged(t testing.TB, nodes ...*node) {
 	t.Helper()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		for _, n := range nodes {
+			_ = n.r.Flush()
+		}
+		if !assert.Empty(c, behind(nodes...)) {
+			return
+		}
 		assert.Empty(c, views(nodes...))
 	}, 5*time.Second, 2*time.Millisecond)
 }

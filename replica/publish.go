@@ -85,37 +85,83 @@ func (r *Replicator) flush() bool {
 		return false
 	}
 	r.mu.pend, r.out = r.out, p
+	// The batches and their sequence numbers are fixed here, under the lock
+	// a snapshot page reads its sequence number under (pageSeqLocked).
+	r.ends = r.splitBatches(r.ends[:0], p.ops, r.mu.seals)
+	r.mu.seals, r.outSeals = r.outSeals[:0], r.mu.seals
+	r.mu.outEnd = r.seq.Load() + uint64(len(r.ends))
+	r.mu.flushing = true
 	retired := r.mu.retired
 	r.mu.retired, r.retired = r.retired, nil
 	r.mu.Unlock()
 
-	ops := p.ops
-	for len(ops) > 0 {
-		n, size := 0, headerReserve
-		for n < len(ops) && n < r.o.BatchMax && size+int(ops[n].size) <= r.o.MaxMessageBytes {
-			size += int(ops[n].size)
-			n++
-		}
+	start := 0
+	for _, end := range r.ends {
 		var flags byte
 		if r.resync.Swap(false) {
 			flags |= flagResync
 		}
-		buf := appendBatchHeader(r.enc[:0], flags, r.o.ID, r.epoch, r.seq.Add(1), n)
-		for i := range ops[:n] {
-			buf = appendPending(buf, &ops[i])
+		buf := appendBatchHeader(r.enc[:0], flags, r.o.ID, r.epoch, r.seq.Add(1), end-start)
+		for i := range p.ops[start:end] {
+			buf = appendPending(buf, &p.ops[start+i])
 		}
 		r.enc = buf
-		r.send(buf, n, flags)
-		ops = ops[n:]
+		r.send(buf, end-start, flags)
+		start = end
 	}
 	clear(p.ops)
 	p.ops, p.bytes = p.ops[:0], 0
 	r.mu.Lock()
 	r.recycleLocked(retired) // the ops that could read them are published
+	r.mu.flushing = false
 	r.mu.Unlock()
 	clear(retired)
 	r.retired = retired[:0]
 	return true
+}
+
+// splitBatches appends to dst where each batch of ops ends: a batch holds at
+// most BatchMax ops and MaxMessageBytes bytes, and ends at every seal.
+func (r *Replicator) splitBatches(dst []int, ops []pendingOp, seals []int) []int {
+	for start := 0; start < len(ops); {
+		for len(seals) > 0 && seals[0] <= start {
+			seals = seals[1:]
+		}
+		lim := len(ops)
+		if len(seals) > 0 {
+			lim = min(lim, seals[0])
+		}
+		lim = min(lim, start+r.o.BatchMax)
+		n, size := start, headerReserve
+		for n < lim && size+int(ops[n].size) <= r.o.MaxMessageBytes {
+			size += int(ops[n].size)
+			n++
+		}
+		start = max(n, start+1) // one op always fits (Booked checks)
+		dst = append(dst, start)
+	}
+	return dst
+}
+
+// pageSeqLocked returns the sequence number of the batch that will carry the
+// last op queued so far, and seals the pending buffer there: the ops queued
+// from now on go in later batches. So the live bookings read under the same
+// lock are exactly those the batches up to that number leave (see
+// serveSnapshot). r.mu is held.
+func (r *Replicator) pageSeqLocked() uint64 {
+	seq := r.seq.Load()
+	if r.mu.flushing {
+		seq = r.mu.outEnd // out's batches are numbered, or about to be
+	}
+	ops := r.mu.pend.ops
+	if len(ops) == 0 {
+		return seq
+	}
+	if k := len(r.mu.seals); k == 0 || r.mu.seals[k-1] < len(ops) {
+		r.mu.seals = append(r.mu.seals, len(ops))
+	}
+	r.mu.ends = r.splitBatches(r.mu.ends[:0], ops, r.mu.seals)
+	return seq + uint64(len(r.mu.ends))
 }
 
 func appendPending(dst []byte, op *pendingOp) []byte {

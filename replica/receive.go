@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sort"
 	"time"
 
 	"github.com/kvselect/kvselect/selection"
@@ -33,14 +34,45 @@ type peer struct {
 	heard  int64  // Now's UnixNano of the last message
 	ids    map[string]remote
 
-	syncing  bool
-	queued   bool   // in syncQ
-	gen      uint64 // bumped to abandon a snapshot in flight
-	retryAt  int64  // after a failed snapshot: when the watchdog asks again
-	snapSeq  uint64
-	tail     [][]byte // raw batches received while syncing
+	syncing bool
+	queued  bool   // in syncQ
+	gen     uint64 // bumped to abandon a snapshot in flight
+	retryAt int64  // after a failed snapshot: when the watchdog asks again
+	// The snapshot in progress: each page's range and sequence number, the
+	// lowest and highest of those, and whether the last page is in (the
+	// snapshot then waits for the stream to reach snapTop).
+	marks   []pageMark
+	snapSeq uint64
+	snapTop uint64
+	pagesIn bool
+	// again: the peer asked for a snapshot (flagResync) while this one was
+	// in flight, which may not show what made it ask: take another after it.
+	again    bool
+	tail     []tailBatch // batches received while syncing
 	tailSize int
 	tailLost uint64 // the highest sequence number dropped from the tail
+}
+
+// tailBatch is a raw batch received while its peer is synchronising.
+type tailBatch struct {
+	seq uint64
+	raw []byte
+}
+
+// pageMark is one page of a snapshot: it holds the ids after the previous
+// page's hi up to its own hi (the last page: every id after), as of the
+// batch seq.
+type pageMark struct {
+	hi  string
+	seq uint64
+}
+
+// pageSeq returns the sequence number of the page of the snapshot in
+// progress that holds id's range.
+func (p *peer) pageSeq(id string) uint64 {
+	m := p.marks
+	i := sort.Search(len(m)-1, func(i int) bool { return id <= m[i].hi })
+	return m[i].seq
 }
 
 // remote is one of the peer's bookings booked into the service.
@@ -111,7 +143,12 @@ func (r *Replicator) onBatch(data []byte) {
 	p.seen = max(p.seen, b.seq)
 	switch {
 	case p.syncing:
+		if b.flags&flagResync != 0 {
+			r.st.resyncs.Add(1)
+			p.again = true
+		}
 		r.bufferLocked(p, b, data)
+		r.finishSyncLocked(p, now)
 	case b.flags&flagResync != 0:
 		r.st.resyncs.Add(1)
 		r.startSyncLocked(p, "resync asked")
@@ -137,38 +174,55 @@ func (r *Replicator) bufferLocked(p *peer, b *wireBatch, data []byte) {
 		p.tailLost = max(p.tailLost, b.seq)
 		return
 	}
-	p.tail = append(p.tail, append([]byte(nil), data...))
+	p.tail = append(p.tail, tailBatch{seq: b.seq, raw: append([]byte(nil), data...)})
 	p.tailSize += len(data)
 }
 
 // applyLocked books and settles a peer's ops in the service.
 func (r *Replicator) applyLocked(p *peer, ops []wireOp, now int64) {
 	for i := range ops {
-		o := &ops[i]
-		r.st.applied.Add(1)
-		if o.kind == opBooked {
-			r.bookLocked(p, o, now)
-			continue
+		r.applyOpLocked(p, &ops[i], now)
+	}
+}
+
+// replayLocked applies the ops of p's batch seq, buffered during a snapshot,
+// that the snapshot does not show: those on ids of a page older than the
+// batch. A page shows exactly the ops of the batches up to its sequence
+// number, so an op is never applied twice: above all, a booking the page
+// shows freed is not booked again by its replayed op.
+func (r *Replicator) replayLocked(p *peer, ops []wireOp, seq uint64, now int64) {
+	for i := range ops {
+		if o := &ops[i]; seq > p.pageSeq(o.id) {
+			r.applyOpLocked(p, o, now)
 		}
-		if _, held := p.ids[o.id]; !held {
-			r.refuse(reasonUnknown)
-			continue
-		}
-		err := r.svc.SettleRemote(p.origin, o.id, o.how)
-		switch {
-		case err == nil && o.how == selection.SettleFree:
-			delete(p.ids, o.id)
-		case err == nil && o.how == selection.SettleRenew:
-			h := p.ids[o.id]
-			h.deadline = max(h.deadline, now+int64(h.lease))
-			p.ids[o.id] = h
-		case err == nil:
-		case errors.Is(err, selection.ErrUnknownReservation): // expired here first
-			delete(p.ids, o.id)
-			r.refuse(reasonUnknown)
-		default:
-			r.refuse(reasonInvalid)
-		}
+	}
+}
+
+// applyOpLocked books or settles one of p's ops in the service.
+func (r *Replicator) applyOpLocked(p *peer, o *wireOp, now int64) {
+	r.st.applied.Add(1)
+	if o.kind == opBooked {
+		r.bookLocked(p, o, now)
+		return
+	}
+	if _, held := p.ids[o.id]; !held {
+		r.refuse(reasonUnknown)
+		return
+	}
+	err := r.svc.SettleRemote(p.origin, o.id, o.how)
+	switch {
+	case err == nil && o.how == selection.SettleFree:
+		delete(p.ids, o.id)
+	case err == nil && o.how == selection.SettleRenew:
+		h := p.ids[o.id]
+		h.deadline = max(h.deadline, now+int64(h.lease))
+		p.ids[o.id] = h
+	case err == nil:
+	case errors.Is(err, selection.ErrUnknownReservation): // expired here first
+		delete(p.ids, o.id)
+		r.refuse(reasonUnknown)
+	default:
+		r.refuse(reasonInvalid)
 	}
 }
 
@@ -233,6 +287,7 @@ func (r *Replicator) startSyncLocked(p *peer, why string) {
 func (r *Replicator) resetSyncLocked(p *peer) {
 	p.gen++
 	p.tail, p.tailSize, p.tailLost, p.retryAt = nil, 0, 0, 0
+	p.marks, p.pagesIn, p.again = nil, false, false
 }
 
 func (r *Replicator) enqueueLocked(p *peer) {
@@ -266,7 +321,7 @@ func (r *Replicator) syncLoop() {
 			r.syncQ = slices.Delete(r.syncQ, 0, 1)
 			p := r.peers[origin]
 			var gen uint64
-			ok := p != nil && p.syncing
+			ok := p != nil && p.syncing && !p.pagesIn
 			if p != nil {
 				p.queued = false
 				gen = p.gen
@@ -315,16 +370,26 @@ func (r *Replicator) syncPeer(p *peer, gen uint64) {
 		}
 		if first {
 			if page.epoch > p.epoch {
-				p.epoch, p.last, p.seen = page.epoch, 0, 0 // restarted: its new stream follows
+				// Restarted: its new stream follows; what is buffered is of
+				// the old one.
+				p.epoch, p.last, p.seen = page.epoch, 0, 0
+				p.tail, p.tailSize, p.tailLost = nil, 0, 0
 			}
 			r.dropViewLocked(p)
-			p.snapSeq = page.seq
+			p.snapSeq, p.snapTop, p.marks = page.seq, page.seq, p.marks[:0]
 			epoch, first = page.epoch, false
 		}
+		p.snapSeq, p.snapTop = min(p.snapSeq, page.seq), max(p.snapTop, page.seq)
+		var hi string
+		if page.more {
+			hi = page.entries[len(page.entries)-1].id
+		}
+		p.marks = append(p.marks, pageMark{hi: hi, seq: page.seq})
 		for i := range page.entries {
 			r.bookLocked(p, &page.entries[i], now)
 		}
 		if !page.more {
+			p.pagesIn = true
 			r.finishSyncLocked(p, now)
 			r.pmu.Unlock()
 			return
@@ -359,47 +424,63 @@ func (r *Replicator) checkPage(resp []byte, page *snapPage, origin, after string
 	return nil
 }
 
-// finishSyncLocked replays the batches buffered during p's snapshot that
-// follow it. A hole among them (or one heard of and lost) starts a new
-// snapshot at once.
+// finishSyncLocked completes p's snapshot once its last page is in and the
+// buffered batches reach, without a hole, the highest page's sequence number:
+// it replays each buffered batch over the pages older than it, in order (see
+// replayLocked). Until the stream gets there it waits (onBatch calls again);
+// a hole (or a batch heard of and lost) starts a new snapshot at once, and
+// so, once this one is applied, does a resync asked meanwhile.
 func (r *Replicator) finishSyncLocked(p *peer, now int64) {
-	last := p.snapSeq
-	hole := p.tailLost > last
-	for _, raw := range p.tail {
-		if hole {
-			break
-		}
-		b := &r.tailRx
-		if decodeBatch(raw, r.o.MaxMessageBytes, b) != nil || b.epoch != p.epoch || b.seq <= last {
-			continue
-		}
-		if b.seq != last+1 {
-			hole = true
-			break
-		}
-		r.applyLocked(p, b.ops, now)
-		last = b.seq
+	if !p.pagesIn {
+		return
 	}
-	p.last = last
-	if hole || p.seen > last {
+	top, hole := p.snapSeq, p.tailLost > p.snapSeq
+	for i := 0; i < len(p.tail) && !hole; i++ {
+		switch s := p.tail[i].seq; {
+		case s <= top:
+		case s == top+1:
+			top = s
+		default:
+			hole = true
+		}
+	}
+	if hole || p.seen > top {
 		r.st.gaps.Add(1)
 		r.resetSyncLocked(p)
 		r.enqueueLocked(p)
 		return
 	}
-	p.syncing = false
-	p.tail, p.tailSize = nil, 0
+	if top < p.snapTop {
+		return // a page is newer than the stream heard so far
+	}
+	for i := range p.tail {
+		t := &p.tail[i]
+		b := &r.tailRx
+		if t.seq <= p.snapSeq || decodeBatch(t.raw, r.o.MaxMessageBytes, b) != nil {
+			continue // decoded once already, on arrival
+		}
+		r.replayLocked(p, b.ops, t.seq, now)
+	}
+	p.last = top
+	p.syncing, p.pagesIn = false, false
+	p.tail, p.tailSize, p.marks = nil, 0, nil
 	r.st.snapshotsTaken.Add(1)
-	r.log.Debug("replica: snapshot applied", "peer", p.origin, "seq", last, "bookings", len(p.ids))
+	r.log.Debug("replica: snapshot applied", "peer", p.origin, "seq", top, "bookings", len(p.ids))
+	if p.again {
+		r.startSyncLocked(p, "resync asked during the snapshot")
+	}
 }
 
 // serveSnapshot answers a peer's snapshot request with one page of the live
 // local bookings whose ids follow the request's cursor, in id order.
 //
-// The page's sequence number is read before its ids are collected, under the
-// lock that queues ops: every op the page does not show is in a batch with a
-// larger number, which the taker replays over the snapshot (ops are
-// idempotent there, see the package doc).
+// The page's sequence number S is that of the batch that will carry the last
+// op queued when the ids are collected, under the lock that queues ops; the
+// ops queued later go in batches after S (pageSeqLocked). So the page shows
+// what the batches up to S leave: every booking they leave live (less those
+// freed while the page is encoded, whose frees are after S and find nothing
+// to free), nothing a batch after S books. The taker replays over the page
+// only the batches after S.
 func (r *Replicator) serveSnapshot(req []byte) []byte {
 	if !r.enter() {
 		return nil
@@ -413,7 +494,7 @@ func (r *Replicator) serveSnapshot(req []byte) []byte {
 	}
 	now := r.o.Now().UnixNano()
 	r.mu.Lock()
-	seq := r.seq.Load()
+	seq := r.pageSeqLocked()
 	ids := make([]string, 0, len(r.mu.local))
 	for id, e := range r.mu.local {
 		if id > q.after && e.deadline > now {
@@ -538,8 +619,8 @@ func (r *Replicator) connChanged(up bool) {
 	}
 	r.pmu.Lock()
 	for _, p := range r.peers {
-		if p.syncing {
-			p.retryAt = 0
+		if p.syncing { // anew: what is in flight may have missed batches
+			r.resetSyncLocked(p)
 			r.enqueueLocked(p)
 		} else {
 			r.startSyncLocked(p, "reconnected")

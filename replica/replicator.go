@@ -58,14 +58,24 @@ type Replicator struct {
 		pend        *pendingBuf
 		overflowing bool // ops were dropped since the last flush
 		idle        bool // the publisher waits for a kick (see publishLoop)
+		// seals are positions in pend at which a snapshot page read the
+		// sequence numbers: a batch ends at each (see pageSeqLocked).
+		seals []int
+		// flushing is true while the publisher publishes out, whose last
+		// batch takes the sequence number outEnd.
+		flushing bool
+		outEnd   uint64
+		ends     []int // pageSeqLocked's scratch
 	}
 	seq      atomic.Uint64 // the last batch sequence number assigned (publisher)
 	resync   atomic.Bool   // the next batch asks peers for a snapshot
 	degraded atomic.Bool
 
-	out     *pendingBuf   // the buffer being published (publisher only)
-	retired []*localEntry // the retired entries it may read (publisher only)
-	enc     []byte        // the publisher's encoding buffer
+	out      *pendingBuf   // the buffer being published (publisher only)
+	retired  []*localEntry // the retired entries it may read (publisher only)
+	outSeals []int         // a spare seals buffer (publisher only)
+	ends     []int         // where out's batches end (publisher only)
+	enc      []byte        // the publisher's encoding buffer
 
 	// pmu guards what this replica holds of its peers.
 	pmu        sync.Mutex

@@ -146,9 +146,43 @@ func views(nodes ...*node) string {
 	return ""
 }
 
+// behind reports a node that has not applied a peer's last batch yet (or
+// is taking a snapshot of it), "" when none. Equal views are not enough: a
+// node behind a peer's stream may hold, by chance, what the peer holds now
+// (nothing, say) and go on applying the batches it has yet to see.
+func behind(nodes ...*node) string {
+	for _, a := range nodes {
+		st := a.r.Stats()
+		for _, b := range nodes {
+			if a == b {
+				continue
+			}
+			peers := b.r.Peers()
+			i := slices.IndexFunc(peers, func(p replica.Peer) bool { return p.ID == st.ID })
+			if i < 0 {
+				return fmt.Sprintf("%s does not follow %s yet", b.r.ID(), st.ID)
+			}
+			if p := peers[i]; p.Epoch != st.Epoch || p.Seq != st.Seq || p.Syncing {
+				return fmt.Sprintf("%s follows %s at %d/%d (syncing %v), which is at %d/%d",
+					b.r.ID(), st.ID, p.Epoch, p.Seq, p.Syncing, st.Epoch, st.Seq)
+			}
+		}
+	}
+	return ""
+}
+
+// requireConverged waits until every node has published what it has pending,
+// every node has applied each peer's last batch, and the views agree (see
+// views).
 func requireConverged(t testing.TB, timeout time.Duration, nodes ...*node) {
 	t.Helper()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		for _, n := range nodes {
+			_ = n.r.Flush()
+		}
+		if !assert.Empty(c, behind(nodes...)) {
+			return
+		}
 		assert.Empty(c, views(nodes...))
 	}, timeout, 2*time.Millisecond)
 }
