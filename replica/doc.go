@@ -71,8 +71,9 @@
 // page shows what the batches up to S leave, and nothing of a batch after S
 // (a booking freed while the page is encoded is left out: its free is after S
 // and finds nothing). The taker frees every booking it held of the peer,
-// books the pages' entries with their remaining lease (prefill tokens left
-// out once prefilled), and meanwhile buffers the peer's batches. Once the last
+// books the pages' entries with their remaining lease as the first deadline
+// (a renewal then extends a copy by the whole lease, as it does the original;
+// prefill tokens left out once prefilled), and meanwhile buffers the peer's batches. Once the last
 // page is in and the buffered batches reach the highest page's S without a
 // hole (it waits for them), it replays them in order, each op only over an id
 // whose page is older than the op's batch. A hole, or a sequence number heard

@@ -229,23 +229,26 @@ func (r *Replicator) applyOpLocked(p *peer, o *wireOp, now int64) {
 // bookLocked books one of p's bookings (from the stream or a snapshot) with
 // its remaining lease.
 func (r *Replicator) bookLocked(p *peer, o *wireOp, now int64) {
-	lease := time.Duration(o.remainingMS) * time.Millisecond
-	if lease <= 0 {
+	remaining := time.Duration(o.remainingMS) * time.Millisecond
+	if remaining <= 0 {
 		r.refuse(reasonExpired)
 		return
 	}
+	// The copy lives what is left of the original's lease; a renewal extends
+	// it by the whole lease, as it does the original.
+	lease := max(time.Duration(o.leaseMS)*time.Millisecond, remaining)
 	err := r.svc.BookRemote(p.origin, selection.BookingEvent{
 		ID: o.id, Model: o.model, Worker: o.worker, SeqHashes: o.hashes, PrivateBlocks: o.private,
-		PrefillTokens: o.prefill, ExpectedOutputTokens: o.expected, Lease: lease,
+		PrefillTokens: o.prefill, ExpectedOutputTokens: o.expected, Lease: lease, Remaining: remaining,
 	})
 	switch {
 	case err == nil:
-		p.ids[o.id] = remote{deadline: now + int64(lease), lease: lease}
+		p.ids[o.id] = remote{deadline: now + int64(remaining), lease: lease}
 	case errors.Is(err, selection.ErrConflict):
 		// Held already: a batch replayed over the snapshot that covers it.
 		r.st.duplicates.Add(1)
 		if _, ok := p.ids[o.id]; !ok {
-			p.ids[o.id] = remote{deadline: now + int64(lease), lease: lease}
+			p.ids[o.id] = remote{deadline: now + int64(remaining), lease: lease}
 		}
 	case errors.Is(err, selection.ErrNotFound):
 		r.refuse(reasonNotFound)

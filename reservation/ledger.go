@@ -87,6 +87,11 @@ type Booking struct {
 	// ExpectedOutputTokens is the expected response length, >= 0; kept with
 	// the booking.
 	ExpectedOutputTokens int
+	// FirstLease, when > 0 and shorter than the lease, is how long the booking
+	// lives before its first Touch: a copy of a booking made elsewhere that has
+	// already run part of its lease. Touch always extends by the whole lease.
+	// >= 0; 0 means the lease.
+	FirstLease time.Duration
 	// Lease is how long the booking may live without Touch; >= 0, 0 meaning the
 	// ledger's default lease.
 	Lease time.Duration
@@ -202,6 +207,9 @@ func validate(b *Booking) error {
 	if b.Lease < 0 {
 		errs = append(errs, fmt.Errorf("Lease %v is negative", b.Lease))
 	}
+	if b.FirstLease < 0 {
+		errs = append(errs, fmt.Errorf("FirstLease %v is negative", b.FirstLease))
+	}
 	if len(errs) == 0 {
 		return nil
 	}
@@ -236,10 +244,14 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 	buf.seqs = l.byStripe(buf.seqs, b.SeqHashes, &buf.runs)
 	buf.idx = slices.Grow(buf.idx[:0], len(buf.seqs))
 	now := l.now()
+	first := lease
+	if b.FirstLease > 0 && b.FirstLease < lease {
+		first = b.FirstLease
+	}
 	bk := &booking{
 		id: b.ID, worker: b.Worker, buf: buf,
 		private: b.PrivateBlocks, prefill: b.PrefillTokens, expected: b.ExpectedOutputTokens,
-		lease: lease, bookedAt: now, deadline: now.Add(lease),
+		lease: lease, bookedAt: now, deadline: now.Add(first),
 	}
 	var r *rankState
 	for {

@@ -595,3 +595,25 @@ func TestChurnDoesNotGrow(t *testing.T) {
 	}
 	checkInvariants(t, l)
 }
+
+// A copy of a booking made elsewhere lives what is left of the original's
+// lease, and each Touch then extends it by the whole lease.
+func TestFirstLease(t *testing.T) {
+	clk := newFakeClock()
+	l := newLedger(t, Options{Now: clk.Now})
+	w := catalog.WorkerRank{Worker: "a"}
+	require.NoError(t, l.Book(Booking{ID: "copy", Worker: w, Lease: time.Minute, FirstLease: 10 * time.Second}))
+	require.NoError(t, l.Book(Booking{ID: "renewed", Worker: w, Lease: time.Minute, FirstLease: 10 * time.Second}))
+	require.NoError(t, l.Book(Booking{ID: "longer", Worker: w, Lease: time.Minute, FirstLease: time.Hour}))
+	clk.Advance(5 * time.Second)
+	require.NoError(t, l.Touch("renewed"))
+	clk.Advance(5 * time.Second)
+	require.Equal(t, 1, l.Expire(clk.Now()), "the copy expires at its first lease")
+	_, ok := l.get("renewed")
+	require.True(t, ok, "a touch extends by the whole lease")
+	clk.Advance(50 * time.Second)
+	require.Equal(t, 1, l.Expire(clk.Now()), "a first lease longer than the lease is the lease")
+	clk.Advance(5 * time.Second)
+	require.Equal(t, 1, l.Expire(clk.Now()))
+	require.ErrorIs(t, l.Book(Booking{ID: "bad", Worker: w, FirstLease: -1}), ErrInvalid)
+}

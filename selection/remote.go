@@ -24,6 +24,11 @@ type BookingEvent struct {
 	ExpectedOutputTokens int
 	// Lease is the booking's lease (Config.ActiveRequestExpiry).
 	Lease time.Duration
+	// Remaining, for BookRemote, is what is left of Lease when the copy is
+	// made (a booking a peer made a while ago, received in a snapshot): the
+	// copy's first deadline; renewals extend it by the whole Lease, as they
+	// do the original. 0 means all of Lease. Booked calls leave it 0.
+	Remaining time.Duration
 }
 
 // Settlement is a settling call on a booking.
@@ -74,7 +79,8 @@ func remoteID(origin, id string) string { return "\x00" + origin + "\x00" + id }
 // BookRemote books a peer service's booking (ev, from origin's observer) in
 // this service's ledger: it counts as load exactly as a local booking does,
 // and with the approximate index it is remembered as a prefix of its worker.
-// Its lease is ev.Lease from now. A booking on a worker or rank this service
+// Its first deadline is ev.Remaining (or ev.Lease) from now, and each
+// SettleRenew extends it by ev.Lease. A booking on a worker or rank this service
 // does not route to (discovery not yet caught up, another model) is refused
 // with ErrNotFound; a repeated id with ErrConflict.
 func (s *SelectionService) BookRemote(origin string, ev BookingEvent) error {
@@ -92,6 +98,7 @@ func (s *SelectionService) BookRemote(origin string, ev BookingEvent) error {
 	err := s.ledger.Book(reservation.Booking{
 		ID: remoteID(origin, ev.ID), Worker: ev.Worker, SeqHashes: ev.SeqHashes, PrivateBlocks: ev.PrivateBlocks,
 		PrefillTokens: ev.PrefillTokens, ExpectedOutputTokens: ev.ExpectedOutputTokens, Lease: ev.Lease,
+		FirstLease: ev.Remaining,
 	})
 	if err != nil {
 		if errors.Is(err, reservation.ErrConflict) {

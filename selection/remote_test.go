@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -75,5 +76,25 @@ func TestObserverAndRemoteBookings(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, b.FreeReservation("same"))
 	require.NoError(t, b.SettleRemote("replica-a", "same", SettleFree))
+	requireIdle(t, b)
+}
+
+// A peer's booking copied late (from a snapshot) first lives what is left of
+// its lease; a renewal gives it the whole lease again.
+func TestBookRemoteRemainingLease(t *testing.T) {
+	b, clk := newTestService(t, func(c *Config) { c.ActiveRequestExpiry = time.Minute })
+	addWorkers(t, b, "w1")
+	ev := BookingEvent{ID: "x", Worker: catalog.WorkerRank{Worker: "w1"}, SeqHashes: []uint64{1, 2}, Lease: time.Minute, Remaining: 10 * time.Second}
+	require.NoError(t, b.BookRemote("peer", ev))
+	ev.ID = "y"
+	require.NoError(t, b.BookRemote("peer", ev))
+	clk.Advance(5 * time.Second)
+	require.NoError(t, b.SettleRemote("peer", "y", SettleRenew))
+	clk.Advance(5 * time.Second)
+	require.Equal(t, 1, b.ExpireReservations(), "x lived its remaining 10 s")
+	clk.Advance(50 * time.Second)
+	require.Zero(t, b.ExpireReservations(), "y was renewed by the whole minute at 5 s")
+	clk.Advance(5 * time.Second)
+	require.Equal(t, 1, b.ExpireReservations())
 	requireIdle(t, b)
 }
