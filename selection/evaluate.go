@@ -85,11 +85,8 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 	}
 	var cands []candidate
 	var refs []reservation.Rank
-	var byIdx []int32 // rank index -> candidate index; nil when every rank is eligible
-	var ejected func(worker string) bool
-	if p.ejections.Load() > 0 {
-		ejected = p.ejectedAt(s.now())
-	}
+	var byIdx []int32                       // rank index -> candidate index; nil when every rank is eligible
+	ejected, nowNanos := p.ejectedAt(s.now) // worker -> end of its ejection; nil: none in force
 	if pr.allowed == nil && ejected == nil {
 		cands = append(sc.cands[:0], rs.template...)
 		refs = rs.refs
@@ -105,7 +102,7 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 				if _, ok := pr.allowed[r.key.Worker]; pr.allowed != nil && !ok {
 					continue
 				}
-				if skipEjected && ejected(r.key.Worker) {
+				if until, ok := ejected[r.key.Worker]; skipEjected && ok && until > nowNanos {
 					continue
 				}
 				byIdx[i] = int32(len(cands))

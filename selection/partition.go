@@ -2,6 +2,7 @@ package selection
 
 import (
 	"container/heap"
+	"maps"
 	mrand "math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -52,12 +53,12 @@ type partition struct {
 
 	sigMu   sync.Mutex
 	changed chan struct{} // closed and replaced when capacity may have freed
-	// ejected maps a worker MarkFailed took out of the picks to the end of its
-	// ejection (unix nanos), under ejectMu; ejections counts its entries so
-	// that the request path looks at it only when one exists.
-	ejectMu   sync.Mutex
-	ejected   map[string]int64
-	ejections atomic.Int32
+	// ejected is the workers MarkFailed took out of the picks, each with the
+	// end of its ejection (unix nanos): a map published whole and never
+	// changed after (writers copy it under ejectMu), so the request path
+	// reads it without a lock; nil when there is none.
+	ejectMu sync.Mutex
+	ejected atomic.Pointer[map[string]int64]
 	// inflight counts SelectAndReserve calls in progress that may wait (only
 	// with queueing): a load drop needs to wake someone only when one may be
 	// waiting.
@@ -267,37 +268,55 @@ func (q waitQueue) head() *waiter {
 func (p *partition) eject(worker string, until time.Time) {
 	p.ejectMu.Lock()
 	defer p.ejectMu.Unlock()
-	if p.ejected == nil {
-		p.ejected = make(map[string]int64)
+	old := p.ejected.Load()
+	m := map[string]int64{}
+	if old != nil {
+		if u, ok := (*old)[worker]; ok && u >= until.UnixNano() {
+			return
+		}
+		maps.Copy(m, *old)
 	}
-	if u, ok := p.ejected[worker]; !ok || until.UnixNano() > u {
-		p.ejected[worker] = until.UnixNano()
-	}
-	p.ejections.Store(int32(len(p.ejected)))
+	m[worker] = until.UnixNano()
+	p.ejected.Store(&m)
 }
 
 // unEject ends worker's ejection, if any.
 func (p *partition) unEject(worker string) {
 	p.ejectMu.Lock()
 	defer p.ejectMu.Unlock()
-	delete(p.ejected, worker)
-	p.ejections.Store(int32(len(p.ejected)))
+	old := p.ejected.Load()
+	if old == nil {
+		return
+	}
+	if _, ok := (*old)[worker]; !ok {
+		return
+	}
+	m := maps.Clone(*old)
+	delete(m, worker)
+	if len(m) == 0 {
+		p.ejected.Store(nil)
+		return
+	}
+	p.ejected.Store(&m)
 }
 
-// ejectedAt forgets the ejections that ended by now and returns a test of the
-// workers still ejected (a snapshot: the request path calls it once).
-func (p *partition) ejectedAt(now time.Time) func(worker string) bool {
-	p.ejectMu.Lock()
-	defer p.ejectMu.Unlock()
-	t := now.UnixNano()
-	live := make(map[string]struct{}, len(p.ejected))
-	for w, until := range p.ejected {
-		if until <= t {
-			delete(p.ejected, w)
-			continue
-		}
-		live[w] = struct{}{}
+// ejectedAt returns the ejections (worker -> end, unix nanos) at least one of
+// which is still in force at now(), with that now, or nil. A published set
+// whose ejections have all ended is dropped, so the request path is back on
+// its unfiltered path; now is called only while a set is published.
+func (p *partition) ejectedAt(now func() time.Time) (map[string]int64, int64) {
+	m := p.ejected.Load()
+	if m == nil {
+		return nil, 0
 	}
-	p.ejections.Store(int32(len(p.ejected)))
-	return func(worker string) bool { _, ok := live[worker]; return ok }
+	t := now().UnixNano()
+	for _, until := range *m {
+		if until > t {
+			return *m, t
+		}
+	}
+	p.ejectMu.Lock()
+	p.ejected.CompareAndSwap(m, nil) // unless an eject just published another
+	p.ejectMu.Unlock()
+	return nil, 0
 }
