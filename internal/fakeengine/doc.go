@@ -77,9 +77,9 @@
 //
 // # HTTP
 //
-// With EnableHTTP, Start also serves an OpenAI-compatible API on HTTPAddr
-// (HTTPEndpoint reports the bound host:port; Handler is the same API for a
-// caller's own server):
+// With EnableHTTP, Start also serves an OpenAI-compatible API on HTTPAddr or
+// on a listener the caller opened, HTTPListener (HTTPEndpoint reports the
+// bound host:port; Handler is the same API for a caller's own server):
 //
 //   - POST /v1/chat/completions and /v1/completions, JSON or SSE ("stream":
 //     true: one chunk per generated token, the chat role chunk first, a usage

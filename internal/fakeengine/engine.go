@@ -173,7 +173,7 @@ func New(opts Options) (*Engine, error) {
 
 // Start creates the sockets: it binds (or dials, in PubDial mode, retrying up to
 // DialAttempts times) the PUB socket, binds the ROUTER when EnableReplay is set,
-// listens on HTTPAddr when EnableHTTP is set, and starts the replay and HTTP
+// listens on HTTPAddr (or serves on HTTPListener) when EnableHTTP is set, and starts the replay and HTTP
 // goroutines. ctx bounds the start only (the dial retries);
 // the engine runs until Close. A failed Start releases what it created and may be
 // retried. It returns ErrAlreadyStarted, ErrClosed or an error wrapping ErrSocket.
@@ -228,7 +228,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	var hs *httpServer
 	if e.opts.EnableHTTP {
 		var err error
-		if hs, err = listenHTTP(ctx, e.opts.HTTPAddr, e.web.handler); err != nil {
+		if hs, err = listenHTTP(ctx, e.opts.HTTPListener, e.opts.HTTPAddr, e.web.handler); err != nil {
 			if router != nil {
 				return fail(err, router, pub)
 			}

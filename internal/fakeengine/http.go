@@ -196,12 +196,15 @@ type httpServer struct {
 	active  sync.WaitGroup // Add only under mu while !closing
 }
 
-// listenHTTP binds addr and prepares a server for h; serve runs it.
-func listenHTTP(ctx context.Context, addr string, h http.Handler) (*httpServer, error) {
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("%w: listen HTTP %s: %w", ErrSocket, addr, err)
+// listenHTTP binds addr, unless the caller gave a listener ln, and prepares a
+// server for h on it; serve runs it.
+func listenHTTP(ctx context.Context, ln net.Listener, addr string, h http.Handler) (*httpServer, error) {
+	if ln == nil {
+		var lc net.ListenConfig
+		var err error
+		if ln, err = lc.Listen(ctx, "tcp", addr); err != nil {
+			return nil, fmt.Errorf("%w: listen HTTP %s: %w", ErrSocket, addr, err)
+		}
 	}
 	base, cancel := context.WithCancel(context.Background())
 	s := &httpServer{ln: ln, addr: ln.Addr().String(), cancel: cancel}

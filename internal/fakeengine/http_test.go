@@ -789,3 +789,20 @@ func TestHTTPOptionsValidation(t *testing.T) {
 	require.Equal(t, DefaultPerTokenPrefill, o.PerTokenPrefill)
 	require.False(t, errors.Is(e.Close(), ErrSocket))
 }
+
+func TestHTTPServesOnCallersListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	_, err = New(Options{EnableHTTP: true, HTTPListener: ln, HTTPAddr: "127.0.0.1:0"})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.ErrorContains(t, err, "HTTPListener are both set")
+
+	r := startHTTP(t, Options{HTTPListener: ln})
+	require.Equal(t, ln.Addr().String(), r.e.HTTPEndpoint())
+	resp, _ := r.get(t, "/health")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	require.NoError(t, r.e.Close())
+	_, err = ln.Accept()
+	require.ErrorIs(t, err, net.ErrClosed, "Close closes the caller's listener")
+}

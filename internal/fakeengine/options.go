@@ -341,8 +341,13 @@ type Options struct {
 	EnableHTTP bool
 	// HTTPAddr is the host:port the HTTP server listens on. Default
 	// "127.0.0.1:0", an ephemeral loopback port (see HTTPEndpoint). Only
-	// meaningful with EnableHTTP.
+	// meaningful with EnableHTTP; must be empty when HTTPListener is set.
 	HTTPAddr string
+	// HTTPListener, when set, is a listener the caller opened (so its port can
+	// be named, in a workers file or a topic, before the engine starts): Start
+	// serves on it instead of listening on HTTPAddr, and Close closes it. A
+	// failed Start leaves it open. Only meaningful with EnableHTTP.
+	HTTPListener net.Listener
 	// Model is the served model name. A request whose "model" is set to
 	// anything else is answered 404, as vLLM does. Default "fake-model".
 	Model string
@@ -503,10 +508,16 @@ func (o Options) format() Format {
 
 // httpDefaults applies the defaults of the HTTP fields and appends their problems.
 func (o *Options) httpDefaults(problems []string) []string {
-	if o.HTTPAddr == "" {
+	switch {
+	case o.HTTPListener != nil && o.HTTPAddr != "":
+		problems = append(problems, fmt.Sprintf("HTTPAddr %q and HTTPListener are both set", o.HTTPAddr))
+	case o.HTTPListener != nil:
+	case o.HTTPAddr == "":
 		o.HTTPAddr = DefaultHTTPAddr
-	} else if _, _, err := net.SplitHostPort(o.HTTPAddr); err != nil {
-		problems = append(problems, fmt.Sprintf("HTTPAddr %q is not host:port", o.HTTPAddr))
+	default:
+		if _, _, err := net.SplitHostPort(o.HTTPAddr); err != nil {
+			problems = append(problems, fmt.Sprintf("HTTPAddr %q is not host:port", o.HTTPAddr))
+		}
 	}
 	if o.Model == "" {
 		o.Model = DefaultModel

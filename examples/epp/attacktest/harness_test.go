@@ -253,10 +253,10 @@ func boundEngine(t *testing.T, http bool) *fakeengine.Engine {
 	return e
 }
 
-// dialEngine is a fake engine for the bind listener: its HTTP API listens on
-// a port picked beforehand (freePort; retried when it was taken), its topic
-// names that endpoint, kv@127.0.0.1:<port>@model, and Dial, not Start, dials
-// its PUB into the EPP's bind port.
+// dialEngine is a fake engine for the bind listener: its HTTP API's listener
+// is opened first, so its topic can name that endpoint,
+// kv@127.0.0.1:<port>@model, and the workers file can list it; Dial, not
+// Start, dials its PUB into the EPP's bind port.
 type dialEngine struct {
 	opts     fakeengine.Options
 	endpoint string // 127.0.0.1:<HTTP port>, the worker's endpoint
@@ -265,16 +265,17 @@ type dialEngine struct {
 
 func newDialEngine(t *testing.T) *dialEngine {
 	t.Helper()
-	ep := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() }) // the engine closes it too once started
+	ep := ln.Addr().String()
 	return &dialEngine{endpoint: ep, opts: fakeengine.Options{
-		EnableHTTP: true, HTTPAddr: ep, PubMode: fakeengine.PubDial,
+		EnableHTTP: true, HTTPListener: ln, PubMode: fakeengine.PubDial,
 		Topic: "kv@" + ep + "@" + model,
 	}}
 }
 
-// dial starts the engine, its PUB dialing the bind port. A taken HTTP port
-// (see freePort) fails the test; it is not worth a retry loop here because the
-// worker endpoint is already in the workers file.
+// dial starts the engine, its PUB dialing the bind port.
 func (d *dialEngine) dial(t *testing.T, bindPort int) {
 	t.Helper()
 	o := d.opts
@@ -283,7 +284,7 @@ func (d *dialEngine) dial(t *testing.T, bindPort int) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	require.NoError(t, e.Start(ctx), "the engine's HTTP port %s may have been taken since it was picked", d.endpoint)
+	require.NoError(t, e.Start(ctx))
 	t.Cleanup(func() { _ = e.Close() })
 	d.Engine = e
 }

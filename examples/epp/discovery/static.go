@@ -3,8 +3,10 @@ package discovery
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"strings"
@@ -218,8 +220,13 @@ func (s *Static) poll() (Snapshot, bool) {
 	return next, true
 }
 
-// fileError logs err unless it repeats the last one logged.
+// fileError logs err unless it repeats the last one logged. A missing file is
+// one condition whichever call saw it first (the file can vanish between the
+// stat and the open), so it is logged once.
 func (s *Static) fileError(err error) {
+	if errors.Is(err, fs.ErrNotExist) {
+		err = fmt.Errorf("discovery: workers file %s: %w", s.o.Path, fs.ErrNotExist)
+	}
 	if msg := err.Error(); msg != s.lastErr {
 		s.lastErr = msg
 		s.log.Error("workers file rejected; keeping the last good set",

@@ -275,7 +275,7 @@ func TestStaticRunWatchesFile(t *testing.T) {
 	e.none(t)
 	recs = e.logs.records(t, "workers file rejected; keeping the last good set")
 	require.Len(t, recs, 2)
-	require.Contains(t, recs[1]["error"], "no such file")
+	require.Contains(t, recs[1]["error"], "file does not exist")
 
 	// Restoring the last good content emits nothing: the set did not change.
 	writeFile(t, e.path, yamlFile)
