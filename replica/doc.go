@@ -104,6 +104,15 @@
 // drops peers on both sides; they rejoin as unknown peers with a stream
 // past its start, which is a gap.
 //
+// # Initial sync
+//
+// A replica that starts reports itself Synced once it has listened for
+// HeartbeatInterval x 5/4 (every live peer heartbeats within it) and every
+// peer it heard has been snapshotted; or, with a WARN, once SyncTimeout has
+// passed. It serves before that (a decision never waits for the bus); an EPP
+// holds its readiness until then, so that a gateway does not send it
+// requests while it sees none of its peers' load.
+//
 // # Refusals and bounds
 //
 // Peers' ops that cannot be applied are counted by reason (Stats.Refused),

@@ -18,6 +18,7 @@ const (
 	DefaultBatchMax          = 256
 	DefaultHeartbeatInterval = time.Second
 	DefaultSnapshotTimeout   = 2 * time.Second
+	DefaultSyncTimeout       = 10 * time.Second
 	// DefaultMaxMessageBytes is NATS's default max_payload.
 	DefaultMaxMessageBytes = 1 << 20
 )
@@ -81,6 +82,10 @@ type Options struct {
 	// snapshot is retried every HeartbeatInterval while the peer is heard.
 	// Default 2 s.
 	SnapshotTimeout time.Duration
+	// SyncTimeout bounds the initial sync (see Replicator.Synced): past it the
+	// replica reports itself synced with a WARN, even if a peer's snapshot is
+	// still missing. Default 10 s; at least 2 x HeartbeatInterval.
+	SyncTimeout time.Duration
 	// MaxMessageBytes bounds every message the replica sends and decodes: a
 	// batch, a snapshot page (snapshots larger than this are paged), a
 	// request. Keep it at or below the broker's limit (NATS: max_payload).
@@ -165,6 +170,10 @@ func (o Options) withDefaults() (Options, error) {
 	dur("BatchInterval", &o.BatchInterval, DefaultBatchInterval)
 	dur("PeerTimeout", &o.PeerTimeout, 3*o.HeartbeatInterval+time.Second)
 	dur("SnapshotTimeout", &o.SnapshotTimeout, DefaultSnapshotTimeout)
+	dur("SyncTimeout", &o.SyncTimeout, max(DefaultSyncTimeout, 2*o.HeartbeatInterval))
+	if o.SyncTimeout > 0 && o.SyncTimeout < 2*o.HeartbeatInterval {
+		bad("SyncTimeout %v is shorter than 2 x HeartbeatInterval %v", o.SyncTimeout, o.HeartbeatInterval)
+	}
 	if o.HeartbeatInterval > 0 && o.BatchInterval > o.HeartbeatInterval {
 		bad("BatchInterval %v is longer than HeartbeatInterval %v", o.BatchInterval, o.HeartbeatInterval)
 	}

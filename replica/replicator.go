@@ -70,6 +70,7 @@ type Replicator struct {
 	seq      atomic.Uint64 // the last batch sequence number assigned (publisher)
 	resync   atomic.Bool   // the next batch asks peers for a snapshot
 	degraded atomic.Bool
+	synced   atomic.Bool // latched by Synced
 
 	out      *pendingBuf   // the buffer being published (publisher only)
 	retired  []*localEntry // the retired entries it may read (publisher only)
@@ -90,6 +91,7 @@ type Replicator struct {
 
 	startMu   sync.Mutex
 	started   bool
+	startedAt time.Time // real time, for Synced's window
 	svc       *selection.SelectionService
 	stops     []func()
 	closeOnce sync.Once
@@ -244,7 +246,7 @@ func (r *Replicator) Start(svc *selection.SelectionService) error {
 		}
 		stops = append(stops, stopWatch)
 	}
-	r.stops, r.started = stops, true
+	r.stops, r.started, r.startedAt = stops, true, time.Now()
 	r.wg.Add(3)
 	go r.publishLoop()
 	go r.watchLoop()

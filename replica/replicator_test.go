@@ -32,6 +32,7 @@ func TestOptionsValidation(t *testing.T) {
 		{"short peer timeout", replica.Options{Bus: bus, PeerTimeout: 1500 * time.Millisecond}, "PeerTimeout"},
 		{"batch max", replica.Options{Bus: bus, BatchMax: replica.MaxBatchMax + 1}, "BatchMax"},
 		{"pending below batch", replica.Options{Bus: bus, BatchMax: 10, PendingMax: 5}, "PendingMax"},
+		{"short sync timeout", replica.Options{Bus: bus, SyncTimeout: 1500 * time.Millisecond}, "SyncTimeout"},
 		{"small messages", replica.Options{Bus: bus, MaxMessageBytes: 100}, "MaxMessageBytes"},
 		{"two problems", replica.Options{ID: "?"}, "Bus is nil; ID"},
 	} {

@@ -20,6 +20,10 @@ type Stats struct {
 	// Disconnects counts the losses.
 	Degraded    bool
 	Disconnects uint64
+	// Synced is Replicator.Synced as last evaluated; SyncTimeouts is 1 when
+	// the initial sync gave up at Options.SyncTimeout.
+	Synced       bool
+	SyncTimeouts uint64
 
 	// PublishedBatches and PublishedOps count the batches (heartbeats
 	// excluded) and ops handed to the bus; Heartbeats the empty batches;
@@ -92,7 +96,7 @@ type counters struct {
 	received, applied, gaps, resyncs                      atomic.Uint64
 	snapshotsServed, pagesServed, snapshotsTaken          atomic.Uint64
 	snapshotFailures, droppedPeers, duplicates, idClashes atomic.Uint64
-	disconnects                                           atomic.Uint64
+	disconnects, syncTimeouts                             atomic.Uint64
 	refused                                               [numReasons]atomic.Uint64
 }
 
@@ -103,6 +107,7 @@ func (r *Replicator) Stats() Stats {
 	c := &r.st
 	s := Stats{
 		ID: r.o.ID, Epoch: r.epoch, Seq: r.seq.Load(), Degraded: r.degraded.Load(), Disconnects: c.disconnects.Load(),
+		Synced: r.synced.Load(), SyncTimeouts: c.syncTimeouts.Load(),
 		PublishedBatches: c.batches.Load(), PublishedOps: c.ops.Load(), Heartbeats: c.heartbeats.Load(),
 		PublishErrors: c.publishErrors.Load(), Overflow: c.overflow.Load(), Unsendable: c.unsendable.Load(),
 		Received: c.received.Load(), Applied: c.applied.Load(), Gaps: c.gaps.Load(), Resyncs: c.resyncs.Load(),
