@@ -94,12 +94,16 @@ func BenchmarkSelectAndReserve(b *testing.B) {
 		n    int
 		mod  func(*Config)
 		feed bool
+		// sessions gives each request one of 256 session ids (soft pins):
+		// the table's cost, against workers=64.
+		sessions bool
 	}{
-		{"workers=8", 8, nil, false},
-		{"workers=64", 64, nil, false},
-		{"workers=64/queued", 64, queuedConfig, false},
-		{"workers=64/feed-checks", 64, nil, true},
-		{"workers=512", 512, nil, false},
+		{"workers=8", 8, nil, false, false},
+		{"workers=64", 64, nil, false, false},
+		{"workers=64/queued", 64, queuedConfig, false, false},
+		{"workers=64/feed-checks", 64, nil, true, false},
+		{"workers=64/sessions", 64, nil, false, true},
+		{"workers=512", 512, nil, false, false},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			s, prompts := benchServiceFeed(b, bc.n, bc.mod, bc.feed)
@@ -108,13 +112,23 @@ func BenchmarkSelectAndReserve(b *testing.B) {
 			for i := range ids {
 				ids[i] = fmt.Sprintf("r%d", i)
 			}
+			var sessions []string
+			if bc.sessions {
+				for i := range 256 {
+					sessions = append(sessions, fmt.Sprintf("session-%d", i))
+				}
+			}
 			durs := make([]time.Duration, 0, b.N)
 			b.ReportAllocs()
 			b.ResetTimer()
 			i := 0
 			for b.Loop() {
 				start := time.Now()
-				res, err := s.SelectAndReserve(ctx, Request{ReservationID: ids[i%len(ids)], Tokens: prompts[i%len(prompts)]})
+				req := Request{ReservationID: ids[i%len(ids)], Tokens: prompts[i%len(prompts)]}
+				if sessions != nil {
+					req.SessionID = sessions[i%len(sessions)]
+				}
+				res, err := s.SelectAndReserve(ctx, req)
 				if err != nil {
 					b.Fatal(err)
 				}

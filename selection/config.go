@@ -134,6 +134,8 @@ type Config struct {
 	// Used with the built-in event feed only. The zero value means the
 	// defaults (checks on).
 	FeedTrust FeedTrust
+	// Sessions configures session affinity (Request.SessionID).
+	Sessions SessionConfig
 
 	// fromDefaults is set by DefaultConfig and DynamoConfig: a Config written
 	// as a literal has several defaults at their zero value (UseKVEvents,
@@ -194,6 +196,7 @@ func DynamoConfig(blockSize int) Config {
 		AssumeKVReuse:      true,
 		TrackPrefillTokens: true,
 		Endpoints:          catalog.EndpointPolicy{AllowHostnames: true},
+		Sessions:           SessionConfig{SoftSlack: DefaultSessionSoftSlack},
 		fromDefaults:       true,
 	}
 }
@@ -247,6 +250,7 @@ func (c Config) Validate() error {
 		bad("ActiveRequestExpiry is %v, want >= 1ms (or 0 for the default)", c.ActiveRequestExpiry)
 	}
 	c.FeedTrust.validate(bad)
+	c.Sessions.validate(bad)
 	if len(errs) == 0 {
 		return nil
 	}

@@ -46,6 +46,18 @@
 // only its head is admitted, so an allowed-subset request at the head can hold
 // others back until its own workers free up.
 //
+// # Sessions
+//
+// A request with a SessionID pins its session to the worker rank it is booked
+// on (Config.Sessions). The session's later requests go to that rank, hard
+// (whenever it is schedulable) or soft (the default: unless it is busy or
+// costs more than the best rank by SoftSlack cold costs of the request); a
+// request booked elsewhere moves the pin. Each model holds at most
+// MaxSessions pins, least recently used dropped first, each living IdleTTL
+// after its last booking. A peer's booking (BookRemote) pins its session too,
+// so replicas share pins. A request without a SessionID never touches the
+// table; one with it takes the model's table lock twice (read, then pin).
+//
 // # Without KV events
 //
 // With Config.UseKVEvents false, each model keeps a kvindex.Approx fed with the

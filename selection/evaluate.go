@@ -195,7 +195,10 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 		}
 		pool = pool[:n]
 	}
-	c := pool[pick(pool, pr.w.temperature, &p.rng)]
+	c, pinned := s.pinnedChoice(ev, pool, pr)
+	if !pinned {
+		c = pool[pick(pool, pr.w.temperature, &p.rng)]
+	}
 	// pick may reuse cost for softmax weights: recompute for the result.
 	c.cost = logit(&c, costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}, &pr.w)
 	r := ev.rs.ranks[c.idx]
@@ -237,10 +240,20 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 			s.booked(r.health, pr.seqs, c.device+c.host+c.disk, pr.id)
 		}
 		s.st.bookings.Add(1)
+		if pr.session != "" {
+			p.sessions.put(pr.session, r.key, s.now().UnixNano())
+			switch {
+			case pinned:
+				s.st.sessionHits.Add(1)
+			case pr.pinned:
+				s.st.sessionMoves.Add(1)
+			}
+		}
 		if s.obs != nil {
 			s.obs.Booked(BookingEvent{
 				ID: pr.id, Model: pr.model, Worker: r.key, SeqHashes: pr.active, PrivateBlocks: pr.private,
 				PrefillTokens: prefill, ExpectedOutputTokens: pr.expected, Lease: s.cfg.ActiveRequestExpiry,
+				Session: pr.session,
 			})
 		}
 		res.ReservationID = pr.id

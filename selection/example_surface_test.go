@@ -163,3 +163,27 @@ func ExampleSelectionService_ExpireReservations() {
 	// expired at once: 0
 	// expired after the lease: 1 active: 0
 }
+
+// A session's requests follow its first booking: with hard pins, a turn whose
+// prompt shares nothing with the cache still goes to the session's worker.
+func ExampleSessionConfig() {
+	cfg := selection.DefaultConfig(4)
+	cfg.UseKVEvents = false
+	cfg.Sessions.Mode = selection.SessionHard
+	svc, err := selection.NewSelectionServiceBuilder(cfg).Build(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	defer svc.Close()
+	for i, id := range []string{"pod-a", "pod-b"} {
+		_, _ = svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
+	}
+	first, _ := svc.Book(context.Background(), selection.Request{Tokens: examplePrompt, SessionID: "conv-42"})
+	defer first.Done()
+	other := []uint32{90, 91, 92, 93, 94, 95, 96, 97}
+	next, _ := svc.Book(context.Background(), selection.Request{Tokens: other, SessionID: "conv-42"})
+	defer next.Done()
+	fmt.Println(next.Worker == first.Worker, svc.Stats().SessionHits)
+	// Output:
+	// true 1
+}

@@ -177,6 +177,13 @@ type Stats struct {
 	// Dropped and the Ledger figures count them too (Bookings, Frees and
 	// PrefillCompleted do not).
 	RemoteBookings uint64
+	// Sessions is the number of session pins held now (all models);
+	// SessionHits counts bookings that went to their session's pin,
+	// SessionMoves those that moved it (the pin was not schedulable or, soft,
+	// too costly); SessionsEvicted pins dropped because the table was full,
+	// SessionsExpired pins that idled out.
+	Sessions                                                    int
+	SessionHits, SessionMoves, SessionsEvicted, SessionsExpired uint64
 	// Ledger is the reservation ledger's own snapshot.
 	Ledger reservation.Stats
 }
@@ -184,12 +191,13 @@ type Stats struct {
 // Stats returns the counters.
 func (s *SelectionService) Stats() Stats {
 	ls := s.ledger.Stats()
-	waiting := 0
+	waiting, sessions := 0, 0
 	s.mu.RLock()
 	for _, p := range s.partitions {
 		p.mu.RLock()
 		waiting += p.queue.Len()
 		p.mu.RUnlock()
+		sessions += p.sessions.len()
 	}
 	s.mu.RUnlock()
 	return Stats{
@@ -202,5 +210,7 @@ func (s *SelectionService) Stats() Stats {
 		ChosenOverlapBlocks: s.st.chosenOverlap.Load(), BestOverlapBlocks: s.st.bestOverlap.Load(), RequestBlocks: s.st.requestBlocks.Load(),
 		Expired: uint64(ls.Expired), Dropped: uint64(ls.Removed), Failures: s.st.failures.Load(),
 		RemoteBookings: s.st.remoteBookings.Load(), Ledger: ls,
+		Sessions: sessions, SessionHits: s.st.sessionHits.Load(), SessionMoves: s.st.sessionMoves.Load(),
+		SessionsEvicted: s.st.sessionsEvicted.Load(), SessionsExpired: s.st.sessionsExpired.Load(),
 	}
 }

@@ -59,6 +59,8 @@ type partition struct {
 	// reads it without a lock; nil when there is none.
 	ejectMu sync.Mutex
 	ejected atomic.Pointer[map[string]int64]
+	// sessions is the model's session pins.
+	sessions *sessionTable
 	// inflight counts SelectAndReserve calls in progress that may wait (only
 	// with queueing): a load drop needs to wake someone only when one may be
 	// waiting.

@@ -29,6 +29,11 @@ type BookingEvent struct {
 	// copy's first deadline; renewals extend it by the whole Lease, as they
 	// do the original. 0 means all of Lease. Booked calls leave it 0.
 	Remaining time.Duration
+	// Session is the request's SessionID ("" for none, or when sessions are
+	// off): BookRemote pins the session to Worker, as the booking did on its
+	// origin, so the session's next request finds the same worker through any
+	// replica.
+	Session string
 }
 
 // Settlement is a settling call on a booking.
@@ -108,6 +113,9 @@ func (s *SelectionService) BookRemote(origin string, ev BookingEvent) error {
 	}
 	if p.approx != nil {
 		p.approx.Record(ev.Worker, ev.SeqHashes)
+	}
+	if ev.Session != "" && len(ev.Session) <= MaxSessionIDLen && s.cfg.Sessions.Mode != SessionOff {
+		p.sessions.put(ev.Session, ev.Worker, s.now().UnixNano())
 	}
 	s.st.remoteBookings.Add(1)
 	return nil

@@ -50,6 +50,11 @@ type Request struct {
 	Priority Priority
 	// ExpectedOutputTokens is recorded with the booking. >= 0.
 	ExpectedOutputTokens int
+	// SessionID names the conversation or agent run the request belongs to
+	// (at most MaxSessionIDLen bytes): its bookings pin the session to a
+	// worker rank, which its later requests prefer (see SessionConfig).
+	// Empty: no affinity.
+	SessionID string
 }
 
 // Overlap is how many of the request's leading blocks the chosen worker holds:
@@ -98,6 +103,9 @@ type prepared struct {
 	id       string    // the reservation id
 	expected int       // expected output tokens
 	buf      *[]uint64 // seqs' pooled buffer
+	session  string    // Request.SessionID, "" when sessions are off
+	pin      catalog.WorkerRank
+	pinned   bool // the session has a live pin, pin
 }
 
 var preparedPool = sync.Pool{New: func() any { return new(prepared) }}
@@ -114,6 +122,9 @@ func (s *SelectionService) prepare(req *Request) (*prepared, error) {
 	if req.ExpectedOutputTokens < 0 {
 		return nil, fmt.Errorf("%w: ExpectedOutputTokens %d is negative", ErrBadRequest, req.ExpectedOutputTokens)
 	}
+	if len(req.SessionID) > MaxSessionIDLen {
+		return nil, fmt.Errorf("%w: SessionID is %d bytes, want at most %d", ErrBadRequest, len(req.SessionID), MaxSessionIDLen)
+	}
 	if math.IsNaN(req.Priority.Jump) || math.IsInf(req.Priority.Jump, 0) || req.Priority.Jump < 0 {
 		return nil, fmt.Errorf("%w: Priority.Jump %v, want a finite value >= 0", ErrBadRequest, req.Priority.Jump)
 	}
@@ -123,6 +134,9 @@ func (s *SelectionService) prepare(req *Request) (*prepared, error) {
 	*pr = prepared{
 		model: modelOf(req.Model), priority: req.Priority, w: w, buf: buf,
 		id: req.ReservationID, expected: req.ExpectedOutputTokens,
+	}
+	if s.cfg.Sessions.Mode != SessionOff {
+		pr.session = req.SessionID
 	}
 	switch {
 	case len(req.Tokens) > 0:
@@ -219,6 +233,9 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 	s.mu.RUnlock()
 	if p == nil {
 		return Result{}, errNoModel(pr.model)
+	}
+	if pr.session != "" {
+		pr.pin, pr.pinned = p.sessions.get(pr.session, s.now().UnixNano())
 	}
 	// Overlap lookups run outside the partition lock; the index has its own.
 	mbuf := matchPool.Get().(*[]kvindex.Match)

@@ -86,6 +86,7 @@ type serviceCounters struct {
 	selections, bookings, prefillDone, frees, unknownIDs, rejected, failures, remoteBookings atomic.Uint64
 	queued, queueRejected, queueCanceled, conflicts, retries                                 atomic.Uint64
 	chosenOverlap, bestOverlap, requestBlocks                                                atomic.Uint64
+	sessionHits, sessionMoves, sessionsEvicted, sessionsExpired                              atomic.Uint64
 	queueWaitNanos                                                                           atomic.Int64
 }
 
@@ -267,6 +268,7 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 		changed: make(chan struct{}),
 		epoch:   s.now(),
 	}
+	p.sessions = newSessionTable(s.cfg.Sessions, &s.st)
 	if s.cfg.UseKVEvents {
 		opts := kvindex.Options{BlockSize: s.cfg.BlockSize}
 		if s.healthOn() {
