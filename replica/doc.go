@@ -4,7 +4,9 @@
 // none of them sends a request to a worker the others have just filled.
 //
 // Only active load is shared: bookings and their settling calls
-// (PrefillComplete, RenewReservation, FreeReservation). Each replica builds
+// (PrefillComplete, RenewReservation, FreeReservation), and with each
+// booking its session (selection.Request.SessionID), which pins the session
+// on every peer as on its origin. Each replica builds
 // its KV index from the workers' own event streams, and each has its own
 // catalog; a peer's booking on a worker a replica does not know yet is not
 // applied there (see Refusals).
@@ -34,7 +36,8 @@
 //	                         page      flags (more) | origin | epoch u64 | seq uv (see Ordering) | booked ops
 //
 //	op booked    id | model | worker | rank | seq hashes (u64 each) | private blocks |
-//	             prefill tokens | expected output tokens | lease ms | remaining lease ms
+//	             prefill tokens | expected output tokens | lease ms | remaining lease ms |
+//	             session
 //	op settled   id | settlement (prefill, renew, free)
 //
 // Every length and number is bounded (strings at 1 KiB, numbers at

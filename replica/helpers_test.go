@@ -36,8 +36,9 @@ func newNode(t testing.TB, h *hub, id string, mod func(*replica.Options)) *node 
 }
 
 // newNodeWith is newNode with the Replicator's Bus wrapped by wrap (when
-// set); node.bus stays the hub member underneath.
-func newNodeWith(t testing.TB, h *hub, id string, wrap func(*member) replica.Bus, mod func(*replica.Options)) *node {
+// set), node.bus staying the hub member underneath, and the service's
+// configuration edited by cfgMods.
+func newNodeWith(t testing.TB, h *hub, id string, wrap func(*member) replica.Bus, mod func(*replica.Options), cfgMods ...func(*selection.Config)) *node {
 	t.Helper()
 	n := &node{bus: h.member()}
 	var bus replica.Bus = n.bus
@@ -52,6 +53,9 @@ func newNodeWith(t testing.TB, h *hub, id string, wrap func(*member) replica.Bus
 	require.NoError(t, err)
 	cfg := selection.DefaultConfig(16)
 	cfg.UseKVEvents = false
+	for _, m := range cfgMods {
+		m(&cfg)
+	}
 	svc, err := selection.NewSelectionServiceBuilder(cfg).Observe(r).Build(context.Background())
 	require.NoError(t, err)
 	for i, w := range testWorkers {

@@ -171,7 +171,7 @@ func appendPending(dst []byte, op *pendingOp) []byte {
 	b := booked{
 		id: op.id, model: op.model, worker: op.worker, hashes: op.hashes,
 		private: int(op.private), prefill: int(op.prefill), expected: int(op.expected),
-		leaseMS: int64(op.leaseMS), remainingMS: int64(op.leaseMS),
+		leaseMS: int64(op.leaseMS), remainingMS: int64(op.leaseMS), session: op.session,
 	}
 	return appendBooked(dst, &b)
 }

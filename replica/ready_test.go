@@ -2,6 +2,7 @@ package replica_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvselect/kvselect/replica"
+	"github.com/kvselect/kvselect/selection"
 )
 
 // A replica alone is synced once its listening window has passed.
@@ -85,4 +87,37 @@ func TestWaitSyncedEnds(t *testing.T) {
 	require.NoError(t, a.r.Close())
 	require.ErrorIs(t, a.r.WaitSynced(context.Background()), replica.ErrClosed)
 	require.False(t, a.r.Synced())
+}
+
+// A session's requests, sent in turn through three replicas, all land on the
+// worker its first request got: the pin travels with the booking.
+func TestSessionsSharedAcrossReplicas(t *testing.T) {
+	h := newHub()
+	hard := func(c *selection.Config) { c.Sessions.Mode = selection.SessionHard }
+	nodes := []*node{
+		newNodeWith(t, h, "a", nil, nil, hard), newNodeWith(t, h, "b", nil, nil, hard), newNodeWith(t, h, "c", nil, nil, hard),
+	}
+	rng := rand.New(rand.NewPCG(8, 8))
+	for s := range 5 {
+		session := fmt.Sprintf("conv-%d", s)
+		var pinned string
+		for turn := range 9 {
+			n := nodes[turn%3]
+			toks := make([]uint32, 40)
+			for i := range toks {
+				toks[i] = rng.Uint32N(32000)
+			}
+			res, err := n.svc.SelectAndReserve(context.Background(), selection.Request{Tokens: toks, SessionID: session})
+			require.NoError(t, err)
+			if turn == 0 {
+				pinned = res.Worker
+			}
+			require.Equal(t, pinned, res.Worker, "session %s turn %d through replica %s", session, turn, n.r.ID())
+			require.NoError(t, n.r.Flush())
+			requireConverged(t, nodes...) // the next replica has the pin
+		}
+	}
+	for _, n := range nodes {
+		require.Equal(t, 5, n.svc.Stats().Sessions, n.r.ID())
+	}
 }

@@ -240,6 +240,7 @@ func (r *Replicator) bookLocked(p *peer, o *wireOp, now int64) {
 	err := r.svc.BookRemote(p.origin, selection.BookingEvent{
 		ID: o.id, Model: o.model, Worker: o.worker, SeqHashes: o.hashes, PrivateBlocks: o.private,
 		PrefillTokens: o.prefill, ExpectedOutputTokens: o.expected, Lease: lease, Remaining: remaining,
+		Session: o.session,
 	})
 	switch {
 	case err == nil:
@@ -519,6 +520,7 @@ func (r *Replicator) serveSnapshot(req []byte) []byte {
 		b := booked{
 			id: id, model: e.model, worker: e.worker, hashes: e.hashes, private: e.private, expected: e.expected,
 			leaseMS: int64(e.lease / time.Millisecond), remainingMS: (e.deadline - now + int64(time.Millisecond) - 1) / int64(time.Millisecond),
+			session: e.session,
 		}
 		if !e.prefilled {
 			b.prefill = e.prefill

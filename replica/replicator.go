@@ -121,6 +121,7 @@ type localEntry struct {
 	lease     time.Duration
 	deadline  int64 // Now's UnixNano
 	prefilled bool
+	session   string
 }
 
 // pendingBuf holds ops waiting to be published, reused, so queueing an op
@@ -135,6 +136,7 @@ type pendingBuf struct {
 // reused, until the flush that publishes the op is done.
 type pendingOp struct {
 	id, model string
+	session   string
 	worker    catalog.WorkerRank
 	hashes    []uint64
 	private   int32
@@ -336,6 +338,7 @@ func (r *Replicator) Booked(ev selection.BookingEvent) {
 	b := booked{
 		id: ev.ID, model: ev.Model, worker: ev.Worker, hashes: ev.SeqHashes, private: ev.PrivateBlocks,
 		prefill: ev.PrefillTokens, expected: ev.ExpectedOutputTokens, leaseMS: leaseMS(ev.Lease),
+		session: ev.Session,
 	}
 	b.remainingMS = b.leaseMS
 	size := b.size()
@@ -351,6 +354,7 @@ func (r *Replicator) Booked(ev selection.BookingEvent) {
 	copy(e.hashes, ev.SeqHashes)
 	e.model, e.worker, e.private, e.prefill, e.expected = ev.Model, ev.Worker, ev.PrivateBlocks, ev.PrefillTokens, ev.ExpectedOutputTokens
 	e.lease, e.deadline, e.prefilled = time.Duration(b.leaseMS)*time.Millisecond, deadline, false
+	e.session = ev.Session
 	if old := r.mu.local[ev.ID]; old != nil {
 		r.retireLocked(old)
 	}
@@ -358,7 +362,7 @@ func (r *Replicator) Booked(ev selection.BookingEvent) {
 	kick, overflow := r.queueLocked(pendingOp{
 		id: ev.ID, model: ev.Model, worker: ev.Worker, hashes: e.hashes, private: int32(ev.PrivateBlocks),
 		prefill: int32(ev.PrefillTokens), expected: int32(ev.ExpectedOutputTokens), leaseMS: int32(b.leaseMS),
-		size: int32(size), kind: opBooked,
+		size: int32(size), kind: opBooked, session: ev.Session,
 	})
 	r.mu.Unlock()
 	r.queued(kick, overflow)
@@ -432,7 +436,7 @@ func (r *Replicator) recycleLocked(es []*localEntry) {
 		if len(r.mu.spare) >= maxSpareEntries {
 			break
 		}
-		e.model, e.worker = "", catalog.WorkerRank{}
+		e.model, e.worker, e.session = "", catalog.WorkerRank{}, ""
 		r.mu.spare = append(r.mu.spare, e)
 	}
 }

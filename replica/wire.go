@@ -14,9 +14,9 @@ import (
 
 // WireVersion is the format version a Replicator writes and the only one it
 // reads.
-const WireVersion = 1
+const WireVersion = 2
 
-// The format, version 1. Integers are little-endian; uv is an unsigned LEB128
+// The format, version 2 (version 1 had no session). Integers are little-endian; uv is an unsigned LEB128
 // varint (encoding/binary's Uvarint), str a uv length and that many bytes.
 //
 //	message  magic "KVSR" | version u8 | type u8 | body
@@ -24,14 +24,15 @@ const WireVersion = 1
 //	op       kind u8 | id str | then by kind:
 //	           1 booked:  model str | worker str | rank uv | hashes: count uv, count x u64 |
 //	                      private blocks uv | prefill tokens uv | expected output uv |
-//	                      lease ms uv | remaining lease ms uv
+//	                      lease ms uv | remaining lease ms uv | session str
 //	           2 settled: settlement u8 (1 prefill, 2 renew, 3 free)
 //	request  type 2: requester str | after str
 //	page     type 3: flags u8 (bit 0 more) | origin str | epoch u64 | seq uv | count uv | count x booked op
 //
 // Bounds checked by every decode: the whole message is at most the
 // receiver's MaxMessageBytes; origin and requester are valid replica IDs; id,
-// model, worker and after are at most maxStr bytes, id and worker non-empty;
+// model, worker and after are at most maxStr bytes, session at most
+// selection.MaxSessionIDLen, id and worker non-empty;
 // rank, private blocks, prefill and expected tokens and both leases at most
 // math.MaxInt32; counts at most what the remaining bytes can hold; no byte
 // after the body. A heartbeat is a batch with no ops.
@@ -55,7 +56,7 @@ const (
 	// flags, origin, epoch, seq, count) with room to spare.
 	headerReserve = 128
 	minSettledOp  = 4 // kind, id length, one id byte, settlement
-	minBookedOp   = 1 + 2 + 1 + 2 + 1 + 1 + 5
+	minBookedOp   = 1 + 2 + 1 + 2 + 1 + 1 + 5 + 1
 )
 
 // Decode errors. Every error of a decode wraps exactly one of them.
@@ -83,6 +84,7 @@ type wireOp struct {
 	expected    int
 	leaseMS     int64
 	remainingMS int64
+	session     string
 }
 
 // wireBatch is a decoded batch, reused across decodes.
@@ -147,12 +149,13 @@ type booked struct {
 	expected    int
 	leaseMS     int64
 	remainingMS int64
+	session     string
 }
 
 func (b *booked) size() int {
 	return 1 + strLen(b.id) + strLen(b.model) + strLen(b.worker.Worker) + uvLen(uint64(b.worker.Rank)) +
 		uvLen(uint64(len(b.hashes))) + 8*len(b.hashes) + uvLen(uint64(b.private)) + uvLen(uint64(b.prefill)) +
-		uvLen(uint64(b.expected)) + uvLen(uint64(b.leaseMS)) + uvLen(uint64(b.remainingMS))
+		uvLen(uint64(b.expected)) + uvLen(uint64(b.leaseMS)) + uvLen(uint64(b.remainingMS)) + strLen(b.session)
 }
 
 // sendable reports whether every field of b is within the decoder's bounds.
@@ -160,7 +163,7 @@ func (b *booked) sendable() bool {
 	return b.id != "" && len(b.id) <= maxStr && len(b.model) <= maxStr && b.worker.Worker != "" &&
 		len(b.worker.Worker) <= maxStr && inNumber(b.worker.Rank) && inNumber(b.private) &&
 		inNumber(b.prefill) && inNumber(b.expected) && b.leaseMS >= 0 && b.leaseMS <= maxNumber &&
-		b.remainingMS >= 0 && b.remainingMS <= maxNumber
+		b.remainingMS >= 0 && b.remainingMS <= maxNumber && len(b.session) <= selection.MaxSessionIDLen
 }
 
 func inNumber(n int) bool { return n >= 0 && n <= maxNumber }
@@ -177,7 +180,8 @@ func appendBooked(dst []byte, b *booked) []byte {
 	dst = binary.AppendUvarint(dst, uint64(b.prefill))
 	dst = binary.AppendUvarint(dst, uint64(b.expected))
 	dst = binary.AppendUvarint(dst, uint64(b.leaseMS))
-	return binary.AppendUvarint(dst, uint64(b.remainingMS))
+	dst = binary.AppendUvarint(dst, uint64(b.remainingMS))
+	return appendStr(dst, b.session)
 }
 
 // littleEndian is true when uint64 values are laid out little-endian in
@@ -373,6 +377,7 @@ func (r *reader) op(o *wireOp, flat *[]uint64, onlyBooked bool) {
 		r.hashes(n, flat)
 		o.private, o.prefill, o.expected = r.num(), r.num(), r.num()
 		o.leaseMS, o.remainingMS = int64(r.num()), int64(r.num())
+		o.session = r.str(selection.MaxSessionIDLen)
 	case o.kind == opSettled && !onlyBooked:
 		o.how = selection.Settlement(r.u8())
 		if r.err == nil && (o.how < selection.SettlePrefill || o.how > selection.SettleFree) {

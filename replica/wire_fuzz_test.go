@@ -24,7 +24,7 @@ func reencodeBatch(b *wireBatch) []byte {
 func (o *wireOp) booked() *booked {
 	return &booked{
 		id: o.id, model: o.model, worker: o.worker, hashes: o.hashes, private: o.private, prefill: o.prefill,
-		expected: o.expected, leaseMS: o.leaseMS, remainingMS: o.remainingMS,
+		expected: o.expected, leaseMS: o.leaseMS, remainingMS: o.remainingMS, session: o.session,
 	}
 }
 

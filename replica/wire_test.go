@@ -15,7 +15,7 @@ import (
 func sampleBooked() booked {
 	return booked{
 		id: "req-1", model: "m", worker: catalog.WorkerRank{Worker: "w1", Rank: 3}, hashes: []uint64{1, 2, 1 << 63},
-		private: 1, prefill: 900, expected: 128, leaseMS: 300000, remainingMS: 299000,
+		private: 1, prefill: 900, expected: 128, leaseMS: 300000, remainingMS: 299000, session: "conv-9",
 	}
 }
 
@@ -101,6 +101,12 @@ func TestDecodeErrors(t *testing.T) {
 		b = binary.AppendUvarint(b, uint64(n))
 		return append(append(b, strings.Repeat("x", n)...), byte(selection.SettleFree))
 	}
+	longSession := func(n int) []byte {
+		b := sampleBooked()
+		b.session = strings.Repeat("s", n)
+		return appendBooked(hdr("a", 1), &b)
+	}
+	require.NoError(t, decodeBatch(longSession(selection.MaxSessionIDLen), 1<<20, &wireBatch{}))
 	for _, tc := range []struct {
 		name string
 		data []byte
@@ -108,10 +114,12 @@ func TestDecodeErrors(t *testing.T) {
 		want error
 	}{
 		{"too large", batch, len(batch) - 1, errTooLarge},
+		{"session too long", longSession(selection.MaxSessionIDLen + 1), 0, errField},
 		{"empty", nil, 0, errTruncated},
 		{"bad magic", mutate(func(b []byte) []byte { b[0] = 'X'; return b }), 0, errMagic},
 		{"short bad magic", []byte("XXXX"), 0, errMagic},
-		{"version", mutate(func(b []byte) []byte { b[4] = 2; return b }), 0, errVersion},
+		{"version", mutate(func(b []byte) []byte { b[4] = WireVersion + 1; return b }), 0, errVersion},
+		{"old version", mutate(func(b []byte) []byte { b[4] = WireVersion - 1; return b }), 0, errVersion},
 		{"type", mutate(func(b []byte) []byte { b[5] = msgPage; return b }), 0, errType},
 		{"truncated", batch[:len(batch)-1], 0, errTruncated},
 		{"trailing", append(append([]byte(nil), batch...), 0), 0, errTrailing},
