@@ -81,9 +81,12 @@
 // # Session ids
 //
 // SessionID reads the x-session-id header, then Dynamo's x-dynamo-session-id,
-// then the body's prompt_cache_key. The Router passes it to Options.Prepare in
-// RequestInfo.SessionID and routes on nothing else of it; "user" and
-// "safety_identifier" are not session ids (see RequestInfo).
+// then the body's prompt_cache_key. The Router books the request with it
+// (selection.Request.SessionID: the service's session affinity pins the
+// session to a worker) and passes it to Options.Prepare in
+// RequestInfo.SessionID; a session header over selection.MaxSessionIDLen
+// bytes is answered 400. "user" and "safety_identifier" are not session ids
+// (see RequestInfo).
 //
 // # Concurrency
 //

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/kvselect/kvselect/selection"
 )
 
 // MaxFieldBytes bounds every string ParseRequest and SessionID return: a longer
@@ -44,7 +46,8 @@ type RequestInfo struct {
 	// has many conversations with unrelated prefixes, and they are identifiers
 	// of a person that routing has no business keeping. The Router hands
 	// Options.Prepare the effective id, SessionID(headers, info), in which the
-	// session headers win. Nothing in the Router routes on it.
+	// session headers win, and books the request with it
+	// (selection.Request.SessionID: session affinity).
 	SessionID string
 }
 
@@ -131,14 +134,23 @@ func isNull(raw json.RawMessage) bool {
 // SessionID returns the request's session id: the x-session-id header, else
 // x-dynamo-session-id (Dynamo's), else the body's prompt_cache_key
 // (info.SessionID from ParseRequest); "" when none is set. Header values are
-// trimmed of spaces; an empty one, or one longer than MaxFieldBytes, is
-// skipped. The Router does not route on it: it is for a caller's
-// Options.Prepare (and a later session-affinity policy).
-func SessionID(h http.Header, info RequestInfo) string {
+// trimmed of spaces and an empty one is skipped; a header value longer than
+// selection.MaxSessionIDLen is an error wrapping ErrBadRequest (the client
+// named a session the service cannot pin), while a longer prompt_cache_key
+// (a cache key, not only a session) is not used as a session.
+func SessionID(h http.Header, info RequestInfo) (string, error) {
 	for _, name := range []string{HeaderSessionID, HeaderDynamoSessionID} {
-		if v := strings.TrimSpace(h.Get(name)); v != "" && len(v) <= MaxFieldBytes {
-			return v
+		v := strings.TrimSpace(h.Get(name))
+		if v == "" {
+			continue
 		}
+		if len(v) > selection.MaxSessionIDLen {
+			return "", fmt.Errorf("%w: header %s is %d bytes, longer than %d", ErrBadRequest, name, len(v), selection.MaxSessionIDLen)
+		}
+		return v, nil
 	}
-	return info.SessionID
+	if len(info.SessionID) > selection.MaxSessionIDLen {
+		return "", nil
+	}
+	return info.SessionID, nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/httproute"
 )
 
@@ -59,17 +60,30 @@ func TestParseRequest(t *testing.T) {
 func TestSessionID(t *testing.T) {
 	info := httproute.RequestInfo{SessionID: "from-body"}
 	h := http.Header{}
-	require.Equal(t, "from-body", httproute.SessionID(h, info))
+	id := func() string {
+		t.Helper()
+		s, err := httproute.SessionID(h, info)
+		require.NoError(t, err)
+		return s
+	}
+	require.Equal(t, "from-body", id())
 	h.Set(httproute.HeaderDynamoSessionID, " dyn ")
-	require.Equal(t, "dyn", httproute.SessionID(h, info))
+	require.Equal(t, "dyn", id())
 	h.Set(httproute.HeaderSessionID, "plain")
-	require.Equal(t, "plain", httproute.SessionID(h, info))
-	h.Set(httproute.HeaderSessionID, strings.Repeat("s", httproute.MaxFieldBytes+1))
-	require.Equal(t, "dyn", httproute.SessionID(h, info), "an over-long header is skipped")
+	require.Equal(t, "plain", id())
+	h.Set(httproute.HeaderSessionID, strings.Repeat("s", selection.MaxSessionIDLen))
+	require.Len(t, id(), selection.MaxSessionIDLen)
+	h.Set(httproute.HeaderSessionID, strings.Repeat("s", selection.MaxSessionIDLen+1))
+	_, err := httproute.SessionID(h, info)
+	require.ErrorIs(t, err, httproute.ErrBadRequest)
+	require.ErrorContains(t, err, "x-session-id is 257 bytes")
 	h.Set(httproute.HeaderSessionID, "  ")
 	h.Del(httproute.HeaderDynamoSessionID)
-	require.Equal(t, "from-body", httproute.SessionID(h, info))
-	require.Empty(t, httproute.SessionID(http.Header{}, httproute.RequestInfo{}))
+	require.Equal(t, "from-body", id())
+	info.SessionID = strings.Repeat("k", selection.MaxSessionIDLen+1)
+	require.Empty(t, id(), "a long prompt_cache_key is no session")
+	h, info = http.Header{}, httproute.RequestInfo{}
+	require.Empty(t, id())
 }
 
 // FuzzParseRequest: no body makes ParseRequest panic; an accepted body is a

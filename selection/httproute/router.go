@@ -286,7 +286,9 @@ func (r *Router) book(req *http.Request, body []byte) (*selection.Booking, error
 	if err != nil {
 		return nil, err
 	}
-	info.SessionID = SessionID(req.Header, info)
+	if info.SessionID, err = SessionID(req.Header, info); err != nil {
+		return nil, err
+	}
 	model := r.opts.Model
 	if model == "" {
 		model = info.Model
@@ -298,6 +300,7 @@ func (r *Router) book(req *http.Request, body []byte) (*selection.Booking, error
 	sreq := selection.Request{
 		Model: model, Tokens: tr.Tokens, LoRAName: info.LoRA, CacheSalt: tr.CacheSalt,
 		ExpectedOutputTokens: int(min(max(tr.MaxTokens, 0), math.MaxInt32)),
+		SessionID:            info.SessionID,
 	}
 	if sreq.CacheSalt == "" {
 		sreq.CacheSalt = info.CacheSalt

@@ -686,3 +686,50 @@ func TestConcurrentMixedRequestsSettleEverything(t *testing.T) {
 	require.Equal(t, st.FailureStatuses, st.MarkedFailed)
 	t.Logf("%+v", st)
 }
+
+// A session's requests (x-session-id) go to the worker its first one got,
+// while requests without one spread; a session header over
+// selection.MaxSessionIDLen bytes is answered 400 and books nothing.
+func TestSessionHeaderPinsWorker(t *testing.T) {
+	var mu sync.Mutex
+	served := map[string]int{}
+	var eps []string
+	for i := range 3 {
+		name := fmt.Sprint("w", i)
+		eps = append(eps, upstream(t, func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			served[name]++
+			mu.Unlock()
+			_, _ = io.WriteString(w, "{}")
+		}))
+	}
+	env := newEnv(t, envOptions{workers: eps})
+	send := func(prompt string, hdr ...string) {
+		t.Helper()
+		resp, err := env.post(context.Background(), t, chatBody("", prompt), hdr...)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	for i := range 12 {
+		send(fmt.Sprintf("turn %d of a conversation about topic %d", i, i*7), httproute.HeaderSessionID, "conv-1")
+	}
+	mu.Lock()
+	require.Len(t, served, 1, "one session, one worker: %v", served)
+	clear(served)
+	mu.Unlock()
+	for i := range 12 {
+		send(fmt.Sprintf("unrelated request %d about %d", i, i*13))
+	}
+	mu.Lock()
+	require.Greater(t, len(served), 1, "requests without a session spread: %v", served)
+	mu.Unlock()
+	require.EqualValues(t, 11, env.svc.Stats().SessionHits)
+
+	resp, err := env.post(context.Background(), t, chatBody("", "hi"), httproute.HeaderSessionID, strings.Repeat("s", selection.MaxSessionIDLen+1))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	require.Contains(t, readError(t, resp).Error.Message, "longer than 256")
+	env.requireIdle(t, "")
+}
