@@ -11,6 +11,8 @@
 //
 //	Book             one active request, its prefill tokens and its blocks added
 //	PrefillComplete  its prefill tokens removed (the first response byte arrived)
+//	AddOutputBlocks  its generated output fills more blocks (one per block size of tokens)
+//	Move             all of it moved to another worker rank (the request was served elsewhere)
 //	Free             everything it added removed (the response ended, failed or was cancelled)
 //	Expire           Free for every booking whose lease ran out (an owner that died mid-request)
 //	RemoveWorker     Free for every booking on a deleted worker

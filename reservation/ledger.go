@@ -148,6 +148,7 @@ type Ledger struct {
 
 	booked, prefillDone, freed, expired, removed atomic.Int64
 	conflicts, invalid, unknown, active, stale   atomic.Int64
+	moved, outputBlocks                          atomic.Int64
 }
 
 // New returns an empty Ledger. It reports every invalid option, wrapped in

@@ -260,7 +260,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			require.Equal(t, n, l.RemoveWorker(name))
 			require.ElementsMatch(t, want, notified)
 			m.stats.Removed += int64(n)
-		case k < 94:
+		case k < 89:
 			op = "touch"
 			id := randID()
 			now := clk.Advance(time.Duration(rng.IntN(3)) * time.Second)
@@ -275,6 +275,45 @@ func runModel(t *testing.T, seed uint64, steps int) {
 				m.stats.UnknownIDs++
 			}
 			require.Empty(t, notified)
+		case k < 93:
+			op = "output blocks"
+			id, n := randID(), rng.IntN(4)
+			err := l.AddOutputBlocks(id, n)
+			if b := m.live[id]; b != nil {
+				require.NoError(t, err)
+				b.private += n
+				m.stats.OutputBlocks += int64(n)
+			} else {
+				require.ErrorIs(t, err, ErrUnknownReservation)
+				m.stats.UnknownIDs++
+			}
+			require.Empty(t, notified)
+		case k < 97:
+			op = "move"
+			id, to := randID(), workers[rng.IntN(len(workers))]
+			moved, err := l.Move(id, to)
+			b := m.live[id]
+			switch {
+			case b == nil:
+				require.ErrorIs(t, err, ErrUnknownReservation)
+				m.stats.UnknownIDs++
+				require.Empty(t, notified)
+			case b.worker == to:
+				require.NoError(t, err)
+				require.Equal(t, to, moved.Worker)
+				require.Empty(t, notified)
+			default:
+				require.NoError(t, err)
+				require.Equal(t, []catalog.WorkerRank{b.worker}, notified)
+				require.Equal(t, to, moved.Worker)
+				b.worker = to
+				if !b.deadline.After(clk.Now()) {
+					b.deadline = clk.Now().Add(1)
+				}
+				m.order++
+				b.order = m.order
+				m.stats.Moved++
+			}
 		default:
 			op = "read"
 		}

@@ -13,6 +13,8 @@ type Stats struct {
 	Invalid          int64 // Book calls rejected with ErrInvalid
 	UnknownIDs       int64 // PrefillComplete, Free and Touch calls with an unknown id
 	Active           int64 // live bookings
+	Moved            int64 // bookings moved to another worker rank (Move)
+	OutputBlocks     int64 // blocks added by AddOutputBlocks
 }
 
 // Stats returns the ledger's counters. It does not take the lock.
@@ -28,5 +30,7 @@ func (l *Ledger) Stats() Stats {
 		Invalid:          l.invalid.Load(),
 		UnknownIDs:       l.unknown.Load(),
 		Active:           l.active.Load(),
+		Moved:            l.moved.Load(),
+		OutputBlocks:     l.outputBlocks.Load(),
 	}
 }

@@ -84,6 +84,14 @@ func TestConcurrentBookAndFree(t *testing.T) {
 				if rng.IntN(4) == 0 {
 					_ = l.Touch(id)
 				}
+				if rng.IntN(4) == 0 {
+					_ = l.AddOutputBlocks(id, 1+rng.IntN(3))
+				}
+				if rng.IntN(4) == 0 { // served elsewhere; may already be expired or removed
+					if _, err := l.Move(id, workers[rng.IntN(len(workers))]); err != nil && !errors.Is(err, ErrUnknownReservation) {
+						t.Errorf("move %s: %v", id, err)
+					}
+				}
 				switch err := l.Free(id); {
 				case err == nil:
 					freedByMe.Add(1)
