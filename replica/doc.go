@@ -4,7 +4,8 @@
 // none of them sends a request to a worker the others have just filled.
 //
 // Only active load is shared: bookings and their settling calls
-// (PrefillComplete, RenewReservation, FreeReservation), and with each
+// (PrefillComplete, RenewReservation, FreeReservation, AddOutputBlocks; a
+// MoveReservation travels as a free and a new booking), and with each
 // booking its session (selection.Request.SessionID), which pins the session
 // on every peer as on its origin. Each replica builds
 // its KV index from the workers' own event streams, and each has its own
@@ -38,7 +39,7 @@
 //	op booked    id | model | worker | rank | seq hashes (u64 each) | private blocks |
 //	             prefill tokens | expected output tokens | lease ms | remaining lease ms |
 //	             session
-//	op settled   id | settlement (prefill, renew, free)
+//	op settled   id | settlement (prefill, renew, free, output block)
 //
 // Every length and number is bounded (strings at 1 KiB, numbers at
 // math.MaxInt32, counts by the bytes left), and every decode error is one of

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -120,4 +121,32 @@ func TestSessionsSharedAcrossReplicas(t *testing.T) {
 	for _, n := range nodes {
 		require.Equal(t, 5, n.svc.Stats().Sessions, n.r.ID())
 	}
+}
+
+// Output growth and a move reach the peers: their view of the booking grows
+// and follows it to the rank that served it.
+func TestGrowthAndMoveReplicated(t *testing.T) {
+	h := newHub()
+	a, b := newNode(t, h, "a", nil), newNode(t, h, "b", nil)
+	bk, err := a.svc.Book(context.Background(), selection.Request{Tokens: make([]uint32, 64), Allowed: []string{"w1"}})
+	require.NoError(t, err)
+	require.NoError(t, bk.Generated(16*5))
+	require.NoError(t, a.r.Flush())
+	requireConverged(t, a, b)
+	require.NoError(t, bk.Move(catalog.WorkerRank{Worker: "w2"}))
+	require.NoError(t, a.r.Flush())
+	requireConverged(t, a, b)
+	for _, l := range b.svc.Loads("") {
+		switch l.Worker {
+		case "w2":
+			require.Equal(t, 1, l.ActiveRequests)
+			require.Equal(t, 4+5, l.ActiveBlocks, "4 prompt blocks and 5 output blocks")
+		default:
+			require.Zero(t, l.ActiveRequests, l.Worker)
+		}
+	}
+	require.NoError(t, bk.Done())
+	require.NoError(t, a.r.Flush())
+	requireConverged(t, a, b)
+	require.Zero(t, activeRequests(b))
 }

@@ -374,7 +374,7 @@ func (r *Replicator) Settled(id string, how selection.Settlement) {
 	if r.closed.Load() {
 		return
 	}
-	if id == "" || len(id) > maxStr || how < selection.SettlePrefill || how > selection.SettleFree {
+	if id == "" || len(id) > maxStr || how < selection.SettlePrefill || how > selection.SettleOutputBlock {
 		r.st.unsendable.Add(1)
 		return
 	}
@@ -392,6 +392,8 @@ func (r *Replicator) Settled(id string, how selection.Settlement) {
 		case selection.SettleFree:
 			delete(r.mu.local, id)
 			r.retireLocked(e)
+		case selection.SettleOutputBlock:
+			e.private++
 		}
 	}
 	kick, overflow := r.queueLocked(pendingOp{id: id, size: int32(settledSize(id)), kind: opSettled, how: how})

@@ -25,7 +25,7 @@ const WireVersion = 2
 //	           1 booked:  model str | worker str | rank uv | hashes: count uv, count x u64 |
 //	                      private blocks uv | prefill tokens uv | expected output uv |
 //	                      lease ms uv | remaining lease ms uv | session str
-//	           2 settled: settlement u8 (1 prefill, 2 renew, 3 free)
+//	           2 settled: settlement u8 (1 prefill, 2 renew, 3 free, 4 one output block)
 //	request  type 2: requester str | after str
 //	page     type 3: flags u8 (bit 0 more) | origin str | epoch u64 | seq uv | count uv | count x booked op
 //
@@ -380,7 +380,7 @@ func (r *reader) op(o *wireOp, flat *[]uint64, onlyBooked bool) {
 		o.session = r.str(selection.MaxSessionIDLen)
 	case o.kind == opSettled && !onlyBooked:
 		o.how = selection.Settlement(r.u8())
-		if r.err == nil && (o.how < selection.SettlePrefill || o.how > selection.SettleFree) {
+		if r.err == nil && (o.how < selection.SettlePrefill || o.how > selection.SettleOutputBlock) {
 			r.fail(errField)
 		}
 	default:

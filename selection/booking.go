@@ -20,9 +20,12 @@ type Booking struct {
 	Result
 	svc *SelectionService
 
-	mu        sync.Mutex
-	prefilled bool
-	done      bool
+	session string // the request's SessionID, for Move
+
+	mu           sync.Mutex
+	prefilled    bool
+	done         bool
+	outputBlocks int // blocks added by Generated
 }
 
 // Book is SelectAndReserve returning a handle on the booking (errors as
@@ -32,7 +35,7 @@ func (s *SelectionService) Book(ctx context.Context, req Request) (*Booking, err
 	if err != nil {
 		return nil, err
 	}
-	return &Booking{Result: res, svc: s}, nil
+	return &Booking{Result: res, svc: s, session: req.SessionID}, nil
 }
 
 // PrefillComplete reports the request's first output byte (see

@@ -184,6 +184,9 @@ type Stats struct {
 	// SessionsExpired pins that idled out.
 	Sessions                                                    int
 	SessionHits, SessionMoves, SessionsEvicted, SessionsExpired uint64
+	// Moves counts bookings moved to the rank that served them
+	// (MoveReservation, Booking.Move).
+	Moves uint64
 	// Ledger is the reservation ledger's own snapshot.
 	Ledger reservation.Stats
 }
@@ -212,5 +215,6 @@ func (s *SelectionService) Stats() Stats {
 		RemoteBookings: s.st.remoteBookings.Load(), Ledger: ls,
 		Sessions: sessions, SessionHits: s.st.sessionHits.Load(), SessionMoves: s.st.sessionMoves.Load(),
 		SessionsEvicted: s.st.sessionsEvicted.Load(), SessionsExpired: s.st.sessionsExpired.Load(),
+		Moves: s.st.moves.Load(),
 	}
 }

@@ -41,12 +41,13 @@ type Settlement uint8
 
 // Settlements.
 const (
-	SettlePrefill Settlement = iota + 1 // PrefillComplete
-	SettleRenew                         // RenewReservation
-	SettleFree                          // FreeReservation
+	SettlePrefill     Settlement = iota + 1 // PrefillComplete
+	SettleRenew                             // RenewReservation
+	SettleFree                              // FreeReservation
+	SettleOutputBlock                       // one block of AddOutputBlocks
 )
 
-// String returns "prefill", "renew" or "free".
+// String returns "prefill", "renew", "free" or "output_block".
 func (k Settlement) String() string {
 	switch k {
 	case SettlePrefill:
@@ -55,13 +56,16 @@ func (k Settlement) String() string {
 		return "renew"
 	case SettleFree:
 		return "free"
+	case SettleOutputBlock:
+		return "output_block"
 	}
 	return fmt.Sprintf("Settlement(%d)", uint8(k))
 }
 
 // BookingObserver hears of every booking the service makes and of every
 // successful settling call on one (PrefillComplete, RenewReservation,
-// FreeReservation), but not of remote bookings or of expiries: a peer's copy
+// FreeReservation, and each block of AddOutputBlocks; a MoveReservation is
+// told as a free and a booking on the new rank), but not of remote bookings or of expiries: a peer's copy
 // carries the lease and expires by itself. Calls run on the request path,
 // after the ledger accepted the change and in its order for one id: they must
 // not block and must not call the service.
@@ -134,6 +138,8 @@ func (s *SelectionService) SettleRemote(origin, id string, how Settlement) error
 		err = s.ledger.Touch(rid)
 	case SettleFree:
 		err = s.ledger.Free(rid)
+	case SettleOutputBlock:
+		err = s.ledger.AddOutputBlocks(rid, 1)
 	default:
 		return fmt.Errorf("%w: settlement %v", ErrBadRequest, how)
 	}

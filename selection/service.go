@@ -86,7 +86,7 @@ type serviceCounters struct {
 	selections, bookings, prefillDone, frees, unknownIDs, rejected, failures, remoteBookings atomic.Uint64
 	queued, queueRejected, queueCanceled, conflicts, retries                                 atomic.Uint64
 	chosenOverlap, bestOverlap, requestBlocks                                                atomic.Uint64
-	sessionHits, sessionMoves, sessionsEvicted, sessionsExpired                              atomic.Uint64
+	sessionHits, sessionMoves, sessionsEvicted, sessionsExpired, moves                       atomic.Uint64
 	queueWaitNanos                                                                           atomic.Int64
 }
 

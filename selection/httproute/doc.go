@@ -51,10 +51,17 @@
 //     has read the whole answer therefore finds its booking done.
 //
 // From the booking until it is settled, a timer renews the lease every
-// Options.RenewInterval (10 s): a long prefill, a long stream or a long answer
-// that is not streamed (whose first byte comes at its end) outlives the
-// service's lease (ActiveRequestExpiry) without being released as an orphan,
-// while the booking of a gateway that died, with its timers, still is.
+// Options.RenewInterval (10 s) while the request makes progress: before the
+// first body byte (a long prefill, or a long answer that is not streamed,
+// whose first byte comes at its end), and afterwards when body bytes came
+// since the last tick. A long stream therefore outlives the service's lease
+// (ActiveRequestExpiry) without being released as an orphan, while a stream
+// that went silent for longer than the lease is released (Stats.Stalls), as
+// is the booking of a gateway that died with its timers.
+//
+// A 2xx event stream (text/event-stream) grows its booking as it runs: each
+// data line is one generated token (Booking.Generated), so the worker's
+// active blocks, and its decode cost, follow a long generation.
 //
 // Done is also called when the client goes away (the request context's
 // AfterFunc, at once, wherever the exchange stands), in the ReverseProxy's

@@ -42,6 +42,10 @@ type exchange struct {
 
 	mu    sync.Mutex  // guards renew against a concurrent Reset and Stop
 	renew *time.Timer // nil when renewal is off
+	// progress counts the body reads that returned bytes; renewTick (the only
+	// reader of seen) renews after the first one only when it moved.
+	progress atomic.Uint64
+	seen     uint64
 }
 
 // startRenewal arms the renewal timer (RenewInterval > 0).
@@ -53,14 +57,21 @@ func (ex *exchange) startRenewal() {
 	}
 }
 
-// renewTick renews the lease and re-arms the timer, until the exchange is
-// settled.
+// renewTick renews the lease, while no body byte has come (the worker
+// prefills, or computes an answer it does not stream) or when body bytes came
+// since the last tick, and re-arms the timer, until the exchange is settled.
+// A stream that went silent is not renewed: it expires at its lease.
 func (ex *exchange) renewTick() {
 	if ex.settled.Load() {
 		return
 	}
-	if ex.b.Renew() == nil {
-		ex.r.st.renewals.Add(1)
+	if p := ex.progress.Load(); p == 0 || p != ex.seen {
+		ex.seen = p
+		if ex.b.Renew() == nil {
+			ex.r.st.renewals.Add(1)
+		}
+	} else {
+		ex.r.st.stalls.Add(1)
 	}
 	ex.mu.Lock()
 	if !ex.settled.Load() {
@@ -136,16 +147,21 @@ type settleBody struct {
 	left    int64 // bytes still expected; negative when the length is unknown
 	success bool  // a 2xx answer
 	started bool
+	sse     *sseCounter // a 2xx event stream's data lines; nil otherwise
 }
 
 func (b *settleBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 {
+		b.ex.progress.Add(1)
 		if !b.started {
 			b.started = true
 			if b.success {
 				b.ex.firstByte()
 			}
+		}
+		if b.sse != nil && b.sse.scan(p[:n]) {
+			_ = b.ex.b.Generated(b.sse.events) // gone already: nothing to grow
 		}
 		if b.left >= 0 {
 			if b.left -= int64(n); b.left <= 0 {
@@ -173,4 +189,33 @@ func (b *settleBody) Close() error {
 	err := b.ReadCloser.Close()
 	b.ex.settle(b.ex.endOutcome())
 	return err
+}
+
+// sseCounter counts the data lines of a server-sent event stream ("data:" at
+// the start of a line), across reads. An OpenAI-compatible engine streams one
+// chunk per generated token (more with speculative decoding, which the count
+// then under-reports), so the count is the tokens generated so far.
+type sseCounter struct {
+	col     int // bytes into the current line
+	matched int // bytes of "data:" matched at its start
+	events  int
+}
+
+// scan counts p's data lines and reports whether it found one.
+func (c *sseCounter) scan(p []byte) bool {
+	const field = "data:"
+	before := c.events
+	for _, ch := range p {
+		if ch == '\n' {
+			c.col, c.matched = 0, 0
+			continue
+		}
+		if c.col == c.matched && c.matched < len(field) && ch == field[c.matched] {
+			if c.matched++; c.matched == len(field) {
+				c.events++
+			}
+		}
+		c.col++
+	}
+	return c.events != before
 }

@@ -354,8 +354,12 @@ func (r *Router) modifyResponse(resp *http.Response) error {
 		ex.settle(outcomeEnded) // no body will follow
 		return nil
 	}
-	resp.Body = &settleBody{ReadCloser: resp.Body, ex: ex, left: resp.ContentLength,
+	sb := &settleBody{ReadCloser: resp.Body, ex: ex, left: resp.ContentLength,
 		success: resp.StatusCode >= 200 && resp.StatusCode < 300}
+	if sb.success && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		sb.sse = &sseCounter{}
+	}
+	resp.Body = sb
 	return nil
 }
 
@@ -400,8 +404,9 @@ type Stats struct {
 	// cut its answer short; the proxy path panicked or stopped otherwise.
 	Ended, Canceled, Failed, Aborted uint64
 	// FirstBytes counts PrefillComplete calls (the first body byte of a 2xx
-	// answer); Renewals the leases renewed.
-	FirstBytes, Renewals uint64
+	// answer); Renewals the leases renewed; Stalls the renewal ticks skipped
+	// because a started body sent nothing since the last one.
+	FirstBytes, Renewals, Stalls uint64
 	// UpstreamErrors counts transport errors (client cancels excluded);
 	// FailureStatuses upstream answers with a failure status; MarkedFailed the
 	// MarkFailed calls (at most one per request).
@@ -415,7 +420,7 @@ func (r *Router) Stats() Stats {
 	return Stats{
 		Requests: s.requests.Load(), Rejected: s.rejected.Load(), Booked: s.booked.Load(), Done: s.done.Load(),
 		Ended: s.ended.Load(), Canceled: s.canceled.Load(), Failed: s.failed.Load(), Aborted: s.aborted.Load(),
-		FirstBytes: s.firstBytes.Load(), Renewals: s.renewals.Load(),
+		FirstBytes: s.firstBytes.Load(), Renewals: s.renewals.Load(), Stalls: s.stalls.Load(),
 		UpstreamErrors: s.upstreamErrors.Load(), FailureStatuses: s.failureStatuses.Load(), MarkedFailed: s.markedFailed.Load(),
 	}
 }
@@ -423,6 +428,6 @@ func (r *Router) Stats() Stats {
 type counters struct {
 	requests, rejected, booked, done              atomic.Uint64
 	ended, canceled, failed, aborted              atomic.Uint64
-	firstBytes, renewals                          atomic.Uint64
+	firstBytes, renewals, stalls                  atomic.Uint64
 	upstreamErrors, failureStatuses, markedFailed atomic.Uint64
 }

@@ -733,3 +733,77 @@ func TestSessionHeaderPinsWorker(t *testing.T) {
 	require.Contains(t, readError(t, resp).Error.Message, "longer than 256")
 	env.requireIdle(t, "")
 }
+
+// A stream that keeps sending outlives twice the lease; its data lines grow
+// the booking one block per block size of tokens; once it falls silent it is
+// no longer renewed and expires at its lease.
+func TestStreamRenewsOnProgressGrowsAndExpiresWhenStalled(t *testing.T) {
+	next, end := make(chan struct{}), make(chan struct{})
+	ep := upstream(t, func(w http.ResponseWriter, r *http.Request) {
+		sseHeaders(w)
+		for {
+			select {
+			case <-next:
+				sse(w, "tok")
+			case <-end:
+				sse(w, "[DONE]")
+				return
+			case <-r.Context().Done():
+				return
+			}
+		}
+	})
+	env := newEnv(t, envOptions{workers: []string{ep}, expiry: time.Minute,
+		router: httproute.Options{RenewInterval: 2 * time.Millisecond}})
+	resp, err := env.post(context.Background(), t, chatBody("", "write a long story"))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	event := func() {
+		t.Helper()
+		next <- struct{}{}
+		line, err := br.ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "data: tok\n", line)
+		_, _ = br.ReadString('\n')
+	}
+	// waitStat waits for two more counts of f: the second tick began after
+	// the first ended, so after whatever happened before the call.
+	waitStat := func(f func(httproute.Stats) uint64) {
+		t.Helper()
+		want := f(env.router.Stats()) + 2
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		deadline := time.Now().Add(testTimeout)
+		for f(env.router.Stats()) < want {
+			require.False(t, time.Now().After(deadline), "counter never moved")
+			<-tick.C
+		}
+	}
+	stalls := func(s httproute.Stats) uint64 { return s.Stalls }
+
+	event()
+	blocks := env.load(t, "", "w0").ActiveBlocks
+	for range 4 { // 160 s of the service's clock: over twice the lease
+		event()
+		waitStat(stalls) // the event's progress has been renewed, at the clock's now
+		env.clock.Advance(40 * time.Second)
+		require.Zero(t, env.svc.ExpireReservations(), "a stream that sends was expired")
+	}
+	for range 3 { // 8 tokens in all, two blocks of 4
+		event()
+	}
+	require.Equal(t, blocks+2, env.load(t, "", "w0").ActiveBlocks, "the output grows the booking")
+
+	waitStat(stalls) // silent now: ticks renew nothing
+	renewed := env.router.Stats().Renewals
+	waitStat(stalls)
+	require.Equal(t, renewed, env.router.Stats().Renewals, "a silent stream was renewed")
+	env.clock.Advance(61 * time.Second)
+	require.Equal(t, 1, env.svc.ExpireReservations(), "a stalled stream expires at its lease")
+	close(end)
+	_, _ = io.ReadAll(br)
+	resp.Body.Close()
+	env.waitServed(t, 1)
+	env.requireIdle(t, "")
+}
