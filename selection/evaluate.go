@@ -212,6 +212,9 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 		Cost:                   c.cost,
 		Busy:                   ev.allBusy,
 	}
+	if pr.fallback > 0 {
+		res.Fallbacks = s.fallbacks(ev, pr, r.endpoint)
+	}
 	if reserve {
 		prefill := 0
 		if pr.w.trackPrefill {

@@ -55,6 +55,22 @@ type Request struct {
 	// worker rank, which its later requests prefer (see SessionConfig).
 	// Empty: no affinity.
 	SessionID string
+	// Fallbacks asks for up to this many fallback endpoints besides the
+	// chosen one (Result.Fallbacks), 0 to MaxFallbacks: where a gateway may
+	// retry when the chosen worker cannot be reached (the GAIE protocol's
+	// endpoint list). Only the chosen worker is booked.
+	Fallbacks int
+}
+
+// MaxFallbacks bounds Request.Fallbacks.
+const MaxFallbacks = 16
+
+// Fallback is one fallback endpoint of a Result: a worker rank of the same
+// model, on another endpoint than the chosen one.
+type Fallback struct {
+	catalog.WorkerRank
+	Endpoint string
+	Cost     float64
 }
 
 // Overlap is how many of the request's leading blocks the chosen worker holds:
@@ -88,6 +104,11 @@ type Result struct {
 	// Busy is set by Select when every eligible worker was busy: the pick is
 	// advisory, a SelectAndReserve would have waited.
 	Busy bool
+	// Fallbacks are the next-cheapest eligible ranks on distinct endpoints
+	// other than Endpoint, cheapest first, those not busy before those busy
+	// (at most Request.Fallbacks). A gateway that serves the request on one of
+	// them moves the booking there (Booking.Move).
+	Fallbacks []Fallback
 }
 
 // prepared is a validated request.
@@ -104,6 +125,7 @@ type prepared struct {
 	expected int       // expected output tokens
 	buf      *[]uint64 // seqs' pooled buffer
 	session  string    // Request.SessionID, "" when sessions are off
+	fallback int       // Request.Fallbacks
 	pin      catalog.WorkerRank
 	pinned   bool // the session has a live pin, pin
 }
@@ -122,6 +144,9 @@ func (s *SelectionService) prepare(req *Request) (*prepared, error) {
 	if req.ExpectedOutputTokens < 0 {
 		return nil, fmt.Errorf("%w: ExpectedOutputTokens %d is negative", ErrBadRequest, req.ExpectedOutputTokens)
 	}
+	if req.Fallbacks < 0 || req.Fallbacks > MaxFallbacks {
+		return nil, fmt.Errorf("%w: Fallbacks %d, want 0 to %d", ErrBadRequest, req.Fallbacks, MaxFallbacks)
+	}
 	if len(req.SessionID) > MaxSessionIDLen {
 		return nil, fmt.Errorf("%w: SessionID is %d bytes, want at most %d", ErrBadRequest, len(req.SessionID), MaxSessionIDLen)
 	}
@@ -133,7 +158,7 @@ func (s *SelectionService) prepare(req *Request) (*prepared, error) {
 	pr := preparedPool.Get().(*prepared)
 	*pr = prepared{
 		model: modelOf(req.Model), priority: req.Priority, w: w, buf: buf,
-		id: req.ReservationID, expected: req.ExpectedOutputTokens,
+		id: req.ReservationID, expected: req.ExpectedOutputTokens, fallback: req.Fallbacks,
 	}
 	if s.cfg.Sessions.Mode != SessionOff {
 		pr.session = req.SessionID
