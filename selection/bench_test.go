@@ -20,13 +20,14 @@ import (
 // system prompts, so lookups walk real shared prefixes. mod, when set, edits the
 // configuration.
 func benchService(b *testing.B, n int, mod func(*Config)) (*SelectionService, [][]uint32) {
-	return benchServiceFeed(b, n, mod, false)
+	return benchServiceFeed(b, n, mod, false, nil)
 }
 
 // benchServiceFeed is benchService; with feed, the service runs its built-in
 // event feed (a bind listener on loopback that no engine dials) and judges its
-// feeds, so bookings pay for the feed checks.
-func benchServiceFeed(b *testing.B, n int, mod func(*Config), feed bool) (*SelectionService, [][]uint32) {
+// feeds, so bookings pay for the feed checks; tracer, when set, traces every
+// decision.
+func benchServiceFeed(b *testing.B, n int, mod func(*Config), feed bool, tracer Tracer) (*SelectionService, [][]uint32) {
 	cfg := DefaultConfig(16)
 	if mod != nil {
 		mod(&cfg)
@@ -34,6 +35,9 @@ func benchServiceFeed(b *testing.B, n int, mod func(*Config), feed bool) (*Selec
 	bld := NewSelectionServiceBuilder(cfg).ExternalEvents()
 	if feed {
 		bld = NewSelectionServiceBuilder(cfg).BindEvents("tcp://127.0.0.1:0")
+	}
+	if tracer != nil {
+		bld = bld.Tracer(tracer)
 	}
 	s, err := bld.SweepInterval(-1).Rand(rand.NewPCG(1, 1)).Build(context.Background())
 	if err != nil {
@@ -97,16 +101,20 @@ func BenchmarkSelectAndReserve(b *testing.B) {
 		// sessions gives each request one of 256 session ids (soft pins):
 		// the table's cost, against workers=64.
 		sessions bool
+		// tracer traces every decision (a tracer that records nothing):
+		// the cost of the hooks, against workers=64.
+		tracer Tracer
 	}{
-		{"workers=8", 8, nil, false, false},
-		{"workers=64", 64, nil, false, false},
-		{"workers=64/queued", 64, queuedConfig, false, false},
-		{"workers=64/feed-checks", 64, nil, true, false},
-		{"workers=64/sessions", 64, nil, false, true},
-		{"workers=512", 512, nil, false, false},
+		{"workers=8", 8, nil, false, false, nil},
+		{"workers=64", 64, nil, false, false, nil},
+		{"workers=64/queued", 64, queuedConfig, false, false, nil},
+		{"workers=64/feed-checks", 64, nil, true, false, nil},
+		{"workers=64/sessions", 64, nil, false, true, nil},
+		{"workers=64/traced", 64, nil, false, false, nopTracer{}},
+		{"workers=512", 512, nil, false, false, nil},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			s, prompts := benchServiceFeed(b, bc.n, bc.mod, bc.feed)
+			s, prompts := benchServiceFeed(b, bc.n, bc.mod, bc.feed, bc.tracer)
 			ctx := context.Background()
 			ids := make([]string, 4096)
 			for i := range ids {
@@ -237,3 +245,9 @@ func runParallelBookings(b *testing.B, s *SelectionService, prompts [][]uint32) 
 		}
 	})
 }
+
+// nopTracer traces nothing: what the hooks cost a decision.
+type nopTracer struct{}
+
+func (nopTracer) StartDecision(context.Context, string, bool) DecisionSpan { return nopTracer{} }
+func (nopTracer) End(*Decision, error)                                     {}

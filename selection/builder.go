@@ -32,6 +32,13 @@ type Decision struct {
 	Reserved              bool
 	Cost                  float64
 	PotentialDecodeBlocks int
+	// Retries counts the times the decision was made again because a
+	// concurrent booking reached the chosen rank first.
+	Retries int
+	// Margin is how much cheaper the chosen rank was than the next-cheapest
+	// candidate (0 when it was alone, or tied, or chosen by a session pin
+	// or a temperature draw over a costlier one: then negative).
+	Margin float64
 }
 
 type nopRecorder struct{}
@@ -54,6 +61,9 @@ type SelectionServiceBuilder struct {
 	bindAddr string
 	anyPeer  bool
 	observer BookingObserver
+	tracer   Tracer
+
+	recorderSet bool // Recorder was called with a recorder (set by Build)
 }
 
 // FeedOptions tune the KV-event feed the service runs when Config.UseKVEvents is
@@ -179,6 +189,7 @@ func (b *SelectionServiceBuilder) Build(ctx context.Context) (*SelectionService,
 	if o.logger == nil {
 		o.logger = slog.New(slog.DiscardHandler)
 	}
+	o.recorderSet = o.recorder != nil
 	if o.recorder == nil {
 		o.recorder = nopRecorder{}
 	}

@@ -99,6 +99,14 @@
 // rank are wrong. Parity is reported, not acted on. FeedTrust.Off turns all of
 // this off.
 //
+// # Observability
+//
+// A Recorder (SelectionServiceBuilder.Recorder) hears of every decision and
+// rejection, a Tracer of every decision call as a span with the caller's
+// context; neither is called under a lock. Without them nothing is spent on
+// either: Decision.Margin, the gap to the next-cheapest candidate, is
+// computed only when one is set.
+//
 // # Concurrency
 //
 // SelectionService is safe for concurrent use. Decisions of one model run in

@@ -18,6 +18,7 @@ type evaluation struct {
 	allBusy     bool
 	bestOverlap int
 	bestPrefill int
+	margin      float64 // see Decision.Margin; set by commit when detail is on
 }
 
 // evalScratch is one decision's working memory, pooled so the hot path does not
@@ -195,12 +196,33 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 		}
 		pool = pool[:n]
 	}
+	var best1, best2 float64
+	best1i := -1
+	if s.detail { // the two cheapest, before pick may reuse the costs
+		best1, best2 = math.Inf(1), math.Inf(1)
+		for i := range pool {
+			switch cost := pool[i].cost; {
+			case cost < best1:
+				best1, best2, best1i = cost, best1, pool[i].idx
+			case cost < best2:
+				best2 = cost
+			}
+		}
+	}
 	c, pinned := s.pinnedChoice(ev, pool, pr)
 	if !pinned {
 		c = pool[pick(pool, pr.w.temperature, &p.rng)]
 	}
 	// pick may reuse cost for softmax weights: recompute for the result.
 	c.cost = logit(&c, costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}, &pr.w)
+	switch {
+	case !s.detail || len(pool) < 2:
+		ev.margin = 0
+	case c.idx == best1i:
+		ev.margin = best2 - c.cost
+	default:
+		ev.margin = best1 - c.cost
+	}
 	r := ev.rs.ranks[c.idx]
 	eff := effectivePrefill(&c, pr, &pr.w, s.cfg.BlockSize)
 	res := Result{

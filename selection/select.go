@@ -125,7 +125,9 @@ type prepared struct {
 	expected int       // expected output tokens
 	buf      *[]uint64 // seqs' pooled buffer
 	session  string    // Request.SessionID, "" when sessions are off
-	fallback int       // Request.Fallbacks
+	decision Decision  // what decided recorded, for the tracer
+	retries  int
+	fallback int // Request.Fallbacks
 	pin      catalog.WorkerRank
 	pinned   bool // the session has a live pin, pin
 }
@@ -248,11 +250,27 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 	if reserve && req.ReservationID == "" {
 		req.ReservationID = NewReservationID()
 	}
+	var span DecisionSpan
+	if s.tracer != nil {
+		span = s.tracer.StartDecision(ctx, model, reserve)
+	}
 	pr, err := s.prepare(req)
 	if err != nil {
+		if span != nil {
+			span.End(nil, err)
+		}
 		return Result{}, err
 	}
 	defer pr.release()
+	if span != nil {
+		defer func() {
+			if err != nil {
+				span.End(nil, err)
+			} else {
+				span.End(&pr.decision, nil)
+			}
+		}()
+	}
 	s.mu.RLock()
 	p := s.partitions[pr.model]
 	s.mu.RUnlock()
@@ -308,6 +326,7 @@ func (s *SelectionService) decideLockFree(p *partition, pr *prepared, sc *evalSc
 		}
 		if errors.Is(err, errStale) {
 			s.st.retries.Add(1)
+			pr.retries++
 			continue
 		}
 		if err != nil {
@@ -406,13 +425,14 @@ func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *p
 // decided completes a successful decision's result and reports it.
 func (s *SelectionService) decided(pr *prepared, ev *evaluation, res *Result, reserve bool, wait time.Duration) {
 	res.QueueWait = wait
-	s.rec.Selected(pr.model, Decision{
+	pr.decision = Decision{
 		WorkerRank: res.WorkerRank, Candidates: len(ev.cands),
 		ChosenOverlapBlocks: res.Overlap.Device, BestOverlapBlocks: ev.bestOverlap,
 		RequestBlocks: res.RequestBlocks, EffectivePrefill: res.EffectivePrefillTokens,
 		QueueWait: wait, Reserved: reserve, Cost: res.Cost,
-		PotentialDecodeBlocks: res.PotentialDecodeBlocks,
-	})
+		PotentialDecodeBlocks: res.PotentialDecodeBlocks, Retries: pr.retries, Margin: ev.margin,
+	}
+	s.rec.Selected(pr.model, pr.decision)
 }
 
 func (s *SelectionService) leaveQueueLocked(p *partition, w *waiter) {

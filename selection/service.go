@@ -36,6 +36,8 @@ type SelectionService struct {
 	now    func() time.Time
 	logger *slog.Logger
 	rec    Recorder
+	tracer Tracer
+	detail bool            // a Recorder or a Tracer wants Decision.Margin
 	obs    BookingObserver // nil: no replication
 
 	cat    *catalog.Catalog
@@ -94,7 +96,8 @@ type serviceCounters struct {
 func newService(o *SelectionServiceBuilder) (*SelectionService, error) {
 	cfg, now, logger, fo, external, bind, anyPeer := o.cfg, o.clock, o.logger, o.feedOpts, o.external, o.bindAddr, o.anyPeer
 	s := &SelectionService{
-		cfg: cfg, base: cfg.weights(), now: now, logger: logger, rec: o.recorder, obs: o.observer,
+		cfg: cfg, base: cfg.weights(), now: now, logger: logger, rec: o.recorder, obs: o.observer, tracer: o.tracer,
+		detail:     o.tracer != nil || o.recorderSet,
 		partitions: make(map[string]*partition),
 		workerPart: make(map[string]*partition),
 		byHost:     make(map[string]map[string]struct{}),
