@@ -128,7 +128,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"count beyond bytes", hdr("a", 1<<40), 0, errField},
 		{"unknown op", append(hdr("a", 1), 9, 1, 'x'), 0, errField},
 		{"empty id", append(hdr("a", 1), opSettled, 0, 3), 0, errField},
-		{"bad settlement", append(hdr("a", 1), opSettled, 1, 'x', byte(selection.SettleOutputBlock + 1)), 0, errField},
+		{"bad settlement", append(hdr("a", 1), opSettled, 1, 'x', byte(selection.SettleOutputBlock+1)), 0, errField},
 		{"id too long", long(maxStr + 1), 0, errField},
 		{"varint overflow", append(hdr("a", 1), opSettled, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01), 0, errField},
 	} {
