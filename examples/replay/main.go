@@ -82,6 +82,8 @@ type config struct {
 	replicas   []int
 	syncDelay  time.Duration
 	noSync     bool
+	growth     bool
+	decodeKV   bool
 
 	synth trace.SharedPrefixConfig
 
@@ -116,6 +118,8 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&replicas, "replicas", "1", "kvselect: comma-separated router replica counts, one row each (e.g. 1,3); arrivals go to the replicas round-robin")
 	fs.DurationVar(&c.syncDelay, "sync-delay", replay.DefaultSyncDelay, "kvselect with replicas: how long a booking or settling call takes to reach the other replicas, in simulated time (0 = at once)")
 	fs.BoolVar(&c.noSync, "no-sync", false, "kvselect with replicas: also replay every --replicas value above 1 without sync (the baseline)")
+	fs.BoolVar(&c.decodeKV, "decode-holds-kv", false, "engines: a running request's generated tokens take prefix-cache space until it finishes (one block per block of output), as in vLLM")
+	fs.BoolVar(&c.growth, "output-growth", false, "kvselect: also replay each kvselect row with output growth (bookings grow one block per block of generated tokens), one row each")
 
 	fs.IntVar(&c.synth.Groups, "groups", 64, "synthetic: prefix groups")
 	fs.IntVar(&c.synth.PromptsPerGroup, "prompts-per-group", 16, "synthetic: prompts per group")
@@ -267,6 +271,7 @@ type job struct {
 	credit, scale, temperature float64
 	replicas                   int // 0 means 1
 	noSync                     bool
+	growth                     bool
 	res                        replay.Result
 	err                        error
 }
@@ -303,6 +308,25 @@ func (c config) withReplicas(jobs []*job) []*job {
 				nj.label += fmt.Sprintf(" R=%d no sync", r)
 				out = append(out, &nj)
 			}
+		}
+	}
+	return out
+}
+
+// withGrowth adds, with --output-growth, a row with output growth after
+// every kvselect row.
+func (c config) withGrowth(jobs []*job) []*job {
+	if !c.growth {
+		return jobs
+	}
+	var out []*job
+	for _, j := range jobs {
+		out = append(out, j)
+		if j.policy == replay.KVSelect || j.policy == replay.KVSelectApprox {
+			gj := *j
+			gj.growth = true
+			gj.label += " +growth"
+			out = append(out, &gj)
 		}
 	}
 	return out
@@ -347,6 +371,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	jobs = c.withReplicas(jobs)
+	jobs = c.withGrowth(jobs)
 	start := time.Now()
 	c.runAll(ctx, reqs, jobs)
 	total := time.Since(start)
@@ -429,7 +454,7 @@ func (c config) runAll(ctx context.Context, reqs []trace.Request, jobs []*job) {
 					Workers: c.workers, CapacityBlocks: c.capacity, BlockSize: c.blockSize,
 					Speedup: c.speedup, PrefillTokensPerSecond: c.prefill, DecodeTokenTime: tpotOption(c.tpot),
 					MaxRunning: c.maxRunning, Seed: c.seed, Selection: &cfg, Explain: c.explain,
-					Replicas: j.replicas, SyncDelay: syncOption(c.syncDelay), NoSync: j.noSync,
+					Replicas: j.replicas, SyncDelay: syncOption(c.syncDelay), NoSync: j.noSync, OutputGrowth: j.growth, DecodeHoldsKV: c.decodeKV,
 				})
 			}
 		})

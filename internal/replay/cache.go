@@ -120,3 +120,19 @@ func (c *lruCache) pushFront(n *lruNode) {
 	c.root.next.prev = n
 	c.root.next = n
 }
+
+// Reserve takes n blocks of the cache's capacity for data that is not
+// cached prefix (a running request's generated tokens), or gives them back
+// when n is negative, and appends what it had to evict, least recent first.
+// The capacity never goes below zero.
+func (c *lruCache) Reserve(n int, evicted []uint64) []uint64 {
+	c.capacity = max(0, c.capacity-n)
+	for len(c.nodes) > c.capacity {
+		old := c.root.prev
+		evicted = append(evicted, old.key)
+		c.unlink(old)
+		delete(c.nodes, old.key)
+		old.next, c.free = c.free, old
+	}
+	return evicted
+}

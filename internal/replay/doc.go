@@ -49,6 +49,18 @@
 // equal times run in the order they were scheduled, so replays are
 // deterministic for a seed.
 //
+// With Options.DecodeHoldsKV, a running request's output takes cache space
+// as it is generated, one block per BlockSize tokens, until it finishes (the
+// prefix cache is what running requests leave free, as in vLLM): the
+// evictions it forces reach the router as BlockRemoved events. With
+// Options.OutputGrowth the kvselect policies hear each such block as
+// SelectionService.AddOutputBlocks, so the booking grows. Decode does not
+// slow prefill in this model, so growth can only move requests; on the
+// command's synthetic workload with 4,096 output tokens (8 workers, 500
+// blocks each, decode holding KV, 2 req/s) it lowered the hit rate from 0.820
+// to 0.756 and raised TTFT p90 from 0.16 s to 0.92 s, which is why the
+// adapters leave it off by default.
+//
 // # Policies
 //
 // kvselect and kvselect-approx drive the real selection.SelectionService;

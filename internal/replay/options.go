@@ -132,6 +132,17 @@ type Options struct {
 	// Result.Explain which cost terms pulled decisions away from the worker with
 	// the longest cached prefix. It roughly doubles the routing cost.
 	Explain bool
+	// DecodeHoldsKV makes a running request's generated tokens take cache
+	// space on its worker, one block per BlockSize output tokens as they are
+	// generated, until it finishes: the prefix cache is what the running
+	// requests leave free, as in vLLM, so long generations evict cached
+	// prefixes (the router hears the BlockRemoved events).
+	DecodeHoldsKV bool
+	// OutputGrowth makes the kvselect policies grow each booking by one
+	// block per BlockSize output tokens as its decode runs
+	// (SelectionService.AddOutputBlocks), so a long generation weighs on its
+	// worker's decode cost while it runs.
+	OutputGrowth bool
 	// Now is the wall clock used only to measure Result.Wall. Nil means
 	// time.Now.
 	Now func() time.Time

@@ -24,6 +24,8 @@ type router interface {
 	prefillDone(r *simRequest) error
 	// finished is r's last output token.
 	finished(r *simRequest) error
+	// grew is one more block of r's output (Options.OutputGrowth).
+	grew(r *simRequest) error
 	// apply receives a worker's KV event (stores and removals).
 	apply(worker int, ev kvindex.Event) error
 	// wantsEvents reports whether apply needs to be called.
@@ -46,6 +48,7 @@ func (b *baseline) wantsEvents() bool              { return false }
 func (b *baseline) apply(int, kvindex.Event) error { return nil }
 func (b *baseline) prefillDone(*simRequest) error  { return nil }
 func (b *baseline) finished(*simRequest) error     { return nil }
+func (b *baseline) grew(*simRequest) error         { return nil }
 func (b *baseline) close() error                   { return nil }
 func (b *baseline) deliver(int) error              { return nil }
 
@@ -113,6 +116,7 @@ type kvRouter struct {
 	ops    []syncOp
 	free   []int
 	remote int64 // bookings delivered to peers
+	grown  int64 // output blocks added
 
 	cfg     selection.Config
 	explain *Explanation // sums until result() averages them
@@ -313,6 +317,10 @@ func (k *kvRouter) explainDecision(scored []selection.Scored, chosenID string) {
 
 func (k *kvRouter) prefillDone(r *simRequest) error { return k.svcs[r.replica].PrefillComplete(r.id) }
 func (k *kvRouter) finished(r *simRequest) error    { return k.svcs[r.replica].FreeReservation(r.id) }
+func (k *kvRouter) grew(r *simRequest) error {
+	k.grown++
+	return k.svcs[r.replica].AddOutputBlocks(r.id, 1)
+}
 
 // apply gives a worker's event to every replica: each subscribes to every
 // engine.

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -86,13 +87,25 @@ func TestRoundRobinIsBalanced(t *testing.T) {
 // the end the index's overlap of every request on every worker is the worker's
 // cached prefix.
 func TestKVSelectIndexMatchesCaches(t *testing.T) {
+	for _, decodeKV := range []bool{false, true} {
+		t.Run(fmt.Sprint("decode-holds-kv=", decodeKV), func(t *testing.T) { indexMatchesCaches(t, decodeKV) })
+	}
+}
+
+// indexMatchesCaches: with decodeKV, long generations take cache space while
+// they run, and the evictions they cause reach the index too.
+func indexMatchesCaches(t *testing.T, decodeKV bool) {
+	out := 20
+	if decodeKV {
+		out = 4 * trace.DefaultBlockSize // 80 s of decode: requests overlap
+	}
 	reqs := workload(t, trace.SharedPrefixConfig{Groups: 6, PromptsPerGroup: 10, SystemBlocks: 6, QuestionBlocks: 3,
-		OutputTokens: 20, Seed: 5})
+		OutputTokens: out, Seed: 5})
 	for i := range reqs {
 		reqs[i].Arrival = time.Duration(i) * 10 * time.Second
 	}
 	ctx := context.Background()
-	o, err := Options{Workers: 4, CapacityBlocks: 25, Seed: 9}.withDefaults()
+	o, err := Options{Workers: 4, CapacityBlocks: 25, Seed: 9, DecodeHoldsKV: decodeKV, OutputGrowth: decodeKV}.withDefaults()
 	require.NoError(t, err)
 	s, err := prepare(ctx, reqs, KVSelect, o)
 	require.NoError(t, err)
@@ -390,4 +403,36 @@ func TestReplicaSyncDelay(t *testing.T) {
 		require.Equal(t, want, got, "no sync %v", noSync)
 		require.NoError(t, k.close())
 	}
+}
+
+// With output growth, every booking grows by one block per BlockSize output
+// tokens while it decodes, on the booking replica and on its peers; the
+// replay stays deterministic.
+func TestOutputGrowth(t *testing.T) {
+	reqs := workload(t, trace.SharedPrefixConfig{Groups: 16, PromptsPerGroup: 8, SystemBlocks: 8, QuestionBlocks: 2,
+		OutputTokens: 4 * trace.DefaultBlockSize, Rate: 12, Seed: 2})
+	ctx := context.Background()
+	opts := Options{Workers: 8, CapacityBlocks: 10_000, Seed: 1, Now: fixedNow, OutputGrowth: true}
+	res, err := Run(ctx, reqs, KVSelect, opts)
+	require.NoError(t, err)
+	var want int64
+	for _, r := range reqs {
+		for k := trace.DefaultBlockSize; k < r.OutputTokens; k += trace.DefaultBlockSize {
+			want++
+		}
+	}
+	require.Positive(t, want)
+	require.Equal(t, want, res.OutputBlocks)
+	opts.Replicas = 3
+	rep, err := Run(ctx, reqs, KVSelect, opts)
+	require.NoError(t, err, "a peer applies the growth of a booking it holds")
+	require.Equal(t, want, rep.OutputBlocks)
+	again, err := Run(ctx, reqs, KVSelect, opts)
+	require.NoError(t, err)
+	require.Equal(t, rep, again)
+	opts.OutputGrowth, opts.Replicas = false, 1
+	flat, err := Run(ctx, reqs, KVSelect, opts)
+	require.NoError(t, err)
+	require.Zero(t, flat.OutputBlocks)
+	t.Logf("output growth: hit %.4f TTFT p90 %v; without: hit %.4f TTFT p90 %v", res.HitRate, res.TTFTP90, flat.HitRate, flat.TTFTP90)
 }

@@ -48,6 +48,9 @@ type Result struct {
 	// bookings delivered from one replica to another (0 with NoSync).
 	Replicas       int
 	RemoteBookings int64
+	// OutputBlocks counts the output blocks the bookings grew by
+	// (Options.OutputGrowth).
+	OutputBlocks int64
 	// Wall is the real time the replay took (Options.Now).
 	Wall time.Duration
 	// Explain is set for the kvselect policies when Options.Explain is.
@@ -89,6 +92,7 @@ type simRequest struct {
 	believed int
 	ttft     time.Duration
 	state    uint8
+	grown    int // output blocks generated so far (DecodeHoldsKV, OutputGrowth)
 }
 
 const (
@@ -130,6 +134,7 @@ const (
 	evArrive evKind = iota
 	evPrefillDone
 	evFinish
+	evOutputBlock
 	evSync // req is the router's op slot, not a request
 )
 
@@ -310,6 +315,8 @@ func (s *sim) step(ctx context.Context) error {
 		return s.prefillDone(&s.reqs[e.req])
 	case evFinish:
 		return s.finish(&s.reqs[e.req])
+	case evOutputBlock:
+		return s.outputBlock(&s.reqs[e.req])
 	case evSync:
 		return s.router.deliver(e.req)
 	}
@@ -356,40 +363,70 @@ func (s *sim) prefillDone(r *simRequest) error {
 	r.ttft = s.now - r.arrival
 	r.state = statePrefilled
 	cached, added, evicted := wk.cache.Store(r.keys, s.evicted[:0])
-	s.evicted = evicted
 	s.stored += int64(added)
-	s.evictedN += int64(len(evicted))
-	if s.router.wantsEvents() {
-		if len(evicted) > 0 {
-			s.evBuf = kvindex.Event{Kind: kvindex.EventRemoved, BlockHashes: evicted}
-			if err := s.router.apply(r.worker, s.evBuf); err != nil {
-				return err
-			}
+	if err := s.evict(r.worker, evicted); err != nil {
+		return err
+	}
+	if s.router.wantsEvents() && added > 0 {
+		ev := kvindex.Event{
+			Kind: kvindex.EventStored, BlockSize: 1,
+			BlockHashes: r.keys[cached : cached+added], Tokens: r.tokens[cached : cached+added],
 		}
-		if added > 0 {
-			ev := kvindex.Event{
-				Kind: kvindex.EventStored, BlockSize: 1,
-				BlockHashes: r.keys[cached : cached+added], Tokens: r.tokens[cached : cached+added],
-			}
-			if cached > 0 {
-				ev.HasParent, ev.ParentHash = true, r.keys[cached-1]
-			}
-			if err := s.router.apply(r.worker, ev); err != nil {
-				return err
-			}
+		if cached > 0 {
+			ev.HasParent, ev.ParentHash = true, r.keys[cached-1]
+		}
+		if err := s.router.apply(r.worker, ev); err != nil {
+			return err
 		}
 	}
 	if err := s.router.prefillDone(r); err != nil {
 		return fmt.Errorf("replay: prefill of request %s: %w", r.id, err)
 	}
 	decode := time.Duration(max(0, r.out-1)) * s.opts.DecodeTokenTime
+	if s.opts.OutputGrowth || s.opts.DecodeHoldsKV {
+		// One block per BlockSize tokens generated, each when its last token
+		// is out (token 1 came with the prefill); before the finish.
+		bs := s.opts.BlockSize
+		for k := bs; k < r.out; k += bs {
+			s.push(s.now+time.Duration(k-1)*s.opts.DecodeTokenTime, evOutputBlock, r.idx)
+		}
+	}
 	s.push(s.now+decode, evFinish, r.idx)
 	s.admit(wk)
 	return nil
 }
 
+// outputBlock is one more block of r's output: it takes cache space
+// (DecodeHoldsKV) and grows r's booking (OutputGrowth).
+func (s *sim) outputBlock(r *simRequest) error {
+	r.grown++
+	if s.opts.DecodeHoldsKV {
+		if err := s.evict(r.worker, s.workers[r.worker].cache.Reserve(1, s.evicted[:0])); err != nil {
+			return err
+		}
+	}
+	if s.opts.OutputGrowth {
+		return s.router.grew(r)
+	}
+	return nil
+}
+
+// evict counts blocks a worker evicted and tells the router.
+func (s *sim) evict(worker int, evicted []uint64) error {
+	s.evicted = evicted
+	s.evictedN += int64(len(evicted))
+	if len(evicted) == 0 || !s.router.wantsEvents() {
+		return nil
+	}
+	s.evBuf = kvindex.Event{Kind: kvindex.EventRemoved, BlockHashes: evicted}
+	return s.router.apply(worker, s.evBuf)
+}
+
 func (s *sim) finish(r *simRequest) error {
 	wk := s.workers[r.worker]
+	if s.opts.DecodeHoldsKV {
+		wk.cache.Reserve(-r.grown, nil) // the output is never asked for again: freed
+	}
 	wk.running--
 	wk.active--
 	r.state = stateDone
@@ -405,7 +442,7 @@ func (s *sim) result() Result {
 	res := Result{Policy: s.policy, Requests: len(s.reqs), ReachableHitRate: s.reachable,
 		StoredBlocks: s.stored, EvictedBlocks: s.evictedN, Replicas: 1}
 	if k, ok := s.router.(*kvRouter); ok {
-		res.Events, res.Replicas, res.RemoteBookings = k.ev, len(k.svcs), k.remote
+		res.Events, res.Replicas, res.RemoteBookings, res.OutputBlocks = k.ev, len(k.svcs), k.remote, k.grown
 		if k.explain != nil {
 			e := *k.explain
 			if e.Missed > 0 {

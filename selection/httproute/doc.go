@@ -59,9 +59,10 @@
 // that went silent for longer than the lease is released (Stats.Stalls), as
 // is the booking of a gateway that died with its timers.
 //
-// A 2xx event stream (text/event-stream) grows its booking as it runs: each
-// data line is one generated token (Booking.Generated), so the worker's
-// active blocks, and its decode cost, follow a long generation.
+// With Options.OutputGrowth, a 2xx event stream (text/event-stream) grows its
+// booking as it runs: each data line is one generated token
+// (Booking.Generated), so the worker's active blocks, and its decode cost,
+// follow a long generation.
 //
 // Done is also called when the client goes away (the request context's
 // AfterFunc, at once, wherever the exchange stands), in the ReverseProxy's

@@ -93,6 +93,13 @@ type Options struct {
 	// it. Keep it well below ActiveRequestExpiry. Default
 	// DefaultRenewInterval (10 s); negative disables renewal.
 	RenewInterval time.Duration
+	// OutputGrowth grows each streamed request's booking as it generates:
+	// every data line of a 2xx event stream is one token, and each BlockSize
+	// of them one more active block on the worker (Booking.Generated). Off by
+	// default: on the replay simulator's long-output workloads it moved
+	// requests away from their cached prefixes and cost hit rate and TTFT
+	// p90 (docs/BENCHMARKS.md, "Output growth").
+	OutputGrowth bool
 	// Logger receives upstream failures (WARN) and rejections and cancels
 	// (DEBUG). Default: none.
 	Logger *slog.Logger
@@ -356,7 +363,7 @@ func (r *Router) modifyResponse(resp *http.Response) error {
 	}
 	sb := &settleBody{ReadCloser: resp.Body, ex: ex, left: resp.ContentLength,
 		success: resp.StatusCode >= 200 && resp.StatusCode < 300}
-	if sb.success && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	if r.opts.OutputGrowth && sb.success && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		sb.sse = &sseCounter{}
 	}
 	resp.Body = sb

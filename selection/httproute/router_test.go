@@ -754,7 +754,7 @@ func TestStreamRenewsOnProgressGrowsAndExpiresWhenStalled(t *testing.T) {
 		}
 	})
 	env := newEnv(t, envOptions{workers: []string{ep}, expiry: time.Minute,
-		router: httproute.Options{RenewInterval: 2 * time.Millisecond}})
+		router: httproute.Options{RenewInterval: 2 * time.Millisecond, OutputGrowth: true}})
 	resp, err := env.post(context.Background(), t, chatBody("", "write a long story"))
 	require.NoError(t, err)
 	defer resp.Body.Close()
