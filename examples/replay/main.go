@@ -86,6 +86,10 @@ type config struct {
 	decodeKV   bool
 
 	synth trace.SharedPrefixConfig
+	// workload is the generator when not the shared-prefix one (its flags:
+	// --requests, --rate, --output-tokens, --seed).
+	workload trace.Workload
+	requests int
 
 	credit, scale, temperature, reqWeight float64
 }
@@ -121,6 +125,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.decodeKV, "decode-holds-kv", false, "engines: a running request's generated tokens take prefix-cache space until it finishes (one block per block of output), as in vLLM")
 	fs.BoolVar(&c.growth, "output-growth", false, "kvselect: also replay each kvselect row with output growth (bookings grow one block per block of generated tokens), one row each")
 
+	var workload string
+	fs.StringVar(&workload, "workload", string(trace.WorkloadSharedPrefix), "synthetic workload: "+workloadNames()+" (shared-prefix takes --groups and the other shared-prefix flags; the others --requests, --rate, --output-tokens)")
+	fs.IntVar(&c.requests, "requests", 1024, "synthetic workloads other than shared-prefix: about this many requests")
 	fs.IntVar(&c.synth.Groups, "groups", 64, "synthetic: prefix groups")
 	fs.IntVar(&c.synth.PromptsPerGroup, "prompts-per-group", 16, "synthetic: prompts per group")
 	fs.IntVar(&c.synth.SystemBlocks, "system-blocks", 16, "synthetic: blocks of each group's system prompt")
@@ -184,6 +191,11 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	c.seed = uint64(seed)
 	c.synth.Seed = c.seed
 	c.synth.BlockSize = c.blockSize
+	if w, err := trace.ParseWorkload(workload); err != nil {
+		bad("--workload: %w", err)
+	} else {
+		c.workload = w
+	}
 	if c.tracePath != "" {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -247,6 +259,14 @@ func parseFloats(list string) ([]float64, error) {
 		out = append(out, v)
 	}
 	return out, nil
+}
+
+func workloadNames() string {
+	var names []string
+	for _, w := range trace.Workloads() {
+		names = append(names, string(w))
+	}
+	return strings.Join(names, ",")
 }
 
 func policyNames() string {
@@ -421,6 +441,15 @@ func (c config) load() ([]trace.Request, string, error) {
 		if n := rd.Skipped(); n > 0 {
 			source += fmt.Sprintf(" (%d bad lines skipped, first: %v)", n, rd.SkippedErrors()[0])
 		}
+	} else if c.workload != trace.WorkloadSharedPrefix {
+		var err error
+		reqs, err = trace.Generate(c.workload, trace.WorkloadConfig{
+			Requests: c.requests, Rate: c.synth.Rate, BlockSize: c.blockSize, OutputTokens: c.synth.OutputTokens, Seed: c.seed,
+		})
+		if err != nil {
+			return nil, "", err
+		}
+		source = fmt.Sprintf("synthetic %s: about %d requests at %g req/s, mean output %d tokens", c.workload, c.requests, c.synth.Rate, c.synth.OutputTokens)
 	} else {
 		var err error
 		if reqs, err = trace.SharedPrefix(c.synth); err != nil {

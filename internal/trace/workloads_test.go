@@ -1,0 +1,92 @@
+package trace
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Every workload is valid, time-ordered, about the size and rate asked, and
+// the same for the same seed.
+func TestGenerateEveryWorkload(t *testing.T) {
+	for _, w := range Workloads() {
+		t.Run(string(w), func(t *testing.T) {
+			cfg := WorkloadConfig{Requests: 600, Rate: 6, Seed: 3}
+			reqs, err := Generate(w, cfg)
+			require.NoError(t, err)
+			require.InEpsilon(t, 600, len(reqs), 0.25)
+			for i, r := range reqs {
+				require.NoError(t, r.Validate(DefaultBlockSize), "request %d", i)
+				if i > 0 {
+					require.GreaterOrEqual(t, r.Arrival, reqs[i-1].Arrival)
+				}
+			}
+			rate := float64(len(reqs)) / reqs[len(reqs)-1].Arrival.Seconds()
+			require.InEpsilon(t, 6, rate, 0.25, "mean rate")
+			sum := Summarize(reqs)
+			require.Greater(t, sum.ReachableHitRate, 0.3, "every workload has prefixes to reuse")
+			again, err := Generate(w, cfg)
+			require.NoError(t, err)
+			require.Equal(t, reqs, again)
+			cfg.Seed++
+			other, err := Generate(w, cfg)
+			require.NoError(t, err)
+			require.NotEqual(t, reqs, other)
+		})
+	}
+	_, err := Generate("nope", WorkloadConfig{})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = Generate(WorkloadRAG, WorkloadConfig{Rate: -1, BurstFactor: 0.5})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.ErrorContains(t, err, "Rate")
+	require.ErrorContains(t, err, "BurstFactor")
+}
+
+// A conversation's turns each re-send the one before, answer included.
+func TestMultiTurnResendsHistory(t *testing.T) {
+	reqs, err := Generate(WorkloadMultiTurn, WorkloadConfig{Requests: 400, Seed: 1})
+	require.NoError(t, err)
+	extended := 0
+	for i, r := range reqs {
+		for _, prev := range reqs[:i] {
+			if len(prev.Blocks) < len(r.Blocks) && slices.Equal(prev.Blocks, r.Blocks[:len(prev.Blocks)]) &&
+				len(r.Blocks) > len(prev.Blocks)+BlocksFor(prev.OutputTokens, DefaultBlockSize) {
+				extended++
+				break
+			}
+		}
+	}
+	require.Greater(t, extended, len(reqs)/2, "most turns extend an earlier turn and its answer")
+}
+
+// Bursty arrivals come in bursts of BurstOn with silences between.
+func TestBurstyArrivals(t *testing.T) {
+	reqs, err := Generate(WorkloadBursty, WorkloadConfig{Requests: 800, Rate: 4, BurstOn: 2 * time.Second, BurstFactor: 10, Seed: 1})
+	require.NoError(t, err)
+	long := 0
+	for i := 1; i < len(reqs); i++ {
+		if reqs[i].Arrival-reqs[i-1].Arrival > 10*time.Second {
+			long++
+		}
+	}
+	// 800 requests at 40/s is 20 s of bursts of 2 s: about 10 silences of 18 s.
+	require.InDelta(t, 10, long, 3)
+}
+
+// RAG requests share a hot document more than a cold one.
+func TestRAGHotDocuments(t *testing.T) {
+	reqs, err := Generate(WorkloadRAG, WorkloadConfig{Requests: 1000, Seed: 1})
+	require.NoError(t, err)
+	byDoc := map[uint64]int{}
+	for _, r := range reqs {
+		byDoc[r.Blocks[2]]++ // the document's first block, after the 2-block system prompt
+	}
+	counts := make([]int, 0, len(byDoc))
+	for _, n := range byDoc {
+		counts = append(counts, n)
+	}
+	slices.Sort(counts)
+	require.Greater(t, counts[len(counts)-1], 10*counts[0], "popularity is skewed")
+}
