@@ -1,7 +1,12 @@
 // Package trace reads and generates request traces for routing experiments: the
 // Mooncake JSONL format (one request a line: arrival timestamp in milliseconds,
 // prompt and output lengths in tokens, and the ids of the prompt's fixed-size
-// blocks) and synthetic shared-prefix workloads, both as the same Request type.
+// blocks) and synthetic workloads, all as the same Request type. The
+// generators (Generate, one per Workload) each model one shape of traffic:
+// one-shot prompts sharing system prompts, multi-turn chat re-sending its
+// history, agent loops on long shared tool prompts, RAG over documents of
+// skewed popularity, on/off bursts, and a mix; each is seeded and spans
+// Requests/Rate seconds in steady state.
 //
 // One job: turn a workload into a validated, time-ordered []Request. Replaying
 // it against routing policies is package replay's job.
