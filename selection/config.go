@@ -134,6 +134,14 @@ type Config struct {
 	// Used with the built-in event feed only. The zero value means the
 	// defaults (checks on).
 	FeedTrust FeedTrust
+	// InFlightHitWeight credits a rank, beyond the prefix its index shows,
+	// for the request's leading blocks that requests booked there are
+	// prefilling now (active in the ledger, not yet reported by the
+	// engine's events), at this fraction of a cached block: in a burst, the
+	// requests after the first find the prefix the first is computing. In
+	// [0, 1]; 0 (Dynamo's behaviour) turns it off. Used with KV events and
+	// AssumeKVReuse only (without events the index already holds bookings).
+	InFlightHitWeight float64
 	// Sessions configures session affinity (Request.SessionID).
 	Sessions SessionConfig
 
@@ -163,6 +171,12 @@ const MaxWeight = 1e6
 const (
 	DefaultOverlapScoreCredit = 4.0
 	DefaultPrefillLoadScale   = 2.5
+	// DefaultInFlightHitWeight is DefaultConfig's InFlightHitWeight, chosen
+	// on the replay simulator's workloads (8 workers, 8 req/s): on on/off
+	// bursts it raised the hit rate from 0.752 to 0.825 and cut TTFT p90
+	// from 12.2 s to 5.7 s, on agent loops from 0.853 to 0.886 (p90 1.38 s
+	// to 1.07 s), on the Mooncake synthetic trace 0.619 to 0.622.
+	DefaultInFlightHitWeight = 1.0
 )
 
 // DefaultConfig returns kvselect's defaults for a block size: Dynamo's
@@ -179,6 +193,7 @@ func DefaultConfig(blockSize int) Config {
 	c := DynamoConfig(blockSize)
 	c.OverlapScoreCredit = DefaultOverlapScoreCredit
 	c.PrefillLoadScale = DefaultPrefillLoadScale
+	c.InFlightHitWeight = DefaultInFlightHitWeight
 	return c
 }
 
@@ -227,6 +242,7 @@ func (c Config) Validate() error {
 	nonNeg("DecodeActiveRequestWeight", c.DecodeActiveRequestWeight)
 	unit("HostCacheHitWeight", c.HostCacheHitWeight)
 	unit("DiskCacheHitWeight", c.DiskCacheHitWeight)
+	unit("InFlightHitWeight", c.InFlightHitWeight)
 	nonNeg("Temperature", c.Temperature)
 	if c.RouterTTL < 0 || (c.RouterTTL > 0 && c.RouterTTL < time.Millisecond) {
 		bad("RouterTTL is %v, want >= 1ms (or 0 for the default)", c.RouterTTL)
@@ -286,15 +302,15 @@ type Override struct {
 
 // weights are the effective per-request scoring parameters.
 type weights struct {
-	credit, scale, activeReqWeight, hostW, diskW, temperature float64
-	assumeReuse, trackPrefill, trackActive                    bool
+	credit, scale, activeReqWeight, hostW, diskW, temperature, inflightW float64
+	assumeReuse, trackPrefill, trackActive                               bool
 }
 
 func (c Config) weights() weights {
 	return weights{
 		credit: c.OverlapScoreCredit, scale: c.PrefillLoadScale, activeReqWeight: c.DecodeActiveRequestWeight,
 		hostW: c.HostCacheHitWeight, diskW: c.DiskCacheHitWeight, temperature: c.Temperature,
-		assumeReuse: c.AssumeKVReuse, trackPrefill: c.TrackPrefillTokens, trackActive: c.TrackActiveBlocks,
+		inflightW: c.InFlightHitWeight, assumeReuse: c.AssumeKVReuse, trackPrefill: c.TrackPrefillTokens, trackActive: c.TrackActiveBlocks,
 	}
 }
 

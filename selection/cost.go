@@ -12,6 +12,10 @@ type candidate struct {
 
 	// overlap, in blocks
 	device, host, disk int
+	// inflight is the request's blocks active on the rank (booked there and
+	// shared), set only when InFlightHitWeight is on; pending, what of them
+	// extends past device, host and disk.
+	inflight, pending int
 	// load
 	activePrefill  int64
 	activeBlocks   int
@@ -38,12 +42,15 @@ func effectiveOverlap(c *candidate, w *weights) float64 {
 	if w.diskW > 0 {
 		e += w.diskW * float64(c.disk)
 	}
+	if c.pending > 0 {
+		e += w.inflightW * float64(c.pending)
+	}
 	return e
 }
 
 // cachedTokens returns round(effective overlap x block size).
 func cachedTokens(c *candidate, w *weights, bs int) int {
-	if c.host == 0 && c.disk == 0 { // device blocks only: an exact integer, same result
+	if c.host == 0 && c.disk == 0 && c.pending == 0 { // device blocks only: an exact integer, same result
 		return c.device * bs
 	}
 	return int(math.Round(effectiveOverlap(c, w) * float64(bs)))
@@ -71,6 +78,9 @@ func logit(c *candidate, in costInput, w *weights) float64 {
 	}
 	if w.diskW > 0 {
 		credit += w.diskW * float64(c.disk)
+	}
+	if c.pending > 0 {
+		credit += w.credit * w.inflightW * float64(c.pending)
 	}
 	decode := float64(c.activeBlocks + c.newBlocks)
 	prefill := rawPrefillBlocks - credit

@@ -25,14 +25,18 @@
 // For a prompt of T tokens and block size bs, per eligible (worker, rank), lower
 // is better:
 //
-//	cached        = round((device + hostW*host + diskW*disk) * bs)
+//	cached        = round((device + hostW*host + diskW*disk + inflightW*pending) * bs)
 //	prefill       = A + max(0, T - min(cached, T)) + cached       (0 when prefill is not tracked)
-//	credit        = credit*device + hostW*host + diskW*disk
+//	credit        = credit*device + hostW*host + diskW*disk + credit*inflightW*pending
 //	logit         = scale * max(0, prefill/bs - credit) + active blocks + new blocks
 //	              + decodeActiveRequestWeight * active requests
 //
-// where A is the rank's active prefill tokens and new blocks are the request's
-// blocks not already active on it. Temperature 0 picks the minimum with ties
+// where A is the rank's active prefill tokens, new blocks are the request's
+// blocks not already active on it, and pending (with KV events and
+// InFlightHitWeight, inflightW, above 0; DefaultConfig sets 1, DynamoConfig 0)
+// is the request's leading blocks that are active on the rank beyond its
+// cached prefix: requests booked there are computing them, and the index will
+// hear of them once their prefill ends. Without pending the cost is Dynamo's. Temperature 0 picks the minimum with ties
 // broken uniformly at random; a positive temperature samples a softmax over costs
 // normalised by their range.
 //
@@ -107,6 +111,19 @@
 // either: Decision.Margin, the gap to the next-cheapest candidate, is
 // computed only when one is set.
 //
+// # Index snapshots
+//
+// WriteIndexSnapshot writes every model's index with each event source's
+// last applied batch, read at one cut: the feed hands every batch and reset
+// to the handler through a gate, under its read lock, and the cut takes it
+// for writing while it copies the indexes, so no batch is half applied and
+// the numbers match the entries exactly. LoadIndexSnapshot, on a joining
+// replica, replaces each recorded source's entries by the snapshot's on the
+// source's own feed goroutine and resumes its feed from the recorded batch
+// (kvevents.Feed.ResumeSource): the engine's replay brings the rest, applied
+// again in order onto the snapshot, so the index ends equal to the peer's.
+// Package replica uses the pair for its warm start.
+//
 // # Concurrency
 //
 // SelectionService is safe for concurrent use. Decisions of one model run in
@@ -116,7 +133,8 @@
 // the index's own lock; the ledger has its own read-write lock, shared by the
 // load reads of concurrent decisions. Build starts the KV-event feed, the feed
 // checker and the expiry sweeper; Close stops them and waits. The booking path
-// touches a rank's feed state through atomics only (and a mutex for one
+// touches a rank's feed state through atomics only (and never the cut gate,
+// which only event batches and WriteIndexSnapshot take) (and a mutex for one
 // booking in FeedTrust.ParityEvery). The ledger's load-dropped hook never takes a lock a
 // ledger caller may hold.
 //

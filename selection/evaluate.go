@@ -123,6 +123,10 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 	}
 	sc.cands = cands
 	sc.loads = s.ledger.AppendRankLoads(sc.loads[:0], refs, pr.active)
+	// Shared hashes are chained, so the request's blocks active on a rank are
+	// a leading run of it: what extends past the cached prefix is being
+	// computed there now.
+	inflight := pr.w.inflightW > 0 && pr.w.assumeReuse && s.cfg.UseKVEvents
 	for i := range cands {
 		l := &sc.loads[i]
 		cands[i].activePrefill = l.Load.ActivePrefillTokens
@@ -130,6 +134,9 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 		cands[i].activeRequests = l.Load.ActiveRequests
 		cands[i].newBlocks = l.NewBlocks + pr.private // private blocks are new everywhere
 		cands[i].stamp = l.Stamp
+		if inflight {
+			cands[i].inflight = len(pr.active) - l.NewBlocks
+		}
 	}
 	for j, m := range sc.matches {
 		ci := sc.matchIdx[j]
@@ -139,6 +146,12 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 		if ci >= 0 {
 			c := &cands[ci]
 			c.device, c.host, c.disk = m.Device, m.Host, m.Disk
+		}
+	}
+	if inflight {
+		for i := range cands {
+			c := &cands[i]
+			c.pending = max(0, c.inflight-c.device-c.host-c.disk)
 		}
 	}
 	ev := &sc.ev

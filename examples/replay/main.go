@@ -62,6 +62,7 @@ func main() {
 
 // config is the parsed command line.
 type config struct {
+	inflightW  float64
 	tracePath  string
 	blockSize  int
 	skipBad    bool
@@ -139,6 +140,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&c.credit, "overlap-credit", def.OverlapScoreCredit, "kvselect: prefill blocks saved per cached block")
 	fs.Float64Var(&c.scale, "prefill-scale", def.PrefillLoadScale, "kvselect: weight of the prefill term")
 	fs.Float64Var(&c.temperature, "temperature", def.Temperature, "kvselect: softmax temperature (0 = argmin)")
+	fs.Float64Var(&c.inflightW, "inflight-weight", def.InFlightHitWeight, "kvselect: credit for the prefix blocks in-flight requests are computing on a worker, as a fraction of a cached block")
 	fs.Float64Var(&c.reqWeight, "active-request-weight", def.DecodeActiveRequestWeight, "kvselect: block-equivalent cost per active request")
 
 	err := fs.Parse(args)
@@ -281,6 +283,7 @@ func (c config) selectionConfig(credit, scale, temperature float64) selection.Co
 	cfg := selection.DefaultConfig(1)
 	cfg.OverlapScoreCredit, cfg.PrefillLoadScale, cfg.Temperature = credit, scale, temperature
 	cfg.DecodeActiveRequestWeight = c.reqWeight
+	cfg.InFlightHitWeight = c.inflightW
 	return cfg
 }
 

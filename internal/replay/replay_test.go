@@ -255,7 +255,11 @@ func TestRunErrors(t *testing.T) {
 }
 
 func TestExplain(t *testing.T) {
-	res, err := Run(context.Background(), loaded(t), KVSelect, Options{Workers: 8, CapacityBlocks: 200, Seed: 1, Explain: true})
+	// Without the in-flight credit, a decision that gave up cached blocks paid
+	// for them in the overlap credit.
+	cfg := selection.DefaultConfig(1)
+	cfg.InFlightHitWeight = 0
+	res, err := Run(context.Background(), loaded(t), KVSelect, Options{Workers: 8, CapacityBlocks: 200, Seed: 1, Explain: true, Selection: &cfg})
 	require.NoError(t, err)
 	e := res.Explain
 	require.NotNil(t, e)

@@ -68,8 +68,11 @@ type Result struct {
 //
 // The fields are means over the missed decisions of chosen minus best; their sum
 // is <= 0 (the chosen worker was cheaper). The most negative term is the one that
-// pulled requests away from their cached prefix; OverlapCredit is the positive
-// price the chosen worker paid for its shorter prefix.
+// pulled requests away from their cached prefix; OverlapCredit is the price
+// the chosen worker paid for its shorter prefix, net of the credit for the
+// prefix blocks in-flight requests were computing on it
+// (selection.Config.InFlightHitWeight), which can make it negative: the
+// chosen worker was about to hold the prefix.
 type Explanation struct {
 	Decisions, Missed int
 	// MissedBlocks sums best minus chosen overlap over the missed decisions.

@@ -1,0 +1,38 @@
+package selection
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A request whose prefix another request is prefilling on a worker (booked,
+// not yet in the index) follows it there with the in-flight credit, and goes
+// to the idle worker without it.
+func TestInFlightHitWeight(t *testing.T) {
+	for _, w := range []float64{0, 1} {
+		cfg := DefaultConfig(4)
+		cfg.InFlightHitWeight = w
+		s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(newFakeClock().Now).SweepInterval(-1).Build(context.Background())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		addWorkers(t, s, "a", "b")
+		prompt := toks(64, 1)
+		first, err := s.SelectAndReserve(context.Background(), Request{Tokens: prompt, Allowed: []string{"a"}})
+		require.NoError(t, err)
+		next, err := s.Select(context.Background(), Request{Tokens: append(prompt[:60:60], 7, 7, 7, 7)})
+		require.NoError(t, err)
+		if w == 0 {
+			require.Equal(t, "b", next.Worker, "without the credit, the loaded worker loses")
+		} else {
+			require.Equal(t, first.Worker, next.Worker, "the prefix being computed on a draws the next request")
+			require.Zero(t, next.Overlap.Device, "the index itself holds nothing yet")
+		}
+	}
+	cfg := DefaultConfig(4)
+	cfg.InFlightHitWeight = 1.5
+	require.ErrorIs(t, cfg.Validate(), ErrInvalidConfig)
+	require.Equal(t, DefaultInFlightHitWeight, DefaultConfig(4).InFlightHitWeight)
+	require.Zero(t, DynamoConfig(4).InFlightHitWeight, "Dynamo has no such credit")
+}
