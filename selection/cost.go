@@ -29,8 +29,9 @@ type candidate struct {
 
 // costInput is the request side of the cost.
 type costInput struct {
-	isl       int // prompt tokens
-	blockSize int
+	isl        int // prompt tokens
+	blockSize  int
+	minPrefill int64 // the least active prefill of the candidates (credit decay)
 }
 
 // effectiveOverlap returns device + hostW*host + diskW*disk blocks.
@@ -72,7 +73,15 @@ func logit(c *candidate, in costInput, w *weights) float64 {
 		raw := c.activePrefill + int64(max(0, t-min(cached, t))) + int64(cached)
 		rawPrefillBlocks = float64(raw) / bs
 	}
-	credit := w.credit * float64(c.device)
+	devCredit := w.credit
+	if w.decay > 0 && w.trackPrefill {
+		// Dynamo's overlap_score_credit_decay: a rank whose queued prefill
+		// exceeds the least loaded one's by a request's worth gets half the
+		// credit at decay 1, so a cached prefix cannot draw a whole burst.
+		reqBlocks := math.Ceil(float64(in.isl) / bs)
+		devCredit /= 1 + w.decay*(float64(c.activePrefill-in.minPrefill)/bs)/max(reqBlocks, 1)
+	}
+	credit := devCredit * float64(c.device)
 	if w.hostW > 0 {
 		credit += w.hostW * float64(c.host)
 	}
@@ -80,7 +89,7 @@ func logit(c *candidate, in costInput, w *weights) float64 {
 		credit += w.diskW * float64(c.disk)
 	}
 	if c.pending > 0 {
-		credit += w.credit * w.inflightW * float64(c.pending)
+		credit += devCredit * w.inflightW * float64(c.pending)
 	}
 	decode := float64(c.activeBlocks + c.newBlocks)
 	prefill := rawPrefillBlocks - credit

@@ -27,7 +27,7 @@
 //
 //	cached        = round((device + hostW*host + diskW*disk + inflightW*pending) * bs)
 //	prefill       = A + max(0, T - min(cached, T)) + cached       (0 when prefill is not tracked)
-//	credit        = credit*device + hostW*host + diskW*disk + credit*inflightW*pending
+//	credit        = credit*d*(device + inflightW*pending) + hostW*host + diskW*disk
 //	logit         = scale * max(0, prefill/bs - credit) + active blocks + new blocks
 //	              + decodeActiveRequestWeight * active requests
 //
@@ -36,7 +36,9 @@
 // InFlightHitWeight, inflightW, above 0; DefaultConfig sets 1, DynamoConfig 0)
 // is the request's leading blocks that are active on the rank beyond its
 // cached prefix: requests booked there are computing them, and the index will
-// hear of them once their prefill ends. Without pending the cost is Dynamo's. Temperature 0 picks the minimum with ties
+// hear of them once their prefill ends; d is 1 unless OverlapCreditDecay k is
+// set (Dynamo's credit decay): d = 1 / (1 + k x ((A - least A)/bs) / request
+// blocks). Without pending the cost is Dynamo's. Temperature 0 picks the minimum with ties
 // broken uniformly at random; a positive temperature samples a softmax over costs
 // normalised by their range.
 //

@@ -19,6 +19,7 @@ type evaluation struct {
 	bestOverlap int
 	bestPrefill int
 	margin      float64 // see Decision.Margin; set by commit when detail is on
+	minPrefill  int64   // costInput.minPrefill of this evaluation
 }
 
 // evalScratch is one decision's working memory, pooled so the hot path does not
@@ -157,6 +158,13 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 	ev := &sc.ev
 	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt}
 	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
+	if pr.w.decay > 0 {
+		in.minPrefill = math.MaxInt64
+		for i := range cands {
+			in.minPrefill = min(in.minPrefill, cands[i].activePrefill)
+		}
+	}
+	ev.minPrefill = in.minPrefill
 	busy := 0
 	for i := range cands {
 		c := &cands[i]
@@ -227,7 +235,7 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 		c = pool[pick(pool, pr.w.temperature, &p.rng)]
 	}
 	// pick may reuse cost for softmax weights: recompute for the result.
-	c.cost = logit(&c, costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}, &pr.w)
+	c.cost = logit(&c, costInput{isl: pr.isl, blockSize: s.cfg.BlockSize, minPrefill: ev.minPrefill}, &pr.w)
 	switch {
 	case !s.detail || len(pool) < 2:
 		ev.margin = 0

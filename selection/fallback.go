@@ -11,7 +11,7 @@ func (s *SelectionService) fallbacks(ev *evaluation, pr *prepared, chosen string
 		busy bool
 		cost float64
 	}
-	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
+	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize, minPrefill: ev.minPrefill}
 	all := make([]ranked, 0, len(ev.cands))
 	for i := range ev.cands {
 		c := &ev.cands[i]

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/kvindex"
 	"github.com/stretchr/testify/require"
 )
 
@@ -35,4 +37,40 @@ func TestInFlightHitWeight(t *testing.T) {
 	require.ErrorIs(t, cfg.Validate(), ErrInvalidConfig)
 	require.Equal(t, DefaultInFlightHitWeight, DefaultConfig(4).InFlightHitWeight)
 	require.Zero(t, DynamoConfig(4).InFlightHitWeight, "Dynamo has no such credit")
+}
+
+// With credit decay, a cached worker whose queued prefill exceeds the least
+// loaded candidate's gets less credit for its cache; the least loaded keeps
+// all of it.
+func TestOverlapCreditDecay(t *testing.T) {
+	costs := func(decay float64) map[string]float64 {
+		cfg := DefaultConfig(4)
+		cfg.OverlapCreditDecay, cfg.InFlightHitWeight = decay, 0
+		s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(newFakeClock().Now).SweepInterval(-1).Build(context.Background())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		addWorkers(t, s, "a", "b", "c")
+		prompt := toks(32, 1)
+		h, _ := kvindex.NewHasher(4, kvindex.HashOptions{})
+		hashes := h.AppendSeqHashes(nil, prompt)
+		for _, w := range []string{"a", "b"} {
+			require.NoError(t, s.ApplyEvent(catalog.WorkerRank{Worker: w}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hashes, Tokens: prompt}))
+		}
+		_, err = s.SelectAndReserve(context.Background(), Request{Tokens: toks(40, 9), Allowed: []string{"a"}})
+		require.NoError(t, err)
+		scored, err := s.PotentialLoads(context.Background(), Request{Tokens: prompt})
+		require.NoError(t, err)
+		out := map[string]float64{}
+		for _, sc := range scored {
+			out[sc.Worker] = sc.Cost
+		}
+		return out
+	}
+	off, on := costs(0), costs(1)
+	require.Greater(t, on["a"], off["a"], "the loaded cached worker's credit decays")
+	require.Equal(t, off["b"], on["b"], "the idle cached worker keeps its credit")
+	require.Equal(t, off["c"], on["c"])
+	cfg := DefaultConfig(4)
+	cfg.OverlapCreditDecay = -1
+	require.ErrorIs(t, cfg.Validate(), ErrInvalidConfig)
 }

@@ -63,6 +63,7 @@ func main() {
 // config is the parsed command line.
 type config struct {
 	inflightW  float64
+	decay      float64
 	tracePath  string
 	blockSize  int
 	skipBad    bool
@@ -140,6 +141,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&c.credit, "overlap-credit", def.OverlapScoreCredit, "kvselect: prefill blocks saved per cached block")
 	fs.Float64Var(&c.scale, "prefill-scale", def.PrefillLoadScale, "kvselect: weight of the prefill term")
 	fs.Float64Var(&c.temperature, "temperature", def.Temperature, "kvselect: softmax temperature (0 = argmin)")
+	fs.Float64Var(&c.decay, "credit-decay", def.OverlapCreditDecay, "kvselect: overlap credit decay with a worker's queued prefill (Dynamo's overlap_score_credit_decay; 0 = off)")
 	fs.Float64Var(&c.inflightW, "inflight-weight", def.InFlightHitWeight, "kvselect: credit for the prefix blocks in-flight requests are computing on a worker, as a fraction of a cached block")
 	fs.Float64Var(&c.reqWeight, "active-request-weight", def.DecodeActiveRequestWeight, "kvselect: block-equivalent cost per active request")
 
@@ -284,6 +286,7 @@ func (c config) selectionConfig(credit, scale, temperature float64) selection.Co
 	cfg.OverlapScoreCredit, cfg.PrefillLoadScale, cfg.Temperature = credit, scale, temperature
 	cfg.DecodeActiveRequestWeight = c.reqWeight
 	cfg.InFlightHitWeight = c.inflightW
+	cfg.OverlapCreditDecay = c.decay
 	return cfg
 }
 
