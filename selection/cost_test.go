@@ -166,13 +166,15 @@ func TestParseQueuePolicy(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 }
 
-func TestDefaultConfigDiffersFromDynamoOnlyInTwoWeights(t *testing.T) {
+func TestDefaultConfigDiffersFromDynamoOnlyInThreeWeights(t *testing.T) {
 	d, k := DynamoConfig(16), DefaultConfig(16)
 	require.Equal(t, 1.0, d.OverlapScoreCredit)
 	require.Equal(t, 1.0, d.PrefillLoadScale)
+	require.Zero(t, d.InFlightHitWeight)
 	require.Equal(t, 4.0, k.OverlapScoreCredit)
 	require.Equal(t, 2.5, k.PrefillLoadScale)
-	k.OverlapScoreCredit, k.PrefillLoadScale = d.OverlapScoreCredit, d.PrefillLoadScale
+	require.Equal(t, 1.0, k.InFlightHitWeight)
+	k.OverlapScoreCredit, k.PrefillLoadScale, k.InFlightHitWeight = d.OverlapScoreCredit, d.PrefillLoadScale, d.InFlightHitWeight
 	require.Equal(t, d, k)
 	require.NoError(t, DefaultConfig(16).Validate())
 	require.NoError(t, DynamoConfig(16).Validate())
