@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,7 +14,10 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
+	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -52,7 +57,16 @@ type config struct {
 	WorkersFile       string
 	Kubeconfig        string
 	MaxBodyBytes      int
-	Router            selection.Config
+	// Replicas (docs/REPLICAS.md): at most one of PeerService, Peers (an
+	// embedded NATS server routed to the peers) and NATSURL (an existing
+	// NATS cluster); none means no replication.
+	PodName     string
+	PeerService string
+	Peers       []string // host:port of the peers' route listeners
+	SyncPort    int      // the embedded server's route listener port
+	NATSURL     string
+	ReplicaID   string // explicit; see replicaID for the default
+	Router      selection.Config
 }
 
 // setting is one variable of the contract: its environment name, its flag, its
@@ -122,6 +136,9 @@ func listenAddr(dst *string) func(*config, string) error {
 
 const maxPort = 65535
 
+// maxPeers bounds DYN_EPP_PEERS (and the peers discovery routes to).
+const maxPeers = 256
+
 // settings returns the contract bound to c. The order is the README table's.
 func (c *config) settings() []setting {
 	r := &c.Router
@@ -167,7 +184,7 @@ func (c *config) settings() []setting {
 			}},
 		{env: "DYN_EPP_INFERENCE_POOL_NAME", flag: "inference-pool", required: "with Kubernetes discovery", help: "the InferencePool this EPP serves", parse: str(&c.PoolName)},
 		{env: "POD_NAMESPACE", flag: "namespace", required: "with Kubernetes discovery", help: "namespace of the pool and its pods (downward API)", parse: str(&c.Namespace)},
-		{env: "POD_IP", flag: "pod-ip", help: "this EPP's own IP (informational)", parse: str(&c.PodIP)},
+		{env: "POD_IP", flag: "pod-ip", help: "this EPP's own IP (downward API status.podIP): required with DYN_EPP_PEER_SERVICE (self is no peer); the replica sync listener binds it", parse: str(&c.PodIP)},
 		{env: "DYN_MODEL_NAME", flag: "model", def: "default", help: "model name: the selection partition of every worker and request", parse: str(&c.Model)},
 		{env: "DYN_EPP_TOKENIZER_SERVICE_URL", flag: "tokenizer-url", required: "always (the demo sets it)", help: "absolute http(s) base URL of the engine's tokenizer/render service",
 			parse: func(c *config, v string) error {
@@ -208,6 +225,58 @@ func (c *config) settings() []setting {
 		{env: "DYN_EPP_WORKERS_FILE", flag: "workers-file", help: "static discovery: a JSON/YAML file of workers, watched (no Kubernetes)", parse: str(&c.WorkersFile)},
 		{env: "KUBECONFIG", flag: "kubeconfig", help: "kubeconfig path (default: in-cluster config)", parse: str(&c.Kubeconfig)},
 		{env: "DYN_EPP_MAX_BODY_BYTES", flag: "max-body-bytes", def: "8388608", help: "largest request body buffered (excess: 413)", parse: intIn(&c.MaxBodyBytes, 1024, 1<<30)},
+		// Replicas (docs/REPLICAS.md).
+		{env: "POD_NAME", flag: "pod-name", help: "this EPP's pod name (downward API): the default replica ID", parse: str(&c.PodName)},
+		{env: "DYN_EPP_PEER_SERVICE", flag: "peer-service", help: "replicas, embedded NATS: the headless Service (in POD_NAMESPACE) whose ready endpoints are this EPP's peers; their servers are routed to at `<ip>:DYN_EPP_REPLICA_SYNC_PORT` (needs POD_IP; RBAC services get, endpointslices list and watch)",
+			parse: func(c *config, v string) error {
+				v = strings.TrimSpace(v)
+				if errs := validation.IsDNS1035Label(v); len(errs) > 0 {
+					return fmt.Errorf("%q is not a Service name: %s", v, strings.Join(errs, "; "))
+				}
+				c.PeerService = v
+				return nil
+			}},
+		{env: "DYN_EPP_PEERS", flag: "peers", help: "replicas, embedded NATS, without Kubernetes: comma-separated host:port of the peers' sync listeners (static routes)",
+			parse: func(c *config, v string) error {
+				var out []string
+				for _, f := range strings.Split(v, ",") {
+					if f = strings.TrimSpace(f); f == "" {
+						continue
+					}
+					host, port, err := net.SplitHostPort(f)
+					if n, perr := strconv.Atoi(port); err != nil || perr != nil || host == "" || n < 1 || n > maxPort {
+						return fmt.Errorf("%q is not host:port", f)
+					}
+					out = append(out, f)
+				}
+				if len(out) > maxPeers {
+					return fmt.Errorf("%d peers, at most %d", len(out), maxPeers)
+				}
+				c.Peers = out
+				return nil
+			}},
+		{env: "DYN_EPP_REPLICA_SYNC_PORT", flag: "replica-sync-port", def: "9092", help: "the embedded NATS server's route (cluster) port, on POD_IP when set, else every interface (0: a free port, logged; for tests)", parse: intIn(&c.SyncPort, 0, maxPort)},
+		{env: "DYN_EPP_NATS_URL", flag: "nats-url", help: "replicas over an existing NATS cluster: comma-separated nats:// or tls:// URLs (credentials in the URL); not with DYN_EPP_PEER_SERVICE or DYN_EPP_PEERS",
+			parse: func(c *config, v string) error {
+				v = strings.TrimSpace(v)
+				for _, f := range strings.Split(v, ",") {
+					u, err := url.Parse(strings.TrimSpace(f))
+					if err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls" && u.Scheme != "ws" && u.Scheme != "wss") {
+						return fmt.Errorf("%q is not a NATS URL (nats://host:4222)", f)
+					}
+				}
+				c.NATSURL = v
+				return nil
+			}},
+		{env: "DYN_EPP_REPLICA_ID", flag: "replica-id", help: "this replica's ID among its peers, 1 to 64 of [A-Za-z0-9_-] (default: POD_NAME, else the host name, other characters as `-`)",
+			parse: func(c *config, v string) error {
+				v = strings.TrimSpace(v)
+				if sanitizeReplicaID(v) != v {
+					return fmt.Errorf("%q: want 1 to %d characters of [A-Za-z0-9_-]", v, replica.MaxIDLen)
+				}
+				c.ReplicaID = v
+				return nil
+			}},
 		// Selection (Dynamo's KvRouterConfig environment).
 		{env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", flag: "overlap-score-credit", def: "4", help: "prefill blocks saved per cached device block (>= 0; Dynamo's default is 1)", parse: floatMin(&r.OverlapScoreCredit, 0)},
 		{env: "DYN_ROUTER_PREFILL_LOAD_SCALE", flag: "prefill-load-scale", def: "2.5", help: "weight of the prefill term (>= 0; Dynamo's default is 1)", parse: floatMin(&r.PrefillLoadScale, 0)},
@@ -355,6 +424,7 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (*c
 	if err := c.Router.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.checkReplicas()...)
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%w:\n  %w", errConfig, errors.Join(errs...))
 	}
@@ -374,6 +444,9 @@ func (c *config) requireForServing() error {
 		if c.Namespace == "" {
 			errs = append(errs, errors.New("POD_NAMESPACE: required with Kubernetes discovery"))
 		}
+	}
+	if c.PeerService != "" && c.Namespace == "" {
+		errs = append(errs, errors.New("POD_NAMESPACE: required with DYN_EPP_PEER_SERVICE (the peer Service's namespace)"))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w:\n  %w", errConfig, errors.Join(errs...))
@@ -402,4 +475,73 @@ func envTable() string {
 		fmt.Fprintf(&b, "| %s | `--%s` | %s | %s |\n", name, s.flag, def, s.help)
 	}
 	return b.String()
+}
+
+// replicated reports whether the configuration shares load with peers.
+func (c *config) replicated() bool {
+	return c.PeerService != "" || len(c.Peers) > 0 || c.NATSURL != ""
+}
+
+// embedsNATS reports mode (a): an embedded NATS server routed to the peers.
+func (c *config) embedsNATS() bool { return c.PeerService != "" || len(c.Peers) > 0 }
+
+// checkReplicas checks the replica settings together.
+func (c *config) checkReplicas() []error {
+	var errs []error
+	if c.NATSURL != "" && c.embedsNATS() {
+		errs = append(errs, errors.New("DYN_EPP_NATS_URL: set either an existing NATS cluster (DYN_EPP_NATS_URL) or an embedded one (DYN_EPP_PEER_SERVICE, DYN_EPP_PEERS), not both"))
+	}
+	if c.PeerService != "" && len(c.Peers) > 0 {
+		errs = append(errs, errors.New("DYN_EPP_PEERS: set either DYN_EPP_PEER_SERVICE (peers discovered) or DYN_EPP_PEERS (static), not both"))
+	}
+	if c.PeerService != "" {
+		if _, err := netip.ParseAddr(c.PodIP); err != nil {
+			errs = append(errs, fmt.Errorf("POD_IP: %q is not an IP address; DYN_EPP_PEER_SERVICE needs this EPP's own IP (downward API status.podIP) to tell itself from its peers", c.PodIP))
+		}
+	}
+	if c.PodIP != "" {
+		if _, err := netip.ParseAddr(c.PodIP); err != nil && c.PeerService == "" {
+			errs = append(errs, fmt.Errorf("POD_IP: %q is not an IP address", c.PodIP))
+		}
+	}
+	return errs
+}
+
+// replicaID is Options.ID of this EPP's replicas: DYN_EPP_REPLICA_ID, else
+// POD_NAME, else the host name, sanitised.
+func (c *config) replicaID(hostname func() (string, error)) (string, error) {
+	if c.ReplicaID != "" {
+		return c.ReplicaID, nil
+	}
+	name := c.PodName
+	if name == "" {
+		h, err := hostname()
+		if err != nil {
+			return "", fmt.Errorf("DYN_EPP_REPLICA_ID: unset, POD_NAME unset and no host name: %w", err)
+		}
+		name = h
+	}
+	if id := sanitizeReplicaID(name); id != "" {
+		return id, nil
+	}
+	return "", fmt.Errorf("DYN_EPP_REPLICA_ID: unset, and %q gives no replica ID", name)
+}
+
+// sanitizeReplicaID maps s into replica.Options.ID's alphabet: every other
+// character becomes '-'; a name longer than replica.MaxIDLen keeps its
+// first characters and ends with a hash of the whole (pod names differ at
+// their end). "" stays "".
+func sanitizeReplicaID(s string) string {
+	b := []byte(s)
+	for i, ch := range b {
+		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '_' || ch == '-') {
+			b[i] = '-'
+		}
+	}
+	if len(b) <= replica.MaxIDLen {
+		return string(b)
+	}
+	sum := sha256.Sum256([]byte(s))
+	const hashLen = 16
+	return string(b[:replica.MaxIDLen-hashLen-1]) + "-" + hex.EncodeToString(sum[:hashLen/2])
 }

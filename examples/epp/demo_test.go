@@ -19,6 +19,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(eppChildEnv) == "1" { // a process test started this binary as the EPP
+		os.Exit(runEPPChild())
+	}
 	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction(fakeengine.LeakyZMQFunction))
 }
 

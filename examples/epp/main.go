@@ -10,6 +10,15 @@
 //
 // Configuration follows the environment contract of Dynamo's standalone EPP;
 // every variable also has a flag, and flags win. See the README for the table.
+//
+// Several replicas of the EPP share their active load (docs/REPLICAS.md) when
+// DYN_EPP_PEER_SERVICE is set (each embeds a NATS server routed to the ready
+// endpoints of that headless Service, on DYN_EPP_REPLICA_SYNC_PORT; RBAC
+// services get and endpointslices list, watch), or DYN_EPP_PEERS (the same
+// with static routes), or DYN_EPP_NATS_URL (an existing NATS cluster). One
+// Replicator per role (both roles in disaggregated mode) rides the one
+// connection; the Replicators start once discovery has registered the
+// workers, and the EPP reports ready once each has made its initial sync.
 package main
 
 import (
@@ -141,11 +150,21 @@ type epp struct {
 	// excluded is what the last snapshot excluded (id -> reason and value), so
 	// that only changes are logged. apply owns it (one discovery loop).
 	excluded map[string]string
+	// rep shares the active load with the EPP's peers; nil without
+	// replicas. The EPP owns its Replicators; the link is the caller's.
+	rep *replication
 }
 
 // newEPP builds everything that does not listen yet. configure, when set,
 // adjusts every selection service's builder (the demo uses it).
 func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure func(*selection.SelectionServiceBuilder)) (*epp, error) {
+	return buildEPP(ctx, cfg, logger, configure, nil)
+}
+
+// buildEPP is newEPP with replicas over rp when it is not nil: one
+// Replicator per role, observing its role's service, started by apply once
+// discovery has synced.
+func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure func(*selection.SelectionServiceBuilder), rp *replication) (*epp, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -167,7 +186,7 @@ func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure fun
 		client.Close()
 		return nil, err
 	}
-	e := &epp{cfg: cfg, logger: logger, client: client, cache: cache, reg: prometheus.NewRegistry()}
+	e := &epp{cfg: cfg, logger: logger, client: client, cache: cache, reg: prometheus.NewRegistry(), rep: rp}
 	setup := func(b *selection.SelectionServiceBuilder) {
 		b.Logger(logger)
 		if configure != nil {
@@ -178,11 +197,20 @@ func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure fun
 	if cfg.Topology == "disaggregated" {
 		mode = roles.ModeDisaggregated
 	}
+	if rp != nil {
+		if err := rp.newReplicators(cfg, mode); err != nil {
+			e.close()
+			return nil, err
+		}
+	}
 	e.rs, err = roles.New(ctx, roles.RoleOptions{
 		Mode: mode, LabelKey: cfg.RoleLabel, Base: cfg.Router, Logger: logger,
 		Profile: roles.ProfileOptions{PrefillMaxNumBatchedTokens: cfg.PrefillMaxBatched, DecodeMaxNumBatchedTokens: cfg.DecodeMaxBatched},
 		Configure: func(r roles.Role, b *selection.SelectionServiceBuilder) {
 			setup(b)
+			if rp != nil {
+				rp.observe(r, b)
+			}
 			if r != roles.Decode && cfg.KVEventBind != "" { // decode workers publish no events
 				b.BindEvents(cfg.KVEventBind)
 				if cfg.KVEventBindAny {
@@ -208,7 +236,14 @@ func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure fun
 		services[r.String()] = e.rs.Service(r)
 	}
 	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	e.reg.MustRegister(&statsCollector{services: func() map[string]*selection.SelectionService { return services }, cache: cache})
+	e.reg.MustRegister(&statsCollector{services: func() map[string]*selection.SelectionService { return services }, cache: cache, model: cfg.Model})
+	if rp != nil {
+		rc := &replicaCollector{reps: rp.reps}
+		if rp.srv != nil {
+			rc.routes, rc.configured = rp.srv.Peers, rp.srv.Routes
+		}
+		e.reg.MustRegister(rc)
+	}
 	e.server, err = extproc.NewServer(extproc.Options{
 		Picker: e.router, Status: statusOf, MaxBodyBytes: cfg.MaxBodyBytes, MaxInflight: cfg.MaxInflight,
 		Logger: logger, Metrics: newServerMetrics(e.reg),
@@ -221,6 +256,9 @@ func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure fun
 }
 
 func (e *epp) close() {
+	if e.rep != nil { // before the services: a Replicator frees its peers' bookings there
+		e.rep.closeReplicators()
+	}
 	if e.rs != nil {
 		_ = e.rs.Close()
 	}
@@ -263,7 +301,13 @@ func (e *epp) apply(s discovery.Snapshot) {
 	}
 	e.logExclusions(res.Excluded)
 	e.router.setWorkers(desired)
-	if s.Synced && !e.server.Ready() {
+	switch {
+	case !s.Synced:
+	case e.rep != nil:
+		// The workers are registered: the Replicators start, and
+		// readyWhenSynced reports ready once they have synced.
+		e.rep.start(e.rs)
+	case !e.server.Ready():
 		e.server.SetReady(true)
 		e.logger.Info("discovery synced; serving", "workers", len(desired))
 	}
@@ -297,15 +341,9 @@ func newSource(cfg *config, logger *slog.Logger) (discovery.Source, error) {
 			RoleLabel: cfg.RoleLabel, Logger: logger,
 		})
 	}
-	var rc *rest.Config
-	var err error
-	if cfg.Kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
+	rc, err := kubeConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes client config: %w", err)
+		return nil, err
 	}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
@@ -326,9 +364,53 @@ func newSource(cfg *config, logger *slog.Logger) (discovery.Source, error) {
 	})
 }
 
+// kubeConfig is the Kubernetes client configuration: KUBECONFIG, else
+// in-cluster.
+func kubeConfig(cfg *config) (*rest.Config, error) {
+	var rc *rest.Config
+	var err error
+	if cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config: %w", err)
+	}
+	return rc, nil
+}
+
+// newPeers builds the peer discovery of DYN_EPP_PEER_SERVICE.
+func newPeers(cfg *config, logger *slog.Logger) (*discovery.Peers, error) {
+	rc, err := kubeConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	return discovery.NewPeers(discovery.PeerOptions{Clientset: cs, Namespace: cfg.Namespace, Service: cfg.PeerService,
+		PodIP: cfg.PodIP, Port: cfg.SyncPort, MaxPeers: maxPeers, Logger: logger})
+}
+
 // serve runs the EPP until ctx is done.
 func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
-	e, err := newEPP(ctx, cfg, logger, nil)
+	var peers *discovery.Peers
+	if cfg.PeerService != "" {
+		var err error
+		if peers, err = newPeers(cfg, logger); err != nil {
+			return err
+		}
+	}
+	rp, err := openReplication(cfg, logger)
+	if err != nil {
+		return err
+	}
+	if rp != nil {
+		defer rp.closeLink() // after e.close, which closes the Replicators and the services
+	}
+	e, err := buildEPP(ctx, cfg, logger, nil, rp)
 	if err != nil {
 		return err
 	}
@@ -393,6 +475,12 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	})
 	g.Go(func() error { return src.Run(gctx, e.apply) })
 	g.Go(func() error { e.expirePlans(gctx, time.Second); return nil })
+	if rp != nil {
+		g.Go(func() error { return e.readyWhenSynced(gctx) })
+	}
+	if peers != nil {
+		g.Go(func() error { return rp.followPeers(gctx, peers) })
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		e.server.SetReady(false)

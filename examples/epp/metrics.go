@@ -10,6 +10,8 @@ import (
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
 	"github.com/kvselect/kvselect/kvindex/kvevents"
+	"github.com/kvselect/kvselect/replica"
+	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
 )
@@ -55,6 +57,7 @@ func (m *serverMetrics) Inflight(n int)              { m.inflight.Set(float64(n)
 type statsCollector struct {
 	services func() map[string]*selection.SelectionService // role -> service
 	cache    *tokenize.Cache                               // may be nil
+	model    string                                        // the loads' partition
 }
 
 var (
@@ -76,6 +79,11 @@ var (
 	dBest       = descSel("overlap_best_blocks_total", "Best device overlap any eligible worker had, summed over decisions.")
 	dReqBlocks  = descSel("request_blocks_total", "Complete blocks of routed requests.")
 	dWorkers    = prometheus.NewDesc("kvselect_workers", "Workers by role and lifecycle.", []string{"role", "lifecycle"}, nil)
+
+	loadLabels    = []string{"role", "worker", "rank"}
+	dLoadRequests = prometheus.NewDesc("kvselect_worker_active_requests", "Requests booked on the worker rank now, the EPP's own and its peers' (replicas).", loadLabels, nil)
+	dLoadBlocks   = prometheus.NewDesc("kvselect_worker_active_blocks", "Active KV blocks booked on the worker rank now (decode load).", loadLabels, nil)
+	dLoadPrefill  = prometheus.NewDesc("kvselect_worker_active_prefill_tokens", "Prefill tokens booked on the worker rank and not prefilled yet.", loadLabels, nil)
 
 	evLabels    = []string{"role", "worker", "rank"}
 	dEvApplied  = prometheus.NewDesc("kvselect_kv_events_applied_total", "KV events applied to the index.", evLabels, nil)
@@ -147,6 +155,12 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, l := range []catalog.Lifecycle{catalog.Incomplete, catalog.Schedulable, catalog.Draining} {
 			gauge(dWorkers, float64(byLife[l]), role, l.String())
 		}
+		for _, l := range s.Loads(c.model) {
+			lv := []string{role, l.Worker, strconv.Itoa(l.Rank)}
+			gauge(dLoadRequests, float64(l.ActiveRequests), lv...)
+			gauge(dLoadBlocks, float64(l.ActiveBlocks), lv...)
+			gauge(dLoadPrefill, float64(l.ActivePrefillTokens), lv...)
+		}
 		for _, e := range s.EventStats() {
 			lv := []string{role, e.Worker.Worker, strconv.Itoa(e.Worker.Rank)}
 			counter(dEvApplied, float64(e.Handler.EventsApplied), lv...)
@@ -215,3 +229,85 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstHistogram(dTokLatency, st.Latency.Count, st.Latency.Sum.Seconds(), buckets)
 	}
 }
+
+// replicaCollector reads each role's Replicator on every scrape.
+type replicaCollector struct {
+	reps map[roles.Role]*replica.Replicator
+	// routes lists the servers the embedded NATS server is routed to, and
+	// configured the routes it was given (the peers discovery found); nil
+	// with an external NATS cluster.
+	routes, configured func() []string
+}
+
+var (
+	descRep = func(name, help string, extra ...string) *prometheus.Desc {
+		return prometheus.NewDesc("kvselect_replica_"+name, help, append([]string{"role"}, extra...), nil)
+	}
+	dRepDegraded    = descRep("degraded", "1 while the NATS connection is lost: the replica routes on what it holds and resynchronises when it is back.")
+	dRepSynced      = descRep("synced", "1 once the initial sync is done (readiness waits for it).")
+	dRepPeers       = descRep("peers", "Peer replicas followed now.")
+	dRepRemote      = descRep("remote_bookings", "Peers' bookings held in this replica's service now.")
+	dRepLocal       = descRep("local_bookings", "This replica's own live bookings, shared with its peers.")
+	dRepRefused     = descRep("refused_total", "Peers' ops and messages not applied, by reason (not_found, unknown_id, expired, invalid, closed, malformed, stale_epoch, too_many_peers).", "reason")
+	dRepOverflow    = descRep("overflow_total", "Own ops dropped from the stream because the publisher fell behind (peers resynchronise by snapshot).")
+	dRepDuplicates  = descRep("duplicates_total", "Peers' bookings received again while already held (a replay over a snapshot): expected.")
+	dRepBatches     = descRep("published_batches_total", "Batches of own ops published (heartbeats excluded).")
+	dRepOps         = descRep("published_ops_total", "Own ops published.")
+	dRepPubErrors   = descRep("publish_errors_total", "Publishes the bus refused.")
+	dRepReceived    = descRep("received_total", "Peers' messages received (batches and heartbeats).")
+	dRepApplied     = descRep("applied_total", "Peers' ops applied.")
+	dRepGaps        = descRep("gaps_total", "Sequence gaps seen in peers' streams (each repaired by a snapshot).")
+	dRepSnapshots   = descRep("snapshots_taken_total", "Peers' snapshots applied.")
+	dRepSnapFailed  = descRep("snapshot_failures_total", "Snapshot requests that failed (retried).")
+	dRepDropped     = descRep("dropped_peers_total", "Peers whose bookings were dropped after PeerTimeout of silence.")
+	dRepDisconnects = descRep("disconnects_total", "NATS connection losses.")
+	dRepUnsendable  = descRep("unsendable_total", "Own bookings too large for one message, not shared.")
+	dRepClashes     = descRep("id_clashes_total", "Messages from another replica using this replica's ID.")
+	dRepRoutes      = prometheus.NewDesc("kvselect_replica_nats_routes", "Peer NATS servers the embedded server has a route to now.", nil, nil)
+	dRepConfigured  = prometheus.NewDesc("kvselect_replica_nats_routes_configured", "Routes the embedded server is given (DYN_EPP_PEERS, or the peers DYN_EPP_PEER_SERVICE finds); more than kvselect_replica_nats_routes means peers not reached.", nil, nil)
+)
+
+func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
+
+func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.routes != nil {
+		ch <- prometheus.MustNewConstMetric(dRepRoutes, prometheus.GaugeValue, float64(len(c.routes())))
+		ch <- prometheus.MustNewConstMetric(dRepConfigured, prometheus.GaugeValue, float64(len(c.configured())))
+	}
+	for r, rep := range c.reps {
+		role := r.String()
+		st := rep.Stats()
+		gauge := func(d *prometheus.Desc, v float64, extra ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append([]string{role}, extra...)...)
+		}
+		counter := func(d *prometheus.Desc, v uint64, extra ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append([]string{role}, extra...)...)
+		}
+		gauge(dRepDegraded, b2f(st.Degraded))
+		gauge(dRepSynced, b2f(st.Synced))
+		gauge(dRepPeers, float64(st.Peers))
+		gauge(dRepRemote, float64(st.RemoteBookings))
+		gauge(dRepLocal, float64(st.LocalBookings))
+		for _, reason := range replicaRefusals {
+			counter(dRepRefused, st.Refused[reason], reason)
+		}
+		counter(dRepOverflow, st.Overflow)
+		counter(dRepDuplicates, st.Duplicates)
+		counter(dRepBatches, st.PublishedBatches)
+		counter(dRepOps, st.PublishedOps)
+		counter(dRepPubErrors, st.PublishErrors)
+		counter(dRepReceived, st.Received)
+		counter(dRepApplied, st.Applied)
+		counter(dRepGaps, st.Gaps)
+		counter(dRepSnapshots, st.SnapshotsTaken)
+		counter(dRepSnapFailed, st.SnapshotFailures)
+		counter(dRepDropped, st.DroppedPeers)
+		counter(dRepDisconnects, st.Disconnects)
+		counter(dRepUnsendable, st.Unsendable)
+		counter(dRepClashes, st.IDClashes)
+	}
+}
+
+// replicaRefusals are replica.Stats.Refused's reasons, every one exported
+// (at 0 until it happens) so that a rate can be taken from the start.
+var replicaRefusals = []string{"not_found", "unknown_id", "expired", "invalid", "closed", "malformed", "stale_epoch", "too_many_peers"}

@@ -20,6 +20,31 @@
 //	defer nc.Close() // after r.Close
 //	defer r.Close()
 //
+// # Embedded server
+//
+// StartServer runs a nats-server in the process (core NATS only, no
+// JetStream), so that replicas need no NATS deployment of their own: each
+// replica embeds one, and the servers cluster through routes (the route
+// listener, ServerOptions.ClusterAddr, port 9092 by default) to the peers
+// that discovery finds. Server.SetRoutes changes the routes while the server
+// runs (a hot reload of cluster.routes: added routes are solicited, removed
+// ones torn down, the listener stays; see
+// https://docs.nats.io/reference/config/cluster/routes). NATS completes the
+// mesh by itself: a server routed to one member of a cluster learns the
+// others from it. The server's client listener is on loopback only;
+// Server.Dial connects in process, without a socket:
+//
+//	srv, err := natsbus.StartServer(natsbus.ServerOptions{Name: "epp-0", ClusterAddr: podIP + ":9092", Routes: peers})
+//	cl, err := srv.Dial(natsbus.DialOptions{Name: "epp-0"})
+//	r, err := replica.New(replica.Options{Bus: cl.Bus(), ID: "epp-0", MaxMessageBytes: cl.MaxPayload()})
+//	...
+//	err = srv.SetRoutes(newPeers) // discovery saw peers come and go
+//	...
+//	r.Close(); cl.Close(); srv.Close() // in this order
+//
+// Dial connects to an existing NATS cluster instead, with the options
+// below; a Client owns its connection and closes it.
+//
 // Core NATS is at-most-once: a message lost to a slow consumer (the client
 // drops what a subscription cannot take, see nats.Subscription.SetPendingLimits)
 // or to a reconnection is a sequence gap, which the Replicator repairs with a
@@ -29,8 +54,21 @@
 //
 // # Concurrency
 //
-// Bus is safe for concurrent use. Each subscription's callback runs on the
-// client's goroutine for that subscription, one message at a time; WatchConn
-// runs one goroutine of its own, which its stop function ends and waits for.
-// The Bus does not own the connection and never closes it.
+// Bus, Client and Server are safe for concurrent use. Each subscription's
+// callback runs on the client's goroutine for that subscription, one message
+// at a time; WatchConn runs one goroutine of its own, which its stop function
+// ends and waits for. A Bus made with New does not own its connection and
+// never closes it; a Client's Close closes its own. A Server owns the
+// nats-server's goroutines: Close shuts it down and waits for them, and
+// SetRoutes calls are serialised.
+//
+// # Invariants
+//
+//   - A Server listens for clients on loopback only, never on another
+//     interface; its routes are exactly the last list given to SetRoutes
+//     (or ServerOptions.Routes), sorted, without duplicates.
+//   - StartServer returns a server whose listeners are up, or an error and
+//     nothing running: a listener that cannot open (a port in use) is an
+//     error, never the process exiting (the server's Fatalf is adapted).
+//   - NATS is imported by this module only.
 package natsbus

@@ -63,7 +63,13 @@ var testWorkers = []string{"w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8"}
 // wraps the Bus; mod edits the options.
 func newNode(t testing.TB, url, id string, wrap func(replica.Bus) replica.Bus, mod func(*replica.Options)) *node {
 	t.Helper()
-	nc := connect(t, url, id)
+	return newNodeOn(t, connect(t, url, id), id, wrap, mod)
+}
+
+// newNodeOn is newNode on a connection the caller made; the node's cleanup
+// closes it.
+func newNodeOn(t testing.TB, nc *nats.Conn, id string, wrap func(replica.Bus) replica.Bus, mod func(*replica.Options)) *node {
+	t.Helper()
 	nb, err := natsbus.New(nc)
 	require.NoError(t, err)
 	var bus replica.Bus = nb

@@ -64,6 +64,18 @@
 // read or parsed at start makes NewStatic fail; later, a broken file is logged
 // and the last good set stays in force. StaticWorkers wraps a fixed set.
 //
+// # Peers
+//
+// NewPeers finds the EPP's own replicas, for the embedded NATS servers to
+// route to (docs/REPLICAS.md): Run reads the Service once (services get: a
+// missing Service or a refused read ends Run with ErrPeerServiceNotFound or
+// ErrPeerForbidden), then watches its EndpointSlices (label
+// kubernetes.io/service-name; endpointslices list and watch) and emits the
+// peer set whenever it changes: "ip:port" of every endpoint that is ready
+// (unset counts as ready) and not terminating, of PodIP's address family,
+// PodIP itself left out, port PeerOptions.Port, sorted, at most MaxPeers. A
+// line "replica peers" logs each change (count, added, removed).
+//
 // # Concurrency
 //
 // Sources are safe to share between goroutines and each may be Run once. Run

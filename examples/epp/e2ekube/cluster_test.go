@@ -45,6 +45,23 @@ var nonDNS = regexp.MustCompile(`[^a-z0-9-]+`)
 // until the API server's authorizer applies the grant.
 func newSpace(t *testing.T, hh *harness) *space {
 	t.Helper()
+	s := newNamespace(t, hh)
+	verbs := []string{"get", "list", "watch"}
+	s.grant("epp-discovery", []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: verbs},
+		{APIGroups: []string{poolGVR.Group}, Resources: []string{poolGVR.Resource}, Verbs: verbs},
+	}, func(ctx context.Context, cs kubernetes.Interface, dyn dynamic.Interface) bool {
+		_, errPods := cs.CoreV1().Pods(s.ns).List(ctx, metav1.ListOptions{})
+		_, errPools := dyn.Resource(poolGVR).Namespace(s.ns).List(ctx, metav1.ListOptions{})
+		return errPods == nil && errPools == nil
+	})
+	return s
+}
+
+// newNamespace creates a namespace named after the test, where the EPP user
+// has no rights yet.
+func newNamespace(t *testing.T, hh *harness) *space {
+	t.Helper()
 	slug := strings.Trim(nonDNS.ReplaceAllString(strings.ToLower(t.Name()), "-"), "-")
 	if len(slug) > 40 {
 		slug = slug[:40]
@@ -52,34 +69,31 @@ func newSpace(t *testing.T, hh *harness) *space {
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	s := &space{t: t, h: hh, ns: strings.TrimRight(slug, "-") + "-" + hex.EncodeToString(b[:])}
-	ctx := s.ctx()
-	_, err := hh.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}, metav1.CreateOptions{})
+	_, err := hh.admin.CoreV1().Namespaces().Create(s.ctx(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	// Without a controller manager a deleted namespace stays Terminating; the
 	// whole store goes away with the run, so this only tidies a kept cluster.
 	t.Cleanup(func() { _ = hh.admin.CoreV1().Namespaces().Delete(context.Background(), s.ns, metav1.DeleteOptions{}) })
-	verbs := []string{"get", "list", "watch"}
-	_, err = hh.admin.RbacV1().Roles(s.ns).Create(ctx, &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: "epp-discovery"},
-		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: verbs},
-			{APIGroups: []string{poolGVR.Group}, Resources: []string{poolGVR.Resource}, Verbs: verbs},
-		},
-	}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	_, err = hh.admin.RbacV1().RoleBindings(s.ns).Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "epp-discovery"},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: hh.eppUser}},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "epp-discovery"},
-	}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	cs, dyn := s.eppClients()
-	require.Eventually(t, func() bool {
-		_, errPods := cs.CoreV1().Pods(s.ns).List(ctx, metav1.ListOptions{})
-		_, errPools := dyn.Resource(poolGVR).Namespace(s.ns).List(ctx, metav1.ListOptions{})
-		return errPods == nil && errPools == nil
-	}, 20*time.Second, 50*time.Millisecond, "the epp identity never got its Role in %s", s.ns)
 	return s
+}
+
+// grant binds a Role named name, of rules, to the EPP user in the space, and
+// waits until applied (the EPP identity's clients) reports the authorizer
+// applies it.
+func (s *space) grant(name string, rules []rbacv1.PolicyRule, applied func(context.Context, kubernetes.Interface, dynamic.Interface) bool) {
+	s.t.Helper()
+	ctx := s.ctx()
+	_, err := s.h.admin.RbacV1().Roles(s.ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}, metav1.CreateOptions{})
+	require.NoError(s.t, err)
+	_, err = s.h.admin.RbacV1().RoleBindings(s.ns).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: s.h.eppUser}},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+	}, metav1.CreateOptions{})
+	require.NoError(s.t, err)
+	cs, dyn := s.eppClients()
+	require.Eventually(s.t, func() bool { return applied(ctx, cs, dyn) }, 20*time.Second, 50*time.Millisecond,
+		"the epp identity never got its Role %s in %s", name, s.ns)
 }
 
 // ctx is the context of the space's API calls: the test's own, done when

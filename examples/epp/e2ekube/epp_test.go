@@ -85,7 +85,13 @@ type eppProc struct {
 // discovery; see waitServing. The process is stopped in t.Cleanup.
 func startEPP(t *testing.T, hh *harness, c eppConfig) *eppProc {
 	t.Helper()
-	proc, err := eppproc.Start(context.Background(), hh.eppBinary, c.env(hh.eppKubeconfig))
+	return startEPPEnv(t, hh, c.env(hh.eppKubeconfig))
+}
+
+// startEPPEnv is startEPP with exactly env.
+func startEPPEnv(t *testing.T, hh *harness, env map[string]string) *eppProc {
+	t.Helper()
+	proc, err := eppproc.Start(context.Background(), hh.eppBinary, env)
 	require.NoError(t, err)
 	p := &eppProc{Process: proc, t: t, httpc: &http.Client{Timeout: requestTimeout}}
 	t.Cleanup(func() {

@@ -1,0 +1,212 @@
+package natsbus_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/replica/natsbus"
+)
+
+// clusterTimeout bounds every wait for routes to form or to go.
+const clusterTimeout = 10 * time.Second
+
+// startEmbedded starts an embedded server named name, its route listener on
+// a free loopback port, routed to routes; it is closed when the test ends.
+func startEmbedded(t testing.TB, name string, routes ...string) *natsbus.Server {
+	t.Helper()
+	s, err := natsbus.StartServer(natsbus.ServerOptions{Name: name, ClusterAddr: "127.0.0.1:0", Routes: routes})
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	return s
+}
+
+func routeOf(s *natsbus.Server) string { return s.ClusterAddr().String() }
+
+// dial connects to s in process; the client is closed when the test ends.
+func dial(t testing.TB, s *natsbus.Server, name string) *natsbus.Client {
+	t.Helper()
+	c, err := s.Dial(natsbus.DialOptions{Name: name})
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	return c
+}
+
+// requirePeers waits until each server has a route to exactly want[i]
+// other servers, by name.
+func requirePeers(t testing.TB, servers []*natsbus.Server, want ...[]string) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		for i, s := range servers {
+			assert.Equal(c, want[i], s.Peers(), "server %d's peers", i)
+		}
+	}, clusterTimeout, 5*time.Millisecond)
+}
+
+// reaches publishes on from until every subscriber of subject on tos has a
+// message (subscription interest crosses a route asynchronously, so the
+// first publishes may find no interest yet).
+func reaches(t testing.TB, subject string, from *natsbus.Client, tos ...*natsbus.Client) {
+	t.Helper()
+	var mu sync.Mutex
+	got := make([]int, len(tos))
+	for i, c := range tos {
+		unsub, err := c.Bus().Subscribe(subject, func([]byte) { mu.Lock(); got[i]++; mu.Unlock() })
+		require.NoError(t, err)
+		t.Cleanup(unsub)
+		require.NoError(t, c.Bus().Conn().Flush())
+	}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.NoError(c, from.Bus().Publish(subject, []byte("hello")))
+		mu.Lock()
+		defer mu.Unlock()
+		for i, n := range got {
+			assert.Positive(c, n, "messages on %s at subscriber %d", subject, i)
+		}
+	}, clusterTimeout, 5*time.Millisecond)
+}
+
+// Three servers clustered through routes (b and c each route to a; NATS
+// completes the mesh): a message published on any reaches subscribers on the
+// other two, and a Replicator per server shares its bookings with the
+// others, whose views end equal entry by entry.
+func TestServersCluster(t *testing.T) {
+	a := startEmbedded(t, "a")
+	b := startEmbedded(t, "b", routeOf(a))
+	c := startEmbedded(t, "c", "nats-route://"+routeOf(a))
+	servers := []*natsbus.Server{a, b, c}
+	requirePeers(t, servers, []string{"b", "c"}, []string{"a", "c"}, []string{"a", "b"})
+	require.Equal(t, []string{routeOf(a)}, c.Routes())
+	require.True(t, strings.HasPrefix(a.ClientURL(), "nats://127.0.0.1:"), "the client listener is on loopback: %s", a.ClientURL())
+
+	ca, cb, cc := dial(t, a, "ca"), dial(t, b, "cb"), dial(t, c, "cc")
+	require.Equal(t, natsbus.DefaultMaxPayload, ca.MaxPayload())
+	require.True(t, ca.Connected())
+	reaches(t, "t.a", ca, cb, cc)
+	reaches(t, "t.c", cc, ca, cb)
+
+	var nodes []*node
+	for i, s := range servers {
+		id := fmt.Sprintf("r%d", i)
+		cl, err := s.Dial(natsbus.DialOptions{Name: id})
+		require.NoError(t, err)
+		nodes = append(nodes, newNodeOn(t, cl.Bus().Conn(), id, nil, nil))
+	}
+	rng := rand.New(rand.NewPCG(3, 3))
+	var held [3][]string
+	for i := range 60 {
+		held[i%3] = append(held[i%3], nodes[i%3].book(t, rng, 1+rng.IntN(8)))
+	}
+	requireConverged(t, clusterTimeout, nodes...)
+	for _, n := range nodes {
+		require.Equal(t, 60, activeRequests(n), "every replica carries all three replicas' bookings")
+	}
+	for i, ids := range held {
+		for _, id := range ids {
+			nodes[i].free(t, id)
+		}
+	}
+	requireConverged(t, clusterTimeout, nodes...)
+	for _, n := range nodes {
+		require.Zero(t, activeRequests(n))
+	}
+}
+
+// SetRoutes adds a route to a server running alone and removes it again:
+// the route forms on both sides, then goes on both sides and is not
+// re-established; invalid routes are refused and nothing changes.
+func TestServerSetRoutes(t *testing.T) {
+	a := startEmbedded(t, "a")
+	b := startEmbedded(t, "b")
+	servers := []*natsbus.Server{a, b}
+	requirePeers(t, servers, nil, nil)
+
+	require.NoError(t, b.SetRoutes([]string{routeOf(a), routeOf(a)}))
+	require.Equal(t, []string{routeOf(a)}, b.Routes(), "duplicates collapse")
+	requirePeers(t, servers, []string{"b"}, []string{"a"})
+	reaches(t, "t.b", dial(t, b, "cb"), dial(t, a, "ca"))
+	require.NoError(t, b.SetRoutes([]string{routeOf(a)}), "the same routes again: no reload")
+
+	for _, bad := range [][]string{{"no-port"}, {"host:0"}, {":4222"}, {"nats://" + routeOf(a)}, {"nats-route://u:p@" + routeOf(a)}} {
+		require.ErrorIs(t, b.SetRoutes(bad), natsbus.ErrInvalidServerOptions, "%q", bad)
+	}
+	require.Equal(t, []string{routeOf(a)}, b.Routes())
+
+	require.NoError(t, b.SetRoutes(nil))
+	require.Empty(t, b.Routes())
+	requirePeers(t, servers, nil, nil)
+	// A removed route is not solicited again: add a third server routed to
+	// a and b, and the mesh holds all three only once b routes again.
+	c := startEmbedded(t, "c", routeOf(a))
+	requirePeers(t, []*natsbus.Server{a, c}, []string{"c"}, []string{"a"})
+	require.NoError(t, b.SetRoutes([]string{routeOf(c)}))
+	requirePeers(t, []*natsbus.Server{a, b, c}, []string{"b", "c"}, []string{"a", "c"}, []string{"a", "b"})
+
+	b.Close()
+	require.ErrorIs(t, b.SetRoutes(nil), natsbus.ErrServerClosed)
+	_, err := b.Dial(natsbus.DialOptions{})
+	require.ErrorIs(t, err, natsbus.ErrServerClosed)
+	requirePeers(t, []*natsbus.Server{a, c}, []string{"c"}, []string{"a"})
+}
+
+func TestStartServerInvalid(t *testing.T) {
+	for _, o := range []natsbus.ServerOptions{
+		{ClusterAddr: "127.0.0.1"},
+		{ClusterAddr: "127.0.0.1:70000"},
+		{ClientAddr: "0.0.0.0:0"},
+		{ClientAddr: "10.1.2.3:4222"},
+		{MaxPayload: 100},
+		{MaxPayload: 64 << 20},
+		{ClusterName: "a.b"},
+		{Name: "two words"},
+		{Routes: []string{"x"}},
+		{StartTimeout: -time.Second},
+	} {
+		_, err := natsbus.StartServer(o)
+		require.ErrorIs(t, err, natsbus.ErrInvalidServerOptions, "%+v", o)
+	}
+	_, err := natsbus.StartServer(natsbus.ServerOptions{ClusterAddr: "bad", MaxPayload: 1})
+	require.ErrorContains(t, err, "ClusterAddr")
+	require.ErrorContains(t, err, "MaxPayload", "every problem is named")
+}
+
+// A route port in use fails StartServer at once with the listener's error
+// (the server's Fatalf), instead of ending the process.
+func TestStartServerPortInUse(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	start := time.Now()
+	_, err = natsbus.StartServer(natsbus.ServerOptions{ClusterAddr: l.Addr().String()})
+	require.Error(t, err)
+	require.Contains(t, strings.ToLower(err.Error()), "address already in use")
+	require.Less(t, time.Since(start), natsbus.DefaultStartTimeout/2, "failed fast")
+}
+
+// Dial reaches a server through its loopback client listener, as an EPP
+// reaches an external NATS cluster; bad URLs are refused.
+func TestDial(t *testing.T) {
+	s, err := natsbus.StartServer(natsbus.ServerOptions{ClusterAddr: "127.0.0.1:0", ClientAddr: "127.0.0.1:0", MaxPayload: 64 << 10})
+	require.NoError(t, err)
+	defer s.Close()
+	require.True(t, strings.HasPrefix(s.ClientURL(), "nats://127.0.0.1:"), s.ClientURL())
+	c, err := natsbus.Dial(s.ClientURL(), natsbus.DialOptions{Name: "ext"})
+	require.NoError(t, err)
+	defer c.Close()
+	require.Eventually(t, c.Connected, clusterTimeout, 5*time.Millisecond)
+	require.Equal(t, 64<<10, c.MaxPayload())
+	reaches(t, "t.ext", c, dial(t, s, "in"))
+	for _, bad := range []string{"", "localhost:4222", "http://h:1", "nats://"} {
+		_, err := natsbus.Dial(bad, natsbus.DialOptions{})
+		require.Error(t, err, "%q", bad)
+	}
+	_, err = natsbus.Dial(s.ClientURL(), natsbus.DialOptions{PingInterval: -1})
+	require.Error(t, err)
+}
