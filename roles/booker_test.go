@@ -358,7 +358,11 @@ func TestBookerOptions(t *testing.T) {
 // the opposite.
 func TestDecodeOverrideReadBackThroughLoads(t *testing.T) {
 	clk := newFakeClock()
-	rs := newRoles(t, testOptions(ModeDisaggregated, clk))
+	opts := testOptions(ModeDisaggregated, clk)
+	// Without the in-flight credit, so that the second copy of the prompt
+	// is booked as a full prefill: the figures below are the overrides' alone.
+	opts.Base.InFlightHitWeight = 0
+	rs := newRoles(t, opts)
 	_, err := rs.Reconcile([]catalog.Worker{wk("p", "prefill"), wk("d", "decode")})
 	require.NoError(t, err)
 	b := newBooker(t, rs, BookerOptions{Now: clk.Now})

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
@@ -26,6 +27,7 @@ import (
 // of Dynamo's standalone EPP (so its users can switch) and overridable by flags.
 type config struct {
 	Mode              string
+	SessionHeader     string // read before x-dynamo-session-id; "" for none
 	Topology          string // aggregated | disaggregated
 	RoleLabel         string
 	PDHintKey         []byte        // signs prefill hints; nil: unsigned
@@ -356,6 +358,36 @@ func (c *config) settings() []setting {
 					return fmt.Errorf("%q: want fcfs, lcfs or wspt", v)
 				}
 				c.Router.QueuePolicy = p
+				return nil
+			}},
+		{env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY", flag: "overlap-score-credit-decay", def: "0", help: "decay of a worker's overlap credit with its queued prefill above the least loaded one's (>= 0; 0: off, as in Dynamo)", parse: floatMin(&r.OverlapCreditDecay, 0)},
+		{env: "DYN_EPP_INFLIGHT_HIT_WEIGHT", flag: "inflight-hit-weight", def: "1", help: "credit for prompt blocks that requests booked on a worker are computing now, as a fraction of a cached block [0, 1] (0: Dynamo's cost)", parse: floatMin(&r.InFlightHitWeight, 0)},
+		{env: "DYN_EPP_SESSION_AFFINITY", flag: "session-affinity", def: "soft", help: "`soft` (a session's requests go to its worker unless it is busy or far costlier), `hard` (always, while schedulable) or `off`",
+			parse: func(c *config, v string) error {
+				m, err := selection.ParseSessionMode(v)
+				if err != nil {
+					return fmt.Errorf("%q: want soft, hard or off", v)
+				}
+				c.Router.Sessions.Mode = m
+				return nil
+			}},
+		{env: "DYN_EPP_SESSION_HEADER", flag: "session-header", def: "x-session-id", help: "request header naming the session (x-dynamo-session-id is read after it); ids over 256 bytes get 400",
+			parse: func(c *config, v string) error {
+				v = strings.ToLower(strings.TrimSpace(v))
+				if !httpguts.ValidHeaderFieldName(v) {
+					return fmt.Errorf("%q is not a header name", v)
+				}
+				c.SessionHeader = v
+				return nil
+			}},
+		{env: "DYN_EPP_MAX_SESSIONS", flag: "max-sessions", def: "65536", help: "session pins held per model (least recently used dropped first)", parse: intIn(&r.Sessions.MaxSessions, 1, 1<<24)},
+		{env: "DYN_EPP_SESSION_TTL_SECS", flag: "session-ttl-secs", def: "600", help: "a session's pin lives this long after its last request",
+			parse: func(c *config, v string) error {
+				var s int
+				if err := intIn(&s, 1, 7*86400)(c, v); err != nil {
+					return err
+				}
+				c.Router.Sessions.IdleTTL = time.Duration(s) * time.Second
 				return nil
 			}},
 		{env: "DYN_ROUTER_QUEUE_LIMIT", flag: "queue-limit", def: "1024", help: "most requests waiting per model; more get 429", parse: intIn(&r.QueueLimit, 1, 1<<20)},

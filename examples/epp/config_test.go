@@ -44,7 +44,9 @@ func TestConfigDefaults(t *testing.T) {
 	want.RouterTTL = 120 * time.Second
 	want.ActiveRequestExpiry = 300 * time.Second
 	want.Endpoints.AllowHostnames = false // Envoy's original destination needs an IP
+	want.Sessions.MaxSessions, want.Sessions.IdleTTL = selection.DefaultMaxSessions, selection.DefaultSessionIdleTTL
 	require.Equal(t, want, c.Router)
+	require.Equal(t, "x-session-id", c.SessionHeader)
 	// A real run needs the pool, the namespace and the tokenizer.
 	err = c.requireForServing()
 	require.ErrorContains(t, err, "DYN_EPP_INFERENCE_POOL_NAME")
@@ -166,4 +168,22 @@ func TestDeprecatedOverlapScoreWeight(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, c.Router.PrefillLoadScale)
 	require.Zero(t, c.Router.OverlapScoreCredit)
+}
+
+func TestConfigSessionsAndCredits(t *testing.T) {
+	c, err := load(t, map[string]string{
+		"DYN_EPP_SESSION_AFFINITY": "HARD", "DYN_EPP_SESSION_HEADER": "X-Conversation", "DYN_EPP_MAX_SESSIONS": "10",
+		"DYN_EPP_SESSION_TTL_SECS": "30", "DYN_EPP_INFLIGHT_HIT_WEIGHT": "0", "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY": "0.5",
+	})
+	require.NoError(t, err)
+	require.Equal(t, selection.SessionHard, c.Router.Sessions.Mode)
+	require.Equal(t, "x-conversation", c.SessionHeader)
+	require.Equal(t, 10, c.Router.Sessions.MaxSessions)
+	require.Equal(t, 30*time.Second, c.Router.Sessions.IdleTTL)
+	require.Zero(t, c.Router.InFlightHitWeight)
+	require.Equal(t, 0.5, c.Router.OverlapCreditDecay)
+	_, err = load(t, map[string]string{"DYN_EPP_SESSION_AFFINITY": "sticky", "DYN_EPP_SESSION_HEADER": "bad header", "DYN_EPP_INFLIGHT_HIT_WEIGHT": "2"})
+	require.ErrorContains(t, err, "DYN_EPP_SESSION_AFFINITY")
+	require.ErrorContains(t, err, "DYN_EPP_SESSION_HEADER")
+	require.ErrorContains(t, err, "InFlightHitWeight")
 }

@@ -228,6 +228,7 @@ func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure f
 	}
 	dest := e.rs.Service(mode.Destination())
 	e.router = newRouter(cfg.Model, cache, e.pairs, dest)
+	e.router.sessionHeader = cfg.SessionHeader
 	if cfg.PDHintKey != nil {
 		e.router.signer = &hintSigner{key: cfg.PDHintKey, ttl: cfg.PDHintTTL, now: time.Now}
 	}

@@ -21,6 +21,7 @@ import (
 // Priority headers (Dynamo's EPP contract).
 const (
 	headerPriority       = "x-dynamo-request-priority"        // queue jump, seconds (>= 0)
+	headerDynamoSession  = "x-dynamo-session-id"              // Dynamo's session header, read after the configured one
 	headerStrictPriority = "x-dynamo-request-strict-priority" // strict tier (integer)
 )
 
@@ -49,6 +50,10 @@ type router struct {
 	// signer signs prefill hints; nil leaves them unsigned. Set before the
 	// router serves, never after.
 	signer *hintSigner
+	// sessionHeader names the session id header read before Dynamo's
+	// (DYN_EPP_SESSION_HEADER); "" reads Dynamo's only. Set before the router
+	// serves, never after.
+	sessionHeader string
 
 	mu       sync.RWMutex
 	byAddr   map[string]string   // canonical ip:port -> worker id
@@ -122,6 +127,26 @@ func parsePriority(h map[string]string) (selection.Priority, error) {
 	return p, nil
 }
 
+// sessionID reads the request's session id: the configured header, else
+// Dynamo's; "" for none. An id over selection.MaxSessionIDLen bytes is a bad
+// request (400): the client named a session it cannot have.
+func (r *router) sessionID(h map[string]string) (string, error) {
+	for _, name := range []string{r.sessionHeader, headerDynamoSession} {
+		if name == "" {
+			continue
+		}
+		v := strings.TrimSpace(h[name])
+		if v == "" {
+			continue
+		}
+		if len(v) > selection.MaxSessionIDLen {
+			return "", fmt.Errorf("%w: header %s is %d bytes, longer than %d", selection.ErrBadRequest, name, len(v), selection.MaxSessionIDLen)
+		}
+		return v, nil
+	}
+	return "", nil
+}
+
 // Pick tokenizes and books. Body-less requests go to the least-loaded eligible
 // worker without a booking.
 func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pick, error) {
@@ -136,13 +161,17 @@ func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pic
 	if err != nil {
 		return extproc.Pick{}, err
 	}
+	session, err := r.sessionID(req.Headers)
+	if err != nil {
+		return extproc.Pick{}, err
+	}
 	tr, err := r.tok.Tokenize(ctx, tokenize.Request{Path: req.Path, Body: req.Body, Model: r.model})
 	if err != nil {
 		return extproc.Pick{}, err
 	}
 	sreq := selection.Request{
 		Model: r.model, Tokens: tr.Tokens, CacheSalt: tr.CacheSalt, Allowed: allowed, Priority: prio,
-		ExpectedOutputTokens: int(min(max(tr.MaxTokens, 0), math.MaxInt32)),
+		ExpectedOutputTokens: int(min(max(tr.MaxTokens, 0), math.MaxInt32)), SessionID: session,
 	}
 	plan, err := r.book.Book(ctx, sreq)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -256,4 +257,27 @@ func TestEPPRefusesUnroutableEndpoints(t *testing.T) {
 	require.Len(t, cfg.Router.Endpoints.Allow, 1)
 	_, err = load(t, map[string]string{"DYN_EPP_ALLOW_ADDRESSES": "169.254.0.0"})
 	require.ErrorContains(t, err, "DYN_EPP_ALLOW_ADDRESSES")
+}
+
+// The session id comes from the configured header, else Dynamo's; one over
+// 256 bytes is a bad request and books nothing.
+func TestRouterSessionHeader(t *testing.T) {
+	svc := &fakeSvc{endpoint: "10.0.0.1:8000", prefill: map[string]int{}, freed: map[string]int{}}
+	r := newTestRouter(svc, fakeTok{})
+	r.sessionHeader = "x-session-id"
+	pick := func(h map[string]string) error {
+		_, err := r.Pick(context.Background(), extproc.PickRequest{Path: "/v1/completions", Body: []byte("hi"), Headers: h})
+		return err
+	}
+	require.NoError(t, pick(map[string]string{"x-session-id": " conv-1 ", headerDynamoSession: "dyn"}))
+	require.Equal(t, "conv-1", svc.last.SessionID)
+	require.NoError(t, pick(map[string]string{headerDynamoSession: "dyn"}))
+	require.Equal(t, "dyn", svc.last.SessionID)
+	require.NoError(t, pick(nil))
+	require.Empty(t, svc.last.SessionID)
+	svc.last = selection.Request{}
+	err := pick(map[string]string{"x-session-id": strings.Repeat("s", selection.MaxSessionIDLen+1)})
+	require.ErrorIs(t, err, selection.ErrBadRequest)
+	require.Equal(t, 400, statusOf(err))
+	require.Nil(t, svc.last.Tokens, "nothing was booked")
 }
