@@ -126,13 +126,13 @@ func (a *Approx) Record(w catalog.WorkerRank, seqs []uint64) {
 	t := &a.t
 	ws := t.worker(w, true)
 	ws.ratio = 1
-	m := ws.blocks[TierDevice]
+	m := &ws.blocks[TierDevice]
 	cur := &t.root
 	for i, seq := range seqs {
 		cur = t.child(cur, seq)
 		k := approxKey{ws, seq}
-		if m[seq] == nil {
-			m[seq] = cur
+		if m.get(seq) == nil {
+			m.put(seq, cur)
 			t.mapEntries++
 			t.hold(ws, cur, TierDevice)
 		}
@@ -180,13 +180,13 @@ func (a *Approx) drop(it expiryItem) bool {
 	}
 	delete(a.exp, it.key)
 	ws := it.key.ws
-	m := ws.blocks[TierDevice]
-	if n := m[it.key.seq]; n != nil {
-		delete(m, it.key.seq)
+	m := &ws.blocks[TierDevice]
+	if n := m.get(it.key.seq); n != nil {
+		m.remove(it.key.seq)
 		a.t.mapEntries--
 		a.t.release(ws, n, TierDevice)
 	}
-	if len(m) == 0 {
+	if m.count() == 0 {
 		a.t.dropWorker(ws)
 	}
 	return true
@@ -231,7 +231,7 @@ func (a *Approx) RemoveWorker(worker string) int {
 		if w.Worker != worker {
 			continue
 		}
-		for seq := range ws.blocks[TierDevice] {
+		for seq := range ws.blocks[TierDevice].all() {
 			delete(a.exp, approxKey{ws, seq})
 		}
 		a.t.dropWorker(ws)

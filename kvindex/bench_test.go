@@ -29,7 +29,14 @@ type benchFixture struct {
 	ix      *Index
 	naive   *naiveIndex
 	queries [][]uint64
+	// seqs are the sequences the fleet holds, benchSeqPerWkr per worker rank in
+	// worker order.
+	seqs []benchSeq
 }
+
+// benchSeq names one sequence of a benchmark fleet: its system prompt group and
+// its conversation (unique in the fleet).
+type benchSeq struct{ group, conv int }
 
 var (
 	fixtureOnce sync.Once
@@ -37,7 +44,13 @@ var (
 )
 
 func seqTokens(group, conv int) []uint32 {
-	toks := make([]uint32, benchDepth*benchBS)
+	return fillSeqTokens(make([]uint32, benchDepth*benchBS), group, conv)
+}
+
+// fillSeqTokens writes the benchDepth*benchBS tokens of sequence conv of group
+// into toks and returns it: the group's system prompt, then the conversation.
+func fillSeqTokens(toks []uint32, group, conv int) []uint32 {
+	toks = toks[:benchDepth*benchBS]
 	r := rand.New(rand.NewPCG(uint64(group), 99))
 	for i := range benchShared * benchBS {
 		toks[i] = uint32(r.IntN(32000))
@@ -49,6 +62,10 @@ func seqTokens(group, conv int) []uint32 {
 	return toks
 }
 
+// benchEngineHash is the engine hash the benchmark fleets give block i of
+// sequence conv.
+func benchEngineHash(conv, i int) uint64 { return uint64(conv)<<20 | uint64(i) + 1 }
+
 func getFixture(b *testing.B) *benchFixture {
 	fixtureOnce.Do(func() {
 		ix, err := New(Options{BlockSize: benchBS})
@@ -58,17 +75,16 @@ func getFixture(b *testing.B) *benchFixture {
 		h, _ := NewHasher(benchBS, HashOptions{})
 		naive := newNaive()
 		r := rand.New(rand.NewPCG(1, 1))
-		type held struct{ group, conv int }
-		var all []held
+		var all []benchSeq
 		for w := range benchWorkers {
 			wr := catalog.WorkerRank{Worker: fmt.Sprintf("worker-%03d", w)}
 			for s := range benchSeqPerWkr {
-				hd := held{group: r.IntN(benchGroups), conv: w*benchSeqPerWkr + s}
+				hd := benchSeq{group: r.IntN(benchGroups), conv: w*benchSeqPerWkr + s}
 				all = append(all, hd)
 				toks := seqTokens(hd.group, hd.conv)
 				hashes := make([]uint64, benchDepth)
 				for i := range hashes {
-					hashes[i] = uint64(hd.conv)<<20 | uint64(i) + 1
+					hashes[i] = benchEngineHash(hd.conv, i)
 				}
 				if err := ix.Apply(wr, Event{Kind: EventStored, BlockHashes: hashes, Tokens: toks}); err != nil {
 					panic(err)
@@ -90,7 +106,7 @@ func getFixture(b *testing.B) *benchFixture {
 			}
 			qs = append(qs, h.SeqHashes(toks))
 		}
-		fixture = &benchFixture{ix: ix, naive: naive, queries: qs}
+		fixture = &benchFixture{ix: ix, naive: naive, queries: qs, seqs: all}
 	})
 	return fixture
 }
@@ -144,10 +160,17 @@ func (n *naiveIndex) findMatches(seqs []uint64) map[catalog.WorkerRank]int {
 // per query; p50-ns is the median query time.
 func BenchmarkFindMatches(b *testing.B) {
 	f := getFixture(b)
+	benchMatches(b, f.ix, f.naive, f.queries, benchWorkers)
+}
+
+// benchMatches checks that ix and naive agree on every query, then times both
+// on them, round robin: "index" and "naive" sub-benchmarks, ns/op per query,
+// p50-ns and p99-ns its distribution.
+func benchMatches(b *testing.B, ix *Index, naive *naiveIndex, queries [][]uint64, workers int) {
 	// The two must agree before their speed is compared.
-	for _, q := range f.queries {
-		got := f.ix.FindMatches(q, MatchOptions{})
-		want := f.naive.findMatches(q)
+	for _, q := range queries {
+		got := ix.FindMatches(q, MatchOptions{})
+		want := naive.findMatches(q)
 		if len(got) != len(want) {
 			b.Fatalf("index found %d worker ranks, baseline %d", len(got), len(want))
 		}
@@ -159,13 +182,13 @@ func BenchmarkFindMatches(b *testing.B) {
 	}
 	b.Run("index", func(b *testing.B) {
 		b.ReportAllocs()
-		buf := make([]Match, 0, benchWorkers)
+		buf := make([]Match, 0, workers)
 		durs := make([]time.Duration, 0, b.N)
 		i := 0
 		for b.Loop() {
-			q := f.queries[i%len(f.queries)]
+			q := queries[i%len(queries)]
 			start := time.Now()
-			buf = f.ix.AppendMatches(buf[:0], q, MatchOptions{})
+			buf = ix.AppendMatches(buf[:0], q, MatchOptions{})
 			durs = append(durs, time.Since(start))
 			i++
 		}
@@ -176,9 +199,9 @@ func BenchmarkFindMatches(b *testing.B) {
 		durs := make([]time.Duration, 0, b.N)
 		i := 0
 		for b.Loop() {
-			q := f.queries[i%len(f.queries)]
+			q := queries[i%len(queries)]
 			start := time.Now()
-			_ = f.naive.findMatches(q)
+			_ = naive.findMatches(q)
 			durs = append(durs, time.Since(start))
 			i++
 		}

@@ -35,6 +35,15 @@
 // removing a block, clearing a worker rank and removing a worker cost only the
 // blocks that worker holds, never a scan of the tree.
 //
+// Memory: a node is 48 bytes, and a worker rank's block map is an
+// open-addressing table of 16-byte slots kept between 1/2 and 3/4 full (it
+// grows by half, not by doubling), so 21 to 32 bytes per engine block. On the
+// benchmarks' shared-prefix fleet (docs/BENCHMARKS.md) that is about 62 bytes
+// per (block, worker rank) entry at 8M entries and 1,024 worker ranks, 64 at
+// 1M and 128: the nodes of the unshared conversation tails take about 37, the
+// block maps 23. A tree keeps up to 1,024 detached nodes to reuse, so a
+// worker's steady store-and-evict allocates nothing.
+//
 // FindMatches walks the request's sequence hashes from the root, narrowing the
 // candidate set at each block, and stops as soon as no candidate remains (or, on
 // request, when one remains). A worker rank's device count is the number of
@@ -71,7 +80,8 @@
 // engine hashes, prefix chains and repeated stores, the block limits, and the
 // last sequence number applied from each event source; ReadSnapshot builds an
 // equal index from it, and the joining replica replays each engine's feed from
-// the next number. The index does not know the feed's batches: for the numbers
+// the next number (LoadRanks moves a loaded index's ranks into a live one, one
+// source at a time). The index does not know the feed's batches: for the numbers
 // to match the cut, the caller reads them and calls Snapshot while no batch is
 // half applied.
 //
@@ -88,7 +98,9 @@
 //
 //   - A node exists only while some worker rank holds it or one of its
 //     descendants: a node that loses its last holder and has no children is
-//     detached at once, so memory follows the cached blocks under any churn.
+//     detached at once, so memory follows the cached blocks under any churn
+//     (up to the 1,024 detached nodes kept for reuse, and block maps, which
+//     shrink by half when less than 1/4 full).
 //   - A worker rank's engine-hash map points only at nodes where that worker rank
 //     is a member on the same tier, and every membership is justified by a mapped
 //     block (a block stored twice needs two removes).

@@ -3,6 +3,7 @@ package kvindex
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -117,6 +118,7 @@ func (ix *Index) BlockSize() int { return ix.blockSize }
 type storePlan struct {
 	locals []uint64 // local hash of every index block
 	keys   []uint64 // the index blocks' keys, for Options.OnStored
+	sorted []uint64 // scratch of checkDistinct
 	ratio  int
 }
 
@@ -176,14 +178,14 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 		ix.rejected.Add(1)
 		return fmt.Errorf("%w: %d extra digests for %d blocks", ErrInvalidEvent, len(ev.Extra), nb)
 	}
-	if err := checkDistinct(ev); err != nil {
+	plan := planPool.Get().(*storePlan)
+	defer planPool.Put(plan)
+	if err := checkDistinct(ev, plan); err != nil {
 		ix.rejected.Add(1)
 		return err
 	}
 
 	// Hash outside the lock: local hashes do not depend on the tree.
-	plan := planPool.Get().(*storePlan)
-	defer planPool.Put(plan)
 	plan.ratio = bs / ix.blockSize
 	plan.keys = plan.keys[:0]
 	// A run that starts the sequence salts its first block; a run that continues
@@ -225,7 +227,7 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 		limit = l
 	}
 	if ws != nil {
-		held = len(ws.blocks[ev.Tier])
+		held = ws.blocks[ev.Tier].count()
 	}
 	if held+nb > limit {
 		ix.rejected.Add(1)
@@ -244,7 +246,7 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 		ws = t.worker(w, true)
 	}
 	ws.ratio = plan.ratio
-	m := ws.tierMap(ev.Tier)
+	m := &ws.blocks[ev.Tier]
 	cur := parent
 	for j, hash := range ev.BlockHashes {
 		for s := range plan.ratio {
@@ -258,7 +260,8 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 				plan.keys = append(plan.keys, cur.key)
 			}
 		}
-		old, had := m[hash]
+		old := m.insert(hash, cur)
+		had := old != nil
 		if had && old == cur {
 			if ws.dups == nil {
 				ws.dups = make(map[uint64]uint32)
@@ -278,10 +281,10 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 			// many times it was stored.
 			t.releaseBlock(ws, old, ev.Tier, plan.ratio)
 			delete(ws.dups, tierKey(hash, ev.Tier))
+			m.put(hash, cur)
 		} else {
 			t.mapEntries++
 		}
-		m[hash] = cur
 	}
 	ix.applied.Add(1)
 	if ix.onStored != nil {
@@ -292,7 +295,7 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 
 // checkDistinct rejects a stored run whose block hashes repeat each other or the
 // parent: applying it would make a block its own ancestor.
-func checkDistinct(ev *Event) error {
+func checkDistinct(ev *Event, plan *storePlan) error {
 	hs := ev.BlockHashes
 	if len(hs) <= 32 {
 		for i, h := range hs {
@@ -307,15 +310,17 @@ func checkDistinct(ev *Event) error {
 		}
 		return nil
 	}
-	seen := make(map[uint64]struct{}, len(hs)+1)
+	// Longer runs: sort a copy (with the parent) and compare neighbours.
+	s := append(plan.sorted[:0], hs...)
 	if ev.HasParent {
-		seen[ev.ParentHash] = struct{}{}
+		s = append(s, ev.ParentHash)
 	}
-	for _, h := range hs {
-		if _, dup := seen[h]; dup {
-			return fmt.Errorf("%w: block %#x repeats in one stored run or is its own parent", ErrInvalidEvent, h)
+	slices.Sort(s)
+	plan.sorted = s
+	for i := 1; i < len(s); i++ {
+		if s[i] == s[i-1] {
+			return fmt.Errorf("%w: block %#x repeats in one stored run or is its own parent", ErrInvalidEvent, s[i])
 		}
-		seen[h] = struct{}{}
 	}
 	return nil
 }
@@ -326,30 +331,26 @@ func (ws *workerState) find(hash uint64, tier Tier) *node {
 	if ws == nil {
 		return nil
 	}
-	if n := ws.blocks[tier][hash]; n != nil {
+	if n := ws.blocks[tier].get(hash); n != nil {
 		return n
 	}
 	for t := range Tier(numTiers) {
 		if t == tier {
 			continue
 		}
-		if n := ws.blocks[t][hash]; n != nil {
+		if n := ws.blocks[t].get(hash); n != nil {
 			return n
 		}
 	}
 	return nil
 }
 
-func (ws *workerState) tierMap(t Tier) map[uint64]*node {
-	if ws.blocks[t] == nil {
-		ws.blocks[t] = make(map[uint64]*node)
-	}
-	return ws.blocks[t]
-}
+// tierMap returns the block map of tier t.
+func (ws *workerState) tierMap(t Tier) *blockMap { return &ws.blocks[t] }
 
 func (ws *workerState) holdsAny() bool {
-	for _, m := range ws.blocks {
-		if len(m) > 0 {
+	for i := range ws.blocks {
+		if ws.blocks[i].count() > 0 {
 			return true
 		}
 	}
@@ -370,25 +371,26 @@ func (ix *Index) remove(w catalog.WorkerRank, tier Tier, hashes []uint64) (unkno
 		ix.unknownRemoves.Add(uint64(len(hashes)))
 		return len(hashes)
 	}
-	m := ws.blocks[tier]
+	m := &ws.blocks[tier]
 	for _, hash := range hashes {
-		n := m[hash]
+		// A block stored k times needs k removes; only the last releases it.
+		if len(ws.dups) > 0 && m.get(hash) != nil {
+			k := tierKey(hash, tier)
+			if c := ws.dups[k]; c > 0 {
+				if c == 1 {
+					delete(ws.dups, k)
+				} else {
+					ws.dups[k] = c - 1
+				}
+				continue
+			}
+		}
+		n := m.remove(hash)
 		if n == nil {
 			ix.unknownRemoves.Add(1)
 			unknown++
 			continue
 		}
-		// A block stored k times needs k removes; only the last releases it.
-		k := tierKey(hash, tier)
-		if c := ws.dups[k]; c > 0 {
-			if c == 1 {
-				delete(ws.dups, k)
-			} else {
-				ws.dups[k] = c - 1
-			}
-			continue
-		}
-		delete(m, hash)
 		t.mapEntries--
 		t.releaseBlock(ws, n, tier, max(ws.ratio, 1))
 	}

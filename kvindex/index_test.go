@@ -86,6 +86,31 @@ func TestBadInputIsCountedNotFatal(t *testing.T) {
 	require.EqualValues(t, 11, st.Rejected)
 }
 
+// TestLongRunRepeats covers the repeat check of runs longer than 32 blocks,
+// which sorts instead of comparing every pair.
+func TestLongRunRepeats(t *testing.T) {
+	ix := mustIndex(t, 1)
+	w := catalog.WorkerRank{Worker: "w"}
+	run := func() Event {
+		ev := Event{Kind: EventStored, Tokens: make([]uint32, 40)}
+		for i := range 40 {
+			ev.BlockHashes = append(ev.BlockHashes, uint64(100+i))
+			ev.Tokens[i] = uint32(i)
+		}
+		return ev
+	}
+	repeated := run()
+	repeated.BlockHashes[35] = repeated.BlockHashes[3]
+	require.ErrorIs(t, ix.Apply(w, repeated), ErrInvalidEvent)
+	selfParent := run()
+	selfParent.HasParent, selfParent.ParentHash = true, selfParent.BlockHashes[33]
+	require.ErrorIs(t, ix.Apply(w, selfParent), ErrInvalidEvent)
+	require.Zero(t, ix.Stats().Entries)
+	require.NoError(t, ix.Apply(w, run()))
+	require.Equal(t, 40, ix.Stats().Entries)
+	require.EqualValues(t, 2, ix.Stats().Rejected)
+}
+
 func TestUnknownParentIsNotPlacedAtRoot(t *testing.T) {
 	ix := mustIndex(t, 2)
 	w := catalog.WorkerRank{Worker: "w"}

@@ -432,6 +432,10 @@ func checkStructure(t testing.TB, ix *Index, o *oracle) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	nodes, entries := 0, 0
+	extras := map[*node]int{} // extra entries naming each node
+	for k := range ix.t.extra {
+		extras[k.held.n]++
+	}
 	var walk func(n *node)
 	walk = func(n *node) {
 		var kids []*node
@@ -453,6 +457,9 @@ func checkStructure(t testing.TB, ix *Index, o *oracle) {
 			if c.ext != nil {
 				entries += c.ext.host.count() + c.ext.disk.count()
 				require.False(t, c.ext.idle(), "idle ext kept")
+				require.Equal(t, extras[c], c.ext.extras, "extra entries of node %#x", c.key)
+			} else {
+				require.Zero(t, extras[c], "extra entries of node %#x, which has no ext", c.key)
 			}
 			walk(c)
 		}
@@ -461,6 +468,18 @@ func checkStructure(t testing.TB, ix *Index, o *oracle) {
 	require.Equal(t, nodes, ix.t.nodes, "node count")
 	require.Equal(t, entries, ix.t.entries, "entry count")
 	require.Equal(t, len(o.workers), len(ix.t.workers), "worker ranks")
+	mapped := 0
+	for _, ws := range ix.t.workers {
+		for tier := range ws.blocks {
+			mapped += ws.blocks[tier].count()
+		}
+	}
+	require.Equal(t, ix.t.mapEntries, mapped, "block map entries")
+	require.LessOrEqual(t, len(ix.t.spare), maxSpareNodes)
+	for _, n := range ix.t.spare {
+		require.Nil(t, n.parent, "a spare node is attached")
+		require.Nil(t, n.ext, "a spare node keeps its ext")
+	}
 }
 
 func TestIndexMatchesOracle(t *testing.T) {

@@ -160,12 +160,13 @@ func (ix *Index) cutLocked() *rawCut {
 	raw.ranks = make([]rawRank, 0, len(t.workers))
 	for w, ws := range t.workers {
 		r := rawRank{w: w, ratio: ws.ratio, dups: maps.Clone(ws.dups)}
-		for tier, m := range ws.blocks {
-			if len(m) == 0 {
+		for tier := range ws.blocks {
+			m := &ws.blocks[tier]
+			if m.count() == 0 {
 				continue
 			}
-			bs := make([]rawBlock, 0, len(m))
-			for h, n := range m {
+			bs := make([]rawBlock, 0, m.count())
+			for h, n := range m.all() {
 				bs = append(bs, rawBlock{hash: h, n: n})
 			}
 			r.blocks[tier] = bs

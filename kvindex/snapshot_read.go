@@ -405,11 +405,8 @@ func (d *snapDecoder) rank(t *tree, nodes []*node, depths []uint32, hashes []uin
 		}
 		d.blocks += nb * ratio
 		held += nb
-		var m map[uint64]*node
-		if nb > 0 {
-			m = make(map[uint64]*node, nb)
-			ws.blocks[tier] = m
-		}
+		m := &ws.blocks[tier]
+		m.reserve(nb)
 		hashes = hashes[:0]
 		at := uint64(0)
 		for range nb {
@@ -425,12 +422,12 @@ func (d *snapDecoder) rank(t *tree, nodes []*node, depths []uint32, hashes []uin
 				d.corrupt("block %#x of %v covers %d index blocks, its node is at depth %d", hash, w, ratio, depths[at])
 				return hashes
 			}
-			if _, dup := m[hash]; dup {
+			if m.get(hash) != nil {
 				d.corrupt("block %#x of %v repeats on tier %v", hash, w, tier)
 				return hashes
 			}
 			n := nodes[at]
-			m[hash] = n
+			m.put(hash, n)
 			t.mapEntries++
 			for k, s := n, 0; s < ratio; s++ {
 				t.hold(ws, k, tier)

@@ -289,9 +289,9 @@ func equalIndexes(t testing.TB, a, b *Index) {
 			require.Equal(t, c, wb.dups[k], "repeated stores of %v", w)
 		}
 		for tier := range Tier(numTiers) {
-			require.Equal(t, len(wa.blocks[tier]), len(wb.blocks[tier]), "blocks of %v on %v", w, tier)
-			for h, na := range wa.blocks[tier] {
-				nb := wb.blocks[tier][h]
+			require.Equal(t, wa.blocks[tier].count(), wb.blocks[tier].count(), "blocks of %v on %v", w, tier)
+			for h, na := range wa.blocks[tier].all() {
+				nb := wb.blocks[tier].get(h)
 				require.NotNil(t, nb, "block %#x of %v on %v", h, w, tier)
 				require.Same(t, pair[na], nb, "prefix of block %#x of %v", h, w)
 			}
@@ -348,8 +348,8 @@ func checkLoaded(t testing.TB, ix *Index) {
 	}
 	checkStructure(t, ix, o)
 	for w, ws := range ix.t.workers {
-		for tier, m := range ws.blocks {
-			for h, n := range m {
+		for tier := range ws.blocks {
+			for h, n := range ws.blocks[tier].all() {
 				_, ok := holders(&ix.t, n, Tier(tier))[w]
 				require.True(t, ok, "block %#x of %v on %v points at a node it does not hold", h, w, Tier(tier))
 			}
@@ -382,8 +382,8 @@ func rankBlocks(ix *Index) map[catalog.WorkerRank][numTiers]int {
 	out := map[catalog.WorkerRank][numTiers]int{}
 	for w, ws := range ix.t.workers {
 		var n [numTiers]int
-		for tier, m := range ws.blocks {
-			n[tier] = len(m)
+		for tier := range ws.blocks {
+			n[tier] = ws.blocks[tier].count()
 		}
 		out[w] = n
 	}
@@ -417,7 +417,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 			orig.mu.RLock()
 			for _, ws := range orig.t.workers {
 				dups += len(ws.dups)
-				lower += len(ws.blocks[TierHost]) + len(ws.blocks[TierDisk])
+				lower += ws.blocks[TierHost].count() + ws.blocks[TierDisk].count()
 			}
 			remapped += len(orig.t.extra)
 			limited += len(orig.limits)

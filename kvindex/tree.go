@@ -30,17 +30,24 @@ type nodeExt struct {
 	kids       map[uint64]*node
 	devWide    *[]sword
 	host, disk slotSet
+	// extras counts the tree's extra entries of this node (memberships beyond
+	// the first of a tier and slot), so releasing a membership of a node that
+	// has none skips the lookup.
+	extras int
 }
 
 func (e *nodeExt) idle() bool {
-	return e.kids == nil && e.devWide == nil && e.host.empty() && e.disk.empty()
+	return e.kids == nil && e.devWide == nil && e.host.empty() && e.disk.empty() && e.extras == 0
 }
 
-// Sizes used by the memory estimate.
+// Sizes used by the memory estimate (extBytes is the allocation size class).
 const (
 	nodeBytes = 48
-	extBytes  = 64
+	extBytes  = 80
 )
+
+// maxSpareNodes bounds the detached nodes a tree keeps for reuse (48 KiB).
+const maxSpareNodes = 1024
 
 func (n *node) kids() map[uint64]*node {
 	if n.ext == nil {
@@ -89,8 +96,8 @@ type workerState struct {
 	slot uint32
 	// blocks maps, per tier, an engine block hash to the deepest node that block
 	// covers. A block covers ratio nodes: the mapped node and its ratio-1
-	// ancestors. The host and disk maps are created on first use.
-	blocks [numTiers]map[uint64]*node
+	// ancestors.
+	blocks [numTiers]blockMap
 	// dups counts repeated stores of the same block beyond the first, keyed by
 	// tierKey; absent means one. Almost always nil.
 	dups map[uint64]uint32
@@ -116,12 +123,19 @@ type heldKey struct {
 //   - a worker rank's blocks map points only at nodes where its slot is set on the
 //     block's tier, and each membership is counted once per mapped block covering
 //     it (the first in the slot bit, the rest in extra);
-//   - slots are dense: a removed worker rank's slot is reused by the next new one.
+//   - slots are dense: a removed worker rank's slot is reused by the next new one;
+//   - a detached node is referenced by nothing but spare (at most maxSpareNodes
+//     of them), so child may reuse it;
+//   - a node's ext.extras is the number of extra entries naming it (its ext
+//     exists while that is not zero).
 type tree struct {
 	root    node
 	workers map[catalog.WorkerRank]*workerState
 	slots   []*workerState // slot -> state, nil when free
 	free    []uint32       // free slots
+	// spare holds up to maxSpareNodes detached nodes for child to reuse, so
+	// the steady store-and-evict of a full cache allocates nothing.
+	spare []*node
 
 	// extra counts memberships beyond the first of a (node, tier, slot); almost
 	// always empty.
@@ -166,7 +180,6 @@ func (t *tree) worker(w catalog.WorkerRank, create bool) *workerState {
 		return ws
 	}
 	ws := &workerState{key: w}
-	ws.blocks[TierDevice] = make(map[uint64]*node)
 	if n := len(t.free); n > 0 {
 		ws.slot = t.free[n-1]
 		t.free = t.free[:n-1]
@@ -184,7 +197,14 @@ func (t *tree) child(parent *node, key uint64) *node {
 	if c := parent.childFor(key); c != nil {
 		return c
 	}
-	c := &node{key: key, parent: parent}
+	var c *node
+	if n := len(t.spare); n > 0 {
+		c = t.spare[n-1]
+		t.spare = t.spare[:n-1]
+		*c = node{key: key, parent: parent}
+	} else {
+		c = &node{key: key, parent: parent}
+	}
 	switch kids := parent.kids(); {
 	case kids != nil:
 		kids[key] = c
@@ -284,7 +304,12 @@ func (t *tree) storeDev(n *node, s slotSet) {
 // hold adds one membership of ws in n on tier.
 func (t *tree) hold(ws *workerState, n *node, tier Tier) {
 	if !t.addSlot(n, tier, ws.slot) {
-		t.extra[extraKey{heldKey{n, tier}, ws.slot}]++
+		k := extraKey{heldKey{n, tier}, ws.slot}
+		if t.extra[k] == 0 {
+			t.ensureExt(n)
+			n.ext.extras++
+		}
+		t.extra[k]++
 		return
 	}
 	t.entries++
@@ -296,14 +321,18 @@ func (t *tree) hold(ws *workerState, n *node, tier Tier) {
 // release removes one membership of ws in n on tier and prunes what became
 // unreferenced.
 func (t *tree) release(ws *workerState, n *node, tier Tier) {
-	k := extraKey{heldKey{n, tier}, ws.slot}
-	if c, ok := t.extra[k]; ok {
-		if c <= 1 {
-			delete(t.extra, k)
-		} else {
-			t.extra[k] = c - 1
+	if n.ext != nil && n.ext.extras > 0 {
+		k := extraKey{heldKey{n, tier}, ws.slot}
+		if c, ok := t.extra[k]; ok {
+			if c <= 1 {
+				delete(t.extra, k)
+				n.ext.extras--
+				t.freeExtIfIdle(n)
+			} else {
+				t.extra[k] = c - 1
+			}
+			return
 		}
-		return
 	}
 	if !t.removeSlot(n, tier, ws.slot) {
 		return
@@ -336,6 +365,9 @@ func (t *tree) prune(n *node) {
 		n.parent = nil
 		t.freeExtIfIdle(n)
 		t.nodes--
+		if len(t.spare) < maxSpareNodes && n.ext == nil {
+			t.spare = append(t.spare, n)
+		}
 		n = p
 	}
 }
@@ -354,10 +386,11 @@ func (t *tree) releaseBlock(ws *workerState, n *node, tier Tier, ratio int) {
 func (t *tree) dropWorker(ws *workerState) {
 	ratio := max(ws.ratio, 1)
 	for tier := range Tier(numTiers) {
-		for _, n := range ws.blocks[tier] {
+		m := &ws.blocks[tier]
+		for _, n := range m.all() {
 			t.releaseBlock(ws, n, tier, ratio)
 		}
-		t.mapEntries -= len(ws.blocks[tier])
+		t.mapEntries -= m.count()
 	}
 	delete(t.workers, ws.key)
 	t.slots[ws.slot] = nil
@@ -369,10 +402,16 @@ func (t *tree) stats(s *Stats) {
 	s.Nodes = t.nodes
 	s.Entries = t.entries
 	s.WorkerRanks = len(t.workers)
+	maps := 0
+	for _, ws := range t.workers {
+		for i := range ws.blocks {
+			maps += ws.blocks[i].bytes()
+		}
+	}
 	s.ApproxBytes = int64(t.nodes)*nodeBytes + int64(t.setBytes) + int64(t.kidMapBytes) +
-		int64(t.mapEntries)*blockMapEntryBytes + int64(len(t.workers))*256
+		int64(maps) + int64(len(t.workers))*workerStateBytes
 }
 
-// blockMapEntryBytes approximates the cost of one entry of a worker's block map
-// (8-byte key, 8-byte pointer, control byte and load-factor slack).
-const blockMapEntryBytes = 20
+// workerStateBytes approximates a worker rank's fixed cost: its state and its
+// entry in the tree's worker map.
+const workerStateBytes = 256

@@ -2,7 +2,7 @@
 // docs/BENCHMARKS.md: every figure next to its budget (the project's performance targets),
 // its in-run baseline ratio where one exists, and the machine it ran on.
 //
-//	go run ./internal/benchreport [-count 5] [-out docs/BENCHMARKS.md]
+//	go run ./internal/benchreport [-count 5] [-out docs/BENCHMARKS.md] [-jobs 0,2]
 //
 // It is what `make bench` runs. Each benchmark runs -count times on one core
 // (-cpu 1) unless its row says otherwise; the table shows the median.
@@ -39,7 +39,8 @@ type row struct {
 	// maxOfBaseline, when > 0, makes the row a cost ratio: the verdict is
 	// value/baseline <= maxOfBaseline and the ratio column shows value/baseline.
 	maxOfBaseline float64
-	// minSpeedup, when > 0, makes the verdict baseline/value >= minSpeedup.
+	// minSpeedup, when > 0, makes the verdict baseline/value >= minSpeedup
+	// (and ok, when set, must hold too).
 	minSpeedup float64
 	// asCost shows an informational ratio as value/baseline ("the cost of").
 	asCost   bool
@@ -58,6 +59,10 @@ var jobs = []job{
 	{pkg: "./tokenize", pattern: "^BenchmarkCachedTokenize$", benchtime: "20000x", cpu: "1"},
 	{pkg: "./roles", pattern: "^(BenchmarkPairBook|BenchmarkSingleSelectAndReserve)$", benchtime: "3000x", cpu: "1"},
 	{pkg: "./examples/epp/extproc", pattern: "^BenchmarkExtProcAddedLatency$", benchtime: "3000x", cpu: "2"},
+	// The scale fleet (8M entries, 1,024 worker ranks) is built once per test
+	// binary, so each of these two jobs builds it once for all its runs.
+	{pkg: "./kvindex", pattern: "^(BenchmarkScaleFindMatches|BenchmarkScaleMemory|BenchmarkScaleDecodeApply)$", benchtime: "2000x", cpu: "1"},
+	{pkg: "./kvindex", pattern: "^BenchmarkScaleRemoveWorker$", benchtime: "100x", cpu: "1"},
 }
 
 func le(limit float64) func(float64) bool { return func(v float64) bool { return v <= limit } }
@@ -75,7 +80,7 @@ var rows = []row{
 	{what: "memory per entry, worst case (no sharing)", bench: "BenchmarkIndexMemory/unshared", metric: "heap-B/entry", budget: "<= 100 B", ok: le(100), jobIndex: 1},
 	{what: "decode one BlockStored batch (16x16), array form: allocations", bench: "BenchmarkDecodeBatch/array", metric: "allocs/op", budget: "0", ok: le(0), jobIndex: 2},
 	{what: "decode one batch, map form (vLLM >= 0.26)", bench: "BenchmarkDecodeBatch/map", metric: "blocks/s", higherBtr: true, jobIndex: 2},
-	{what: "decode + apply into the real index", bench: "BenchmarkDecodeApply/index", metric: "blocks/s", budget: ">= 1M blocks/s", ok: ge(1e6), higherBtr: true, jobIndex: 2},
+	{what: "decode + apply into the real index", bench: "BenchmarkDecodeApply/index", metric: "blocks/s", budget: ">= 3M blocks/s", ok: ge(3e6), higherBtr: true, jobIndex: 2},
 	{what: "ZMQ feed end to end (1 KiB batches, loopback)", bench: "BenchmarkFeedThroughput", metric: "batches/s", budget: ">= 50k batches/s", ok: ge(50_000), higherBtr: true, jobIndex: 3},
 	{what: "SelectAndReserve + Free p50, 8 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=8", metric: "p50-ns", jobIndex: 4},
 	{what: "SelectAndReserve + Free p50, 64 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=64", metric: "p50-ns", budget: "<= 20 us", ok: le(20_000), jobIndex: 4},
@@ -93,6 +98,15 @@ var rows = []row{
 	{what: "prefill/decode pair booking (Book+Handoff+Complete) vs one SelectAndReserve", bench: "BenchmarkPairBook", metric: "ns/op", budget: "<= 2x single", baseline: "BenchmarkSingleSelectAndReserve", maxOfBaseline: 2, jobIndex: 9},
 	{what: "EPP ext_proc added latency p50 vs a no-op ext_proc server (loopback, tokenizer stubbed)", bench: "BenchmarkExtProcAddedLatency", metric: "extra-p50-us", budget: "<= 250 us", ok: le(250), jobIndex: 10},
 	{what: "EPP ext_proc added latency p99 vs a no-op ext_proc server", bench: "BenchmarkExtProcAddedLatency", metric: "extra-p99-us", budget: "<= 1000 us", ok: le(1000), jobIndex: 10},
+	{what: "FindMatches p50, 512 blocks, 1,024 workers, 8M entries", bench: "BenchmarkScaleFindMatches/index", metric: "p50-ns", budget: "<= 30 us, >= 20x naive", ok: le(30_000), baseline: "BenchmarkScaleFindMatches/naive", minSpeedup: 20, jobIndex: 11},
+	{what: "FindMatches p99, 8M entries", bench: "BenchmarkScaleFindMatches/index", metric: "p99-ns", baseline: "BenchmarkScaleFindMatches/naive", jobIndex: 11},
+	{what: "FindMatches allocations, 8M entries", bench: "BenchmarkScaleFindMatches/index", metric: "allocs/op", budget: "0", ok: le(0), jobIndex: 11},
+	{what: "memory per (block, worker) entry, shared-prefix fleet, 8M entries, 1,024 workers (vs the naive map of sets)", bench: "BenchmarkScaleMemory/index", metric: "heap-B/entry", budget: "<= 64 B", ok: le(64), baseline: "BenchmarkScaleMemory/naive", asCost: true, jobIndex: 11},
+	{what: "building that 8M-entry index through Apply (16,384 stored runs of 512 blocks, generating their tokens included)", bench: "BenchmarkScaleMemory/index", metric: "build-s", jobIndex: 11},
+	{what: "decode + apply into an index of 8M entries (vs an index holding only the chain extended)", bench: "BenchmarkScaleDecodeApply/entries=8M", metric: "blocks/s", budget: ">= 3M blocks/s", ok: ge(3e6), higherBtr: true, baseline: "BenchmarkScaleDecodeApply/entries=0", jobIndex: 11},
+	{what: "decode + apply into an index of 8M entries: allocations", bench: "BenchmarkScaleDecodeApply/entries=8M", metric: "allocs/op", budget: "0", ok: le(0), jobIndex: 11},
+	// A full scan would grow with the 8x entries; what grows is cache misses.
+	{what: "RemoveWorker p50, a rank holding 8,192 blocks, 8M entries / 1,024 workers (vs the same rank size at 1M / 128)", bench: "BenchmarkScaleRemoveWorker/entries=8M", metric: "p50-ns", budget: "<= 3x the 1M figure (8x the entries)", baseline: "BenchmarkScaleRemoveWorker/entries=1M", maxOfBaseline: 3, jobIndex: 12},
 }
 
 // results maps benchmark name (with @cpu when -cpu lists several) -> metric -> values.
@@ -181,10 +195,21 @@ func main() {
 	count := flag.Int("count", 5, "runs of each benchmark; the table shows the median")
 	out := flag.String("out", "docs/BENCHMARKS.md", "report path")
 	tracePath := flag.String("trace", "../shared/data/mooncake_synthetic_trace.jsonl", "Mooncake trace for the routing-quality replays")
+	only := flag.String("jobs", "", "comma-separated indexes of the jobs to run (default all); the others' rows read \"not run\"")
 	flag.Parse()
+	run := map[int]bool{}
+	for _, f := range strings.Split(*only, ",") {
+		if i, err := strconv.Atoi(strings.TrimSpace(f)); err == nil {
+			run[i] = true
+		}
+	}
 	res := make([]results, len(jobs))
 	var cmds []string
 	for i, j := range jobs {
+		res[i] = results{}
+		if len(run) > 0 && !run[i] {
+			continue
+		}
 		args := []string{"test", "-run", "^$", "-bench", j.pattern, "-benchmem", "-count", strconv.Itoa(*count), "-benchtime", j.benchtime, "-cpu", j.cpu, j.pkg}
 		cmds = append(cmds, "go "+strings.Join(quoteArgs(args), " "))
 		fmt.Fprintln(os.Stderr, "==", cmds[len(cmds)-1])
@@ -195,7 +220,6 @@ func main() {
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "benchreport: %s: %v\n", j.pkg, err)
 		}
-		res[i] = results{}
 		parse(o, strings.Contains(j.cpu, ","), res[i])
 	}
 	var b strings.Builder
@@ -230,7 +254,7 @@ func main() {
 			case r.minSpeedup > 0:
 				x := bv / v
 				verdict = "met"
-				if x < r.minSpeedup {
+				if x < r.minSpeedup || (r.ok != nil && !r.ok(v)) {
 					verdict = "**missed**"
 				}
 				ratio = fmt.Sprintf("%.2fx faster than `%s` (%s)", x, r.baseline, human(bv, r.metric))
@@ -321,4 +345,32 @@ stripe lists entries as they go idle and, past 2048, removes the ones still idle
 benchmark's 128 prompts recur, so its bookings mostly re-activate; the fresh-prompt ledger
 row above shows the cost when a prompt's tail is never seen again (every such block is
 inserted and later removed).
+
+**The index at fleet scale (8M entries, 1,024 worker ranks).** The scale fleet is the
+1M-entry fleet with 8x the worker ranks (each holds 16 sequences of 512 blocks: a
+128-block system prompt of one of 64 groups, then a unique conversation), built once per
+test binary through Apply; its build time is the row above. Before this change an
+entry took 77 bytes at 1M and 76 at 8M: 37 for the nodes of the unshared conversation
+tails (48-byte nodes, 0.77 per entry) and 39 for the worker ranks' Go maps from engine
+hash to node, which at 8,192 blocks per rank sit just after a split, under half full.
+The maps are now open-addressing tables of 16-byte slots that grow by half when 3/4 full
+(23 bytes per entry on this fleet); the nodes are unchanged, so FindMatches walks the
+same structure. Event application was profiled with
+` + "`go test ./kvindex -run x -bench ScaleDecodeApply -benchtime 20000x -cpu 1 -cpuprofile cpu.out`" + `:
+besides decoding (about a quarter), the costs were the engine-hash Go maps (about 20%:
+hashing, probing, deleting), allocating a node for every stored block and the garbage
+collection it causes (about 20%, more in an 8M-node heap), a lookup of the tree-wide map
+of repeated memberships on every released block (a fifth of the batch time at 8M, where
+that map is not empty), and a map built to check large runs for repeated hashes.
+Hashing the event tokens was 6-8%, so it was left as it is. Now a released node goes to
+a bounded list that the next store reuses (0 allocations per batch, 16 before), a node's
+extension counts its repeated memberships so the others skip the lookup, large runs are
+checked by sorting a pooled copy, and the decoder reads uint64 hashes inline. Test
+binaries of the old and the new code, run interleaved in the same minutes (medians of 3 to
+5 rounds): decode + apply (` + "`BenchmarkDecodeApply/index`" + `) 3.91M -> 6.50M blocks/s (1.7x);
+the scale benchmark 3.20M -> 8.11M into the small index and 2.34M -> 6.60M into the 8M one
+(2.5x, 2.8x: the old code also paid for collections of the 8M-node heap); RemoveWorker
+3.16 -> 1.70 ms at 8M and 1.38 -> 0.94 ms at 1M. FindMatches did not change: the original
+binary and the new one both gave 4.7-4.8 us at 1M, while the old code compiled with the new
+benchmark files gave 4.3 us, which is how much code placement alone moves that figure.
 `

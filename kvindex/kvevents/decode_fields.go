@@ -82,6 +82,12 @@ func (d *Decoder) readHashes(b []byte, f *eventFields) ([]byte, SkipReason) {
 	}
 	d.hashes = slices.Grow(d.hashes, int(n))
 	for i := uint32(0); i < n; i++ {
+		// Inline the form engine hashes nearly always take: uint64.
+		if len(b) >= 9 && b[0] == 0xcf {
+			d.hashes = append(d.hashes, binary.BigEndian.Uint64(b[1:]))
+			b = b[9:]
+			continue
+		}
 		var (
 			h  uint64
 			ok bool

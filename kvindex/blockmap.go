@@ -1,0 +1,200 @@
+package kvindex
+
+import (
+	"iter"
+	"math/bits"
+	"math/rand/v2"
+)
+
+// blockMap maps a worker rank's block hashes (engine hashes in an Index,
+// sequence hashes in Approx) to nodes. It is an open-addressing table with
+// linear probing, written instead of a Go map for its memory: a slot is 16
+// bytes (the hash and the node), and the table grows by half, not by doubling,
+// whenever it would be more than 3/4 full (shrinking by half below 1/4, down
+// to minSlots), so between about 21 and 32 bytes hold each entry of a large
+// map. A Go map takes 17 bytes a slot and is between 7/16 and 7/8 full: at
+// 8,192 entries, what a worker rank of the benchmark fleets holds, it takes 39
+// bytes an entry where this table takes 23. The zero value is an empty map.
+//
+// Slots are placed by a keyed mix of the hash (seed, random per table), so an
+// engine that chooses its hashes cannot make them collide. Deletion shifts the
+// following entries back instead of leaving tombstones, so probe sequences
+// never outgrow what the live entries need.
+type blockMap struct {
+	slots []blockSlot
+	n     int
+	seed  uint64
+}
+
+// blockSlot is one slot; n == nil marks it empty (a mapped node is never nil).
+type blockSlot struct {
+	key uint64
+	n   *node
+}
+
+// blockSlotBytes is the size of a slot, for the memory estimate.
+const blockSlotBytes = 16
+
+// minSlots is the size below which a table does not shrink, so a worker rank
+// that stores and removes a few blocks at a time does not resize every time.
+const minSlots = 32
+
+// home returns the slot where key's probe sequence starts.
+func (m *blockMap) home(key uint64) int {
+	x := key ^ m.seed
+	x ^= x >> 31
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	hi, _ := bits.Mul64(x, uint64(len(m.slots)))
+	return int(hi)
+}
+
+// count returns the number of entries.
+func (m *blockMap) count() int { return m.n }
+
+// get returns the node of key, or nil.
+func (m *blockMap) get(key uint64) *node {
+	if m.n == 0 {
+		return nil
+	}
+	for i := m.home(key); ; {
+		s := &m.slots[i]
+		if s.n == nil {
+			return nil
+		}
+		if s.key == key {
+			return s.n
+		}
+		if i++; i == len(m.slots) {
+			i = 0
+		}
+	}
+}
+
+// put maps key to n (not nil), replacing any node key had.
+func (m *blockMap) put(key uint64, n *node) {
+	if s, found := m.slot(key, n); found {
+		s.n = n
+	}
+}
+
+// insert maps key to n (not nil) unless key is mapped already, and returns
+// the node key had before: nil when it added key.
+func (m *blockMap) insert(key uint64, n *node) *node {
+	if s, found := m.slot(key, n); found {
+		return s.n
+	}
+	return nil
+}
+
+// slot returns key's slot and whether key was present, adding key with node n
+// when it was absent.
+func (m *blockMap) slot(key uint64, n *node) (*blockSlot, bool) {
+	if (m.n+1)*4 > len(m.slots)*3 {
+		m.resize(max(8, len(m.slots)+len(m.slots)/2))
+	}
+	for i := m.home(key); ; {
+		s := &m.slots[i]
+		if s.n == nil {
+			*s = blockSlot{key: key, n: n}
+			m.n++
+			return s, false
+		}
+		if s.key == key {
+			return s, true
+		}
+		if i++; i == len(m.slots) {
+			i = 0
+		}
+	}
+}
+
+// remove deletes key and returns its node, or nil when key was absent.
+func (m *blockMap) remove(key uint64) *node {
+	if m.n == 0 {
+		return nil
+	}
+	i := m.home(key)
+	for {
+		s := &m.slots[i]
+		if s.n == nil {
+			return nil
+		}
+		if s.key == key {
+			break
+		}
+		if i++; i == len(m.slots) {
+			i = 0
+		}
+	}
+	removed := m.slots[i].n
+	// Shift back every following entry of the run that may live at i: one
+	// whose probe sequence starts at or before i (cyclically).
+	size := len(m.slots)
+	for j := i; ; {
+		if j++; j == size {
+			j = 0
+		}
+		s := m.slots[j]
+		if s.n == nil {
+			break
+		}
+		h := m.home(s.key)
+		if (j-h+size)%size >= (j-i+size)%size {
+			m.slots[i] = s
+			i = j
+		}
+	}
+	m.slots[i] = blockSlot{}
+	m.n--
+	if m.n*4 < len(m.slots) && len(m.slots) > minSlots {
+		m.resize(len(m.slots) / 2)
+	}
+	return removed
+}
+
+// reserve makes room for n entries in all without a resize.
+func (m *blockMap) reserve(n int) {
+	if size := n*4/3 + 1; n > 0 && size > len(m.slots) {
+		m.resize(max(8, size))
+	}
+}
+
+// resize moves the entries into a table of size slots.
+func (m *blockMap) resize(size int) {
+	old := m.slots
+	m.slots = make([]blockSlot, size)
+	if m.seed == 0 {
+		m.seed = rand.Uint64() | 1
+	}
+	for _, s := range old {
+		if s.n == nil {
+			continue
+		}
+		for i := m.home(s.key); ; {
+			if m.slots[i].n == nil {
+				m.slots[i] = s
+				break
+			}
+			if i++; i == size {
+				i = 0
+			}
+		}
+	}
+}
+
+// all yields every entry, in no particular order. The map must not change
+// during the iteration.
+func (m *blockMap) all() iter.Seq2[uint64, *node] {
+	return func(yield func(uint64, *node) bool) {
+		for _, s := range m.slots {
+			if s.n != nil && !yield(s.key, s.n) {
+				return
+			}
+		}
+	}
+}
+
+// bytes is the heap memory of the table.
+func (m *blockMap) bytes() int { return cap(m.slots) * blockSlotBytes }

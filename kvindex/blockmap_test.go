@@ -1,0 +1,93 @@
+package kvindex
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestBlockMapModel runs random puts and deletes against a blockMap and a Go
+// map, over key ranges small enough to revisit keys, and requires the same
+// contents throughout, the load between its bounds, and every entry reachable
+// from its home slot without crossing an empty one (what deletion must keep).
+func TestBlockMapModel(t *testing.T) {
+	nodes := make([]node, 64)
+	for _, keys := range []uint64{4, 50, 3000} {
+		r := rand.New(rand.NewPCG(keys, 7))
+		var m blockMap
+		model := map[uint64]*node{}
+		for step := range 40000 {
+			k := r.Uint64N(keys) * 0x10000 // structured keys, as engines send
+			switch op := r.IntN(10); {
+			case op < 5 || step < 2000:
+				n := &nodes[r.IntN(len(nodes))]
+				m.put(k, n)
+				model[k] = n
+			default:
+				require.Same(t, model[k], m.remove(k), "remove %#x", k)
+				delete(model, k)
+			}
+			if step%97 == 0 {
+				requireBlockMap(t, &m, model)
+			}
+		}
+		requireBlockMap(t, &m, model)
+		for k, n := range model {
+			require.Same(t, n, m.remove(k))
+		}
+		require.Zero(t, m.count())
+		require.LessOrEqual(t, len(m.slots), minSlots, "an emptied map shrinks")
+		require.Nil(t, m.get(0))
+	}
+}
+
+func requireBlockMap(t *testing.T, m *blockMap, model map[uint64]*node) {
+	t.Helper()
+	require.Equal(t, len(model), m.count())
+	for k, n := range model {
+		require.Same(t, n, m.get(k), "get %#x", k)
+	}
+	seen := 0
+	for k, n := range m.all() {
+		require.Same(t, model[k], n, "all yields %#x", k)
+		seen++
+	}
+	require.Equal(t, len(model), seen)
+	if len(m.slots) > minSlots {
+		require.LessOrEqual(t, m.count()*4, len(m.slots)*3, "load above 3/4")
+		require.GreaterOrEqual(t, m.count()*4, len(m.slots), "load below 1/4")
+	}
+	for i, s := range m.slots {
+		if s.n == nil {
+			continue
+		}
+		for j := m.home(s.key); j != i; j = (j + 1) % len(m.slots) {
+			require.NotNil(t, m.slots[j].n, "slot %d of %#x is cut off from its home", i, s.key)
+		}
+	}
+}
+
+func TestBlockMapZeroAndReserve(t *testing.T) {
+	var m blockMap
+	require.Nil(t, m.get(1))
+	require.Nil(t, m.remove(1))
+	require.Zero(t, m.bytes())
+	m.reserve(0)
+	require.Zero(t, m.bytes(), "reserving nothing allocates nothing")
+	m.reserve(100)
+	size := len(m.slots)
+	n := &node{}
+	for k := range uint64(100) {
+		m.put(k, n)
+	}
+	require.Equal(t, size, len(m.slots), "reserve(100) holds 100 entries without a resize")
+	m.put(7, &node{key: 7})
+	require.Equal(t, uint64(7), m.get(7).key, "put replaces")
+	require.Equal(t, uint64(7), m.insert(7, n).key, "insert keeps")
+	require.Equal(t, uint64(7), m.get(7).key)
+	require.Nil(t, m.insert(100, n), "insert adds")
+	require.Same(t, n, m.get(100))
+	require.Same(t, n, m.insert(100, n), "insert of a present key returns its node, even the same one")
+	require.Equal(t, 101, m.count())
+}
