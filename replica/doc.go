@@ -117,6 +117,32 @@
 // holds its readiness until then, so that a gateway does not send it
 // requests while it sees none of its peers' load.
 //
+// # Warm start
+//
+// A replica with KV events (without, there is nothing to warm) also warms
+// its index before it is Synced: in Start it listens for one
+// HeartbeatInterval, then asks the peers it heard, in random order, for
+// their index on <Subject>.index.<ID>. Only a replica
+// that is itself Synced answers (the others say so at once, so replicas that
+// all start together all start cold, waiting on nobody). The peer takes one
+// cut of its service (selection.SelectionService.WriteIndexSnapshot: every
+// model's index and each event source's last applied batch), encodes it
+// once per transfer (at most 2 at once, each at most MaxIndexBytes; dropped
+// after 4 x SnapshotTimeout + HeartbeatInterval without a request) and serves
+// it by offset in chunks of at most MaxMessageBytes:
+//
+//	<Subject>.index.<ID>     index request  requester | flags (release) | transfer u64 (0: new) | offset uv
+//	                         index chunk    status | origin | transfer u64 | total uv | total CRC-32C |
+//	                                        offset uv | data | data CRC-32C
+//
+// The joiner refuses and counts a chunk whose checksum, offset or transfer
+// does not match (asked again 3 times, then the next peer), checks the whole
+// transfer's checksum, and loads it (LoadIndexSnapshot): each source it also
+// follows gets the peer's entries and resumes its feed from the recorded
+// batch, replaying the engine from there. Synced waits for that, or for
+// WarmTimeout, past which the replica starts cold with a WARN. Stats.Warm
+// counts all of it.
+//
 // # Refusals and bounds
 //
 // Peers' ops that cannot be applied are counted by reason (Stats.Refused),
@@ -138,12 +164,14 @@
 // and both queue an op in a reused buffer, so neither allocates in the steady
 // state. An entry freed before its op is published is reused only after the
 // flush that publishes it. A snapshot page is encoded under the same lock
-// (at most MaxMessageBytes). Start begins three goroutines, all stopped and
+// (at most MaxMessageBytes). Start begins four goroutines, all stopped and
 // waited for by Close:
 //
 //	publisher         batches (BatchInterval, BatchMax), heartbeats, the final flush
 //	watchdog          every HeartbeatInterval: silent peers, snapshot retries, expired leases
 //	snapshot taker    one snapshot at a time, each request bounded by SnapshotTimeout
+//	warm start        the warm start (bounded by WarmTimeout), then every
+//	                  HeartbeatInterval: expires idle served index transfers
 //
 // Bus callbacks (batches, snapshot requests, connection changes) run on the
 // Bus's goroutines; they are admitted only until Close begins, and Close

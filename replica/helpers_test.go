@@ -13,11 +13,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/selection"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction(fakeengine.LeakyZMQFunction))
+}
 
 // node is one replica under test: its service and its Replicator.
 type node struct {

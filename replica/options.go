@@ -96,6 +96,16 @@ type Options struct {
 	// snapshots, overflow, degraded). Default: discard. Nothing is logged per
 	// booking.
 	Logger *slog.Logger
+	// WarmTimeout bounds the warm start (see the package doc, Warm start):
+	// listening for peers, taking a serving peer's index and replaying the
+	// engines from it; past it the replica starts cold, with a WARN. Default
+	// DefaultWarmTimeout (30 s) or 4 x HeartbeatInterval, the longer;
+	// longer than HeartbeatInterval.
+	WarmTimeout time.Duration
+	// MaxIndexBytes bounds an index snapshot this replica serves (one
+	// encoding per transfer, at most 2 at once) or takes. Default
+	// DefaultMaxIndexBytes (1 GiB); at least MinMessageBytes.
+	MaxIndexBytes int64
 	// Now is the clock of lease deadlines and peer silence. It must be safe
 	// for concurrent use; give it the service's clock
 	// (SelectionServiceBuilder.Clock) so that the bookings a snapshot sends are
@@ -200,6 +210,7 @@ func (o Options) withDefaults() (Options, error) {
 	case o.MaxMessageBytes < MinMessageBytes || o.MaxMessageBytes > MessageBytesLimit:
 		bad("MaxMessageBytes is %d, want %d to %d", o.MaxMessageBytes, MinMessageBytes, MessageBytesLimit)
 	}
+	o.warmDefaults(bad)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -23,7 +23,7 @@ func (r *Replicator) Synced() bool {
 	r.startMu.Lock()
 	started, at := r.started, r.startedAt
 	r.startMu.Unlock()
-	if !started || r.closed.Load() {
+	if !started || r.closed.Load() || !r.warmDone() {
 		return false
 	}
 	since := time.Since(at)

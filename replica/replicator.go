@@ -106,6 +106,8 @@ type Replicator struct {
 
 	st  counters
 	lim limiter
+
+	warm warmState // the warm start (warm.go)
 }
 
 var _ selection.BookingObserver = (*Replicator)(nil)
@@ -241,6 +243,11 @@ func (r *Replicator) Start(svc *selection.SelectionService) error {
 		return undo(err)
 	}
 	stops = append(stops, stopResp)
+	stopIndex, err := r.o.Bus.Respond(r.indexSubject(r.o.ID), r.serveIndex)
+	if err != nil {
+		return undo(err)
+	}
+	stops = append(stops, stopIndex)
 	if cw, ok := r.o.Bus.(ConnWatcher); ok {
 		stopWatch, err := cw.WatchConn(r.connChanged)
 		if err != nil {
@@ -253,6 +260,8 @@ func (r *Replicator) Start(svc *selection.SelectionService) error {
 	go r.publishLoop()
 	go r.watchLoop()
 	go r.syncLoop()
+	r.wg.Add(1)
+	go r.warmLoop()
 	r.log.Info("replica started", "epoch", r.epoch, "subject", r.o.Subject)
 	return nil
 }

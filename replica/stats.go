@@ -70,6 +70,9 @@ type Stats struct {
 	// followed, the live local bookings shared, and the peers' bookings held
 	// in the service.
 	Peers, LocalBookings, RemoteBookings int
+
+	// Warm is the warm start's state and counters.
+	Warm WarmStats
 }
 
 type reason uint8
@@ -114,7 +117,7 @@ func (r *Replicator) Stats() Stats {
 		SnapshotsServed: c.snapshotsServed.Load(), PagesServed: c.pagesServed.Load(),
 		SnapshotsTaken: c.snapshotsTaken.Load(), SnapshotFailures: c.snapshotFailures.Load(),
 		DroppedPeers: c.droppedPeers.Load(), Duplicates: c.duplicates.Load(), IDClashes: c.idClashes.Load(),
-		Refused: map[string]uint64{},
+		Refused: map[string]uint64{}, Warm: r.warmStats(),
 	}
 	for i := range c.refused {
 		if n := c.refused[i].Load(); n > 0 {

@@ -55,6 +55,7 @@ type SelectionService struct {
 
 	feed    *kvevents.Feed // nil without KV events
 	handler *kvevents.IndexHandler
+	gate    *cutGate // between feed and handler, for index snapshots (warm.go)
 	bound   net.Addr // the bind listener's address, when BindEvents was used
 	// byHost maps a worker endpoint's host, and its host:port, to the workers
 	// there, for attributing topics of engines that dial in (bindpeers.go).
@@ -124,8 +125,9 @@ func newService(o *SelectionServiceBuilder) (*SelectionService, error) {
 		if err != nil {
 			return nil, fmt.Errorf("selection: event handler: %w", err)
 		}
+		s.gate = newCutGate(s.handler)
 		s.feed, err = kvevents.NewFeed(kvevents.FeedOptions{
-			Handler: s.handler, QueueLen: fo.QueueLen,
+			Handler: s.gate, QueueLen: fo.QueueLen,
 			ReconnectMin: fo.ReconnectMin, ReconnectMax: fo.ReconnectMax, Logger: logger,
 		})
 		if err != nil {

@@ -147,8 +147,8 @@
 // every socket is closed. Per source, one goroutine reads the socket into a bounded
 // queue and one goroutine calls the Handler, so calls for one source never overlap
 // and arrive in sequence order, while different sources run in parallel.
-// AddSource, RemoveSource, Bind and Stats are safe from any goroutine, before and
-// during Run (not from inside a Handler call). RemoveSource returns once the
+// AddSource, RemoveSource, ResumeSource, Bind and Stats are safe from any
+// goroutine, before and during Run (not from inside a Handler call). RemoveSource returns once the
 // source's goroutines have exited; it leaves the index untouched (the owner
 // clears it, for instance with Handler.ResetSource). Stats reads atomics only. A Handler must not keep a payload after
 // its call returns.
@@ -189,4 +189,17 @@
 // batch, degraded. A reset clears the degraded flag. ResetSource is called only for
 // a restart, a confirmed jump, an overflow and an endpoint change (AddSource with
 // a new config).
+//
+// ResumeSource makes a source go on after a given seq, as if it had applied
+// everything up to it: typically a joining router that loaded a peer's index
+// snapshot. On the source's apply goroutine the caller's install function
+// replaces what the Handler holds of the source (instead of ResetSource), the
+// seq becomes the watermark, and a replay from that seq (inclusive, to check
+// the stream is the one recorded) applies what came after, before any further
+// live batch; batches the source applied live before are applied again onto
+// the installed state. A replay that starts beyond seq+1 counts the rest as
+// lost (degraded); one that returns nothing from seq on means the engine
+// restarted since: the source resets and replays from 0 (ResumesRefused).
+// Without a replay endpoint the live stream decides, as on any gap. A resume
+// set before Run takes the place of the source's first replay.
 package kvevents

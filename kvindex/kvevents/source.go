@@ -66,6 +66,12 @@ type source struct {
 	resyncPending atomic.Bool        // a resync marker is queued and not yet handled
 	cancel        context.CancelFunc // nil until started
 	wg            sync.WaitGroup     // this source's goroutines
+
+	// resume is the pending ResumeSource call (source_start.go), guarded by
+	// resumeMu; resumeKick wakes the apply goroutine for it.
+	resumeMu   sync.Mutex
+	resume     *resumeReq
+	resumeKick chan struct{}
 }
 
 func newSource(f *Feed, cfg SourceConfig, bound bool) *source {
@@ -75,6 +81,8 @@ func newSource(f *Feed, cfg SourceConfig, bound bool) *source {
 		cfg:   cfg,
 		bound: bound,
 		queue: make(chan item, f.opts.QueueLen),
+
+		resumeKick: make(chan struct{}, 1),
 	}
 }
 
@@ -119,6 +127,7 @@ func (s *source) stop() {
 	}
 	s.wg.Wait()
 	s.st.connected.Store(false)
+	s.dropResume()
 }
 
 // push hands one item to the apply goroutine. When the queue is full it waits up to
@@ -184,13 +193,16 @@ func (s *source) applyLoop(ctx context.Context, seq *sequencer) {
 	// queue meanwhile and those the replay covered are dropped as stale. An
 	// engine with nothing buffered (or not up yet) ends or fails the replay at
 	// once; either way the first live batch then drives the source as usual.
-	if seq.replay != nil {
+	// A resume (ResumeSource before Run) takes the place of that replay.
+	if !s.runResume(ctx, seq) && seq.replay != nil {
 		seq.replayFrom(ctx, 0, 0)
 	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-s.resumeKick:
+			s.runResume(ctx, seq)
 		case it := <-s.queue:
 			if it.kind == itemResync {
 				s.resyncPending.Store(false)

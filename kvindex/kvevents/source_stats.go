@@ -57,6 +57,10 @@ type SourceStats struct {
 	Overflows, Dropped uint64
 	// Reconnects counts successful SUB connections after the first (dial sources).
 	Reconnects uint64
+	// Resumes counts Feed.ResumeSource calls run; ResumesRefused those whose
+	// engine held nothing from the resumed seq on (each followed by a
+	// ResetSource).
+	Resumes, ResumesRefused uint64
 
 	// LastSeq is the last live seq received; meaningful when Received > 0.
 	LastSeq uint64
@@ -73,6 +77,7 @@ type counters struct {
 	gaps, lost, replaysOK, replaysFailed     atomic.Uint64
 	restarts, overflows, dropped, reconnects atomic.Uint64
 	suspect, jumps                           atomic.Uint64
+	resumes, resumesRefused                  atomic.Uint64
 	lastSeq, watermark                       atomic.Uint64
 	connected, degraded                      atomic.Bool
 }
@@ -94,6 +99,8 @@ func (c *counters) snapshot(s *SourceStats) {
 	s.Overflows = c.overflows.Load()
 	s.Dropped = c.dropped.Load()
 	s.Reconnects = c.reconnects.Load()
+	s.Resumes = c.resumes.Load()
+	s.ResumesRefused = c.resumesRefused.Load()
 	s.LastSeq = c.lastSeq.Load()
 	s.Watermark = c.watermark.Load()
 }

@@ -1,0 +1,166 @@
+package replica
+
+import (
+	"encoding/binary"
+	"hash/crc32"
+	"math"
+)
+
+// The index transfer's messages, on <Subject>.index.<ID>, in the envelope of
+// every replica message (magic, WireVersion, type):
+//
+//	index request  type 0x10: requester str | flags u8 (bit 0 release) |
+//	               transfer u64 (0: start one) | offset uv
+//	index chunk    type 0x11: status u8 | origin str | transfer u64 |
+//	               total uv | total CRC-32C u32 | offset uv |
+//	               data: length uv, bytes | data CRC-32C u32
+//
+// A transfer is one encoding of the serving replica's index snapshot
+// (selection.SelectionService.WriteIndexSnapshot), total bytes long, served
+// in chunks by offset; every chunk carries the transfer's length and
+// checksum and its own data's checksum, so a torn or damaged chunk, or a
+// transfer that changed under the reader, is detected. A chunk with a status
+// other than indexOK carries no data. The types are far from the booking
+// stream's so that both can grow.
+const (
+	msgIndexRequest = 0x10
+	msgIndexChunk   = 0x11
+
+	flagRelease = 1 << 0 // request: the transfer is done, drop it
+
+	// indexChunkReserve is what a chunk needs besides its data.
+	indexChunkReserve = 128
+)
+
+// Index chunk statuses.
+const (
+	indexOK         = 0 // data follows
+	indexNotServing = 1 // the replica is not serving (not synced yet): ask another
+	indexBusy       = 2 // too many transfers at once: ask again later, or another
+	indexUnknown    = 3 // no such transfer (expired, released): start again
+	indexTooLarge   = 4 // the snapshot exceeds MaxIndexBytes
+	indexFailed     = 5 // the snapshot could not be written
+	indexReleased   = 6 // the answer to a release
+	numIndexStatus  = 7
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// indexRequest is a decoded index request.
+type indexRequest struct {
+	requester string
+	release   bool
+	transfer  uint64
+	offset    uint64
+}
+
+// indexChunk is a decoded index chunk; data aliases the message.
+type indexChunk struct {
+	status   byte
+	origin   string
+	transfer uint64
+	total    uint64
+	crc      uint32
+	offset   uint64
+	data     []byte
+}
+
+func appendIndexRequest(dst []byte, q indexRequest) []byte {
+	dst = appendHeader(dst, msgIndexRequest)
+	dst = appendStr(dst, q.requester)
+	var flags byte
+	if q.release {
+		flags |= flagRelease
+	}
+	dst = append(dst, flags)
+	dst = binary.LittleEndian.AppendUint64(dst, q.transfer)
+	return binary.AppendUvarint(dst, q.offset)
+}
+
+func appendIndexChunk(dst []byte, c *indexChunk) []byte {
+	dst = appendHeader(dst, msgIndexChunk)
+	dst = append(dst, c.status)
+	dst = appendStr(dst, c.origin)
+	dst = binary.LittleEndian.AppendUint64(dst, c.transfer)
+	dst = binary.AppendUvarint(dst, c.total)
+	dst = binary.LittleEndian.AppendUint32(dst, c.crc)
+	dst = binary.AppendUvarint(dst, c.offset)
+	dst = binary.AppendUvarint(dst, uint64(len(c.data)))
+	dst = append(dst, c.data...)
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(c.data, castagnoli))
+}
+
+func decodeIndexRequest(data []byte, maxBytes int) (indexRequest, error) {
+	typ, body, err := header(data, maxBytes)
+	if err != nil {
+		return indexRequest{}, err
+	}
+	if typ != msgIndexRequest {
+		return indexRequest{}, errType
+	}
+	r := reader{b: body}
+	q := indexRequest{requester: r.replicaID()}
+	flags := r.u8()
+	q.release = flags&flagRelease != 0
+	q.transfer = r.u64()
+	q.offset = r.uv(math.MaxInt64)
+	if r.err == nil && flags&^flagRelease != 0 {
+		r.fail(errField)
+	}
+	return q, r.end()
+}
+
+// decodeIndexChunk decodes a chunk and checks its own consistency: a known
+// status, data only with indexOK and within total, and the data's checksum.
+func decodeIndexChunk(data []byte, maxBytes int) (indexChunk, error) {
+	typ, body, err := header(data, maxBytes)
+	if err != nil {
+		return indexChunk{}, err
+	}
+	if typ != msgIndexChunk {
+		return indexChunk{}, errType
+	}
+	r := reader{b: body}
+	var c indexChunk
+	c.status = r.u8()
+	c.origin = r.replicaID()
+	c.transfer = r.u64()
+	c.total = r.uv(math.MaxInt64)
+	if len(r.b) >= 4 && r.err == nil {
+		c.crc = binary.LittleEndian.Uint32(r.b)
+		r.b = r.b[4:]
+	} else {
+		r.fail(errTruncated)
+	}
+	c.offset = r.uv(math.MaxInt64)
+	n := r.uv(math.MaxInt64)
+	switch {
+	case r.err != nil:
+	case uint64(len(r.b)) < n:
+		r.fail(errTruncated)
+	default:
+		c.data = r.b[:n:n]
+		r.b = r.b[n:]
+	}
+	var sum uint32
+	if len(r.b) >= 4 && r.err == nil {
+		sum = binary.LittleEndian.Uint32(r.b)
+		r.b = r.b[4:]
+	} else {
+		r.fail(errTruncated)
+	}
+	if err := r.end(); err != nil {
+		return indexChunk{}, err
+	}
+	switch {
+	case c.status >= numIndexStatus:
+		return indexChunk{}, errField
+	case c.status != indexOK && len(c.data) > 0:
+		return indexChunk{}, errField
+	case c.offset > c.total || uint64(len(c.data)) > c.total-c.offset:
+		return indexChunk{}, errField
+	case crc32.Checksum(c.data, castagnoli) != sum:
+		return indexChunk{}, errChecksum
+	}
+	return c, nil
+}
