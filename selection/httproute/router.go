@@ -98,7 +98,7 @@ type Options struct {
 	// of them one more active block on the worker (Booking.Generated). Off by
 	// default: on the replay simulator's long-output workloads it moved
 	// requests away from their cached prefixes and cost hit rate and TTFT
-	// p90 (docs/BENCHMARKS.md, "Output growth").
+	// p90 (docs/ROUTING.md).
 	OutputGrowth bool
 	// Logger receives upstream failures (WARN) and rejections and cancels
 	// (DEBUG). Default: none.
