@@ -3,8 +3,9 @@ GO ?= go
 PKGS ?= ./... ./examples/... ./replica/natsbus/...
 FUZZTIME ?= 10s
 BENCHCOUNT ?= 6
+SOAKTIME ?= 1m
 
-.PHONY: test race lint fuzz-smoke bench ci e2e-kube
+.PHONY: test race lint fuzz-smoke bench soak ci e2e-kube
 
 test: ## unit tests, the README's test command
 	$(GO) test $(PKGS)
@@ -21,6 +22,9 @@ fuzz-smoke: ## run every fuzz target briefly
 
 bench: ## run the benchmarks and regenerate docs/BENCHMARKS.md
 	$(GO) run ./internal/benchreport -count $(BENCHCOUNT)
+
+soak: ## churn soak of the KV index (workers leaving and joining, events flowing): its heap must stay flat
+	$(GO) test -tags soak -run TestChurnSoak -v ./kvindex/ -args -soak $(SOAKTIME)
 
 e2e-kube: ## end-to-end tests against a real kube-apiserver and etcd (docs/E2E.md)
 	./scripts/kube-e2e.sh
