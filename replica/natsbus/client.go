@@ -119,7 +119,7 @@ func (s *Server) Dial(o DialOptions) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	nc, err := nats.Connect("", append(opts, nats.InProcessServer(s.ns))...)
+	nc, err := nats.Connect("", append(opts, nats.InProcessServer(s.ns), nats.Token(s.token))...)
 	if err != nil {
 		return nil, fmt.Errorf("natsbus: in-process connect: %w", err)
 	}

@@ -31,8 +31,14 @@
 // ones torn down, the listener stays; see
 // https://docs.nats.io/reference/config/cluster/routes). NATS completes the
 // mesh by itself: a server routed to one member of a cluster learns the
-// others from it. The server's client listener is on loopback only;
-// Server.Dial connects in process, without a socket:
+// others from it. The server's client listener is on loopback only and asks
+// every client for a random token of the server's (Server.ClientURL carries
+// it), so no other process on the host can publish into the cluster;
+// Server.Dial connects in process, without a socket. With
+// ServerOptions.RouteSecret every route must present the shared secret, and
+// a route without it is refused (logged by both servers); without one, any
+// host that reaches the route port may join, so keep it behind a network
+// policy:
 //
 //	srv, err := natsbus.StartServer(natsbus.ServerOptions{Name: "epp-0", ClusterAddr: podIP + ":9092", Routes: peers})
 //	cl, err := srv.Dial(natsbus.DialOptions{Name: "epp-0"})

@@ -1,6 +1,8 @@
 package natsbus
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -33,6 +35,11 @@ const (
 	MaxMaxPayload = 8 << 20
 	// MaxRoutes bounds the routes of one server.
 	MaxRoutes = 1024
+	// MinRouteSecret is the shortest ServerOptions.RouteSecret accepted.
+	MinRouteSecret = 16
+	// routeUser is the user name routes authenticate as (RouteSecret is its
+	// password).
+	routeUser = "kvselect-route"
 	// DefaultStartTimeout bounds StartServer's wait for the listeners.
 	DefaultStartTimeout = 10 * time.Second
 )
@@ -75,6 +82,14 @@ type ServerOptions struct {
 	// StartTimeout bounds StartServer's wait for the listeners. Default
 	// DefaultStartTimeout.
 	StartTimeout time.Duration
+	// RouteSecret, when set, is the shared secret every route must present:
+	// the server refuses a route without it, and its own routes present it.
+	// Give every replica the same one (the EPP's
+	// DYN_EPP_REPLICA_SYNC_SECRET, from a Kubernetes Secret). At least
+	// MinRouteSecret bytes, printable ASCII without spaces. Default none:
+	// any host that reaches the route port may join the cluster, so keep it
+	// behind a NetworkPolicy.
+	RouteSecret string
 	// Logger receives the server's log (notices at INFO, warnings, errors;
 	// debug and trace are off). Default: discard.
 	Logger *slog.Logger
@@ -90,6 +105,9 @@ type ServerOptions struct {
 type Server struct {
 	ns  *server.Server
 	log *serverLog
+
+	secret string // RouteSecret
+	token  string // the client listeners' token, random per server
 
 	mu     sync.Mutex // serialises SetRoutes; guards base and routes
 	base   *server.Options
@@ -115,8 +133,9 @@ func parseHostPort(s string, zero bool) (string, int, error) {
 }
 
 // routeURLs turns routes (host:port or nats-route://host:port) into the
-// server's URLs, sorted and without duplicates.
-func routeURLs(routes []string) ([]*url.URL, []string, error) {
+// server's URLs, sorted and without duplicates, each presenting secret when
+// set.
+func routeURLs(routes []string, secret string) ([]*url.URL, []string, error) {
 	if len(routes) > MaxRoutes {
 		return nil, nil, fmt.Errorf("%d routes, at most %d", len(routes), MaxRoutes)
 	}
@@ -150,6 +169,9 @@ func routeURLs(routes []string) ([]*url.URL, []string, error) {
 	urls := make([]*url.URL, len(norm))
 	for i, hp := range norm {
 		urls[i] = &url.URL{Scheme: "nats-route", Host: hp}
+		if secret != "" {
+			urls[i].User = url.UserPassword(routeUser, secret)
+		}
 	}
 	return urls, norm, nil
 }
@@ -179,7 +201,10 @@ func (o ServerOptions) natsOptions() (*server.Options, []string, error) {
 	if chost == "" {
 		chost = "0.0.0.0"
 	}
-	urls, routes, err := routeURLs(o.Routes)
+	if o.RouteSecret != "" && (len(o.RouteSecret) < MinRouteSecret || strings.IndexFunc(o.RouteSecret, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0) {
+		bad("RouteSecret: want at least %d bytes of printable ASCII without spaces", MinRouteSecret)
+	}
+	urls, routes, err := routeURLs(o.Routes, o.RouteSecret)
 	if err != nil {
 		bad("Routes: %v", err)
 	}
@@ -187,6 +212,12 @@ func (o ServerOptions) natsOptions() (*server.Options, []string, error) {
 		ServerName: o.Name, NoLog: false, NoSigs: true, JetStream: false,
 		Cluster: server.ClusterOpts{Name: o.ClusterName, Host: chost, Port: cport, NoAdvertise: true},
 		Routes:  urls,
+		// Clients (the replicas of this process) present a token no other
+		// process knows: the loopback listener is not a way in.
+		Authorization: randomToken(),
+	}
+	if o.RouteSecret != "" {
+		opts.Cluster.Username, opts.Cluster.Password = routeUser, o.RouteSecret
 	}
 	if o.ClientAddr == "" {
 		o.ClientAddr = "127.0.0.1:0"
@@ -249,7 +280,7 @@ func StartServer(o ServerOptions) (*Server, error) {
 	}
 	sl := &serverLog{log: logger.With("component", "nats-server")}
 	ns.SetLoggerV2(sl, false, false, false)
-	s := &Server{ns: ns, log: sl, base: opts, routes: routes}
+	s := &Server{ns: ns, log: sl, base: opts, routes: routes, secret: o.RouteSecret, token: opts.Authorization}
 	ns.Start()
 	if err := s.waitReady(timeout); err != nil {
 		ns.Shutdown()
@@ -283,8 +314,23 @@ func (s *Server) waitReady(timeout time.Duration) error {
 // 0).
 func (s *Server) ClusterAddr() *net.TCPAddr { return s.ns.ClusterAddr() }
 
-// ClientURL is the loopback client listener's URL (nats://host:port).
-func (s *Server) ClientURL() string { return s.ns.ClientURL() }
+// ClientURL is the loopback client listener's URL, with the token it asks
+// of every client (nats://token@host:port): a secret, not for logs.
+func (s *Server) ClientURL() string {
+	u, err := url.Parse(s.ns.ClientURL())
+	if err != nil {
+		return s.ns.ClientURL()
+	}
+	u.User = url.User(s.token)
+	return u.String()
+}
+
+// randomToken returns 32 random hex digits.
+func randomToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
 
 // Routes returns the configured routes, sorted (host:port).
 func (s *Server) Routes() []string {
@@ -302,7 +348,7 @@ func (s *Server) Routes() []string {
 // connection ends. Errors: ErrInvalidServerOptions, the reload's error, or
 // ErrServerClosed.
 func (s *Server) SetRoutes(routes []string) error {
-	urls, norm, err := routeURLs(routes)
+	urls, norm, err := routeURLs(routes, s.secret)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidServerOptions, err)
 	}

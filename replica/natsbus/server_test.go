@@ -1,14 +1,18 @@
 package natsbus_test
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -84,7 +88,7 @@ func TestServersCluster(t *testing.T) {
 	servers := []*natsbus.Server{a, b, c}
 	requirePeers(t, servers, []string{"b", "c"}, []string{"a", "c"}, []string{"a", "b"})
 	require.Equal(t, []string{routeOf(a)}, c.Routes())
-	require.True(t, strings.HasPrefix(a.ClientURL(), "nats://127.0.0.1:"), "the client listener is on loopback: %s", a.ClientURL())
+	require.Equal(t, "127.0.0.1", clientHost(t, a), "the client listener is on loopback")
 
 	ca, cb, cc := dial(t, a, "ca"), dial(t, b, "cb"), dial(t, c, "cc")
 	require.Equal(t, natsbus.DefaultMaxPayload, ca.MaxPayload())
@@ -196,7 +200,17 @@ func TestDial(t *testing.T) {
 	s, err := natsbus.StartServer(natsbus.ServerOptions{ClusterAddr: "127.0.0.1:0", ClientAddr: "127.0.0.1:0", MaxPayload: 64 << 10})
 	require.NoError(t, err)
 	defer s.Close()
-	require.True(t, strings.HasPrefix(s.ClientURL(), "nats://127.0.0.1:"), s.ClientURL())
+	require.Equal(t, "127.0.0.1", clientHost(t, s))
+	// The listener asks every client for the server's token, which ClientURL
+	// carries: another process on the host cannot publish into the cluster.
+	u, err := url.Parse(s.ClientURL())
+	require.NoError(t, err)
+	u.User = nil
+	_, err = nats.Connect(u.String())
+	require.ErrorIs(t, err, nats.ErrAuthorization)
+	u.User = url.User("wrong-token")
+	_, err = nats.Connect(u.String())
+	require.ErrorIs(t, err, nats.ErrAuthorization)
 	c, err := natsbus.Dial(s.ClientURL(), natsbus.DialOptions{Name: "ext"})
 	require.NoError(t, err)
 	defer c.Close()
@@ -209,4 +223,82 @@ func TestDial(t *testing.T) {
 	}
 	_, err = natsbus.Dial(s.ClientURL(), natsbus.DialOptions{PingInterval: -1})
 	require.Error(t, err)
+}
+
+// clientHost is the host of s's client listener.
+func clientHost(t *testing.T, s *natsbus.Server) string {
+	t.Helper()
+	u, err := url.Parse(s.ClientURL())
+	require.NoError(t, err)
+	return u.Hostname()
+}
+
+// logged is an slog handler that keeps every message.
+type logged struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *logged) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logged) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	l.msgs = append(l.msgs, r.Message)
+	l.mu.Unlock()
+	return nil
+}
+func (l *logged) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logged) WithGroup(string) slog.Handler      { return l }
+
+func (l *logged) has(sub string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, m := range l.msgs {
+		if strings.Contains(strings.ToLower(m), sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// With a route secret, servers that share it cluster and a server with
+// another one is refused, both ways.
+func TestRouteSecret(t *testing.T) {
+	const secret = "0123456789abcdef-route"
+	start := func(name, secret string, h slog.Handler, routes ...string) *natsbus.Server {
+		o := natsbus.ServerOptions{Name: name, ClusterAddr: "127.0.0.1:0", Routes: routes, RouteSecret: secret}
+		if h != nil {
+			o.Logger = slog.New(h)
+		}
+		s, err := natsbus.StartServer(o)
+		require.NoError(t, err)
+		t.Cleanup(s.Close)
+		return s
+	}
+	aLog := &logged{}
+	a := start("a", secret, aLog)
+	b := start("b", secret, nil, routeOf(a))
+	requirePeers(t, []*natsbus.Server{a, b}, []string{"b"}, []string{"a"})
+
+	cLog := &logged{}
+	c := start("c", "another-secret-0123", cLog, routeOf(a))
+	require.Eventually(t, func() bool { return aLog.has("authentication failure") && cLog.has("authorization violation") }, clusterTimeout, 5*time.Millisecond,
+		"a refuses c's route")
+	require.Empty(t, c.Peers())
+	require.Equal(t, []string{"b"}, a.Peers())
+	dLog := &logged{}
+	open := start("d", "", dLog, routeOf(a))
+	require.Eventually(t, func() bool { return dLog.has("authorization violation") }, clusterTimeout, 5*time.Millisecond,
+		"a refuses a route without a secret")
+	require.Empty(t, open.Peers())
+	require.Equal(t, []string{"b"}, a.Peers())
+
+	_, err := natsbus.StartServer(natsbus.ServerOptions{ClusterAddr: "127.0.0.1:0", RouteSecret: "short"})
+	require.ErrorIs(t, err, natsbus.ErrInvalidServerOptions)
+	require.ErrorContains(t, err, "RouteSecret")
+}
+
+func (l *logged) snapshot() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.msgs...)
 }
