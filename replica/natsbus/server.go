@@ -2,6 +2,7 @@ package natsbus
 
 import (
 	"crypto/rand"
+	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -106,8 +108,9 @@ type Server struct {
 	ns  *server.Server
 	log *serverLog
 
-	secret string // RouteSecret
-	token  string // the client listeners' token, random per server
+	secret string     // RouteSecret
+	token  string     // the client listeners' token, random per server
+	auth   *routeAuth // nil without a RouteSecret
 
 	mu     sync.Mutex // serialises SetRoutes; guards base and routes
 	base   *server.Options
@@ -217,6 +220,8 @@ func (o ServerOptions) natsOptions() (*server.Options, []string, error) {
 		Authorization: randomToken(),
 	}
 	if o.RouteSecret != "" {
+		// The user and password make the server ask routes for credentials;
+		// routeAuth checks them, counts and logs each refusal.
 		opts.Cluster.Username, opts.Cluster.Password = routeUser, o.RouteSecret
 	}
 	if o.ClientAddr == "" {
@@ -274,13 +279,18 @@ func StartServer(o ServerOptions) (*Server, error) {
 	if timeout == 0 {
 		timeout = DefaultStartTimeout
 	}
+	var auth *routeAuth
+	if o.RouteSecret != "" {
+		auth = &routeAuth{user: routeUser, secret: o.RouteSecret, log: logger}
+		opts.CustomRouterAuthentication = auth
+	}
 	ns, err := server.NewServer(opts.Clone())
 	if err != nil {
 		return nil, fmt.Errorf("natsbus: %w", err)
 	}
 	sl := &serverLog{log: logger.With("component", "nats-server")}
 	ns.SetLoggerV2(sl, false, false, false)
-	s := &Server{ns: ns, log: sl, base: opts, routes: routes, secret: o.RouteSecret, token: opts.Authorization}
+	s := &Server{ns: ns, log: sl, base: opts, routes: routes, secret: o.RouteSecret, token: opts.Authorization, auth: auth}
 	ns.Start()
 	if err := s.waitReady(timeout); err != nil {
 		ns.Shutdown()
@@ -434,4 +444,39 @@ func (l *serverLog) Fatalf(format string, v ...any) {
 		l.err = errors.New(msg)
 	}
 	l.mu.Unlock()
+}
+
+// RefusedRoutes counts the route connections refused for a missing or wrong
+// RouteSecret (0 without one).
+func (s *Server) RefusedRoutes() uint64 {
+	if s.auth == nil {
+		return 0
+	}
+	return s.auth.refused.Load()
+}
+
+// routeAuth checks a route's credentials against the secret in constant
+// time, and counts and logs (WARN, at most one a second) each refusal.
+type routeAuth struct {
+	user, secret string
+	log          *slog.Logger
+	refused      atomic.Uint64
+	lastLog      atomic.Int64 // unix nanos of the last refusal logged
+}
+
+var _ server.Authentication = (*routeAuth)(nil)
+
+func (a *routeAuth) Check(c server.ClientAuthentication) bool {
+	o := c.GetOpts()
+	userOK := subtle.ConstantTimeCompare([]byte(o.Username), []byte(a.user)) == 1
+	passOK := subtle.ConstantTimeCompare([]byte(o.Password), []byte(a.secret)) == 1
+	if userOK && passOK {
+		return true
+	}
+	n := a.refused.Add(1)
+	now := time.Now().UnixNano()
+	if last := a.lastLog.Load(); now-last >= int64(time.Second) && a.lastLog.CompareAndSwap(last, now) {
+		a.log.Warn("natsbus: route refused: wrong or missing route secret", "remote", c.RemoteAddress().String(), "refused", n)
+	}
+	return false
 }

@@ -291,6 +291,9 @@ func TestRouteSecret(t *testing.T) {
 		"a refuses a route without a secret")
 	require.Empty(t, open.Peers())
 	require.Equal(t, []string{"b"}, a.Peers())
+	require.GreaterOrEqual(t, a.RefusedRoutes(), uint64(2), "c's and d's routes counted")
+	require.True(t, aLog.has("route refused: wrong or missing route secret"))
+	require.Zero(t, b.RefusedRoutes())
 
 	_, err := natsbus.StartServer(natsbus.ServerOptions{ClusterAddr: "127.0.0.1:0", RouteSecret: "short"})
 	require.ErrorIs(t, err, natsbus.ErrInvalidServerOptions)
