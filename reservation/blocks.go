@@ -190,8 +190,9 @@ func (a *activeBlocks) sweep() {
 // the request's hashes in an open-addressing set and counts, per slot, the
 // distinct hashes that slot holds. Set entries carry the epoch of the pass that
 // wrote them, so the set is never cleared; the counts, one per slot (one per
-// worker rank entry), are cleared at the start of each pass, which keeps the
-// per-holder work of a pass to a single increment.
+// worker rank entry), are zero outside a pass, and a pass lists the slots it
+// counts (touched) and zeroes them when the next begins, so a pass costs the
+// request and its holders, never the number of slots.
 //
 // It is not safe for concurrent use: each read takes its own from a pool.
 type requestScratch struct {
@@ -202,6 +203,14 @@ type requestScratch struct {
 	sorted []uint64   // uniq grouped by block stripe
 	runs   stripeRuns // the stripes' runs in sorted
 	slots  []int32    // AppendRankLoads: each candidate's slot, -1 for none
+	// touched lists the slots this pass counted, in the order first counted;
+	// with record set, ranks[i] is the entry of touched[i], read under the
+	// stripe lock that found it.
+	touched []int32
+	record  bool
+	ranks   []*rankState
+	// given[slot] == epoch marks the candidates AppendRequestLoads was given.
+	given []uint32
 }
 
 type setEntry struct {
@@ -214,6 +223,7 @@ func (s *requestScratch) begin(n int, slots int32) {
 	s.epoch++
 	if s.epoch == 0 { // wrapped: old entries could look current
 		clear(s.set)
+		clear(s.given)
 		s.epoch = 1
 	}
 	size := 16
@@ -223,10 +233,15 @@ func (s *requestScratch) begin(n int, slots int32) {
 	if len(s.set) < size {
 		s.set = make([]setEntry, size)
 	}
+	for _, slot := range s.touched {
+		s.counts[slot] = 0
+	}
+	s.touched = s.touched[:0]
+	clear(s.ranks)
+	s.ranks = s.ranks[:0]
 	if len(s.counts) < int(slots) {
 		s.counts = make([]int32, max(int(slots), 2*len(s.counts)))
 	}
-	clear(s.counts[:slots])
 }
 
 // add inserts h into the pass's set and reports whether it was new.
@@ -248,17 +263,32 @@ func (s *requestScratch) add(h uint64) bool {
 }
 
 // credit counts one more distinct request block for every holder of e.
-func (s *requestScratch) credit(e *blockRefs) {
+func (s *requestScratch) credit(l *Ledger, e *blockRefs) {
 	// A holder may be a worker rank that came after the pass began, with a
 	// slot beyond the counts; nobody asks for it.
 	counts := s.counts
-	if int(e.first.slot) < len(counts) {
-		counts[e.first.slot]++
+	if slot := e.first.slot; int(slot) < len(counts) {
+		if counts[slot] == 0 {
+			s.touch(l, slot)
+		}
+		counts[slot]++
 	}
 	for _, o := range e.more {
 		if int(o.slot) < len(counts) {
+			if counts[o.slot] == 0 {
+				s.touch(l, o.slot)
+			}
 			counts[o.slot]++
 		}
+	}
+}
+
+// touch lists slot as counted in this pass and, when the pass records
+// holders, its entry. The stripe lock of the block that names slot is held.
+func (s *requestScratch) touch(l *Ledger, slot int32) {
+	s.touched = append(s.touched, slot)
+	if s.record {
+		s.ranks = append(s.ranks, l.slotRank(slot))
 	}
 }
 

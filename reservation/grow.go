@@ -41,6 +41,9 @@ func (l *Ledger) AddOutputBlocks(id string, n int) error {
 	r.version.Add(1)
 	r.mu.Unlock()
 	l.outputBlocks.Add(int64(n))
+	if l.onRaise != nil {
+		l.onRaise(bk.worker)
+	}
 	return nil
 }
 

@@ -58,6 +58,13 @@ type Options struct {
 	// call the Ledger; it must not block (the selection service uses it to wake
 	// its admission queue). Default: nil, nobody is told.
 	OnChange func(w catalog.WorkerRank)
+	// OnRaise, when set, is called with a worker rank after a call raised that
+	// worker rank's load: Book and BookAt, AddOutputBlocks, and Move on the
+	// rank it moved to. It runs like OnChange: after the locks are released,
+	// on the caller's goroutine; it must not block. The selection service
+	// uses the two to keep its order of idle-candidate costs current.
+	// Default: nil.
+	OnRaise func(w catalog.WorkerRank)
 }
 
 // Booking is what Book records for one dispatched request.
@@ -131,6 +138,7 @@ type Ledger struct {
 	now          func() time.Time
 	defaultLease time.Duration
 	onChange     func(catalog.WorkerRank)
+	onRaise      func(catalog.WorkerRank)
 	stripeSeed   uint64
 	idSeed       maphash.Seed
 
@@ -141,6 +149,12 @@ type Ledger struct {
 	byWorker  map[string][]*rankState
 	nextSlot  atomic.Int32 // slots ever handed out; written under regMu, read without it
 	freeSlots []int32
+	// bySlot names the entry that holds each slot: grown (copied) and
+	// published under regMu, its elements written under regMu before the
+	// slot is first booked. A reader that finds a slot among a block's
+	// holders, under the block's stripe lock, may read its element: the slot
+	// cannot be released while it holds a reference.
+	bySlot atomic.Pointer[[]*rankState]
 
 	ids    [idStripes]idStripe
 	blocks [blockStripes]blockStripe
@@ -171,6 +185,7 @@ func New(opts Options) (*Ledger, error) {
 		now:          opts.Now,
 		defaultLease: opts.DefaultLease,
 		onChange:     opts.OnChange,
+		onRaise:      opts.OnRaise,
 		stripeSeed:   rand.Uint64(),
 		idSeed:       maphash.MakeSeed(),
 		ranks:        make(map[catalog.WorkerRank]*rankState),
@@ -308,6 +323,9 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 	r.mu.Unlock()
 	l.booked.Add(1)
 	l.active.Add(1)
+	if l.onRaise != nil {
+		l.onRaise(b.Worker)
+	}
 	return nil
 }
 

@@ -113,6 +113,88 @@ func (l *Ledger) AppendRankLoads(dst []CandidateLoad, ranks []Rank, seqs []uint6
 	return dst
 }
 
+// AppendRequestLoads is AppendRankLoads for a caller that names only some
+// candidates: it appends, for each of ranks in order, its CandidateLoad, then
+// one for every other worker rank that has any of seqs active (in no
+// particular order; a worker rank that was never resolved or booked has none),
+// and returns the extended slice and the number of distinct hashes in seqs
+// (what a worker rank holding none of them would find new). Its cost is one
+// pass over seqs, the holders of its hashes and the candidates named, whatever
+// the number of worker ranks in the ledger. Loads are read as AppendRankLoads
+// reads them; a holder's after the pass that found it.
+func (l *Ledger) AppendRequestLoads(dst []CandidateLoad, ranks []Rank, seqs []uint64) ([]CandidateLoad, int) {
+	base := len(dst)
+	dst = slices.Grow(dst, len(ranks))[:base+len(ranks)]
+	sc := scratchPool.Get().(*requestScratch)
+	slots := slices.Grow(sc.slots[:0], len(ranks))[:len(ranks)]
+	for i, k := range ranks {
+		c := &dst[base+i]
+		c.Worker = k.key
+		slots[i] = -1
+		r := k.r
+		if r == nil || r.dead.Load() {
+			r = l.lookup(k.key)
+		}
+		if r == nil {
+			c.Load, c.Stamp = Load{}, Stamp{}
+			continue
+		}
+		c.Stamp, c.Load = r.read()
+		slots[i] = r.slot
+	}
+	nslots := l.nextSlot.Load()
+	sc.record = true
+	distinct := l.scanRequest(sc, seqs, nslots, true)
+	sc.record = false
+	if len(sc.given) < int(nslots) {
+		sc.given = make([]uint32, max(int(nslots), 2*len(sc.given)))
+	}
+	for i, slot := range slots {
+		c := &dst[base+i]
+		c.NewBlocks = distinct
+		if slot >= 0 {
+			if int(slot) < len(sc.given) {
+				sc.given[slot] = sc.epoch
+			}
+			c.NewBlocks -= min(sc.shared(slot), distinct)
+		}
+	}
+	for i, slot := range sc.touched {
+		r := sc.ranks[i]
+		if (int(slot) < len(sc.given) && sc.given[slot] == sc.epoch) || r == nil || r.dead.Load() {
+			continue
+		}
+		st, ld := r.read()
+		dst = append(dst, CandidateLoad{Worker: r.key, Load: ld, Stamp: st, NewBlocks: distinct - min(sc.shared(slot), distinct)})
+	}
+	clear(sc.ranks) // no entry outlives the pass in the pool
+	sc.ranks = sc.ranks[:0]
+	sc.slots = slots
+	scratchPool.Put(sc)
+	return dst, distinct
+}
+
+// RankLoad returns the load of k's worker rank and a Stamp of what was read,
+// for BookAt; the zero Load and Stamp when it has no entry.
+func (l *Ledger) RankLoad(k Rank) (Load, Stamp) {
+	r := k.r
+	if r == nil || r.dead.Load() {
+		r = l.lookup(k.key)
+	}
+	if r == nil {
+		return Load{}, Stamp{}
+	}
+	st, ld := r.read()
+	return ld, st
+}
+
+// read returns a Stamp of r and its load, the version read first: a Book that
+// starts after it changes it.
+func (r *rankState) read() (Stamp, Load) {
+	st := Stamp{r: r, v: r.version.Load()}
+	return st, r.load()
+}
+
 // scratchPool recycles the per-call scratch of scanRequest.
 var scratchPool = sync.Pool{New: func() any { return new(requestScratch) }}
 
@@ -140,7 +222,7 @@ func (l *Ledger) scanRequest(sc *requestScratch, seqs []uint64, slots int32, loo
 		}
 		for _, h := range sorted[from:to] {
 			if e := a.holders(h); e != nil {
-				sc.credit(e)
+				sc.credit(l, e)
 			}
 		}
 	})

@@ -69,9 +69,34 @@ func (l *Ledger) rankFor(w catalog.WorkerRank) *rankState {
 	} else {
 		r.slot = l.nextSlot.Add(1) - 1
 	}
+	l.setSlot(r)
 	l.ranks[w] = r
 	l.byWorker[w.Worker] = append(l.byWorker[w.Worker], r)
 	return r
+}
+
+// setSlot records r as the holder of its slot. l.regMu is held for writing.
+func (l *Ledger) setSlot(r *rankState) {
+	var tab []*rankState
+	if p := l.bySlot.Load(); p != nil {
+		tab = *p
+	}
+	if int(r.slot) >= len(tab) {
+		grown := make([]*rankState, max(int(r.slot)+1, 2*len(tab), 64))
+		copy(grown, tab)
+		tab = grown
+		l.bySlot.Store(&tab)
+	}
+	tab[r.slot] = r
+}
+
+// slotRank returns the entry holding slot, which a block's holder names.
+// The caller holds that block's stripe lock (see bySlot).
+func (l *Ledger) slotRank(slot int32) *rankState {
+	if p := l.bySlot.Load(); p != nil && int(slot) < len(*p) {
+		return (*p)[slot]
+	}
+	return nil
 }
 
 // lookup returns the load entry of w, or nil when w has none.

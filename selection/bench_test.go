@@ -251,3 +251,119 @@ type nopTracer struct{}
 
 func (nopTracer) StartDecision(context.Context, string, bool) DecisionSpan { return nopTracer{} }
 func (nopTracer) End(*Decision, error)                                     {}
+
+// fleetBench is a scale fleet for BenchmarkSelectAndReserveFleet, built once
+// per test binary and size.
+type fleetBench struct {
+	s       *SelectionService
+	prompts [][]uint32
+}
+
+var fleets = map[int]*fleetBench{}
+
+// benchFleet builds n worker ranks (workers of 8 data-parallel ranks) where a
+// prompt touches about the same number of ranks at every size: rank i caches
+// one 1k-token conversation on the 512-token system prompt of group i mod
+// n/8 (8 ranks per group), and n/4 background bookings of such
+// conversations, never freed, load random ranks (so loads differ and about
+// two ranks hold a request's blocks in the ledger). The requests are new
+// 2k-token conversations on the groups' system prompts.
+func benchFleet(b *testing.B, n int) *fleetBench {
+	if f := fleets[n]; f != nil {
+		return f
+	}
+	s, err := NewSelectionServiceBuilder(DefaultConfig(16)).ExternalEvents().SweepInterval(-1).Rand(rand.NewPCG(1, 1)).Build(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	groups := n / 8
+	r := rand.New(rand.NewPCG(7, uint64(n)))
+	system := make([][]uint32, groups)
+	for g := range system {
+		system[g] = make([]uint32, 512)
+		for j := range system[g] {
+			system[g][j] = uint32(r.IntN(32000))
+		}
+	}
+	conv := func(g, length int) []uint32 {
+		p := append([]uint32(nil), system[g]...)
+		for len(p) < length {
+			p = append(p, uint32(r.IntN(32000)))
+		}
+		return p
+	}
+	for w := range n / 8 {
+		id := fmt.Sprintf("w%05d", w)
+		if _, err := s.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.%d.%d.%d:8000", w/62500, w/250%250, w%250+1), DPSize: 8, BlockSize: 16, MaxNumBatchedTokens: 8192}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var engine uint64
+	for i := range n {
+		wr := catalog.WorkerRank{Worker: fmt.Sprintf("w%05d", i/8), Rank: i % 8}
+		p := conv(i%groups, 1024)
+		hs := make([]uint64, len(p)/16)
+		for j := range hs {
+			engine++
+			hs[j] = engine
+		}
+		if err := s.ApplyEvent(wr, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: p}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	s.scan = scanFull // the background bookings go where the policy sends them either way
+	for k := range n / 4 {
+		if _, err := s.SelectAndReserve(ctx, Request{ReservationID: fmt.Sprintf("bg%d", k), Tokens: conv(r.IntN(groups), 256+r.IntN(1792))}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	f := &fleetBench{s: s}
+	for k := range 128 {
+		f.prompts = append(f.prompts, conv(k%groups, 2048))
+	}
+	fleets[n] = f
+	return f
+}
+
+// BenchmarkSelectAndReserveFleet is SelectAndReserve + Free at fleet scale:
+// ranks=N/default is the default decision (the sparse one from 128 ranks, the
+// full scan below), ranks=N/full-scan the same service forced to evaluate
+// every rank (the same-run baseline); p50-ns is the median of one
+// SelectAndReserve + Free.
+func BenchmarkSelectAndReserveFleet(b *testing.B) {
+	for _, n := range []int{64, 512, 4096, 16384} {
+		for _, mode := range []struct {
+			name string
+			scan scanMode
+		}{{"default", scanAuto}, {"full-scan", scanFull}} {
+			b.Run(fmt.Sprintf("ranks=%d/%s", n, mode.name), func(b *testing.B) {
+				f := benchFleet(b, n)
+				f.s.scan = mode.scan
+				ctx := context.Background()
+				ids := make([]string, 4096)
+				for i := range ids {
+					ids[i] = fmt.Sprintf("r%d", i)
+				}
+				durs := make([]time.Duration, 0, b.N)
+				b.ReportAllocs()
+				b.ResetTimer()
+				i := 0
+				for b.Loop() {
+					start := time.Now()
+					res, err := f.s.SelectAndReserve(ctx, Request{ReservationID: ids[i%len(ids)], Tokens: f.prompts[i%len(f.prompts)]})
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := f.s.FreeReservation(res.ReservationID); err != nil {
+						b.Fatal(err)
+					}
+					durs = append(durs, time.Since(start))
+					i++
+				}
+				slices.Sort(durs)
+				b.ReportMetric(float64(durs[len(durs)/2].Nanoseconds()), "p50-ns")
+			})
+		}
+	}
+}

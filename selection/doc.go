@@ -42,6 +42,36 @@
 // broken uniformly at random; a positive temperature samples a softmax over costs
 // normalised by their range.
 //
+// # Sparse decisions
+//
+// A decision need not look at every rank. Without queueing, at temperature 0,
+// on a model of at least 128 ranks, a request evaluates one by one only the
+// ranks it touches: those the index reports holding some of its blocks (any
+// tier), those where some of its blocks are active in the ledger (the
+// in-flight credit's pending blocks among them), and its session's pin.
+// Every other rank costs it the same function of the rank's active prefill,
+// active blocks and active requests, so the model keeps its ranks grouped by
+// those three figures and the groups ordered by that cost's
+// request-independent part, current through the ledger's hooks (every Book,
+// PrefillComplete, AddOutputBlocks, Move, Free, Expire and worker removal);
+// the cheapest groups give the best of the rest, exactly, with its ties
+// (sparse.go says why the order is exact). Ejected workers are left out of
+// the groups; a tie is drawn uniformly over the touched ranks and the tied
+// groups' members with one draw, as the full scan draws (over the same ties;
+// the member a draw names may differ). A request with an Allowed subset
+// evaluates exactly the subset's ranks. A decision's cost is then the
+// prompt, the ranks it touches and the few groups at the front of the order,
+// whatever the number of ranks; Decision.Margin stays exact. The full scan
+// remains for: a positive temperature, queueing, OverlapCreditDecay (it
+// makes every credit depend on the least active prefill of all candidates),
+// Request.Fallbacks (the next-cheapest ranks on distinct endpoints), an
+// Override of PrefillLoadScale or TrackPrefillTokens (the order is built on
+// the configured weights), every rank ejected, smaller models, and requests
+// the index matches on more than a quarter of the ranks. The
+// chosen rank is booked with BookAt like any other: a rank the order placed
+// before a change it has not yet heard of is re-read before booking, placed
+// again and the decision made again (Stats.Retries).
+//
 // # Admission
 //
 // With Config.QueueThreshold set, a rank is busy when its active prefill tokens
@@ -137,8 +167,9 @@
 // checker and the expiry sweeper; Close stops them and waits. The booking path
 // touches a rank's feed state through atomics only (and never the cut gate,
 // which only event batches and WriteIndexSnapshot take) (and a mutex for one
-// booking in FeedTrust.ParityEvery). The ledger's load-dropped hook never takes a lock a
-// ledger caller may hold.
+// booking in FeedTrust.ParityEvery). The ledger's hooks (a load dropped, a load raised) never take a
+// lock a ledger caller may hold: only the model's cost-order mutex, a leaf
+// lock held for one rank's move between groups (sparse.go).
 //
 // # Invariants
 //

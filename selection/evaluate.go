@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/kvselect/kvselect/catalog"
@@ -18,8 +19,11 @@ type evaluation struct {
 	allBusy     bool
 	bestOverlap int
 	bestPrefill int
-	margin      float64 // see Decision.Margin; set by commit when detail is on
+	margin      float64 // see Decision.Margin; set by choose when detail is on
 	minPrefill  int64   // costInput.minPrefill of this evaluation
+	// candidates is the number of eligible ranks: len(cands) for the full
+	// scan, more for the sparse decision, whose cands are the touched ranks.
+	candidates int
 }
 
 // evalScratch is one decision's working memory, pooled so the hot path does not
@@ -32,7 +36,9 @@ type evalScratch struct {
 	refs     []reservation.Rank
 	loads    []reservation.CandidateLoad
 	byIdx    []int32
+	allowed  []int32 // the allowed ranks' indices, ascending
 	ev       evaluation
+	sparse   sparseScratch
 	// the previous resolve on this scratch, for reuse (see resolve)
 	memoRS   *rankSet
 	memoKeys []catalog.WorkerRank
@@ -97,19 +103,42 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 			sc.byIdx = make([]int32, len(rs.ranks))
 		}
 		byIdx = sc.byIdx[:len(rs.ranks)]
+		var idxs []int32 // with an allowed subset, its ranks: what is evaluated
+		if pr.allowed != nil {
+			idxs = sc.allowed[:0]
+			for id := range pr.allowed {
+				idxs = append(idxs, rs.byWorker[id]...)
+			}
+			slices.Sort(idxs)
+			sc.allowed = idxs
+		}
 		filter := func(skipEjected bool) {
 			cands, refs = sc.cands[:0], sc.refs[:0]
-			for i, r := range rs.ranks {
-				byIdx[i] = -1
-				if _, ok := pr.allowed[r.key.Worker]; pr.allowed != nil && !ok {
-					continue
-				}
-				if until, ok := ejected[r.key.Worker]; skipEjected && ok && until > nowNanos {
-					continue
+			try := func(i int32) {
+				if until, ok := ejected[rs.ranks[i].key.Worker]; skipEjected && ok && until > nowNanos {
+					return
 				}
 				byIdx[i] = int32(len(cands))
 				cands = append(cands, rs.template[i])
 				refs = append(refs, rs.refs[i])
+			}
+			if pr.allowed != nil {
+				for _, i := range sc.matchIdx { // the only other ranks byIdx is read for
+					if i >= 0 {
+						byIdx[i] = -1
+					}
+				}
+				for _, i := range idxs {
+					byIdx[i] = -1
+				}
+				for _, i := range idxs {
+					try(i)
+				}
+				return
+			}
+			for i := range rs.ranks {
+				byIdx[i] = -1
+				try(int32(i))
 			}
 		}
 		filter(ejected != nil)
@@ -156,7 +185,7 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 		}
 	}
 	ev := &sc.ev
-	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt}
+	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: len(cands)}
 	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
 	if pr.w.decay > 0 {
 		in.minPrefill = math.MaxInt64
@@ -200,12 +229,16 @@ func effectivePrefill(c *candidate, pr *prepared, w *weights, bs int) int {
 // errStale is commit's report of a lock-free booking a concurrent one made stale.
 var errStale = errors.New("selection: decision stale")
 
-// commit picks among the candidates that are not busy (all of them when every one
-// is busy, which only Select reaches) and books the pick when reserve is set:
-// with BookAt at the stamp of the pick's load when lockFree (errStale when a concurrent
-// booking reached the pick since), plainly otherwise. p.mu is held, for reading
-// at least, when reserve is set.
+// commit picks among the candidates (choose) and books the pick (book).
 func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, reserve, lockFree bool) (Result, error) {
+	c, pinned := s.choose(p, pr, ev)
+	return s.book(p, pr, ev, c, pinned, reserve, lockFree)
+}
+
+// choose picks among the candidates that are not busy (all of them when every
+// one is busy, which only Select reaches): the session's pin, or by cost. It
+// sets ev.margin.
+func (s *SelectionService) choose(p *partition, pr *prepared, ev *evaluation) (candidate, bool) {
 	pool := ev.cands
 	if !ev.allBusy && s.cfg.QueueThreshold != nil {
 		n := 0
@@ -244,6 +277,14 @@ func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, re
 	default:
 		ev.margin = best1 - c.cost
 	}
+	return c, pinned
+}
+
+// book completes the result for the chosen candidate c and books it when
+// reserve is set: with BookAt at the stamp of c's load when lockFree
+// (errStale when a concurrent booking reached it since), plainly otherwise.
+// p.mu is held, for reading at least, when reserve is set.
+func (s *SelectionService) book(p *partition, pr *prepared, ev *evaluation, c candidate, pinned, reserve, lockFree bool) (Result, error) {
 	r := ev.rs.ranks[c.idx]
 	eff := effectivePrefill(&c, pr, &pr.w, s.cfg.BlockSize)
 	res := Result{

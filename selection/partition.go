@@ -70,7 +70,9 @@ type partition struct {
 // rebuild replaces the candidate list with the schedulable records of the model,
 // resolving their load entries in ledger and, when health is not nil, their
 // feed state.
-func (p *partition) rebuild(recs []catalog.Record, ledger *reservation.Ledger, health func(catalog.WorkerRank) *rankHealth) {
+// order, when not nil, is the new snapshot's empty cost order: it is filled
+// from the ledger after the snapshot is published (see syncLoad).
+func (p *partition) rebuild(recs []catalog.Record, ledger *reservation.Ledger, health func(catalog.WorkerRank) *rankHealth, order *costOrder) {
 	var ranks []rankInfo
 	for _, r := range recs {
 		w := r.Worker
@@ -90,11 +92,14 @@ func (p *partition) rebuild(recs []catalog.Record, ledger *reservation.Ledger, h
 	rs := &rankSet{
 		ranks:    ranks,
 		pos:      make(map[catalog.WorkerRank]int32, len(ranks)),
+		byWorker: make(map[string][]int32, len(recs)),
 		template: make([]candidate, len(ranks)),
+		order:    order,
 	}
 	keys := make([]catalog.WorkerRank, len(ranks))
 	for i, r := range ranks {
 		rs.pos[r.key] = int32(i)
+		rs.byWorker[r.key.Worker] = append(rs.byWorker[r.key.Worker], int32(i))
 		keys[i] = r.key
 		rs.template[i] = candidate{idx: i, maxBatched: r.maxBatched}
 	}
@@ -102,6 +107,23 @@ func (p *partition) rebuild(recs []catalog.Record, ledger *reservation.Ledger, h
 	p.mu.Lock()
 	p.set.Store(rs)
 	p.mu.Unlock()
+	if order != nil {
+		// After the publication: a load change the fill does not see is one
+		// whose hook finds this snapshot (syncLoad), so none is lost.
+		order.fill(ledger, rs.refs)
+	}
+}
+
+// syncLoad moves worker rank w in the current snapshot's cost order to its
+// load in ledger now (a hook of the ledger: w's load changed).
+func (p *partition) syncLoad(w catalog.WorkerRank, ledger *reservation.Ledger) {
+	rs := p.ranksOf()
+	if rs.order == nil {
+		return
+	}
+	if i, ok := rs.pos[w]; ok {
+		rs.order.sync(i, ledger, rs.refs[i])
+	}
 }
 
 // untrustedRank reports whether rs's rank w is routed on its own bookings.
@@ -175,8 +197,12 @@ func (l *lockedRand) Float64() float64 {
 type rankSet struct {
 	ranks    []rankInfo
 	pos      map[catalog.WorkerRank]int32
+	byWorker map[string][]int32 // worker id -> its rank indices, ascending
 	refs     []reservation.Rank
 	template []candidate
+	// order is the ranks ordered by what their load costs any request that
+	// none of them holds (sparse.go); nil with queueing.
+	order *costOrder
 }
 
 // ranksOf returns the partition's current snapshot (never nil).

@@ -306,7 +306,24 @@ func (s *SelectionService) decideLockFree(p *partition, pr *prepared, sc *evalSc
 			return Result{}, ErrClosed
 		}
 		sc.refresh(p)
-		ev, err := s.evaluate(p, pr, sc)
+		var ev *evaluation
+		var c candidate
+		var pinned, sparse bool
+		var err error
+		if s.sparseOK(pr, sc.rs, len(sc.matches)) {
+			ev, c, pinned, sparse, err = s.decideSparse(p, pr, sc)
+			if errors.Is(err, errStale) {
+				s.st.retries.Add(1)
+				pr.retries++
+				continue
+			}
+		}
+		if !sparse {
+			ev, err = s.evaluate(p, pr, sc)
+			if err == nil {
+				c, pinned = s.choose(p, pr, ev)
+			}
+		}
 		if err != nil {
 			return Result{}, err
 		}
@@ -320,7 +337,7 @@ func (s *SelectionService) decideLockFree(p *partition, pr *prepared, sc *evalSc
 				continue
 			}
 		}
-		res, err := s.commit(p, pr, ev, reserve, true)
+		res, err := s.book(p, pr, ev, c, pinned, reserve, true)
 		if reserve {
 			p.mu.RUnlock()
 		}
@@ -426,7 +443,7 @@ func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *p
 func (s *SelectionService) decided(pr *prepared, ev *evaluation, res *Result, reserve bool, wait time.Duration) {
 	res.QueueWait = wait
 	pr.decision = Decision{
-		WorkerRank: res.WorkerRank, Candidates: len(ev.cands),
+		WorkerRank: res.WorkerRank, Candidates: ev.candidates,
 		ChosenOverlapBlocks: res.Overlap.Device, BestOverlapBlocks: ev.bestOverlap,
 		RequestBlocks: res.RequestBlocks, EffectivePrefill: res.EffectivePrefillTokens,
 		QueueWait: wait, Reserved: reserve, Cost: res.Cost,

@@ -38,6 +38,7 @@ type SelectionService struct {
 	rec    Recorder
 	tracer Tracer
 	detail bool            // a Recorder or a Tracer wants Decision.Margin
+	scan   scanMode        // tests force the full scan or the sparse decision
 	obs    BookingObserver // nil: no replication
 
 	cat    *catalog.Catalog
@@ -116,6 +117,7 @@ func newService(o *SelectionServiceBuilder) (*SelectionService, error) {
 		Now:          now,
 		DefaultLease: cfg.ActiveRequestExpiry,
 		OnChange:     s.loadDropped,
+		OnRaise:      s.loadRaised,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("selection: ledger: %w", err)
@@ -373,7 +375,7 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 		}
 		s.dropHealthLocked(p, w.ID, keep)
 	}
-	p.rebuild(s.cat.Schedulable(p.model), s.ledger, s.rankHealthFn())
+	s.rebuildLocked(p)
 	var add []kvevents.SourceConfig
 	if s.feed != nil {
 		for wr, c := range sourcesOf(w) {
@@ -406,6 +408,15 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 // FeedTrust is not Off.
 func (s *SelectionService) healthOn() bool { return s.handler != nil && !s.trust.Off }
 
+// rebuildLocked rebuilds p's candidate list from the catalog. s.mu is held.
+func (s *SelectionService) rebuildLocked(p *partition) {
+	var order *costOrder
+	if s.cfg.QueueThreshold == nil { // the sparse decision's order (sparse.go)
+		order = newCostOrder(s.base, s.cfg.BlockSize)
+	}
+	p.rebuild(s.cat.Schedulable(p.model), s.ledger, s.rankHealthFn(), order)
+}
+
 // rankHealthFn is what rebuild resolves feed states with (nil when feeds are
 // not judged).
 func (s *SelectionService) rankHealthFn() func(catalog.WorkerRank) *rankHealth {
@@ -430,7 +441,7 @@ func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
 	// Rebuild before clearing the ledger: rebuild waits for lock-free bookings
 	// in flight, and none can pass its re-check afterwards, so no booking on
 	// this worker outlives RemoveWorker.
-	p.rebuild(s.cat.Schedulable(p.model), s.ledger, s.rankHealthFn())
+	s.rebuildLocked(p)
 	s.ledger.RemoveWorker(id)
 }
 
@@ -506,7 +517,7 @@ func (s *SelectionService) SetDraining(id string, draining bool) (catalog.Record
 	}
 	p := s.workerPart[id]
 	if p != nil {
-		p.rebuild(s.cat.Schedulable(p.model), s.ledger, s.rankHealthFn())
+		s.rebuildLocked(p)
 	}
 	s.mu.Unlock()
 	if p != nil {

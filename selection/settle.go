@@ -68,10 +68,20 @@ func (s *SelectionService) ExpireReservations() int {
 }
 
 // loadDropped is the ledger's hook: some worker's load went down, so a waiting
-// request may now fit. It runs outside the ledger's lock and takes no service lock
+// request may now fit, and the partition's cost order follows it. It runs outside the ledger's lock and takes no service lock
 // that a ledger caller might hold.
 func (s *SelectionService) loadDropped(w catalog.WorkerRank) {
 	if p, ok := s.partOf.Load(w.Worker); ok {
-		p.(*partition).signalIfWaiting()
+		p := p.(*partition)
+		p.signalIfWaiting()
+		p.syncLoad(w, s.ledger)
+	}
+}
+
+// loadRaised is the ledger's hook for a load that went up (a booking, output
+// blocks): the partition's cost order follows it.
+func (s *SelectionService) loadRaised(w catalog.WorkerRank) {
+	if p, ok := s.partOf.Load(w.Worker); ok {
+		p.(*partition).syncLoad(w, s.ledger)
 	}
 }

@@ -440,3 +440,24 @@ func TestOutputGrowth(t *testing.T) {
 	require.Zero(t, flat.OutputBlocks)
 	t.Logf("output growth: hit %.4f TTFT p90 %v; without: hit %.4f TTFT p90 %v", res.HitRate, res.TTFTP90, flat.HitRate, flat.TTFTP90)
 }
+
+// TestDecisionTimes: a replay reports the distribution of its decision times,
+// measured on the wall clock it is given: on a fleet of 256 workers (where
+// kvselect takes its sparse decision), ordered percentiles within the wall
+// time; on a clock that stands still, zero.
+func TestDecisionTimes(t *testing.T) {
+	reqs := loaded(t)
+	for _, p := range []Policy{KVSelect, RoundRobin} {
+		res, err := Run(context.Background(), reqs, p, Options{Workers: 256, CapacityBlocks: 200, Seed: 1})
+		require.NoError(t, err)
+		d := res.Decision
+		require.Positive(t, d.P50, p)
+		require.LessOrEqual(t, d.P50, d.P90, p)
+		require.LessOrEqual(t, d.P90, d.P99, p)
+		require.LessOrEqual(t, d.P99, d.Max, p)
+		require.LessOrEqual(t, d.Max, res.Wall, p)
+	}
+	res, err := Run(context.Background(), reqs, KVSelect, Options{Workers: 8, CapacityBlocks: 200, Seed: 1, Now: fixedNow})
+	require.NoError(t, err)
+	require.Zero(t, res.Decision)
+}

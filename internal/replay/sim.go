@@ -53,8 +53,18 @@ type Result struct {
 	OutputBlocks int64
 	// Wall is the real time the replay took (Options.Now).
 	Wall time.Duration
+	// Decision is the distribution of the real time (Options.Now) each
+	// routing decision took: for kvselect, one SelectAndReserve (with
+	// Options.Explain, the scoring it asks for besides).
+	Decision DecisionTimes
 	// Explain is set for the kvselect policies when Options.Explain is.
 	Explain *Explanation
+}
+
+// DecisionTimes is a distribution of decision times (nearest-rank
+// percentiles).
+type DecisionTimes struct {
+	P50, P90, P99, Max time.Duration
 }
 
 // Explanation breaks down the kvselect decisions that gave up cache hits: those
@@ -170,6 +180,7 @@ func (h *eventHeap) Pop() any {
 // is called from the replay's goroutine only.
 type sim struct {
 	opts      Options
+	decisions []time.Duration // wall time of each route call
 	policy    Policy
 	reqs      []simRequest
 	workers   []*simWorker
@@ -327,7 +338,9 @@ func (s *sim) step(ctx context.Context) error {
 }
 
 func (s *sim) arrive(ctx context.Context, idx int, r *simRequest) error {
+	start := s.opts.Now()
 	w, believed, err := s.router.route(ctx, r)
+	s.decisions = append(s.decisions, s.opts.Now().Sub(start))
 	if err != nil {
 		return err
 	}
@@ -483,6 +496,11 @@ func (s *sim) result() Result {
 		res.TTFTMean = sum / time.Duration(len(ttfts))
 		res.TTFTP50, res.TTFTP90, res.TTFTP99 = percentile(ttfts, 0.50), percentile(ttfts, 0.90), percentile(ttfts, 0.99)
 		res.Makespan = s.lastDone - s.reqs[0].arrival
+	}
+	if len(s.decisions) > 0 {
+		d := slices.Clone(s.decisions)
+		slices.Sort(d)
+		res.Decision = DecisionTimes{P50: percentile(d, 0.50), P90: percentile(d, 0.90), P99: percentile(d, 0.99), Max: d[len(d)-1]}
 	}
 	return res
 }
