@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -141,6 +142,23 @@ func (p Plan) Renew() error {
 	return p.b.Renew(p.ID)
 }
 
+// Generated is PairBooker.Generated of this plan.
+func (p Plan) Generated(tokens int) error {
+	if p.b == nil {
+		return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, p.ID)
+	}
+	return p.b.Generated(p.ID, tokens)
+}
+
+// Move is PairBooker.Move of this plan. The Plan's Decode still names the
+// worker booked first.
+func (p Plan) Move(to catalog.WorkerRank) error {
+	if p.b == nil {
+		return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, p.ID)
+	}
+	return p.b.Move(p.ID, to)
+}
+
 // Destination returns the endpoint the request is sent to.
 func (p Plan) Destination() string { return p.Decode.Endpoint }
 
@@ -176,6 +194,9 @@ type leg interface {
 	FreeReservation(id string) error
 	PrefillComplete(id string) error
 	RenewReservation(id string) error
+	AddOutputBlocks(id string, n int) error
+	MoveSessionReservation(id string, to catalog.WorkerRank, session string) error
+	PotentialLoads(ctx context.Context, req selection.Request) ([]selection.Scored, error)
 }
 
 var _ leg = (*selection.SelectionService)(nil)
@@ -352,6 +373,7 @@ func (b *PairBooker) book(ctx context.Context, req selection.Request) (Plan, err
 
 	preq, dreq := req, req
 	preq.ReservationID = id + suffixPrefill
+	preq.Fallbacks = 0 // fallbacks are destinations: the decode role's
 	if !b.fullHashes {
 		dreq = b.decodeRequest(req)
 	}
@@ -382,7 +404,8 @@ func (b *PairBooker) book(ctx context.Context, req selection.Request) (Plan, err
 		ended = lctx.Err()
 	}
 	if perr == nil && derr == nil && ended == nil {
-		if err := b.plans.Register(id, planLegs{Prefill: preq.ReservationID, Decode: dreq.ReservationID}); err != nil {
+		legs := planLegs{Prefill: preq.ReservationID, Decode: dreq.ReservationID, Session: req.SessionID, BlockSize: dres.BlockSize}
+		if err := b.plans.Register(id, legs); err != nil {
 			b.compensate(b.prefill, preq.ReservationID)
 			b.compensate(b.dest, dreq.ReservationID)
 			return Plan{}, fmt.Errorf("roles: plan %q: %w", id, err)
@@ -432,13 +455,16 @@ func noCancel() {}
 func (b *PairBooker) prefillNotWorthIt(ctx context.Context, req selection.Request) bool {
 	r := req
 	r.Override = mergeOverride(req.Override, b.localOver)
+	r.Fallbacks = 0 // advisory reads: nobody retries on them
 	if res, err := b.dest.Select(ctx, r); err == nil && res.EffectivePrefillTokens <= b.localBelow {
 		return true
 	}
 	if !b.legsWait {
 		return false // without queueing no worker is ever busy
 	}
-	res, err := b.prefill.Select(ctx, req)
+	r = req
+	r.Fallbacks = 0
+	res, err := b.prefill.Select(ctx, r)
 	return err == nil && res.Busy
 }
 
@@ -498,7 +524,7 @@ func (b *PairBooker) bookLocal(ctx context.Context, id string, req selection.Req
 		b.compensate(b.dest, r.ReservationID)
 		return Plan{}, fmt.Errorf("roles: plan %q abandoned: %w", id, err)
 	}
-	if err := b.plans.Register(id, planLegs{Decode: r.ReservationID}); err != nil {
+	if err := b.plans.Register(id, planLegs{Decode: r.ReservationID, Session: req.SessionID, BlockSize: res.BlockSize}); err != nil {
 		b.compensate(b.dest, r.ReservationID)
 		return Plan{}, fmt.Errorf("roles: plan %q: %w", id, err)
 	}
@@ -557,6 +583,62 @@ func (b *PairBooker) Renew(planID string) error {
 	}
 	errs = append(errs, b.dest.RenewReservation(legs.Decode))
 	return errors.Join(errs...)
+}
+
+// Generated reports that a live plan's request has generated tokens output
+// tokens so far (a running count: the SSE events of its stream, or the usage
+// of a finished answer) and grows its decode reservation, the one that holds
+// the output, by one block per block size of the decode worker booked (Plan.Decode.BlockSize)
+// not counted before (selection.SelectionService.AddOutputBlocks), so that
+// worker's decode cost follows what it holds. A count not larger than before
+// changes nothing. An unknown plan is ErrUnknownPlan; a decode leg already
+// gone from its service is selection.ErrUnknownReservation.
+func (b *PairBooker) Generated(planID string, tokens int) error {
+	leg, n, err := b.plans.Grow(planID, tokens)
+	if err != nil || n == 0 {
+		return err
+	}
+	return b.dest.AddOutputBlocks(leg, n)
+}
+
+// Move moves a live plan's decode reservation (the destination) to worker
+// rank to of the destination role, with its load, its lease and its
+// session's pin (selection.SelectionService.MoveSessionReservation): the
+// gateway served the request on another endpoint than the one picked (a
+// fallback of the list, a retry). The prefill leg stays: it is where the
+// prompt was computed. Moving to the rank held does nothing. Errors: an
+// unknown plan is ErrUnknownPlan; to not a schedulable rank of the
+// destination role's model is selection.ErrNotFound (the plan is unchanged:
+// its owner decides whether to keep it or complete it);
+// selection.ErrUnknownReservation when the leg is already gone.
+func (b *PairBooker) Move(planID string, to catalog.WorkerRank) error {
+	legs, err := b.plans.Legs(planID)
+	if err != nil {
+		return err
+	}
+	if err := b.dest.MoveSessionReservation(legs.Decode, to, legs.Session); err != nil {
+		return roleError(b.destRole, err)
+	}
+	return nil
+}
+
+// Scores scores req on the destination role as Book would book it there
+// (the decode request and Override of a pair, or of an aggregated plan),
+// without booking: every eligible rank's overlap, its load with the request
+// and its cost (selection.SelectionService.PotentialLoads), for a debug view
+// of a decision. Errors as PotentialLoads, wrapped with the role.
+func (b *PairBooker) Scores(ctx context.Context, req selection.Request) ([]selection.Scored, error) {
+	r := req
+	if b.prefill != nil && !b.fullHashes {
+		r = b.decodeRequest(req)
+	}
+	r.Override = mergeOverride(req.Override, b.destOver)
+	r.Fallbacks = 0
+	sc, err := b.dest.PotentialLoads(ctx, r)
+	if err != nil {
+		return nil, roleError(b.destRole, err)
+	}
+	return sc, nil
 }
 
 // Expire settles every plan whose lease has passed by the clock (an owner

@@ -91,6 +91,28 @@ func (f *fakeLeg) RenewReservation(id string) error {
 	return nil
 }
 
+func (f *fakeLeg) AddOutputBlocks(id string, n int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.booked[id] {
+		return fmt.Errorf("%w: %q", selection.ErrUnknownReservation, id)
+	}
+	return nil
+}
+
+func (f *fakeLeg) MoveSessionReservation(id string, _ catalog.WorkerRank, _ string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.booked[id] {
+		return fmt.Errorf("%w: %q", selection.ErrUnknownReservation, id)
+	}
+	return nil
+}
+
+func (f *fakeLeg) PotentialLoads(context.Context, selection.Request) ([]selection.Scored, error) {
+	return nil, nil
+}
+
 func (f *fakeLeg) bookedIDs() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -13,7 +13,8 @@
 //	                       (below), and reconciles each from the split
 //	PairBooker             books both legs of a request concurrently, compensates failures,
 //	                       settles plans at hand-off and completion (the plan table, plans.go)
-//	Plan                   a booked request and its handle: PrefillComplete, Renew, Done
+//	Plan                   a booked request and its handle: PrefillComplete, Renew, Generated,
+//	                       Move, Done (the PairBooker's calls by plan id)
 //
 // In aggregated mode labels are never read: every worker is Aggregated, there is
 // one service, and a PairBooker books that service alone, so an EPP can use the
@@ -35,15 +36,22 @@
 //	Book      plan p: "p/prefill" on the prefill service and "p/decode" on the decode
 //	          service, concurrently; both booked -> plan registered and returned
 //	Handoff   first response byte: free "p/prefill", mark "p/decode" prefill-complete
+//	Renew     while the response flows: extend the plan's lease and its legs' leases
+//	Generated output tokens so far: grow "p/decode" by one block per block size not yet counted
+//	Move      the gateway served another destination worker: move "p/decode" there (load,
+//	          lease, output blocks, session pin); "p/prefill" stays
 //	Complete  end of stream, error or cancel: free "p/decode" (and "p/prefill" if not
 //	          handed off); the plan is gone
 //	Expire    Complete for every plan whose lease ran out
 //
 // The EPP sends the request to Plan.Destination() and passes Plan.PrefillHint()
-// as x-prefiller-host-port. When the prefill role cannot take a request (no
-// ready worker, none allowed, queue full) BookerOptions.PrefillFallback decides:
-// fail (the default) or book one decode worker alone as "p/aggregated", with
-// prefill tracking on, and no prefill hint.
+// as x-prefiller-host-port; with Request.Fallbacks, Plan.Decode.Fallbacks are
+// the other destinations a gateway may try (the prefill leg computes none),
+// and Move follows the one that served. When the prefill role cannot take a
+// request (no ready worker, none allowed, queue full)
+// BookerOptions.PrefillFallback decides: fail (the default) or book one decode
+// worker alone as "p/aggregated", with prefill tracking on, and no prefill
+// hint.
 //
 // # Concurrency
 //

@@ -26,6 +26,12 @@ type planLegs struct {
 	// Decode is the reservation on the decode selector: the request's
 	// destination. Required.
 	Decode string
+	// Session is the request's session id ("" for none), which moves its
+	// pin when the decode leg moves (PairBooker.Move).
+	Session string
+	// BlockSize is the decode worker's block size in tokens, in which
+	// generated output is counted (PairBooker.Generated); 0 counts none.
+	BlockSize int
 }
 
 // planInfo is a snapshot of one registered plan, as returned by Get.
@@ -72,12 +78,13 @@ type PlanStats struct {
 }
 
 type plan struct {
-	id        string
-	legs      planLegs
-	handedOff bool
-	at        time.Time
-	deadline  time.Time
-	order     uint64
+	id           string
+	legs         planLegs
+	handedOff    bool
+	outputBlocks int // output blocks added to the decode leg (Grow)
+	at           time.Time
+	deadline     time.Time
+	order        uint64
 }
 
 func planLess(a, b *plan) bool {
@@ -220,6 +227,45 @@ func (p *planTable) Touch(id string) (planLegs, error) {
 	legs := pl.legs
 	if pl.handedOff {
 		legs.Prefill = "" // freed at hand-off
+	}
+	return legs, nil
+}
+
+// Grow records that the plan's request has generated tokens output tokens so
+// far and returns its decode leg and the blocks to add to it: one per
+// BlockSize tokens not counted before (0 for a smaller or equal count, or a
+// plan without a block size). An unknown plan returns a wrapped
+// ErrUnknownPlan.
+func (p *planTable) Grow(id string, tokens int) (decode string, blocks int, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.plans[id]
+	if pl == nil {
+		return "", 0, fmt.Errorf("%w: output of %q", ErrUnknownPlan, id)
+	}
+	if pl.legs.BlockSize <= 0 || tokens <= 0 {
+		return pl.legs.Decode, 0, nil
+	}
+	n := tokens/pl.legs.BlockSize - pl.outputBlocks
+	if n <= 0 {
+		return pl.legs.Decode, 0, nil
+	}
+	pl.outputBlocks += n
+	return pl.legs.Decode, n, nil
+}
+
+// Legs returns a live plan's legs (the prefill leg "" once handed off). An
+// unknown plan returns a wrapped ErrUnknownPlan.
+func (p *planTable) Legs(id string) (planLegs, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.plans[id]
+	if pl == nil {
+		return planLegs{}, fmt.Errorf("%w: %q", ErrUnknownPlan, id)
+	}
+	legs := pl.legs
+	if pl.handedOff {
+		legs.Prefill = ""
 	}
 	return legs, nil
 }

@@ -40,6 +40,16 @@ func (s *SelectionService) MoveReservation(id string, to catalog.WorkerRank) err
 	return err
 }
 
+// MoveSessionReservation is MoveReservation for a booking made with
+// Request.SessionID session: the session's pin moves to to with the booking,
+// as Booking.Move does for its own session. A caller that books by id (a
+// plan over several services) keeps the session and passes it here. An empty
+// session, or sessions off, moves no pin. Errors as MoveReservation.
+func (s *SelectionService) MoveSessionReservation(id string, to catalog.WorkerRank, session string) error {
+	_, _, err := s.moveReservation(id, to, session)
+	return err
+}
+
 // moveReservation moves id to to and returns whether it moved and to's
 // endpoint.
 func (s *SelectionService) moveReservation(id string, to catalog.WorkerRank, session string) (bool, string, error) {

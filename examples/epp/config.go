@@ -68,7 +68,13 @@ type config struct {
 	SyncPort    int      // the embedded server's route listener port
 	NATSURL     string
 	ReplicaID   string // explicit; see replicaID for the default
-	Router      selection.Config
+	// Long requests and observability (docs/OBSERVABILITY.md).
+	RenewInterval time.Duration // lease renewal while a response flows; 0: off
+	OutputGrowth  bool          // SSE events grow the decode booking
+	Fallbacks     int           // fallback endpoints per pick, 0..16
+	OTLPEndpoint  string        // "" : tracing off
+	DebugHeader   bool          // x-kvselect-debug on every routed response
+	Router        selection.Config
 }
 
 // setting is one variable of the contract: its environment name, its flag, its
@@ -279,6 +285,25 @@ func (c *config) settings() []setting {
 				c.ReplicaID = v
 				return nil
 			}},
+		// Long requests and observability (docs/OBSERVABILITY.md).
+		{env: "DYN_EPP_RENEW_INTERVAL_MS", flag: "renew-interval-ms", def: "10000", help: "renew a request's leases this often while its response is starting or flowing (a stream silent for one interval is not renewed, so it expires at its lease); must be shorter than DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS (0: off)",
+			parse: func(c *config, v string) error {
+				var ms int
+				if err := intIn(&ms, 0, 86_400_000)(c, v); err != nil {
+					return err
+				}
+				c.RenewInterval = time.Duration(ms) * time.Millisecond
+				return nil
+			}},
+		{env: "DYN_EPP_OUTPUT_GROWTH", flag: "output-growth", def: "false", help: "grow a request's decode booking by one block per block-size SSE `data:` lines of its 2xx event-stream response, so decode cost follows the output (measured worse on the replay simulator: opt in)", parse: boolean(&c.OutputGrowth)},
+		{env: "DYN_EPP_FALLBACKS", flag: "fallbacks", def: "0", help: fmt.Sprintf("fallback endpoints returned after the pick in the GAIE destination list (the next-cheapest workers of the destination role on other endpoints, 0 to %d); the booking moves to the one that served", selection.MaxFallbacks), parse: intIn(&c.Fallbacks, 0, selection.MaxFallbacks)},
+		{env: "DYN_EPP_OTLP_ENDPOINT", flag: "otlp-endpoint", help: "OpenTelemetry tracing: the OTLP/gRPC collector, `host:port` or an http(s) URL (https: TLS); spans kvselect.pick, kvselect.tokenize, kvselect.book (unset: off)",
+			parse: func(c *config, v string) error {
+				ep, err := parseOTLPEndpoint(v)
+				c.OTLPEndpoint = ep
+				return err
+			}},
+		{env: "DYN_EPP_DEBUG_HEADER", flag: "debug-header", def: "false", help: "return x-kvselect-debug on routed responses: the worker booked and the cheapest candidates' cost terms (reveals load to clients: debugging only)", parse: boolean(&c.DebugHeader)},
 		// Selection (Dynamo's KvRouterConfig environment).
 		{env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", flag: "overlap-score-credit", def: "4", help: "prefill blocks saved per cached device block (>= 0; Dynamo's default is 1)", parse: floatMin(&r.OverlapScoreCredit, 0)},
 		{env: "DYN_ROUTER_PREFILL_LOAD_SCALE", flag: "prefill-load-scale", def: "2.5", help: "weight of the prefill term (>= 0; Dynamo's default is 1)", parse: floatMin(&r.PrefillLoadScale, 0)},
@@ -455,6 +480,9 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (*c
 	}
 	if err := c.Router.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if lease := c.Router.ActiveRequestExpiry; c.RenewInterval > 0 && lease > 0 && c.RenewInterval >= lease {
+		errs = append(errs, fmt.Errorf("DYN_EPP_RENEW_INTERVAL_MS: %v is not shorter than the lease (DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS, %v): a live stream would expire between renewals", c.RenewInterval, lease))
 	}
 	errs = append(errs, c.checkReplicas()...)
 	if len(errs) > 0 {

@@ -11,6 +11,20 @@
 // Configuration follows the environment contract of Dynamo's standalone EPP;
 // every variable also has a flag, and flags win. See the README for the table.
 //
+// After the pick the EPP follows each response through ext_proc
+// (docs/OBSERVABILITY.md): it renews the request's leases while the response
+// starts or flows (DYN_EPP_RENEW_INTERVAL_MS; a stream gone silent expires at
+// its lease), grows its decode booking with the SSE events of its stream
+// (DYN_EPP_OUTPUT_GROWTH, off by default), returns fallback endpoints after
+// the pick in the GAIE destination list (DYN_EPP_FALLBACKS) and moves the
+// booking to the worker the gateway reports as served (or frees it when that
+// is no worker it can book). It exports per-rank load, decision quality
+// (overlap ratio, cost margin, retries), rebookings and renewals on /metrics
+// (a Grafana dashboard is in docs/grafana), OpenTelemetry spans for pick,
+// tokenize and book when DYN_EPP_OTLP_ENDPOINT names a collector, and with
+// DYN_EPP_DEBUG_HEADER the cost terms of the cheapest candidates in an
+// x-kvselect-debug response header.
+//
 // Several replicas of the EPP share their active load (docs/REPLICAS.md) when
 // DYN_EPP_PEER_SERVICE is set (each embeds a NATS server routed to the ready
 // endpoints of that headless Service, on DYN_EPP_REPLICA_SYNC_PORT; RBAC
@@ -46,6 +60,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -158,13 +173,26 @@ type epp struct {
 // newEPP builds everything that does not listen yet. configure, when set,
 // adjusts every selection service's builder (the demo uses it).
 func newEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure func(*selection.SelectionServiceBuilder)) (*epp, error) {
-	return buildEPP(ctx, cfg, logger, configure, nil)
+	return buildEPP(ctx, cfg, logger, configure, eppExtras{})
 }
 
-// buildEPP is newEPP with replicas over rp when it is not nil: one
-// Replicator per role, observing its role's service, started by apply once
-// discovery has synced.
-func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure func(*selection.SelectionServiceBuilder), rp *replication) (*epp, error) {
+// eppExtras are the parts of an EPP its caller owns.
+type eppExtras struct {
+	// rep, when set, shares the load with peers: one Replicator per role,
+	// observing its role's service, started by apply once discovery has
+	// synced.
+	rep *replication
+	// tracing, when set, traces every pick (DYN_EPP_OTLP_ENDPOINT); nil
+	// traces nothing and spends nothing on it.
+	tracing trace.TracerProvider
+	// now, when set, is the clock of the selection services and of the
+	// plans' leases (tests); nil: the wall clock.
+	now func() time.Time
+}
+
+// buildEPP is newEPP with the caller's extras.
+func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure func(*selection.SelectionServiceBuilder), x eppExtras) (*epp, error) {
+	rp := x.rep
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -189,6 +217,9 @@ func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure f
 	e := &epp{cfg: cfg, logger: logger, client: client, cache: cache, reg: prometheus.NewRegistry(), rep: rp}
 	setup := func(b *selection.SelectionServiceBuilder) {
 		b.Logger(logger)
+		if x.now != nil {
+			b.Clock(x.now)
+		}
 		if configure != nil {
 			configure(b)
 		}
@@ -196,6 +227,11 @@ func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure f
 	mode := roles.ModeAggregated
 	if cfg.Topology == "disaggregated" {
 		mode = roles.ModeDisaggregated
+	}
+	decisions := newDecisionMetrics(e.reg)
+	var tracer trace.Tracer
+	if x.tracing != nil {
+		tracer = x.tracing.Tracer(tracerName)
 	}
 	if rp != nil {
 		if err := rp.newReplicators(cfg, mode); err != nil {
@@ -208,6 +244,10 @@ func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure f
 		Profile: roles.ProfileOptions{PrefillMaxNumBatchedTokens: cfg.PrefillMaxBatched, DecodeMaxNumBatchedTokens: cfg.DecodeMaxBatched},
 		Configure: func(r roles.Role, b *selection.SelectionServiceBuilder) {
 			setup(b)
+			b.Recorder(decisions.forRole(r.String()))
+			if tracer != nil {
+				b.Tracer(decisionTracer{tr: tracer, role: r.String()})
+			}
 			if rp != nil {
 				rp.observe(r, b)
 			}
@@ -220,7 +260,7 @@ func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure f
 		},
 	})
 	if err == nil {
-		e.pairs, err = roles.NewPairBooker(e.rs, roles.BookerOptions{LocalPrefillBelow: cfg.LocalPrefillBelow})
+		e.pairs, err = roles.NewPairBooker(e.rs, roles.BookerOptions{LocalPrefillBelow: cfg.LocalPrefillBelow, Now: x.now})
 	}
 	if err != nil {
 		e.close()
@@ -229,6 +269,12 @@ func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure f
 	dest := e.rs.Service(mode.Destination())
 	e.router = newRouter(cfg.Model, cache, e.pairs, dest)
 	e.router.sessionHeader = cfg.SessionHeader
+	e.router.fallbacks, e.router.growth, e.router.debug = cfg.Fallbacks, cfg.OutputGrowth, cfg.DebugHeader
+	e.router.tracer, e.router.log = tracer, logger
+	e.router.m = newRouterMetrics(e.reg)
+	if cfg.RenewInterval > 0 {
+		e.router.renew = newRenewer(e.pairs, e.router.m)
+	}
 	if cfg.PDHintKey != nil {
 		e.router.signer = &hintSigner{key: cfg.PDHintKey, ttl: cfg.PDHintTTL, now: time.Now}
 	}
@@ -411,7 +457,23 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	if rp != nil {
 		defer rp.closeLink() // after e.close, which closes the Replicators and the services
 	}
-	e, err := buildEPP(ctx, cfg, logger, nil, rp)
+	x := eppExtras{rep: rp}
+	if cfg.OTLPEndpoint != "" {
+		tp, err := newTracerProvider(ctx, cfg.OTLPEndpoint)
+		if err != nil {
+			return err
+		}
+		defer func() { // after e.close: the last spans are flushed
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(sctx); err != nil {
+				logger.Warn("tracing shutdown", "err", err)
+			}
+		}()
+		x.tracing = tp
+		logger.Info("tracing on", "otlp_endpoint", cfg.OTLPEndpoint)
+	}
+	e, err := buildEPP(ctx, cfg, logger, nil, x)
 	if err != nil {
 		return err
 	}
@@ -454,9 +516,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	e.server.Register(gs)
 	hs := grpc.NewServer()
 	e.server.RegisterHealth(hs)
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{}))
-	ms := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	ms := &http.Server{Handler: e.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
 	logger.Info("epp listening", "extproc", extLis.Addr().String(), "health", healthLis.Addr().String(),
 		"metrics", metricsLis.Addr().String(), "tls", cfg.SecureServing, "model", cfg.Model)
 	for _, r := range e.rs.Census().Mode.Roles() {
@@ -476,6 +536,9 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	})
 	g.Go(func() error { return src.Run(gctx, e.apply) })
 	g.Go(func() error { e.expirePlans(gctx, time.Second); return nil })
+	if e.router.renew != nil {
+		g.Go(func() error { e.router.renew.run(gctx, cfg.RenewInterval); return nil })
+	}
 	if rp != nil {
 		g.Go(func() error { return e.readyWhenSynced(gctx) })
 	}
@@ -503,6 +566,13 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		return nil
 	}
 	return err
+}
+
+// metricsHandler serves /metrics from the EPP's registry.
+func (e *epp) metricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{}))
+	return mux
 }
 
 // expirePlans settles, every interval until ctx is done, the plans whose

@@ -84,6 +84,7 @@ var (
 	dLoadRequests = prometheus.NewDesc("kvselect_worker_active_requests", "Requests booked on the worker rank now, the EPP's own and its peers' (replicas).", loadLabels, nil)
 	dLoadBlocks   = prometheus.NewDesc("kvselect_worker_active_blocks", "Active KV blocks booked on the worker rank now (decode load).", loadLabels, nil)
 	dLoadPrefill  = prometheus.NewDesc("kvselect_worker_active_prefill_tokens", "Prefill tokens booked on the worker rank and not prefilled yet.", loadLabels, nil)
+	dLoadBusy     = prometheus.NewDesc("kvselect_worker_busy", "1 while the worker rank's prefill load is above the queue threshold (requests wait in kvselect_queue_depth when every eligible rank is busy); 0 without queueing.", loadLabels, nil)
 
 	evLabels    = []string{"role", "worker", "rank"}
 	dEvApplied  = prometheus.NewDesc("kvselect_kv_events_applied_total", "KV events applied to the index.", evLabels, nil)
@@ -160,6 +161,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(dLoadRequests, float64(l.ActiveRequests), lv...)
 			gauge(dLoadBlocks, float64(l.ActiveBlocks), lv...)
 			gauge(dLoadPrefill, float64(l.ActivePrefillTokens), lv...)
+			gauge(dLoadBusy, b2f(l.Busy), lv...)
 		}
 		for _, e := range s.EventStats() {
 			lv := []string{role, e.Worker.Worker, strconv.Itoa(e.Worker.Rank)}
@@ -311,3 +313,106 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 // replicaRefusals are replica.Stats.Refused's reasons, every one exported
 // (at 0 until it happens) so that a rate can be taken from the start.
 var replicaRefusals = []string{"not_found", "unknown_id", "expired", "invalid", "closed", "malformed", "stale_epoch", "too_many_peers"}
+
+// routerMetrics counts what the router does after a pick: bookings moved to
+// the worker that served (or freed), lease renewals. A nil *routerMetrics
+// records nothing.
+type routerMetrics struct {
+	rebookings *prometheus.CounterVec
+	renewed    prometheus.Counter
+	stalled    prometheus.Counter
+}
+
+// Results of a rebooking (kvselect_epp_rebookings_total's result label).
+const (
+	rebookMoved = "moved" // the booking moved to the served worker
+	rebookFreed = "freed" // the served endpoint is no schedulable worker of the role: booking freed
+)
+
+func newRouterMetrics(reg prometheus.Registerer) *routerMetrics {
+	m := &routerMetrics{
+		rebookings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvselect_epp_rebookings_total",
+			Help: "Responses served by another endpoint than the one picked, by what became of their booking (moved to the served worker, or freed when that is no schedulable worker of the destination role).",
+		}, []string{"result"}),
+		renewed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvselect_epp_lease_renewals_total", Help: "Plan leases renewed because their response was starting or flowing.",
+		}),
+		stalled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvselect_epp_lease_renewal_stalls_total", Help: "Renewal ticks skipped because the plan's response sent nothing since the last tick (a stalled stream expires at its lease).",
+		}),
+	}
+	for _, r := range []string{rebookMoved, rebookFreed} {
+		m.rebookings.WithLabelValues(r) // exported at 0 from the start
+	}
+	reg.MustRegister(m.rebookings, m.renewed, m.stalled)
+	return m
+}
+
+func (m *routerMetrics) rebooked(result string) {
+	if m != nil {
+		m.rebookings.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *routerMetrics) renewals(renewed, stalled int) {
+	if m != nil {
+		m.renewed.Add(float64(renewed))
+		m.stalled.Add(float64(stalled))
+	}
+}
+
+// decisionMetrics backs each role's selection.Recorder with Prometheus
+// histograms of every decision: how much of the best overlap the chosen rank
+// had, how much cheaper it was than the next candidate, and how often it
+// was decided again.
+type decisionMetrics struct {
+	overlap *prometheus.HistogramVec
+	margin  *prometheus.HistogramVec
+	retries *prometheus.HistogramVec
+}
+
+func newDecisionMetrics(reg prometheus.Registerer) *decisionMetrics {
+	m := &decisionMetrics{
+		overlap: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvselect_decision_overlap_ratio",
+			Help:    "Device overlap of the chosen rank over the best overlap any eligible rank had (1: the best prefix was taken), per decision with a best overlap above 0.",
+			Buckets: []float64{0, 0.25, 0.5, 0.75, 0.9, 0.99, 1},
+		}, []string{"role"}),
+		margin: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvselect_decision_cost_margin_blocks",
+			Help:    "How much cheaper, in cost units (KV-block equivalents), the chosen rank was than the next-cheapest candidate (0: alone or tied; negative: chosen by a session pin or a temperature draw).",
+			Buckets: []float64{-64, -8, -1, 0, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}, []string{"role"}),
+		retries: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvselect_decision_retries",
+			Help:    "Times a decision was made again because a concurrent booking reached the chosen rank first (_sum: all retries).",
+			Buckets: []float64{0, 1, 2, 4, 8},
+		}, []string{"role"}),
+	}
+	reg.MustRegister(m.overlap, m.margin, m.retries)
+	return m
+}
+
+// forRole returns the Recorder of one role's service.
+func (m *decisionMetrics) forRole(role string) selection.Recorder {
+	return roleRecorder{
+		overlap: m.overlap.WithLabelValues(role), margin: m.margin.WithLabelValues(role),
+		retries: m.retries.WithLabelValues(role),
+	}
+}
+
+type roleRecorder struct {
+	overlap, margin, retries prometheus.Observer
+}
+
+func (r roleRecorder) Selected(_ string, d selection.Decision) {
+	if d.BestOverlapBlocks > 0 {
+		r.overlap.Observe(float64(d.ChosenOverlapBlocks) / float64(d.BestOverlapBlocks))
+	}
+	r.margin.Observe(d.Margin)
+	r.retries.Observe(float64(d.Retries))
+}
+
+// Rejected records nothing: kvselect_selection_errors_total counts them.
+func (roleRecorder) Rejected(string, error) {}

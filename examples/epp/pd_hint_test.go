@@ -49,6 +49,7 @@ func TestConfigPDHintKey(t *testing.T) {
 
 // pairBooker books every request as a pair whose prefill worker is hint.
 type pairBooker struct {
+	progressless
 	hint     string
 	local    bool
 	mu       sync.Mutex

@@ -127,7 +127,7 @@ func newReplicaEPP(t *testing.T, env map[string]string, workers []catalog.Worker
 	rp, err := openReplication(cfg, nil)
 	require.NoError(t, err)
 	require.NotNil(t, rp)
-	e, err := buildEPP(context.Background(), cfg, nil, nil, rp)
+	e, err := buildEPP(context.Background(), cfg, nil, nil, eppExtras{rep: rp})
 	if err != nil {
 		rp.closeLink()
 	}

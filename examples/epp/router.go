@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
@@ -31,7 +35,13 @@ type booker interface {
 	Book(ctx context.Context, req selection.Request) (roles.Plan, error)
 	Handoff(planID string) error
 	Complete(planID string) error
+	Renew(planID string) error
+	Generated(planID string, tokens int) error
+	Move(planID string, to catalog.WorkerRank) error
+	Scores(ctx context.Context, req selection.Request) ([]selection.Scored, error)
 }
+
+var _ booker = (*roles.PairBooker)(nil)
 
 // loadSource gives the loads of the destination role, for body-less requests.
 type loadSource interface {
@@ -54,17 +64,38 @@ type router struct {
 	// (DYN_EPP_SESSION_HEADER); "" reads Dynamo's only. Set before the router
 	// serves, never after.
 	sessionHeader string
+	// The settings below are set before the router serves, never after.
+	// fallbacks is the number of fallback endpoints asked per request
+	// (DYN_EPP_FALLBACKS).
+	fallbacks int
+	// growth counts the SSE events of 2xx event streams as generated output
+	// (DYN_EPP_OUTPUT_GROWTH).
+	growth bool
+	// debug explains each decision in the x-kvselect-debug response header
+	// (DYN_EPP_DEBUG_HEADER).
+	debug bool
+	// renew renews the leases of requests in flight; nil when off
+	// (DYN_EPP_RENEW_INTERVAL_MS 0).
+	renew *renewer
+	// tracer traces picks (tokenize, and the decisions through the
+	// services' Tracer); nil when tracing is off.
+	tracer trace.Tracer
+	// m counts rebookings and renewals; nil records nothing.
+	m *routerMetrics
+	// log reports rebookings. Default: discard.
+	log *slog.Logger
 
-	mu       sync.RWMutex
-	byAddr   map[string]string   // canonical ip:port -> worker id
-	byIP     map[string][]string // ip -> worker ids
-	endpoint map[string]string   // worker id -> canonical ip:port
+	mu        sync.RWMutex
+	byAddr    map[string]string             // canonical ip:port -> worker id
+	byIP      map[string][]string           // ip -> worker ids
+	endpoint  map[string]string             // worker id -> canonical ip:port
+	firstRank map[string]catalog.WorkerRank // worker id -> its first data-parallel rank
 }
 
 var _ extproc.Picker = (*router)(nil)
 
 func newRouter(model string, tok tokenize.Tokenizer, book booker, loads loadSource) *router {
-	return &router{model: model, tok: tok, book: book, loads: loads}
+	return &router{model: model, tok: tok, book: book, loads: loads, log: slog.New(slog.DiscardHandler)}
 }
 
 // setWorkers replaces the endpoint maps used to honour subset hints.
@@ -72,7 +103,13 @@ func (r *router) setWorkers(ws []catalog.Worker) {
 	byAddr := make(map[string]string, len(ws))
 	byIP := make(map[string][]string, len(ws))
 	endpoint := make(map[string]string, len(ws))
+	firstRank := make(map[string]catalog.WorkerRank, len(ws))
 	for _, w := range ws {
+		if rs := w.Ranks(); len(rs) > 0 {
+			firstRank[w.ID] = catalog.WorkerRank{Worker: w.ID, Rank: rs[0]}
+		} else {
+			firstRank[w.ID] = catalog.WorkerRank{Worker: w.ID}
+		}
 		ep, err := extproc.CanonicalEndpoint(w.Endpoint)
 		if err != nil {
 			continue // not routable through Envoy (no IP literal); discovery reports it
@@ -83,7 +120,7 @@ func (r *router) setWorkers(ws []catalog.Worker) {
 		endpoint[w.ID] = ep
 	}
 	r.mu.Lock()
-	r.byAddr, r.byIP, r.endpoint = byAddr, byIP, endpoint
+	r.byAddr, r.byIP, r.endpoint, r.firstRank = byAddr, byIP, endpoint, firstRank
 	r.mu.Unlock()
 }
 
@@ -165,24 +202,42 @@ func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pic
 	if err != nil {
 		return extproc.Pick{}, err
 	}
-	tr, err := r.tok.Tokenize(ctx, tokenize.Request{Path: req.Path, Body: req.Body, Model: r.model})
+	if r.tracer != nil {
+		var span trace.Span
+		ctx = traceContext.Extract(ctx, propagation.MapCarrier(req.Headers))
+		ctx, span = r.tracer.Start(ctx, spanPick, trace.WithSpanKind(trace.SpanKindServer))
+		defer span.End()
+	}
+	tr, err := r.tokenize(ctx, req)
 	if err != nil {
 		return extproc.Pick{}, err
 	}
 	sreq := selection.Request{
 		Model: r.model, Tokens: tr.Tokens, CacheSalt: tr.CacheSalt, Allowed: allowed, Priority: prio,
 		ExpectedOutputTokens: int(min(max(tr.MaxTokens, 0), math.MaxInt32)), SessionID: session,
+		Fallbacks: r.fallbacks,
+	}
+	var debug []selection.Scored
+	if r.debug {
+		debug, _ = r.book.Scores(ctx, sreq) // an explanation that fails is left out
 	}
 	plan, err := r.book.Book(ctx, sreq)
 	if err != nil {
 		return extproc.Pick{}, err
 	}
-	pick := extproc.Pick{Destination: plan.Destination(), Settle: &planSettle{b: r.book, id: plan.ID}}
+	f := r.newFlight(plan)
+	pick := extproc.Pick{Destination: plan.Destination(), Settle: f}
+	for _, fb := range plan.Decode.Fallbacks {
+		pick.Fallbacks = append(pick.Fallbacks, fb.Endpoint)
+	}
+	if r.debug {
+		pick.Debug = explain(plan.Decode.WorkerRank, debug)
+	}
 	if hint, ok := plan.PrefillHint(); ok {
 		pick.Prefiller = hint
 		if r.signer != nil {
 			if pick.Prefiller, pick.PrefillerSignature, err = r.signer.sign(hint, req.Body); err != nil {
-				_ = r.book.Complete(plan.ID) // no pick, so nobody else settles it
+				f.Done() // no pick, so nobody else settles it
 				return extproc.Pick{}, err
 			}
 		}
@@ -213,17 +268,17 @@ func (s *hintSigner) sign(hint string, body []byte) (endpoint, signature string,
 	return endpoint, signature, nil
 }
 
-// planSettle settles a plan: the first output byte hands off (the prefill leg
-// is done, or the prefill of an aggregated worker), the end completes it; each
-// at most once.
-type planSettle struct {
-	b          booker
-	id         string
-	first, end sync.Once
+// tokenize tokenizes the request's body, in a span when tracing is on.
+func (r *router) tokenize(ctx context.Context, req extproc.PickRequest) (tokenize.Result, error) {
+	treq := tokenize.Request{Path: req.Path, Body: req.Body, Model: r.model}
+	if r.tracer == nil {
+		return r.tok.Tokenize(ctx, treq)
+	}
+	ctx, span := r.tracer.Start(ctx, spanTokenize)
+	tr, err := r.tok.Tokenize(ctx, treq)
+	endTokenize(span, tr, err)
+	return tr, err
 }
-
-func (p *planSettle) FirstByte() { p.first.Do(func() { _ = p.b.Handoff(p.id) }) }
-func (p *planSettle) Done()      { p.end.Do(func() { _ = p.b.Complete(p.id) }) }
 
 func (r *router) leastLoaded(allowed []string) (extproc.Pick, error) {
 	ok := func(id string) bool {

@@ -34,7 +34,18 @@ func (f fakeTok) Tokenize(_ context.Context, req tokenize.Request) (tokenize.Res
 	return tokenize.Result{Tokens: toks}, nil
 }
 
+// progressless gives a test booker the calls on a plan in flight, as no-ops.
+type progressless struct{}
+
+func (progressless) Renew(string) error                    { return nil }
+func (progressless) Generated(string, int) error           { return nil }
+func (progressless) Move(string, catalog.WorkerRank) error { return nil }
+func (progressless) Scores(context.Context, selection.Request) ([]selection.Scored, error) {
+	return nil, nil
+}
+
 type fakeSvc struct {
+	progressless
 	mu       sync.Mutex
 	last     selection.Request
 	err      error

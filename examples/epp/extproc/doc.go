@@ -4,10 +4,17 @@
 // to its end, asks a Picker for a destination, and answers with the
 // destination as the x-gateway-destination-endpoint request header and as
 // envoy.lb dynamic metadata (the same value), clears the route cache, and
-// re-sends the body. On the response path it reports the first non-empty body
-// chunk and the end of the exchange to the Settler that came with the pick, so
-// the booking behind the pick is released exactly once whatever happens to the
-// stream.
+// re-sends the body. A pick with fallbacks goes out as the GAIE protocol's
+// comma-separated list (primary first, the same value in header and
+// metadata), which the gateway tries in order. On the response path it
+// reports the first non-empty body chunk and the end of the exchange to the
+// Settler that came with the pick, so the booking behind the pick is released
+// exactly once whatever happens to the stream; a Settler that is also a
+// Follower sees the response as it passes (the endpoint the gateway reports
+// as served when it is not the primary, the status and content type, every
+// body chunk), which is how the EPP renews leases, counts output and moves a
+// booking to the worker that served. A pick's Debug value is returned to the
+// client as the x-kvselect-debug response header.
 //
 // # Body modes
 //
@@ -44,6 +51,7 @@
 //
 // For every successful Pick, Settler.Done is called exactly once (on response
 // end of stream, on an error after the pick, on stream EOF, reset or client
-// cancel) and Settler.FirstByte at most once, before Done. No request is
-// forwarded with a destination the Picker did not return.
+// cancel) and Settler.FirstByte at most once, before Done; a Follower's calls
+// all come before Done, Served at most once. No request is forwarded with a
+// destination the Picker did not return.
 package extproc

@@ -28,6 +28,9 @@ var (
 	// Prefiller, with one not in canonical form, or is not a short visible
 	// ASCII string; the Pick fails with 500.
 	ErrInvalidSignature = errors.New("extproc: invalid prefiller signature")
+	// ErrInvalidDebug: a Pick's Debug is too long or not printable ASCII;
+	// the header is left out, the request is served.
+	ErrInvalidDebug = errors.New("extproc: invalid debug header")
 	// ErrUnsupportedMode: the request body mode is neither
 	// FULL_DUPLEX_STREAMED nor BUFFERED, or observability mode is on; the
 	// stream fails with FAILED_PRECONDITION.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -55,7 +57,9 @@ type exchange struct {
 	settle     Settler // non-nil once a pick succeeded
 	settled    bool
 	firstByte  bool
-	dest       string // canonical destination
+	dest       string   // canonical destination
+	follow     Follower // the settler's, nil when it follows nothing
+	debug      string   // Pick.Debug, checked; "" for none
 	servedSeen bool
 }
 
@@ -235,13 +239,58 @@ func (x *exchange) decide(by completion) error {
 		}
 	}
 	x.dest = dest
-	if err := x.sendDecision(by, dest, prefiller, pick.PrefillerSignature); err != nil {
+	x.follow, _ = pick.Settle.(Follower)
+	if pick.Debug != "" {
+		if err := checkDebug(pick.Debug); err != nil {
+			x.s.log.Warn("debug header left out", "request_id", x.hdr.requestID, "err", err)
+		} else {
+			x.debug = pick.Debug
+		}
+	}
+	list := x.destinationList(dest, pick.Fallbacks)
+	if err := x.sendDecision(by, list, prefiller, pick.PrefillerSignature); err != nil {
 		return err
 	}
 	x.body = nil
 	x.phase = phaseResponse
 	x.record(http.StatusOK)
-	x.s.log.Debug("request routed", "request_id", x.hdr.requestID, "destination", dest, "prefiller", prefiller)
+	x.s.log.Debug("request routed", "request_id", x.hdr.requestID, "destination", list, "prefiller", prefiller)
+	return nil
+}
+
+// destinationList is the destination header's value: the canonical primary,
+// then each valid fallback not already in the list, at most MaxFallbacks.
+func (x *exchange) destinationList(dest string, fallbacks []string) string {
+	if len(fallbacks) == 0 {
+		return dest
+	}
+	list := make([]string, 1, 1+min(len(fallbacks), MaxFallbacks))
+	list[0] = dest
+	dropped := 0
+	for _, f := range fallbacks {
+		c, err := CanonicalEndpoint(f)
+		if err != nil || contains(list, c) || len(list) > MaxFallbacks {
+			dropped++
+			continue
+		}
+		list = append(list, c)
+	}
+	if dropped > 0 {
+		x.s.log.Warn("fallback endpoints left out", "request_id", x.hdr.requestID, "left_out", dropped, "kept", len(list)-1)
+	}
+	return strings.Join(list, ",")
+}
+
+// checkDebug validates a Pick's debug header value.
+func checkDebug(v string) error {
+	if len(v) > MaxDebugLen {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidDebug, len(v), MaxDebugLen)
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < ' ' || v[i] > '~' {
+			return fmt.Errorf("%w: byte %d is not printable ASCII", ErrInvalidDebug, i)
+		}
+	}
 	return nil
 }
 
@@ -253,7 +302,8 @@ func (x *exchange) logRejected(st int, err error) {
 	lvl("request rejected", "request_id", x.hdr.requestID, "status", st, "err", err)
 }
 
-// sendDecision sends the routing mutations: the destination, and in
+// sendDecision sends the routing mutations: the destination (a list when
+// there are fallbacks), and in
 // disaggregated mode the prefiller and, when hints are signed, its signature
 // (no header for what is ""), then the body.
 func (x *exchange) sendDecision(by completion, dest, prefiller, signature string) error {
@@ -312,13 +362,22 @@ func (x *exchange) sendDecision(by completion, dest, prefiller, signature string
 }
 
 func (x *exchange) onResponseHeaders(h *extprocv3.HttpHeaders, md *corev3.Metadata) error {
-	x.checkServed(md)
+	served := x.checkServed(md)
+	common := &extprocv3.CommonResponse{}
+	if x.debug != "" {
+		common.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderDebug, x.debug)}}
+	}
 	if err := x.send(&extprocv3.ProcessingResponse{
-		Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
-			Response: &extprocv3.CommonResponse{},
-		}},
+		Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{Response: common}},
 	}); err != nil {
 		return err
+	}
+	if x.follow != nil {
+		if served != "" {
+			x.follow.Served(served)
+		}
+		st, ct := responseStatus(h.GetHeaders())
+		x.follow.ResponseHeaders(st, ct)
 	}
 	if h.GetEndOfStream() {
 		x.complete()
@@ -327,7 +386,7 @@ func (x *exchange) onResponseHeaders(h *extprocv3.HttpHeaders, md *corev3.Metada
 }
 
 func (x *exchange) onResponseBody(b *extprocv3.HttpBody, md *corev3.Metadata) error {
-	x.checkServed(md)
+	served := x.checkServed(md)
 	var resp *extprocv3.ProcessingResponse
 	if x.respMode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		// Envoy passes on only the bytes we send back: echo at once.
@@ -340,6 +399,14 @@ func (x *exchange) onResponseBody(b *extprocv3.HttpBody, md *corev3.Metadata) er
 	if err := x.send(resp); err != nil {
 		return err
 	}
+	if x.follow != nil {
+		if served != "" {
+			x.follow.Served(served)
+		}
+		if len(b.GetBody()) > 0 {
+			x.follow.ResponseBody(b.GetBody())
+		}
+	}
 	if len(b.GetBody()) > 0 && !x.firstByte && x.settle != nil {
 		x.firstByte = true
 		x.settle.FirstByte()
@@ -350,21 +417,42 @@ func (x *exchange) onResponseBody(b *extprocv3.HttpBody, md *corev3.Metadata) er
 	return nil
 }
 
-// checkServed compares the gateway's served endpoint with the pick, once.
-func (x *exchange) checkServed(md *corev3.Metadata) {
+// checkServed compares the gateway's served endpoint with the pick, once,
+// and returns it (canonical when it parses) when it differs, "" otherwise.
+func (x *exchange) checkServed(md *corev3.Metadata) string {
 	if x.servedSeen || md == nil {
-		return
+		return ""
 	}
-	served := readServed(md)
+	served := strings.TrimSpace(readServed(md))
 	if served == "" {
-		return
+		return ""
 	}
 	x.servedSeen = true
-	if !sameEndpoint(served, x.dest) {
-		x.s.rec.ServedMismatch()
-		x.s.log.Warn("served endpoint differs from the pick", "request_id", x.hdr.requestID,
-			"picked", x.dest, "served", served)
+	if sameEndpoint(served, x.dest) {
+		return ""
 	}
+	x.s.rec.ServedMismatch()
+	x.s.log.Info("served endpoint differs from the pick", "request_id", x.hdr.requestID,
+		"picked", x.dest, "served", served)
+	if c, err := CanonicalEndpoint(served); err == nil {
+		return c
+	}
+	return served
+}
+
+// responseStatus reads the :status and content-type response headers.
+func responseStatus(hm *corev3.HeaderMap) (status int, contentType string) {
+	for _, h := range hm.GetHeaders() {
+		switch strings.ToLower(h.GetKey()) {
+		case ":status":
+			if n, err := strconv.Atoi(strings.TrimSpace(headerValue(h))); err == nil && n > 0 && n < 1000 {
+				status = n
+			}
+		case "content-type":
+			contentType = headerValue(h)
+		}
+	}
+	return status, contentType
 }
 
 // complete ends the exchange after the response ended.

@@ -36,6 +36,8 @@ const (
 	// ServedKey is the key, in MetadataNamespace of the response metadata,
 	// of the endpoint that really served the request.
 	ServedKey = "x-gateway-destination-endpoint-served"
+	// HeaderDebug is the response header of Pick.Debug.
+	HeaderDebug = "x-kvselect-debug"
 )
 
 // MaxSignatureLen bounds Pick.PrefillerSignature (a pdhint value is at most

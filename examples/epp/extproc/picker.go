@@ -56,9 +56,28 @@ type Pick struct {
 	// value as sent, and must be at most MaxSignatureLen visible ASCII
 	// characters; the request fails with 500 otherwise. "" sends no header.
 	PrefillerSignature string
+	// Fallbacks are endpoints the gateway may try, in order, when it cannot
+	// reach Destination (the GAIE protocol's comma-separated list), each an
+	// IP literal and a port like Destination. The destination header and
+	// metadata then carry "Destination,fallback,...", at most MaxFallbacks
+	// of them; an invalid one, a repeat or Destination itself is left out
+	// (and logged). Nil: Destination alone.
+	Fallbacks []string
+	// Debug, when set, is sent back to the client as the HeaderDebug
+	// response header (an explanation of the decision). It must be at most
+	// MaxDebugLen bytes of printable ASCII, else it is left out (and
+	// logged). "" sends no header.
+	Debug string
 	// Settle settles the booking behind the pick. Nil is treated as a no-op.
+	// It may also implement Follower to see the response.
 	Settle Settler
 }
+
+// MaxFallbacks bounds Pick.Fallbacks.
+const MaxFallbacks = 16
+
+// MaxDebugLen bounds Pick.Debug.
+const MaxDebugLen = 2048
 
 // Settler settles the booking behind a Pick. Both methods must be idempotent
 // and safe to call concurrently; the server calls FirstByte at most once and
@@ -71,6 +90,26 @@ type Settler interface {
 	// Done reports the end of the exchange: response end of stream, client
 	// cancel, stream error or EOF, or a failure after the pick.
 	Done()
+}
+
+// Follower is implemented by a Settler that follows the response of its
+// request: where it was served, its status, its body. The server calls its
+// methods from the request's goroutine, in the order below, after the
+// message concerned has been answered, so they never delay the response;
+// they must not block long (a chunk waits for the previous call).
+type Follower interface {
+	// Served reports, at most once and before ResponseHeaders, the endpoint
+	// that served the request as the gateway reports it (the GAIE protocol's
+	// x-gateway-destination-endpoint-served response metadata), canonical
+	// when it parses, as reported otherwise, when it is not the pick's
+	// Destination: a fallback of the list, or a retry elsewhere.
+	Served(endpoint string)
+	// ResponseHeaders reports the response's status (0 when the :status
+	// header is missing or not a number) and content type, once.
+	ResponseHeaders(status int, contentType string)
+	// ResponseBody reports each non-empty response body chunk. The chunk is
+	// only valid during the call.
+	ResponseBody(chunk []byte)
 }
 
 // NopSettler is a Settler that does nothing, for picks that booked nothing.

@@ -1,0 +1,44 @@
+package selection
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/catalog"
+)
+
+// A booking moved by id with its session moves the session's pin too, as
+// Booking.Move does; MoveReservation, which knows no session, leaves the pin.
+func TestMoveSessionReservationMovesThePin(t *testing.T) {
+	cfg := DefaultConfig(4)
+	cfg.UseKVEvents = false
+	cfg.Sessions.Mode = SessionHard
+	s, err := NewSelectionServiceBuilder(cfg).Clock(newFakeClock().Now).SweepInterval(-1).Build(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	addWorkers(t, s, "a", "b", "c")
+
+	first, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(8, 1), SessionID: "s1", Allowed: []string{"a"}})
+	require.NoError(t, err)
+	require.NoError(t, s.MoveReservation(first.ReservationID, catalog.WorkerRank{Worker: "c"}))
+	require.Equal(t, 1, loadOf(t, s, "c").ActiveRequests)
+	again, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(4, 2), SessionID: "s1"})
+	require.NoError(t, err)
+	require.Equal(t, "a", again.Worker, "MoveReservation leaves the pin where it was booked")
+
+	require.NoError(t, s.MoveSessionReservation(again.ReservationID, catalog.WorkerRank{Worker: "b"}, "s1"))
+	require.Equal(t, 1, loadOf(t, s, "b").ActiveRequests)
+	require.Zero(t, loadOf(t, s, "a").ActiveRequests)
+	next, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(4, 3), SessionID: "s1"})
+	require.NoError(t, err)
+	require.Equal(t, "b", next.Worker, "the pin followed the move")
+
+	require.ErrorIs(t, s.MoveSessionReservation("gone", catalog.WorkerRank{Worker: "b"}, "s1"), ErrUnknownReservation)
+	require.ErrorIs(t, s.MoveSessionReservation(next.ReservationID, catalog.WorkerRank{Worker: "nope"}, "s1"), ErrNotFound)
+	for _, id := range []string{first.ReservationID, again.ReservationID, next.ReservationID} {
+		require.NoError(t, s.FreeReservation(id))
+	}
+	requireIdle(t, s)
+}
