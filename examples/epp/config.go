@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
 	"github.com/kvselect/kvselect/replica"
+	"github.com/kvselect/kvselect/replica/natsbus"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -66,6 +67,7 @@ type config struct {
 	PeerService string
 	Peers       []string // host:port of the peers' route listeners
 	SyncPort    int      // the embedded server's route listener port
+	SyncSecret  string   // the routes' shared secret; "" for none
 	NATSURL     string
 	ReplicaID   string // explicit; see replicaID for the default
 	// Long requests and observability (docs/OBSERVABILITY.md).
@@ -261,6 +263,15 @@ func (c *config) settings() []setting {
 					return fmt.Errorf("%d peers, at most %d", len(out), maxPeers)
 				}
 				c.Peers = out
+				return nil
+			}},
+		{env: "DYN_EPP_REPLICA_SYNC_SECRET", flag: "replica-sync-secret", help: "replicas, embedded NATS: a secret every peer's route must present (at least 16 printable ASCII characters, from a Kubernetes Secret); unset, any host that reaches the sync port may join, so keep it behind a NetworkPolicy",
+			parse: func(c *config, v string) error {
+				v = strings.TrimSpace(v)
+				if len(v) < natsbus.MinRouteSecret || strings.IndexFunc(v, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0 {
+					return fmt.Errorf("want at least %d printable ASCII characters without spaces", natsbus.MinRouteSecret)
+				}
+				c.SyncSecret = v
 				return nil
 			}},
 		{env: "DYN_EPP_REPLICA_SYNC_PORT", flag: "replica-sync-port", def: "9092", help: "the embedded NATS server's route (cluster) port, on POD_IP when set, else every interface (0: a free port, logged; for tests)", parse: intIn(&c.SyncPort, 0, maxPort)},
@@ -553,6 +564,9 @@ func (c *config) checkReplicas() []error {
 	}
 	if c.PeerService != "" && len(c.Peers) > 0 {
 		errs = append(errs, errors.New("DYN_EPP_PEERS: set either DYN_EPP_PEER_SERVICE (peers discovered) or DYN_EPP_PEERS (static), not both"))
+	}
+	if c.SyncSecret != "" && !c.embedsNATS() {
+		errs = append(errs, errors.New("DYN_EPP_REPLICA_SYNC_SECRET: applies to the embedded NATS server (DYN_EPP_PEER_SERVICE or DYN_EPP_PEERS); an existing cluster takes its credentials in DYN_EPP_NATS_URL"))
 	}
 	if c.PeerService != "" {
 		if _, err := netip.ParseAddr(c.PodIP); err != nil {

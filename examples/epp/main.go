@@ -287,7 +287,7 @@ func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure f
 	if rp != nil {
 		rc := &replicaCollector{reps: rp.reps}
 		if rp.srv != nil {
-			rc.routes, rc.configured = rp.srv.Peers, rp.srv.Routes
+			rc.routes, rc.configured, rc.refused = rp.srv.Peers, rp.srv.Routes, rp.srv.RefusedRoutes
 		}
 		e.reg.MustRegister(rc)
 	}

@@ -236,9 +236,11 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 type replicaCollector struct {
 	reps map[roles.Role]*replica.Replicator
 	// routes lists the servers the embedded NATS server is routed to, and
-	// configured the routes it was given (the peers discovery found); nil
+	// configured the routes it was given (the peers discovery found), and
+	// refused counts the routes refused for a wrong or missing secret; nil
 	// with an external NATS cluster.
 	routes, configured func() []string
+	refused            func() uint64
 }
 
 var (
@@ -266,6 +268,7 @@ var (
 	dRepUnsendable  = descRep("unsendable_total", "Own bookings too large for one message, not shared.")
 	dRepClashes     = descRep("id_clashes_total", "Messages from another replica using this replica's ID.")
 	dRepRoutes      = prometheus.NewDesc("kvselect_replica_nats_routes", "Peer NATS servers the embedded server has a route to now.", nil, nil)
+	dRouteRefused   = prometheus.NewDesc("kvselect_replica_nats_routes_refused_total", "Route connections the embedded server refused for a wrong or missing DYN_EPP_REPLICA_SYNC_SECRET.", nil, nil)
 	dRepConfigured  = prometheus.NewDesc("kvselect_replica_nats_routes_configured", "Routes the embedded server is given (DYN_EPP_PEERS, or the peers DYN_EPP_PEER_SERVICE finds); more than kvselect_replica_nats_routes means peers not reached.", nil, nil)
 )
 
@@ -275,6 +278,7 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.routes != nil {
 		ch <- prometheus.MustNewConstMetric(dRepRoutes, prometheus.GaugeValue, float64(len(c.routes())))
 		ch <- prometheus.MustNewConstMetric(dRepConfigured, prometheus.GaugeValue, float64(len(c.configured())))
+		ch <- prometheus.MustNewConstMetric(dRouteRefused, prometheus.CounterValue, float64(c.refused()))
 	}
 	for r, rep := range c.reps {
 		role := r.String()

@@ -69,7 +69,7 @@ func openReplication(cfg *config, logger *slog.Logger) (*replication, error) {
 	// On POD_IP when known: the server then tells its peers that address,
 	// not every address of the host.
 	addr := net.JoinHostPort(cfg.PodIP, strconv.Itoa(cfg.SyncPort))
-	rp.srv, err = natsbus.StartServer(natsbus.ServerOptions{Name: id, ClusterAddr: addr, Routes: cfg.Peers, Logger: logger})
+	rp.srv, err = natsbus.StartServer(natsbus.ServerOptions{Name: id, ClusterAddr: addr, Routes: cfg.Peers, RouteSecret: cfg.SyncSecret, Logger: logger})
 	if err != nil {
 		return nil, fmt.Errorf("replica sync server on %s: %w", addr, err)
 	}

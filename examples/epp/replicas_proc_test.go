@@ -276,6 +276,7 @@ func startReplicas(t *testing.T, rig *procRig, n int) []*procEPP {
 			env := rig.env(name)
 			env["DYN_EPP_REPLICA_SYNC_PORT"] = strconv.Itoa(ports[i])
 			env["DYN_EPP_PEERS"] = strings.Join(peers, ",")
+			env["DYN_EPP_REPLICA_SYNC_SECRET"] = "three-epp-test-secret" // the routes authenticate
 			p, ok := launchEPP(t, name, env)
 			if ok {
 				require.Equal(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i])), p.syncAddr)

@@ -31,6 +31,11 @@ func TestConfigReplicas(t *testing.T) {
 	require.Equal(t, []string{"10.0.0.2:9092", "[fd00::3]:9092"}, c.Peers)
 	require.True(t, c.embedsNATS())
 	require.Zero(t, c.SyncPort)
+	require.Empty(t, c.SyncSecret)
+
+	c, err = load(t, map[string]string{"DYN_EPP_PEERS": "10.0.0.2:9092", "DYN_EPP_REPLICA_SYNC_SECRET": " s3cret-s3cret-s3cret "})
+	require.NoError(t, err)
+	require.Equal(t, "s3cret-s3cret-s3cret", c.SyncSecret)
 
 	c, err = load(t, map[string]string{"DYN_EPP_PEER_SERVICE": "epp-peers", "POD_IP": "10.0.0.1", "DYN_EPP_WORKERS_FILE": "w.json",
 		"DYN_EPP_TOKENIZER_SERVICE_URL": "http://tok:8000"})
@@ -63,6 +68,9 @@ func TestConfigReplicas(t *testing.T) {
 		{map[string]string{"DYN_EPP_REPLICA_ID": strings.Repeat("a", 65)}, "DYN_EPP_REPLICA_ID"},
 		{map[string]string{"DYN_EPP_REPLICA_SYNC_PORT": "65536"}, "DYN_EPP_REPLICA_SYNC_PORT"},
 		{map[string]string{"POD_IP": "10.0.0"}, "POD_IP"},
+		{map[string]string{"DYN_EPP_PEERS": "10.0.0.2:9092", "DYN_EPP_REPLICA_SYNC_SECRET": "short"}, "DYN_EPP_REPLICA_SYNC_SECRET"},
+		{map[string]string{"DYN_EPP_PEERS": "10.0.0.2:9092", "DYN_EPP_REPLICA_SYNC_SECRET": "has spaces in it, see"}, "DYN_EPP_REPLICA_SYNC_SECRET"},
+		{map[string]string{"DYN_EPP_NATS_URL": "nats://n:4222", "DYN_EPP_REPLICA_SYNC_SECRET": "s3cret-s3cret-s3cret"}, "applies to the embedded"},
 	} {
 		_, err := load(t, tc.env)
 		require.ErrorIs(t, err, errConfig, "%v", tc.env)
