@@ -519,12 +519,13 @@ func syncOption(d time.Duration) time.Duration {
 
 func printTable(w io.Writer, jobs []*job) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\thit\treachable\thit/reach\tbelieved\timbalance\tTTFT p50\tp90\tp99\tmakespan\twall\t")
+	fmt.Fprintln(tw, "policy\thit\treachable\thit/reach\tbelieved\timbalance\tTTFT p50\tp90\tp99\tmakespan\twall\tdecide p50\tp99\t")
 	for _, j := range jobs {
 		r := j.res
-		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%s\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			j.label, r.HitRate, r.ReachableHitRate, r.HitRate/r.ReachableHitRate, r.BelievedHitRate, r.Imbalance,
-			secs(r.TTFTP50), secs(r.TTFTP90), secs(r.TTFTP99), secs(r.Makespan), r.Wall.Round(time.Millisecond))
+			secs(r.TTFTP50), secs(r.TTFTP90), secs(r.TTFTP99), secs(r.Makespan), r.Wall.Round(time.Millisecond),
+			micros(r.Decision.P50), micros(r.Decision.P99))
 	}
 	_ = tw.Flush()
 }
@@ -547,6 +548,14 @@ func printExplain(w io.Writer, jobs []*job) {
 
 func secs(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', 3, 64) + "s" }
 
+// micros is a decision time in microseconds; "-" for a policy that keeps none.
+func micros(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(float64(d)/float64(time.Microsecond), 'f', 1, 64) + "us"
+}
+
 func (c config) writeCSV(path string, jobs []*job) (err error) {
 	f, err := os.Create(path)
 	if err != nil {
@@ -556,8 +565,10 @@ func (c config) writeCSV(path string, jobs []*job) (err error) {
 	cw := csv.NewWriter(f)
 	_ = cw.Write([]string{"label", "policy", "overlap_credit", "prefill_scale", "temperature", "requests", "blocks", "hit_blocks",
 		"hit_rate", "reachable_hit_rate", "believed_hit_rate", "imbalance", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-		"makespan_s", "stored_blocks", "evicted_blocks", "events", "wall_s", "per_worker", "replicas", "sync_delay_s", "remote_bookings"})
+		"makespan_s", "stored_blocks", "evicted_blocks", "events", "wall_s", "per_worker", "replicas", "sync_delay_s", "remote_bookings",
+		"decision_p50_us", "decision_p90_us", "decision_p99_us", "decision_max_us"})
 	ff := func(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	for _, j := range jobs {
 		r := j.res
 		sync := ""
@@ -574,7 +585,8 @@ func (c config) writeCSV(path string, jobs []*job) (err error) {
 			ff(r.TTFTMean.Seconds()), ff(r.TTFTP50.Seconds()), ff(r.TTFTP90.Seconds()), ff(r.TTFTP99.Seconds()),
 			ff(r.Makespan.Seconds()), strconv.FormatInt(r.StoredBlocks, 10), strconv.FormatInt(r.EvictedBlocks, 10),
 			strconv.FormatInt(r.Events, 10), ff(r.Wall.Seconds()), strings.Join(per, " "),
-			strconv.Itoa(r.Replicas), sync, strconv.FormatInt(r.RemoteBookings, 10)})
+			strconv.Itoa(r.Replicas), sync, strconv.FormatInt(r.RemoteBookings, 10),
+			ff(us(r.Decision.P50)), ff(us(r.Decision.P90)), ff(us(r.Decision.P99)), ff(us(r.Decision.Max))})
 	}
 	cw.Flush()
 	return cw.Error()
