@@ -14,6 +14,7 @@ import (
 	"github.com/kvselect/kvselect/examples/epp/extproc"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/httproute"
 )
 
 // flight is one booked request between its pick and its end: the Settler of
@@ -39,7 +40,7 @@ type flight struct {
 	// since the tick before.
 	progress atomic.Uint64
 	seen     uint64
-	sse      *sseCounter // a 2xx event stream's data lines, with output growth; nil otherwise
+	sse      *httproute.SSECounter // a 2xx event stream's data lines, with output growth; nil otherwise
 }
 
 var (
@@ -80,7 +81,7 @@ func (f *flight) ResponseHeaders(status int, contentType string) {
 		return
 	}
 	if mt, _, err := mime.ParseMediaType(contentType); err == nil && mt == "text/event-stream" {
-		f.sse = &sseCounter{}
+		f.sse = &httproute.SSECounter{}
 	}
 }
 
@@ -88,8 +89,8 @@ func (f *flight) ResponseHeaders(status int, contentType string) {
 // booking by the events generated so far.
 func (f *flight) ResponseBody(chunk []byte) {
 	f.progress.Add(1)
-	if f.sse != nil && f.sse.scan(chunk) {
-		_ = f.r.book.Generated(f.plan.ID, f.sse.events) // a plan already gone has nothing to grow
+	if f.sse != nil && f.sse.Scan(chunk) {
+		_ = f.r.book.Generated(f.plan.ID, f.sse.Events()) // a plan already gone has nothing to grow
 	}
 }
 
@@ -206,40 +207,6 @@ func (w *renewer) run(ctx context.Context, every time.Duration) {
 			w.tick()
 		}
 	}
-}
-
-// sseCounter counts the data lines of a server-sent event stream, a line
-// that starts with "data:", across chunks that may split a line anywhere.
-// An OpenAI-compatible engine streams one event per generated token (more
-// tokens per event with speculative decoding, which the count then
-// under-reports), so the count is the tokens generated so far; the final
-// "data: [DONE]" adds one, less than a block.
-type sseCounter struct {
-	// matched is how much of "data:" the current line starts with: 0 at a
-	// line's start, len("data:") once counted, -1 when it is no data line.
-	matched int
-	events  int
-}
-
-// scan counts p's data lines and reports whether it found any.
-func (c *sseCounter) scan(p []byte) bool {
-	const field = "data:"
-	found := false
-	for _, ch := range p {
-		switch {
-		case ch == '\n':
-			c.matched = 0
-		case c.matched < 0 || c.matched == len(field):
-		case ch != field[c.matched]:
-			c.matched = -1
-		default:
-			if c.matched++; c.matched == len(field) {
-				c.events++
-				found = true
-			}
-		}
-	}
-	return found
 }
 
 // explainCandidates bounds the debug header to the cheapest candidates.

@@ -147,7 +147,7 @@ type settleBody struct {
 	left    int64 // bytes still expected; negative when the length is unknown
 	success bool  // a 2xx answer
 	started bool
-	sse     *sseCounter // a 2xx event stream's data lines; nil otherwise
+	sse     *SSECounter // a 2xx event stream's data lines; nil otherwise
 }
 
 func (b *settleBody) Read(p []byte) (int, error) {
@@ -160,8 +160,8 @@ func (b *settleBody) Read(p []byte) (int, error) {
 				b.ex.firstByte()
 			}
 		}
-		if b.sse != nil && b.sse.scan(p[:n]) {
-			_ = b.ex.b.Generated(b.sse.events) // gone already: nothing to grow
+		if b.sse != nil && b.sse.Scan(p[:n]) {
+			_ = b.ex.b.Generated(b.sse.Events()) // gone already: nothing to grow
 		}
 		if b.left >= 0 {
 			if b.left -= int64(n); b.left <= 0 {
@@ -191,18 +191,22 @@ func (b *settleBody) Close() error {
 	return err
 }
 
-// sseCounter counts the data lines of a server-sent event stream ("data:" at
-// the start of a line), across reads. An OpenAI-compatible engine streams one
-// chunk per generated token (more with speculative decoding, which the count
-// then under-reports), so the count is the tokens generated so far.
-type sseCounter struct {
+// SSECounter counts the data lines of a server-sent event stream ("data:" at
+// the start of a line) across reads that may split a line anywhere. An
+// OpenAI-compatible engine streams one chunk per generated token (more with
+// speculative decoding, which the count then under-reports), so the count is
+// the tokens generated so far (the final "data: [DONE]" adds one, less than a
+// block): what Booking.Generated takes. The Router counts with it; the
+// reference EPP counts ext_proc response body chunks with it. The zero value
+// is ready; it is not safe for concurrent use.
+type SSECounter struct {
 	col     int // bytes into the current line
 	matched int // bytes of "data:" matched at its start
 	events  int
 }
 
-// scan counts p's data lines and reports whether it found one.
-func (c *sseCounter) scan(p []byte) bool {
+// Scan counts p's data lines and reports whether it found one.
+func (c *SSECounter) Scan(p []byte) bool {
 	const field = "data:"
 	before := c.events
 	for _, ch := range p {
@@ -219,3 +223,6 @@ func (c *sseCounter) scan(p []byte) bool {
 	}
 	return c.events != before
 }
+
+// Events is the data lines counted so far.
+func (c *SSECounter) Events() int { return c.events }

@@ -364,7 +364,7 @@ func (r *Router) modifyResponse(resp *http.Response) error {
 	sb := &settleBody{ReadCloser: resp.Body, ex: ex, left: resp.ContentLength,
 		success: resp.StatusCode >= 200 && resp.StatusCode < 300}
 	if r.opts.OutputGrowth && sb.success && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		sb.sse = &sseCounter{}
+		sb.sse = &SSECounter{}
 	}
 	resp.Body = sb
 	return nil
