@@ -189,8 +189,9 @@ const (
 )
 
 // DefaultConfig returns kvselect's defaults for a block size: Dynamo's
-// (DynamoConfig) except for two weights, OverlapScoreCredit 4 (Dynamo: 1) and
-// PrefillLoadScale 2.5 (Dynamo: 1). With Dynamo's weights the decode term (a
+// (DynamoConfig) except for three weights, OverlapScoreCredit 4 (Dynamo: 1),
+// PrefillLoadScale 2.5 (Dynamo: 1) and InFlightHitWeight 1 (Dynamo has no such
+// credit; see DefaultInFlightHitWeight). With Dynamo's weights the decode term (a
 // worker's active blocks) outweighs a cached prefix whenever requests of one
 // prefix run together, so long prompts are pulled away from their cache: on the
 // Mooncake trace replay (docs/BENCHMARKS.md, median of five seeds) they reach

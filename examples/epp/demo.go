@@ -153,14 +153,14 @@ func runDemo(ctx context.Context, cfg *config, o demoOptions, out io.Writer) err
 	// otherwise), the same with Dynamo's default weights, and round-robin.
 	dynamo := *cfg
 	d := selection.DynamoConfig(cfg.Router.BlockSize)
-	dynamo.Router.OverlapScoreCredit, dynamo.Router.PrefillLoadScale = d.OverlapScoreCredit, d.PrefillLoadScale
+	dynamo.Router.OverlapScoreCredit, dynamo.Router.PrefillLoadScale, dynamo.Router.InFlightHitWeight = d.OverlapScoreCredit, d.PrefillLoadScale, d.InFlightHitWeight
 	runs := []struct {
 		name   string
 		cfg    *config
 		policy string
 	}{
 		{"kvselect", cfg, "kvselect"},
-		{"kvselect, Dynamo's weights (1, 1)", &dynamo, "kvselect"},
+		{"kvselect, Dynamo's weights (1, 1, no in-flight credit)", &dynamo, "kvselect"},
 		{"round-robin", cfg, "round-robin"},
 	}
 	var results []demoResult

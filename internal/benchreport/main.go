@@ -65,6 +65,8 @@ var jobs = []job{
 	{pkg: "./kvindex", pattern: "^BenchmarkScaleRemoveWorker$", benchtime: "100x", cpu: "1"},
 	// The fleets (64 to 16,384 ranks) are built once per test binary.
 	{pkg: "./selection", pattern: "^BenchmarkSelectAndReserveFleet$", benchtime: "5000x", cpu: "1"},
+	// Replication off and on, in one binary run (the publisher on the other core).
+	{pkg: "./replica", pattern: "^BenchmarkSelectAndReserveReplicated$", benchtime: "20000x", cpu: "2"},
 }
 
 func le(limit float64) func(float64) bool { return func(v float64) bool { return v <= limit } }
@@ -115,6 +117,9 @@ var rows = []row{
 	{what: "4,096 ranks vs 64 ranks (default decisions)", bench: "BenchmarkSelectAndReserveFleet/ranks=4096/default", metric: "p50-ns", budget: "<= 2x the 64-rank figure", baseline: "BenchmarkSelectAndReserveFleet/ranks=64/default", maxOfBaseline: 2, jobIndex: 13},
 	{what: "16,384 ranks vs 64 ranks (default decisions)", bench: "BenchmarkSelectAndReserveFleet/ranks=16384/default", metric: "p50-ns", budget: "<= 3x the 64-rank figure", baseline: "BenchmarkSelectAndReserveFleet/ranks=64/default", maxOfBaseline: 3, jobIndex: 13},
 	{what: "SelectAndReserve + Free at 16,384 ranks: allocations (vs the full scan)", bench: "BenchmarkSelectAndReserveFleet/ranks=16384/default", metric: "allocs/op", budget: "no more than the full scan", baseline: "BenchmarkSelectAndReserveFleet/ranks=16384/full-scan", maxOfBaseline: 1, jobIndex: 13},
+	{what: "SelectAndReserve + Free with replication on (a Replicator publishing every booking and free to a bus that discards) vs off, requests alternating between the two services", bench: "BenchmarkSelectAndReserveReplicated/interleaved", metric: "on/off", budget: "<= 1.15", ok: le(1.15), jobIndex: 14},
+	{what: "the same, each service in a run of its own, one after the other (wall time; noisier)", bench: "BenchmarkSelectAndReserveReplicated/on", metric: "ns/op", baseline: "BenchmarkSelectAndReserveReplicated/off", asCost: true, jobIndex: 14},
+	{what: "the same in CPU time of the whole process (the publisher's encoding included)", bench: "BenchmarkSelectAndReserveReplicated/on", metric: "cpu-ns/op", baseline: "BenchmarkSelectAndReserveReplicated/off", asCost: true, jobIndex: 14},
 	{what: "RemoveWorker p50, a rank holding 8,192 blocks, 8M entries / 1,024 workers (vs the same rank size at 1M / 128)", bench: "BenchmarkScaleRemoveWorker/entries=8M", metric: "p50-ns", budget: "<= 3x the 1M figure (8x the entries)", baseline: "BenchmarkScaleRemoveWorker/entries=1M", maxOfBaseline: 3, jobIndex: 12},
 }
 

@@ -41,7 +41,7 @@ func replayRuns(tracePath string) []replayRun {
 		runs = append(runs,
 			replayRun{name: "defaults", seed: seed, args: with(seed, "--policies", "kvselect")},
 			replayRun{name: "shared block 0", seed: seed, args: with(seed, "--policies", "kvselect", "--common-blocks", "1")},
-			replayRun{name: "Dynamo's weights", seed: seed, args: with(seed, "--policies", "kvselect", "--overlap-credit", "1", "--prefill-scale", "1")},
+			replayRun{name: "Dynamo's weights", seed: seed, args: with(seed, "--policies", "kvselect", "--overlap-credit", "1", "--prefill-scale", "1", "--inflight-weight", "0")},
 		)
 	}
 	return runs
@@ -184,10 +184,10 @@ func qualitySection(tracePath string) (string, []string) {
 	} else {
 		b.WriteString("| shared block 0 | replay failed | **missed** |\n")
 	}
-	fmt.Fprintf(&b, "\nkvselect's defaults are Dynamo's except overlap credit %s and prefill load scale %s (Dynamo: 1 and 1;\n"+
-		"see selection.DefaultConfig); the \"Dynamo's weights\" rows are the same service with Dynamo's.\n"+
+	fmt.Fprintf(&b, "\nkvselect's defaults are Dynamo's except overlap credit %s, prefill load scale %s and the in-flight credit %s\n"+
+		"(Dynamo: 1, 1 and none; see selection.DefaultConfig); the \"Dynamo's weights\" rows are the same service with Dynamo's.\n"+
 		"Other seeds: add `--seed N` to the commands below.\n",
-		trimFloat(selection.DefaultOverlapScoreCredit), trimFloat(selection.DefaultPrefillLoadScale))
+		trimFloat(selection.DefaultOverlapScoreCredit), trimFloat(selection.DefaultPrefillLoadScale), trimFloat(selection.DefaultInFlightHitWeight))
 	return b.String(), cmds
 }
 
