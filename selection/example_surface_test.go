@@ -187,3 +187,68 @@ func ExampleSessionConfig() {
 	// Output:
 	// true 1
 }
+
+// A gateway that retries elsewhere asks for fallbacks, and when the request
+// was served on one of them moves the booking there; a long answer grows the
+// booking as it is generated.
+func ExampleBooking_Move() {
+	svc := exampleService(examplePrompt)
+	defer svc.Close()
+	b, _ := svc.Book(context.Background(), selection.Request{Tokens: examplePrompt, Fallbacks: 1})
+	fmt.Println("picked", b.Worker, "fallback", b.Fallbacks[0].Worker, b.Fallbacks[0].Endpoint)
+
+	// pod-b refused the connection; the gateway's retry reached pod-a.
+	_ = b.Move(b.Fallbacks[0].WorkerRank)
+	fmt.Println("booked on", b.Worker, b.Endpoint, "requests:", svc.Loads("")[0].ActiveRequests, svc.Loads("")[1].ActiveRequests)
+
+	before := svc.Loads("")[0].ActiveBlocks
+	_ = b.Generated(8) // 8 tokens generated so far: two more blocks of 4
+	fmt.Println("active blocks", before, "->", svc.Loads("")[0].ActiveBlocks)
+	_ = b.Done()
+	fmt.Println("after done:", svc.Loads("")[0].ActiveRequests)
+	// Output:
+	// picked pod-b fallback pod-a 10.0.0.1:8000
+	// booked on pod-a 10.0.0.1:8000 requests: 1 0
+	// active blocks 3 -> 5
+	// after done: 0
+}
+
+// printTracer is a Tracer that prints each decision's span when it ends: an
+// adapter to OpenTelemetry does the same with a real span.
+type printTracer struct{}
+
+type printSpan struct{ name string }
+
+func (printTracer) StartDecision(_ context.Context, model string, reserve bool) selection.DecisionSpan {
+	name := "select"
+	if reserve {
+		name = "book"
+	}
+	return printSpan{name: name + " " + model}
+}
+
+func (s printSpan) End(d *selection.Decision, err error) {
+	if err != nil {
+		fmt.Println(s.name, "error:", err)
+		return
+	}
+	fmt.Printf("%s -> %s (overlap %d of %d blocks, %d candidates)\n", s.name, d.Worker, d.ChosenOverlapBlocks, d.RequestBlocks, d.Candidates)
+}
+
+// A Tracer sees every decision call as a span; the library imports no tracing
+// package.
+func ExampleTracer() {
+	cfg := selection.DefaultConfig(4)
+	svc, _ := selection.NewSelectionServiceBuilder(cfg).ExternalEvents().Tracer(printTracer{}).Build(context.Background())
+	defer svc.Close()
+	for i, id := range []string{"pod-a", "pod-b"} {
+		_, _ = svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
+	}
+	_ = svc.ApplyEvent(catalog.WorkerRank{Worker: "pod-b"}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{1, 2}, Tokens: examplePrompt[:8]})
+	b, _ := svc.Book(context.Background(), selection.Request{Tokens: examplePrompt})
+	_ = b.Done()
+	_, _ = svc.Select(context.Background(), selection.Request{Tokens: examplePrompt, Model: "other"})
+	// Output:
+	// book default -> pod-b (overlap 2 of 3 blocks, 2 candidates)
+	// select other error: selection: not ready: no worker serves model "other"
+}
