@@ -285,6 +285,9 @@ func main() {
 	quality, qcmds := qualitySection(*tracePath)
 	b.WriteString(quality)
 	cmds = append(cmds, qcmds...)
+	workloads, wcmds := workloadSection()
+	b.WriteString(workloads)
+	cmds = append(cmds, wcmds...)
 	b.WriteString(analysis)
 	b.WriteString("\n## Reproduce\n\n```sh\n")
 	for _, c := range cmds {
