@@ -6,7 +6,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/replica"
+	"github.com/kvselect/kvselect/replica/internal/replicatest"
 	"github.com/kvselect/kvselect/replica/natsbus"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -128,68 +128,26 @@ func activeRequests(n *node) int {
 	return s
 }
 
-// views reports how the nodes' views differ, "" when they agree entry by
-// entry: equal loads everywhere, and every node holding exactly each peer's
-// live local bookings.
-func views(nodes ...*node) string {
-	want := nodes[0].svc.Loads("")
-	for _, n := range nodes[1:] {
-		if got := n.svc.Loads(""); !slices.Equal(got, want) {
-			return fmt.Sprintf("loads of %s %v, of %s %v", nodes[0].r.ID(), want, n.r.ID(), got)
-		}
-	}
-	for _, a := range nodes {
-		local := a.r.LocalIDs()
-		for _, b := range nodes {
-			if a == b {
-				continue
-			}
-			if got := b.r.RemoteIDs(a.r.ID()); !slices.Equal(got, local) && len(got)+len(local) > 0 {
-				return fmt.Sprintf("%s holds %d bookings of %s, which has %d", b.r.ID(), len(got), a.r.ID(), len(local))
-			}
-		}
-	}
-	return ""
-}
+// views reports how the nodes' views differ, "" when they agree
+// (replicatest.Views).
+func views(nodes ...*node) string { return replicatest.Views(asNodes(nodes)...) }
 
-// behind reports a node that has not applied a peer's last batch yet (or
-// is taking a snapshot of it), "" when none. Equal views are not enough: a
-// node behind a peer's stream may hold, by chance, what the peer holds now
-// (nothing, say) and go on applying the batches it has yet to see.
-func behind(nodes ...*node) string {
-	for _, a := range nodes {
-		st := a.r.Stats()
-		for _, b := range nodes {
-			if a == b {
-				continue
-			}
-			peers := b.r.Peers()
-			i := slices.IndexFunc(peers, func(p replica.Peer) bool { return p.ID == st.ID })
-			if i < 0 {
-				return fmt.Sprintf("%s does not follow %s yet", b.r.ID(), st.ID)
-			}
-			if p := peers[i]; p.Epoch != st.Epoch || p.Seq != st.Seq || p.Syncing {
-				return fmt.Sprintf("%s follows %s at %d/%d (syncing %v), which is at %d/%d",
-					b.r.ID(), st.ID, p.Epoch, p.Seq, p.Syncing, st.Epoch, st.Seq)
-			}
-		}
+func asNodes(nodes []*node) []replicatest.Node {
+	out := make([]replicatest.Node, len(nodes))
+	for i, n := range nodes {
+		out[i] = replicatest.Node{Svc: n.svc, R: n.r}
 	}
-	return ""
+	return out
 }
 
 // requireConverged waits until every node has published what it has pending,
-// every node has applied each peer's last batch, and the views agree (see
-// views).
+// every node has applied each peer's last batch, and the nodes' views agree
+// (replicatest.Converged).
 func requireConverged(t testing.TB, timeout time.Duration, nodes ...*node) {
 	t.Helper()
+	ns := asNodes(nodes)
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		for _, n := range nodes {
-			_ = n.r.Flush()
-		}
-		if !assert.Empty(c, behind(nodes...)) {
-			return
-		}
-		assert.Empty(c, views(nodes...))
+		assert.Empty(c, replicatest.Converged(ns...))
 	}, timeout, 2*time.Millisecond)
 }
 
