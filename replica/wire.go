@@ -131,7 +131,13 @@ func appendHeader(dst []byte, typ byte) []byte {
 
 // appendBatchHeader starts a batch of count ops.
 func appendBatchHeader(dst []byte, flags byte, origin string, epoch, seq uint64, count int) []byte {
-	dst = appendHeader(dst, msgBatch)
+	return appendStreamHeader(dst, msgBatch, flags, origin, epoch, seq, count)
+}
+
+// appendStreamHeader starts a batch or a page, whose headers differ only in
+// type and flags.
+func appendStreamHeader(dst []byte, typ, flags byte, origin string, epoch, seq uint64, count int) []byte {
+	dst = appendHeader(dst, typ)
 	dst = append(dst, flags)
 	dst = appendStr(dst, origin)
 	dst = binary.LittleEndian.AppendUint64(dst, epoch)
@@ -218,16 +224,11 @@ func appendRequest(dst []byte, requester, after string) []byte {
 }
 
 func appendPageHeader(dst []byte, more bool, origin string, epoch, seq uint64, count int) []byte {
-	dst = appendHeader(dst, msgPage)
 	var flags byte
 	if more {
 		flags |= flagMore
 	}
-	dst = append(dst, flags)
-	dst = appendStr(dst, origin)
-	dst = binary.LittleEndian.AppendUint64(dst, epoch)
-	dst = binary.AppendUvarint(dst, seq)
-	return binary.AppendUvarint(dst, uint64(count))
+	return appendStreamHeader(dst, msgPage, flags, origin, epoch, seq, count)
 }
 
 // --- decoding -------------------------------------------------------------

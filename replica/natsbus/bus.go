@@ -49,10 +49,15 @@ func (b *Bus) Publish(subject string, data []byte) error {
 // missed (a Replicator sees that as a gap). After unsubscribe returns, fn is
 // not called again and no call is running.
 func (b *Bus) Subscribe(subject string, fn func(data []byte)) (func(), error) {
+	return b.guarded(subject, func(m *nats.Msg) { fn(m.Data) })
+}
+
+// guarded subscribes fn to subject and returns the stop function both
+// Subscribe and Respond promise: once it returns, fn is not called again and
+// no call is running.
+func (b *Bus) guarded(subject string, fn func(m *nats.Msg)) (func(), error) {
 	g := &guard{}
-	sub, err := b.nc.Subscribe(subject, func(m *nats.Msg) {
-		g.run(func() { fn(m.Data) })
-	})
+	sub, err := b.nc.Subscribe(subject, func(m *nats.Msg) { g.run(func() { fn(m) }) })
 	if err != nil {
 		return nil, err
 	}
@@ -76,21 +81,11 @@ func (b *Bus) Request(ctx context.Context, subject string, data []byte) ([]byte,
 // returns nil). After stop returns, fn is not called again and no call is
 // running.
 func (b *Bus) Respond(subject string, fn func(req []byte) []byte) (func(), error) {
-	g := &guard{}
-	sub, err := b.nc.Subscribe(subject, func(m *nats.Msg) {
-		g.run(func() {
-			if resp := fn(m.Data); resp != nil && m.Reply != "" {
-				_ = m.Respond(resp)
-			}
-		})
+	return b.guarded(subject, func(m *nats.Msg) {
+		if resp := fn(m.Data); resp != nil && m.Reply != "" {
+			_ = m.Respond(resp)
+		}
 	})
-	if err != nil {
-		return nil, err
-	}
-	return func() {
-		_ = sub.Unsubscribe()
-		g.close()
-	}, nil
 }
 
 // WatchConn reports the connection's losses (fn(false): disconnected,
