@@ -60,7 +60,7 @@ func (r *rig) hear(e *fakeengine.Engine, w catalog.WorkerRank) {
 		}
 		r.serve(e, 1)
 		return false
-	}, 10*time.Second, 5*time.Millisecond)
+	}, 10*time.Second, 20*time.Millisecond)
 }
 
 func encoded(t *testing.T, ix *kvindex.Index) []byte {
@@ -71,12 +71,16 @@ func encoded(t *testing.T, ix *kvindex.Index) []byte {
 }
 
 // TestResumeSourceFromPeer: a joining feed whose engine can no longer replay
-// its history (a buffer of 30 batches after 100) resumes from a peer's cut
+// its history (a buffer of 90 batches after 100) resumes from a peer's cut
 // while the engine keeps publishing: batches it applied live before the resume
 // are applied again onto the peer's entries, and it ends with exactly the
 // engine's cache, byte for byte the peer's index, not degraded.
 func TestResumeSourceFromPeer(t *testing.T) {
-	e := newEngine(t, func(o *fakeengine.Options) { o.ReplayBuffer = 30 })
+	// The buffer must still hold every batch after the peer's cut when the
+	// joiner resumes: those published while its subscription arrives (hear)
+	// are as many as that takes, so leave them room.
+	const buffer = 90
+	e := newEngine(t, func(o *fakeengine.Options) { o.ReplayBuffer = buffer })
 	w := catalog.WorkerRank{Worker: "pod-a"}
 	src := kvevents.SourceConfig{Worker: w, Endpoint: e.PubEndpoint(), ReplayEndpoint: e.ReplayEndpoint()}
 	peer := newRig(t, nil, 0)
@@ -92,6 +96,7 @@ func TestResumeSourceFromPeer(t *testing.T) {
 	joiner.hear(e, w)
 	joiner.serve(e, 10) // after the joiner listens: applied live, then again after the resume
 	joiner.converge(e, w)
+	require.Less(t, e.NextSeq()-cut.seq, uint64(buffer), "the joiner took so long to subscribe that the engine's buffer no longer reaches the cut")
 	require.NotEqual(t, encoded(t, peer.ix), encoded(t, joiner.ix), "a cold joiner cannot rebuild the history: the test proves nothing")
 
 	joiner.resume(cut, w)
