@@ -224,6 +224,16 @@ func TestWarmStartAllCold(t *testing.T) {
 	for _, n := range ns {
 		n.start(t)
 	}
+	// Each books at once, so that its first batch goes out within
+	// BatchInterval and every peer hears it well inside the one
+	// HeartbeatInterval it listens before asking (heartbeats alone could
+	// land after it, and nobody would ask anybody).
+	for _, n := range ns {
+		res, err := n.svc.SelectAndReserve(context.Background(), selection.Request{Tokens: make([]uint32, 32)})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = n.svc.FreeReservation(res.ReservationID) })
+		require.NoError(t, n.r.Flush())
+	}
 	waitSynced(t, ns...)
 	refusedNotServing := uint64(0)
 	for _, n := range ns {
