@@ -110,8 +110,9 @@
 //
 // # Initial sync
 //
-// A replica that starts reports itself Synced once it has listened for
-// HeartbeatInterval x 5/4 (every live peer heartbeats within it) and every
+// A replica that starts reports itself Synced once it has listened for two
+// HeartbeatIntervals (every live peer heartbeats within it, even one
+// interval late) and every
 // peer it heard has been snapshotted; or, with a WARN, once SyncTimeout has
 // passed. It serves before that (a decision never waits for the bus); an EPP
 // holds its readiness until then, so that a gateway does not send it
@@ -120,8 +121,8 @@
 // # Warm start
 //
 // A replica with KV events (without, there is nothing to warm) also warms
-// its index before it is Synced: in Start it listens for one
-// HeartbeatInterval, then asks the peers it heard, in random order, for
+// its index before it is Synced: in Start it listens for the same two
+// HeartbeatIntervals, then asks the peers it heard, in random order, for
 // their index on <Subject>.index.<ID>. Only a replica
 // that is itself Synced answers (the others say so at once, so replicas that
 // all start together all start cold, waiting on nobody). The peer takes one

@@ -100,7 +100,7 @@ type Options struct {
 	// listening for peers, taking a serving peer's index and replaying the
 	// engines from it; past it the replica starts cold, with a WARN. Default
 	// DefaultWarmTimeout (30 s) or 4 x HeartbeatInterval, the longer;
-	// longer than HeartbeatInterval.
+	// longer than the listening window, 2 x HeartbeatInterval.
 	WarmTimeout time.Duration
 	// MaxIndexBytes bounds an index snapshot this replica serves (one
 	// encoding per transfer, at most 2 at once) or takes. Default

@@ -6,8 +6,8 @@ import (
 )
 
 // Synced reports whether the replica has made its initial sync: it was
-// started, a listening window of HeartbeatInterval x 5/4 has passed (every
-// live peer heartbeats at least once within it), and no peer heard so far is
+// started, its listening window has passed (see listenWindow), and no peer
+// heard so far is
 // still being snapshotted. Once true it stays true: later gaps and resyncs
 // are repaired while the replica serves. When SyncTimeout passes first, it
 // becomes true anyway with a WARN naming the peers still syncing (the
@@ -27,7 +27,7 @@ func (r *Replicator) Synced() bool {
 		return false
 	}
 	since := time.Since(at)
-	if since < r.o.HeartbeatInterval*5/4 {
+	if since < r.listenWindow() {
 		return false
 	}
 	r.pmu.Lock()
@@ -53,6 +53,12 @@ func (r *Replicator) Synced() bool {
 	}
 	return true
 }
+
+// listenWindow is how long a starting replica listens before it may count
+// the peers it heard as all the live ones (for its initial sync and its warm
+// start): two HeartbeatIntervals, so that a peer's heartbeat delayed by up to
+// one interval (a loaded machine, a slow link) still lands inside it.
+func (r *Replicator) listenWindow() time.Duration { return 2 * r.o.HeartbeatInterval }
 
 // WaitSynced returns nil once Synced is true, or ctx.Err() when ctx ends
 // first, or ErrClosed when the Replicator closes first. It checks every

@@ -111,8 +111,8 @@ func (o *Options) warmDefaults(bad func(string, ...any)) {
 	case o.WarmTimeout == 0:
 		o.WarmTimeout = max(DefaultWarmTimeout, 4*o.HeartbeatInterval)
 	}
-	if o.HeartbeatInterval > 0 && o.WarmTimeout > 0 && o.WarmTimeout <= o.HeartbeatInterval {
-		bad("WarmTimeout %v is not longer than HeartbeatInterval %v", o.WarmTimeout, o.HeartbeatInterval)
+	if o.HeartbeatInterval > 0 && o.WarmTimeout > 0 && o.WarmTimeout <= 2*o.HeartbeatInterval {
+		bad("WarmTimeout %v is not longer than the listening window, 2 x HeartbeatInterval %v", o.WarmTimeout, o.HeartbeatInterval)
 	}
 	switch {
 	case o.MaxIndexBytes < 0:
@@ -145,7 +145,7 @@ func (r *Replicator) warmLoop() {
 	}
 }
 
-// warmStart listens for one HeartbeatInterval, then asks the peers it heard,
+// warmStart listens for the listening window, then asks the peers it heard,
 // in random order, for their index until one that is serving sends it; with
 // none, or once WarmTimeout has passed, the replica starts cold.
 func (r *Replicator) warmStart() {
@@ -155,7 +155,7 @@ func (r *Replicator) warmStart() {
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, r.o.WarmTimeout)
 	defer cancel()
-	listen := time.NewTimer(r.o.HeartbeatInterval)
+	listen := time.NewTimer(r.listenWindow())
 	select {
 	case <-listen.C:
 	case <-ctx.Done():

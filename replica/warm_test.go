@@ -212,8 +212,10 @@ func TestWarmStartJoinerEqualsPeer(t *testing.T) {
 }
 
 // TestWarmStartAllCold: replicas that all start at once find no serving peer
-// (each asks the others, which are not synced and say so at once) and all
-// start cold and report themselves synced: no one waits on another.
+// at first (each asks the others, which are not synced and say so at once)
+// and all become synced, none waiting for WarmTimeout: no deadlock. One that
+// asks after another has just synced cold may load its (cold) index; at
+// least one starts cold.
 func TestWarmStartAllCold(t *testing.T) {
 	g := newEngines(t, 2)
 	h := newHub()
@@ -235,15 +237,18 @@ func TestWarmStartAllCold(t *testing.T) {
 		require.NoError(t, n.r.Flush())
 	}
 	waitSynced(t, ns...)
-	refusedNotServing := uint64(0)
+	refusedNotServing, cold := uint64(0), uint64(0)
 	for _, n := range ns {
 		w := n.r.Stats().Warm
 		require.True(t, w.Done)
-		require.False(t, w.Loaded, "%s loaded from %s", n.r.ID(), w.From)
-		require.EqualValues(t, 1, w.Cold)
 		require.Zero(t, w.Timeouts)
+		if !w.Loaded {
+			require.EqualValues(t, 1, w.Cold, n.r.ID())
+		}
+		cold += w.Cold
 		refusedNotServing += w.ServeRefused["not_serving"]
 	}
+	require.Positive(t, cold, "someone must start cold")
 	require.Positive(t, refusedNotServing, "no replica asked a peer: the test proves nothing")
 }
 
@@ -380,7 +385,7 @@ func TestWarmStartOptions(t *testing.T) {
 	h := newHub()
 	for _, o := range []replica.Options{
 		{Bus: h.member(), WarmTimeout: -time.Second},
-		{Bus: h.member(), HeartbeatInterval: time.Second, WarmTimeout: time.Second},
+		{Bus: h.member(), HeartbeatInterval: time.Second, WarmTimeout: 2 * time.Second},
 		{Bus: h.member(), MaxIndexBytes: -1},
 		{Bus: h.member(), MaxIndexBytes: 100},
 	} {
