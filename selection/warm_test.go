@@ -184,6 +184,9 @@ func TestIndexSnapshotRefused(t *testing.T) {
 	r.converge(peer)
 	snap := indexBytes(t, peer)
 	joiner := r.service()
+	// The joiner may still be replaying what the engines published while it
+	// subscribed: let it settle so that only a snapshot could change it.
+	r.converge(joiner)
 	before := indexBytes(t, joiner)
 
 	flip := bytes.Clone(snap)
