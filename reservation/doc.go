@@ -32,6 +32,19 @@
 // (the selection service) calls Expire from a sweeper that ticks at a fixed
 // interval (every second by default, SelectionServiceBuilder.SweepInterval).
 //
+// # Prefill clock
+//
+// Each worker rank also keeps what a cost that predicts time needs
+// (PrefillClock): when it began the prefill it is serving (the Book that
+// found its prefill queue empty, or the last PrefillComplete that left some
+// queued) and its observed prefill rate, the tokens of its completed
+// prefills over the time it was busy with them, decayed by 15/16 per
+// completion and reported from the PrefillRateSamples-th on. The model is
+// one prefill served at a time, in order; an engine that batches prefills
+// completes several at once, which the ratio of sums absorbs. Prefill that
+// leaves without completing (Free, Expire, Move, RemoveWorker) teaches no
+// rate.
+//
 // # Errors
 //
 // Book reports ErrInvalid for a malformed booking and ErrConflict for an id that

@@ -311,6 +311,7 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 	r.blocks.Add(int64(l.addRefs(bk)))
 	r.private.Add(int64(bk.private))
 	r.prefill.Add(int64(bk.prefill))
+	r.queued(bk.prefill, now)
 	r.requests.Add(1)
 	bk.next = r.head
 	if r.head != nil {
@@ -377,6 +378,7 @@ func (l *Ledger) PrefillComplete(id string) error {
 	}
 	bk.prefillDone = true
 	r.prefill.Add(-int64(bk.prefill))
+	r.served(bk.prefill, l.now())
 	lowered := bk.prefill > 0
 	r.mu.Unlock()
 	l.prefillDone.Add(1)
@@ -518,8 +520,9 @@ func (l *Ledger) settle(bk *booking) {
 	r := bk.rank
 	r.blocks.Add(-int64(l.dropRefs(bk)))
 	r.private.Add(-int64(bk.private))
-	if !bk.prefillDone {
+	if !bk.prefillDone && bk.prefill > 0 {
 		r.prefill.Add(-int64(bk.prefill))
+		r.dropped()
 	}
 	r.requests.Add(-1)
 	r.leases.Delete(bk)

@@ -27,6 +27,8 @@ type rankState struct {
 
 	key catalog.WorkerRank
 
+	clock prefillClock
+
 	mu       sync.Mutex
 	head     *booking // live bookings, doubly linked
 	leases   *btree.BTreeG[*booking]

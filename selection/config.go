@@ -53,6 +53,68 @@ func ParseQueuePolicy(s string) (QueuePolicy, error) {
 	return 0, fmt.Errorf("%w: queue policy %q, want fcfs, lcfs or wspt", ErrInvalidConfig, s)
 }
 
+// CostModel names a cost function (Config.Cost).
+type CostModel uint8
+
+// Cost functions.
+const (
+	// CostDynamo is Dynamo's logit, in blocks: the prefill term (queued and
+	// the request's prompt tokens, less the overlap credit, times
+	// PrefillLoadScale) plus the decode term (active blocks). The default.
+	CostDynamo CostModel = iota
+	// CostPredictive is the rank's predicted time to first token, in
+	// seconds: the queued prefill still ahead of the request (drained at the
+	// rank's prefill rate since its current prefill began) plus the
+	// request's uncached prompt, over that rate, which each rank learns from
+	// its completed prefills; plus decode pressure (Config.Predictive).
+	CostPredictive
+)
+
+// String returns "dynamo" or "predictive".
+func (m CostModel) String() string {
+	switch m {
+	case CostDynamo:
+		return "dynamo"
+	case CostPredictive:
+		return "predictive"
+	default:
+		return fmt.Sprintf("CostModel(%d)", uint8(m))
+	}
+}
+
+// ParseCostModel parses "dynamo" or "predictive" (case-insensitive).
+func ParseCostModel(s string) (CostModel, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "dynamo":
+		return CostDynamo, nil
+	case "predictive":
+		return CostPredictive, nil
+	}
+	return 0, fmt.Errorf("%w: cost %q, want dynamo or predictive", ErrInvalidConfig, s)
+}
+
+// PredictiveCost configures CostPredictive.
+type PredictiveCost struct {
+	// PrefillTokensPerSecond is a rank's prefill rate until it has learned
+	// its own (reservation.PrefillRateSamples completed prefills), and
+	// always with FixedRate. Finite, > 0. Default 10,000.
+	PrefillTokensPerSecond float64
+	// FixedRate uses PrefillTokensPerSecond for every rank and never learns.
+	FixedRate bool
+	// BacklogWeight counts the request's own uncached prefill this many
+	// more times: the time it adds to every request that queues behind it
+	// on the rank. At 0 the cost is the request's own time to first token,
+	// which under a burst spreads a cached prefix's requests over idle
+	// ranks that must each compute it again. In [0, MaxWeight]. Default
+	// DefaultPredictiveBacklogWeight.
+	BacklogWeight float64
+	// DecodeWeight is what one of the rank's active blocks (with the
+	// request's new ones) costs, in the time the rank takes to prefill that
+	// fraction of a block: the decode pressure that spreads requests whose
+	// prefix is cached. In [0, MaxWeight]. Default DefaultPredictiveDecodeWeight.
+	DecodeWeight float64
+}
+
 // Config holds the router settings (Dynamo's KvRouterConfig fields that kvselect
 // supports). Start from DefaultConfig (or DynamoConfig) and change fields:
 // several defaults are true or non-zero, so a Config written as a literal is
@@ -153,6 +215,10 @@ type Config struct {
 	OverlapCreditDecay float64
 	// Sessions configures session affinity (Request.SessionID).
 	Sessions SessionConfig
+	// Cost chooses the cost function. Default CostDynamo.
+	Cost CostModel
+	// Predictive configures CostPredictive; unused by CostDynamo.
+	Predictive PredictiveCost
 
 	// fromDefaults is set by DefaultConfig and DynamoConfig: a Config written
 	// as a literal has several defaults at their zero value (UseKVEvents,
@@ -186,6 +252,14 @@ const (
 	// from 12.2 s to 5.7 s, on agent loops from 0.853 to 0.886 (p90 1.38 s
 	// to 1.07 s), on the Mooncake synthetic trace 0.619 to 0.622.
 	DefaultInFlightHitWeight = 1.0
+	// DefaultPrefillTokensPerSecond is PredictiveCost.PrefillTokensPerSecond's
+	// default.
+	DefaultPrefillTokensPerSecond = 10_000.0
+	// DefaultPredictiveDecodeWeight is PredictiveCost.DecodeWeight's default.
+	DefaultPredictiveDecodeWeight = 0.125
+	// DefaultPredictiveBacklogWeight is PredictiveCost.BacklogWeight's
+	// default.
+	DefaultPredictiveBacklogWeight = 0.5
 )
 
 // DefaultConfig returns kvselect's defaults for a block size: Dynamo's
@@ -222,7 +296,11 @@ func DynamoConfig(blockSize int) Config {
 		TrackPrefillTokens: true,
 		Endpoints:          catalog.EndpointPolicy{AllowHostnames: true},
 		Sessions:           SessionConfig{SoftSlack: DefaultSessionSoftSlack},
-		fromDefaults:       true,
+		Predictive: PredictiveCost{
+			PrefillTokensPerSecond: DefaultPrefillTokensPerSecond,
+			BacklogWeight:          DefaultPredictiveBacklogWeight, DecodeWeight: DefaultPredictiveDecodeWeight,
+		},
+		fromDefaults: true,
 	}
 }
 
@@ -276,6 +354,14 @@ func (c Config) Validate() error {
 	if c.ActiveRequestExpiry < 0 || (c.ActiveRequestExpiry > 0 && c.ActiveRequestExpiry < time.Millisecond) {
 		bad("ActiveRequestExpiry is %v, want >= 1ms (or 0 for the default)", c.ActiveRequestExpiry)
 	}
+	if c.Cost > CostPredictive {
+		bad("Cost is %v, want dynamo or predictive", c.Cost)
+	}
+	if r := c.Predictive.PrefillTokensPerSecond; math.IsNaN(r) || math.IsInf(r, 0) || r <= 0 {
+		bad("Predictive.PrefillTokensPerSecond is %v, want a finite value > 0", r)
+	}
+	nonNeg("Predictive.BacklogWeight", c.Predictive.BacklogWeight)
+	nonNeg("Predictive.DecodeWeight", c.Predictive.DecodeWeight)
 	c.FeedTrust.validate(bad)
 	c.Sessions.validate(bad)
 	if len(errs) == 0 {
@@ -315,6 +401,10 @@ type Override struct {
 type weights struct {
 	credit, scale, activeReqWeight, hostW, diskW, temperature, inflightW, decay float64
 	assumeReuse, trackPrefill, trackActive                                      bool
+	// CostPredictive: on, its default prefill rate, whether ranks learn
+	// theirs, its decode weight
+	predictive, learn       bool
+	rate, backlogW, decodeW float64
 }
 
 func (c Config) weights() weights {
@@ -322,6 +412,8 @@ func (c Config) weights() weights {
 		credit: c.OverlapScoreCredit, scale: c.PrefillLoadScale, activeReqWeight: c.DecodeActiveRequestWeight,
 		hostW: c.HostCacheHitWeight, diskW: c.DiskCacheHitWeight, temperature: c.Temperature,
 		inflightW: c.InFlightHitWeight, decay: c.OverlapCreditDecay, assumeReuse: c.AssumeKVReuse, trackPrefill: c.TrackPrefillTokens, trackActive: c.TrackActiveBlocks,
+		predictive: c.Cost == CostPredictive, learn: !c.Predictive.FixedRate,
+		rate: c.Predictive.PrefillTokensPerSecond, backlogW: c.Predictive.BacklogWeight, decodeW: c.Predictive.DecodeWeight,
 	}
 }
 

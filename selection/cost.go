@@ -23,6 +23,10 @@ type candidate struct {
 	activeRequests int
 	maxBatched     int
 	stamp          reservation.Stamp // what the ledger read was, for BookAt
+	// the rank's prefill clock (CostPredictive only): since, unix nanoseconds
+	// (0: nothing queued); rate, its learned tokens per second (0: none yet)
+	since int64
+	rate  float64
 
 	cost float64
 }
@@ -32,6 +36,46 @@ type costInput struct {
 	isl        int // prompt tokens
 	blockSize  int
 	minPrefill int64 // the least active prefill of the candidates (credit decay)
+	now        int64 // unix nanoseconds of the decision (CostPredictive)
+}
+
+// cost is the cost of sending the request to c under w's cost function.
+func cost(c *candidate, in costInput, w *weights) float64 {
+	if w.predictive {
+		return predicted(c, in, w)
+	}
+	return logit(c, in, w)
+}
+
+// predicted is CostPredictive's cost of sending the request to c, in
+// seconds; lower is better:
+//
+//	rate      = the rank's learned prefill rate, else the configured one
+//	remaining = max(0, A - rate x (now - since))   the queued prefill still ahead
+//	own       = T - min(cached, T)                  the request's uncached prompt
+//	cost      = (remaining + (1 + backlogW) x own
+//	             + decodeW x (active blocks + new blocks
+//	                          + decodeActiveRequestWeight x active requests) x bs) / rate
+//
+// At backlogW 0 and decodeW 0 it is the predicted time to first token;
+// backlogW prices the time the request's own prefill adds to every request
+// queued behind it there, decodeW the rank's decode pressure.
+// A is the rank's active prefill tokens (the uncached tokens of requests
+// booked there and not yet prefilled) and since when the rank began the one
+// it is serving (reservation.PrefillClock); cached counts the in-flight
+// credit's pending blocks, which the request waits for in remaining anyway.
+func predicted(c *candidate, in costInput, w *weights) float64 {
+	rate := c.rate
+	if rate <= 0 {
+		rate = w.rate
+	}
+	remaining := float64(c.activePrefill)
+	if c.since != 0 && in.now > c.since && remaining > 0 {
+		remaining = max(0, remaining-rate*float64(in.now-c.since)/1e9)
+	}
+	own := float64(in.isl - min(cachedTokens(c, w, in.blockSize), in.isl))
+	decode := float64(c.activeBlocks+c.newBlocks) + w.activeReqWeight*float64(c.activeRequests)
+	return (remaining + (1+w.backlogW)*own + w.decodeW*decode*float64(in.blockSize)) / rate
 }
 
 // effectiveOverlap returns device + hostW*host + diskW*disk blocks.

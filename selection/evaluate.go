@@ -19,8 +19,8 @@ type evaluation struct {
 	allBusy     bool
 	bestOverlap int
 	bestPrefill int
-	margin      float64 // see Decision.Margin; set by choose when detail is on
-	minPrefill  int64   // costInput.minPrefill of this evaluation
+	margin      float64   // see Decision.Margin; set by choose when detail is on
+	in          costInput // the request side of every cost of this evaluation
 	// candidates is the number of eligible ranks: len(cands) for the full
 	// scan, more for the sparse decision, whose cands are the touched ranks.
 	candidates int
@@ -187,17 +187,29 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 	ev := &sc.ev
 	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: len(cands)}
 	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
+	if pr.w.predictive {
+		in.now = s.now().UnixNano()
+		for i := range cands {
+			clk := s.ledger.PrefillClock(refs[i])
+			if !clk.Since.IsZero() {
+				cands[i].since = clk.Since.UnixNano()
+			}
+			if pr.w.learn {
+				cands[i].rate = clk.Rate
+			}
+		}
+	}
 	if pr.w.decay > 0 {
 		in.minPrefill = math.MaxInt64
 		for i := range cands {
 			in.minPrefill = min(in.minPrefill, cands[i].activePrefill)
 		}
 	}
-	ev.minPrefill = in.minPrefill
+	ev.in = in
 	busy := 0
 	for i := range cands {
 		c := &cands[i]
-		c.cost = logit(c, in, &pr.w)
+		c.cost = cost(c, in, &pr.w)
 		ev.bestOverlap = max(ev.bestOverlap, c.device)
 		ev.bestPrefill = min(ev.bestPrefill, effectivePrefill(c, pr, &pr.w, s.cfg.BlockSize))
 		if s.busy(c) {
@@ -268,7 +280,7 @@ func (s *SelectionService) choose(p *partition, pr *prepared, ev *evaluation) (c
 		c = pool[pick(pool, pr.w.temperature, &p.rng)]
 	}
 	// pick may reuse cost for softmax weights: recompute for the result.
-	c.cost = logit(&c, costInput{isl: pr.isl, blockSize: s.cfg.BlockSize, minPrefill: ev.minPrefill}, &pr.w)
+	c.cost = cost(&c, ev.in, &pr.w)
 	switch {
 	case !s.detail || len(pool) < 2:
 		ev.margin = 0

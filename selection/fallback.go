@@ -11,14 +11,13 @@ func (s *SelectionService) fallbacks(ev *evaluation, pr *prepared, chosen string
 		busy bool
 		cost float64
 	}
-	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize, minPrefill: ev.minPrefill}
 	all := make([]ranked, 0, len(ev.cands))
 	for i := range ev.cands {
 		c := &ev.cands[i]
 		if ev.rs.ranks[c.idx].endpoint == chosen {
 			continue
 		}
-		all = append(all, ranked{i: i, busy: s.busy(c), cost: logit(c, in, &pr.w)})
+		all = append(all, ranked{i: i, busy: s.busy(c), cost: cost(c, ev.in, &pr.w)})
 	}
 	slices.SortStableFunc(all, func(a, b ranked) int {
 		switch {

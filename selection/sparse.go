@@ -310,13 +310,15 @@ type touched struct{ idx, load int32 }
 
 // sparseOK reports whether the request may take the sparse decision (see
 // the comment at the top): temperature 0, no queueing, the service's
-// weights for the key, no credit decay, no fallbacks asked for (they need
+// weights for the key, no credit decay, the Dynamo cost (the predictive
+// one's queued work drains with time, so an order of it would not stay
+// current), no fallbacks asked for (they need
 // the next-cheapest ranks on distinct endpoints: the full scan lists them)
 // and no allowed subset (evaluated whole instead, see evaluate).
 func (s *SelectionService) sparseOK(pr *prepared, rs *rankSet, matched int) bool {
 	o := rs.order
 	return o != nil && s.scan != scanFull && s.cfg.QueueThreshold == nil &&
-		pr.w.temperature <= 0 && (pr.w.decay == 0 || !pr.w.trackPrefill) && pr.fallback == 0 &&
+		pr.w.temperature <= 0 && (pr.w.decay == 0 || !pr.w.trackPrefill) && !pr.w.predictive && pr.fallback == 0 &&
 		pr.allowed == nil && o.fits(&pr.w) && o.ready.Load() &&
 		(s.scan == scanSparse || len(rs.ranks) >= sparseMinRanks && 4*matched <= len(rs.ranks))
 }
@@ -436,7 +438,7 @@ func (s *SelectionService) decideSparse(p *partition, pr *prepared, sc *evalScra
 	}
 	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
 	ev = &sc.ev
-	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: n - ejectedRanks}
+	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: n - ejectedRanks, in: in}
 	best1, best2 := math.Inf(1), math.Inf(1)
 	for k := range cands {
 		c := &cands[k]

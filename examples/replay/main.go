@@ -94,6 +94,10 @@ type config struct {
 	requests int
 
 	credit, scale, temperature, reqWeight float64
+	// the predictive cost: chosen, its decode weight, learning off
+	cost                        selection.CostModel
+	backlogWeight, decodeWeight float64
+	fixedRate                   bool
 }
 
 func parse(args []string, stderr io.Writer) (config, error) {
@@ -145,6 +149,12 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&c.inflightW, "inflight-weight", def.InFlightHitWeight, "kvselect: credit for the prefix blocks in-flight requests are computing on a worker, as a fraction of a cached block")
 	fs.Float64Var(&c.reqWeight, "active-request-weight", def.DecodeActiveRequestWeight, "kvselect: block-equivalent cost per active request")
 
+	var costName string
+	fs.StringVar(&costName, "cost", def.Cost.String(), "kvselect: cost function, dynamo or predictive (predicted time to first token)")
+	fs.Float64Var(&c.decodeWeight, "decode-weight", def.Predictive.DecodeWeight, "kvselect --cost predictive: cost of an active block, in blocks of prefill time")
+	fs.Float64Var(&c.backlogWeight, "backlog-weight", def.Predictive.BacklogWeight, "kvselect --cost predictive: extra weight of a request's own uncached prefill (the time it adds to the requests queued behind it)")
+	fs.BoolVar(&c.fixedRate, "fixed-rate", false, "kvselect --cost predictive: use --prefill-rate for every worker instead of learning each one's rate")
+
 	err := fs.Parse(args)
 	if err != nil {
 		return c, err
@@ -154,6 +164,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if c.cost, err = selection.ParseCostModel(costName); err != nil {
+		bad("--cost %q: want dynamo or predictive", costName)
+	}
 	if c.blockSize <= 0 {
 		bad("--block-size %d: want > 0", c.blockSize)
 	}
@@ -287,6 +300,10 @@ func (c config) selectionConfig(credit, scale, temperature float64) selection.Co
 	cfg.DecodeActiveRequestWeight = c.reqWeight
 	cfg.InFlightHitWeight = c.inflightW
 	cfg.OverlapCreditDecay = c.decay
+	cfg.Cost = c.cost
+	cfg.Predictive.BacklogWeight = c.backlogWeight
+	cfg.Predictive.DecodeWeight = c.decodeWeight
+	cfg.Predictive.FixedRate = c.fixedRate
 	return cfg
 }
 

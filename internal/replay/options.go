@@ -123,7 +123,8 @@ type Options struct {
 	Seed uint64
 	// Selection is the kvselect policies' configuration. Nil means
 	// selection.DefaultConfig. The simulator overrides BlockSize (1: one router
-	// token per trace block, see the package doc), UseKVEvents (per policy) and
+	// token per trace block, see the package doc), Predictive's
+	// PrefillTokensPerSecond (PrefillTokensPerSecond in router tokens), UseKVEvents (per policy) and
 	// ActiveRequestExpiry (no lease expires), and refuses QueueThreshold (the
 	// replay calls the service from one goroutine and cannot wait in its queue).
 	Selection *selection.Config
@@ -226,6 +227,11 @@ func (o Options) selectionConfig(events bool) selection.Config {
 		c = selection.DefaultConfig(1)
 	}
 	c.BlockSize = 1
+	// The predictive cost's prefill rate before a worker learns its own:
+	// the simulated one, in router tokens (trace blocks) per second.
+	if o.PrefillTokensPerSecond > 0 && o.BlockSize > 0 { // filled (validate checks the rest)
+		c.Predictive.PrefillTokensPerSecond = o.PrefillTokensPerSecond / float64(o.BlockSize)
+	}
 	c.UseKVEvents = events
 	c.ActiveRequestExpiry = replayLease
 	return c

@@ -1,0 +1,95 @@
+package reservation
+
+import (
+	"math"
+	"sync/atomic"
+	"time"
+)
+
+// PrefillClock is what the ledger has observed of a worker rank's prefill
+// queue, for a cost that predicts time (see the package documentation,
+// "Prefill clock").
+type PrefillClock struct {
+	// Since is when the rank began the prefill it is serving: the Book that
+	// found its queue empty, or the last PrefillComplete that left some
+	// queued. Zero while no prefill is queued.
+	Since time.Time
+	// Rate is the rank's observed prefill rate in tokens per second: the
+	// tokens of its completed prefills over the time it was busy with them,
+	// each completion weighing 1/16 less than the next. 0 until
+	// PrefillRateSamples prefills have completed on the rank.
+	Rate float64
+}
+
+// PrefillRateSamples is how many prefills must complete on a worker rank
+// before PrefillClock reports its rate.
+const PrefillRateSamples = 4
+
+// rateKeep is the weight a completion's sample keeps at the next one.
+const rateKeep = 15.0 / 16
+
+// prefillClock is a rankState's clock. since and rate are read without the
+// rank's lock; every field is written under it.
+type prefillClock struct {
+	since      atomic.Int64  // unix nanoseconds; 0: nothing queued
+	rate       atomic.Uint64 // float64 bits of the rate; 0 until learned
+	work, busy float64       // decayed sums: tokens completed, seconds busy
+	samples    int
+}
+
+// PrefillClock returns what the ledger has observed of k's prefill queue;
+// the zero PrefillClock when k has no entry. It reads two atomics and takes
+// no lock.
+func (l *Ledger) PrefillClock(k Rank) PrefillClock {
+	r := k.r
+	if r == nil || r.dead.Load() {
+		r = l.lookup(k.key)
+	}
+	if r == nil {
+		return PrefillClock{}
+	}
+	var c PrefillClock
+	if n := r.clock.since.Load(); n != 0 {
+		c.Since = time.Unix(0, n).UTC()
+	}
+	c.Rate = math.Float64frombits(r.clock.rate.Load())
+	return c
+}
+
+// queued runs after tokens joined r's prefill queue at now. r.mu is held.
+func (r *rankState) queued(tokens int, now time.Time) {
+	if tokens > 0 && r.prefill.Load() == int64(tokens) { // the queue was empty
+		r.clock.since.Store(now.UnixNano())
+	}
+}
+
+// served runs after a booking's prefill of tokens completed at now and left
+// r's queue. r.mu is held.
+func (r *rankState) served(tokens int, now time.Time) {
+	if tokens <= 0 {
+		return
+	}
+	c := &r.clock
+	n := now.UnixNano()
+	if since := c.since.Load(); since != 0 && n >= since {
+		c.work = c.work*rateKeep + float64(tokens)
+		c.busy = c.busy*rateKeep + float64(n-since)/1e9
+		c.samples++
+		if c.samples >= PrefillRateSamples && c.busy > 0 {
+			c.rate.Store(math.Float64bits(c.work / c.busy))
+		}
+	}
+	if r.prefill.Load() > 0 {
+		c.since.Store(n) // the next queued prefill starts now
+	} else {
+		c.since.Store(0)
+	}
+}
+
+// dropped runs after prefill tokens left r's queue without completing (a
+// booking freed, expired or moved before its prefill ended). r.mu is held.
+func (r *rankState) dropped() {
+	if r.prefill.Load() == 0 {
+		r.clock.since.Store(0)
+	}
+}

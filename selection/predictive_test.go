@@ -1,0 +1,142 @@
+package selection
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/kvindex"
+)
+
+// TestPredictedWorkedExample: T = 64 tokens, 32 cached, 100 queued begun
+// 50 ms ago at 1,000 tokens a second (50 left), 2 active + 2 new blocks of
+// 16 at decode weight 0.5, backlog weight 1: (50 + 2 x 32 + 0.5 x 4 x 16) /
+// 1000.
+func TestPredictedWorkedExample(t *testing.T) {
+	w := DefaultConfig(16).weights()
+	w.predictive, w.rate, w.backlogW, w.decodeW, w.inflightW = true, 1000, 1, 0.5, 0
+	now := time.Unix(100, 0).UnixNano()
+	c := candidate{device: 2, activePrefill: 100, since: now - int64(50*time.Millisecond), activeBlocks: 2, newBlocks: 2}
+	in := costInput{isl: 64, blockSize: 16, now: now}
+	require.InDelta(t, (50+2*32+0.5*4*16)/1000.0, cost(&c, in, &w), 1e-12)
+
+	c.rate = 1500 // a learned rate wins: 100 - 75 = 25 left, then /1500
+	require.InDelta(t, (25+2*32+0.5*4*16)/1500.0, cost(&c, in, &w), 1e-12)
+	c.rate, c.since = 0, now-int64(time.Second) // long done: nothing left ahead
+	require.InDelta(t, (2*32+0.5*4*16)/1000.0, cost(&c, in, &w), 1e-12)
+	c.since = 0 // no clock: the whole queue is ahead
+	require.InDelta(t, (100+2*32+0.5*4*16)/1000.0, cost(&c, in, &w), 1e-12)
+}
+
+// TestPredictiveCostWaitsOrMoves: a request whose prefix only a busy worker
+// caches waits there while the queue ahead drains faster than computing the
+// prefix elsewhere, and moves once it does not; Dynamo's cost (at its
+// default weights), which sees queued tokens but not how far their prefill
+// has got, moves at once.
+func TestPredictiveCostWaitsOrMoves(t *testing.T) {
+	prompt := toks(64, 1) // 16 blocks of 4
+	for _, tc := range []struct {
+		name    string
+		cost    CostModel
+		elapsed time.Duration
+		want    string
+	}{
+		{"predictive, queue half done", CostPredictive, 50 * time.Millisecond, "a"},
+		{"predictive, queue just begun", CostPredictive, 0, "b"},
+		{"dynamo, queue half done", CostDynamo, 50 * time.Millisecond, "b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig(4)
+			cfg.Cost, cfg.InFlightHitWeight = tc.cost, 0
+			if tc.cost == CostDynamo {
+				cfg.OverlapScoreCredit, cfg.PrefillLoadScale = 1, 1
+			}
+			cfg.Predictive = PredictiveCost{PrefillTokensPerSecond: 1000, FixedRate: true}
+			clk := newFakeClock()
+			s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(clk.Now).SweepInterval(-1).Build(context.Background())
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = s.Close() })
+			addWorkers(t, s, "a", "b")
+			h, err := kvindex.NewHasher(4, kvindex.HashOptions{})
+			require.NoError(t, err)
+			require.NoError(t, s.ApplyEvent(catalog.WorkerRank{Worker: "a"},
+				kvindex.Event{Kind: kvindex.EventStored, BlockHashes: h.AppendSeqHashes(nil, prompt[:60]), Tokens: prompt[:60]}))
+			// 100 ms of prefill queued on a (100 tokens at 1,000 a second).
+			_, err = s.SelectAndReserve(context.Background(), Request{Tokens: toks(100, 7), Allowed: []string{"a"}})
+			require.NoError(t, err)
+			clk.Advance(tc.elapsed)
+			// On a: the rest of the queue, then 4 tokens; on b: 64 tokens.
+			got, err := s.Select(context.Background(), Request{Tokens: prompt})
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got.Worker, "cost %v", got.Cost)
+		})
+	}
+}
+
+// TestPredictiveLearnsRates: a worker whose prefills complete twice as fast
+// as the configured rate is learned as such, and its queue then costs half;
+// with FixedRate it is not.
+func TestPredictiveLearnsRates(t *testing.T) {
+	for _, fixed := range []bool{false, true} {
+		cfg := DefaultConfig(4)
+		cfg.Cost, cfg.InFlightHitWeight = CostPredictive, 0
+		cfg.Predictive = PredictiveCost{PrefillTokensPerSecond: 1000, FixedRate: fixed}
+		clk := newFakeClock()
+		s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(clk.Now).SweepInterval(-1).Build(context.Background())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		addWorkers(t, s, "fast", "slow")
+		for i := range 4 { // 200 tokens in 100 ms on fast, in 200 ms on slow
+			for _, w := range []struct {
+				id string
+				d  time.Duration
+			}{{"fast", 100 * time.Millisecond}, {"slow", 200 * time.Millisecond}} {
+				r, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(200, 10*i+len(w.id)), Allowed: []string{w.id}})
+				require.NoError(t, err)
+				clk.Advance(w.d)
+				require.NoError(t, s.PrefillComplete(r.ReservationID))
+				require.NoError(t, s.FreeReservation(r.ReservationID))
+			}
+		}
+		for _, id := range []string{"fast", "slow"} {
+			_, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(400, 99), Allowed: []string{id}})
+			require.NoError(t, err)
+		}
+		costs := map[string]float64{}
+		scored, err := s.PotentialLoads(context.Background(), Request{Tokens: toks(40, 5)})
+		require.NoError(t, err)
+		for _, sc := range scored {
+			costs[sc.WorkerRank.Worker] = sc.Cost
+		}
+		if fixed {
+			require.InDelta(t, costs["slow"], costs["fast"], 1e-9, "one rate for all")
+			continue
+		}
+		// fast: (400 + 1.5 x 40 + ...)/2000; slow: the same over 1000.
+		require.InDelta(t, 2, costs["slow"]/costs["fast"], 1e-6)
+	}
+}
+
+// TestPredictiveConfig: the predictive cost's settings are validated and
+// named.
+func TestPredictiveConfig(t *testing.T) {
+	cfg := DefaultConfig(4)
+	require.Equal(t, CostDynamo, cfg.Cost)
+	cfg.Cost = CostModel(9)
+	cfg.Predictive = PredictiveCost{PrefillTokensPerSecond: 0, BacklogWeight: -1, DecodeWeight: 2 * MaxWeight}
+	err := cfg.Validate()
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	for _, field := range []string{"Cost", "Predictive.PrefillTokensPerSecond", "Predictive.BacklogWeight", "Predictive.DecodeWeight"} {
+		require.ErrorContains(t, err, field)
+	}
+	for _, m := range []CostModel{CostDynamo, CostPredictive} {
+		got, err := ParseCostModel(m.String())
+		require.NoError(t, err)
+		require.Equal(t, m, got)
+	}
+	_, err = ParseCostModel("fastest")
+	require.ErrorIs(t, err, ErrInvalidConfig)
+}
