@@ -73,6 +73,7 @@ type config struct {
 	// Long requests and observability (docs/OBSERVABILITY.md).
 	RenewInterval time.Duration // lease renewal while a response flows; 0: off
 	OutputGrowth  bool          // SSE events grow the decode booking
+	growthAuto    bool          // DYN_EPP_OUTPUT_GROWTH=auto: OutputGrowth follows the cost
 	Fallbacks     int           // fallback endpoints per pick, 0..16
 	OTLPEndpoint  string        // "" : tracing off
 	DebugHeader   bool          // x-kvselect-debug on every routed response
@@ -306,7 +307,17 @@ func (c *config) settings() []setting {
 				c.RenewInterval = time.Duration(ms) * time.Millisecond
 				return nil
 			}},
-		{env: "DYN_EPP_OUTPUT_GROWTH", flag: "output-growth", def: "false", help: "grow a request's decode booking by one block per block-size SSE `data:` lines of its 2xx event-stream response, so decode cost follows the output (measured worse on the replay simulator: opt in)", parse: boolean(&c.OutputGrowth)},
+		{env: "DYN_EPP_OUTPUT_GROWTH", flag: "output-growth", def: "auto", help: "grow a request's decode booking by one block per block-size SSE `data:` lines of its 2xx event-stream response, so decode cost follows the output: `true`, `false` or `auto` (on with DYN_EPP_COST=predictive, off with the Dynamo cost, whose TTFT it worsened on the replay simulator)",
+			parse: func(c *config, v string) error {
+				c.growthAuto = strings.EqualFold(strings.TrimSpace(v), "auto")
+				if c.growthAuto {
+					return nil
+				}
+				if err := boolean(&c.OutputGrowth)(c, v); err != nil {
+					return fmt.Errorf("%q: want true, false or auto", v)
+				}
+				return nil
+			}},
 		{env: "DYN_EPP_FALLBACKS", flag: "fallbacks", def: "0", help: fmt.Sprintf("fallback endpoints returned after the pick in the GAIE destination list (the next-cheapest workers of the destination role on other endpoints, 0 to %d); the booking moves to the one that served", selection.MaxFallbacks), parse: intIn(&c.Fallbacks, 0, selection.MaxFallbacks)},
 		{env: "DYN_EPP_OTLP_ENDPOINT", flag: "otlp-endpoint", help: "OpenTelemetry tracing: the OTLP/gRPC collector, `host:port` or an http(s) URL (https: TLS); spans kvselect.pick, kvselect.tokenize, kvselect.book (unset: off)",
 			parse: func(c *config, v string) error {
@@ -398,6 +409,27 @@ func (c *config) settings() []setting {
 			}},
 		{env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY", flag: "overlap-score-credit-decay", def: "0", help: "decay of a worker's overlap credit with its queued prefill above the least loaded one's (>= 0; 0: off, as in Dynamo)", parse: floatMin(&r.OverlapCreditDecay, 0)},
 		{env: "DYN_EPP_INFLIGHT_HIT_WEIGHT", flag: "inflight-hit-weight", def: "1", help: "credit for prompt blocks that requests booked on a worker are computing now, as a fraction of a cached block [0, 1] (0: Dynamo's cost)", parse: floatMin(&r.InFlightHitWeight, 0)},
+		{env: "DYN_EPP_COST", flag: "cost", def: "dynamo", help: "`dynamo` (Dynamo's cost, in blocks) or `predictive` (a worker's predicted time to first token: its queued prefill, drained at its learned prefill rate, plus the request's uncached prompt, plus decode pressure)",
+			parse: func(c *config, v string) error {
+				m, err := selection.ParseCostModel(v)
+				if err != nil {
+					return fmt.Errorf("%q: want dynamo or predictive", v)
+				}
+				c.Router.Cost = m
+				return nil
+			}},
+		{env: "DYN_EPP_PREFILL_TOKENS_PER_SECOND", flag: "prefill-tokens-per-second", def: "10000", help: "predictive cost: a worker's prefill rate (uncached tokens per second) until it has learned its own from 4 completed prefills (> 0)", parse: floatMin(&r.Predictive.PrefillTokensPerSecond, 0)},
+		{env: "DYN_EPP_LEARN_PREFILL_RATE", flag: "learn-prefill-rate", def: "true", help: "predictive cost: learn each worker's prefill rate from its completed prefills (false: DYN_EPP_PREFILL_TOKENS_PER_SECOND for all)",
+			parse: func(c *config, v string) error {
+				var on bool
+				if err := boolean(&on)(c, v); err != nil {
+					return err
+				}
+				c.Router.Predictive.FixedRate = !on
+				return nil
+			}},
+		{env: "DYN_EPP_PREDICTIVE_BACKLOG_WEIGHT", flag: "predictive-backlog-weight", def: "0.5", help: "predictive cost: extra weight of a request's own uncached prefill, the time it adds to the requests queued behind it (>= 0)", parse: floatMin(&r.Predictive.BacklogWeight, 0)},
+		{env: "DYN_EPP_PREDICTIVE_DECODE_WEIGHT", flag: "predictive-decode-weight", def: "0.125", help: "predictive cost: cost of a worker's active block, in blocks of its prefill time (>= 0)", parse: floatMin(&r.Predictive.DecodeWeight, 0)},
 		{env: "DYN_EPP_SESSION_AFFINITY", flag: "session-affinity", def: "soft", help: "`soft` (a session's requests go to its worker unless it is busy or far costlier), `hard` (always, while schedulable) or `off`",
 			parse: func(c *config, v string) error {
 				m, err := selection.ParseSessionMode(v)
@@ -483,6 +515,9 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (*c
 		}
 	}
 	c.Router.BlockSize = c.BlockSize
+	if c.growthAuto {
+		c.OutputGrowth = c.Router.Cost == selection.CostPredictive
+	}
 	if c.KVEventPort == 0 && c.KVEventBind == "" {
 		c.Router.UseKVEvents = false
 	}

@@ -187,3 +187,30 @@ func TestConfigSessionsAndCredits(t *testing.T) {
 	require.ErrorContains(t, err, "DYN_EPP_SESSION_HEADER")
 	require.ErrorContains(t, err, "InFlightHitWeight")
 }
+
+// DYN_EPP_COST picks the cost function; the predictive cost's settings
+// reach the router, and output growth follows the cost unless it is set.
+func TestConfigPredictiveCost(t *testing.T) {
+	c, err := load(t, nil)
+	require.NoError(t, err)
+	require.Equal(t, selection.CostDynamo, c.Router.Cost)
+	require.False(t, c.OutputGrowth, "auto: off with the Dynamo cost")
+
+	c, err = load(t, map[string]string{
+		"DYN_EPP_COST": "Predictive", "DYN_EPP_PREFILL_TOKENS_PER_SECOND": "25000", "DYN_EPP_LEARN_PREFILL_RATE": "false",
+		"DYN_EPP_PREDICTIVE_BACKLOG_WEIGHT": "1", "DYN_EPP_PREDICTIVE_DECODE_WEIGHT": "0.25",
+	})
+	require.NoError(t, err)
+	require.Equal(t, selection.CostPredictive, c.Router.Cost)
+	require.Equal(t, selection.PredictiveCost{PrefillTokensPerSecond: 25000, FixedRate: true, BacklogWeight: 1, DecodeWeight: 0.25}, c.Router.Predictive)
+	require.True(t, c.OutputGrowth, "auto: on with the predictive cost")
+
+	c, err = load(t, map[string]string{"DYN_EPP_COST": "predictive", "DYN_EPP_OUTPUT_GROWTH": "false"})
+	require.NoError(t, err)
+	require.False(t, c.OutputGrowth, "set explicitly")
+
+	_, err = load(t, map[string]string{"DYN_EPP_COST": "fastest", "DYN_EPP_PREFILL_TOKENS_PER_SECOND": "0", "DYN_EPP_OUTPUT_GROWTH": "sometimes"})
+	require.ErrorContains(t, err, "DYN_EPP_COST")
+	require.ErrorContains(t, err, "PrefillTokensPerSecond")
+	require.ErrorContains(t, err, "DYN_EPP_OUTPUT_GROWTH")
+}

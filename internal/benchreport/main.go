@@ -288,6 +288,9 @@ func main() {
 	workloads, wcmds := workloadSection()
 	b.WriteString(workloads)
 	cmds = append(cmds, wcmds...)
+	growth, gcmds := growthSection()
+	b.WriteString(growth)
+	cmds = append(cmds, gcmds...)
 	b.WriteString(analysis)
 	b.WriteString("\n## Reproduce\n\n```sh\n")
 	for _, c := range cmds {

@@ -35,8 +35,10 @@ const (
 	WorkloadRAG Workload = "rag"
 	// WorkloadBursty is shared-prefix prompts arriving in on/off bursts: most
 	// of the requests of a burst come within BurstOn, at BurstFactor times the
-	// mean rate, then nothing for a while. It tests that a cached prefix does
-	// not draw a whole burst to one worker.
+	// mean rate, then nothing for a while; BurstHot of each burst's requests
+	// carry the burst's own system prompt (a campaign, a batch job), more
+	// than one worker can prefill in the burst. It tests that a cached prefix
+	// does not draw a whole burst to one worker.
 	WorkloadBursty Workload = "bursty"
 	// WorkloadMix interleaves multi-turn, agent and RAG traffic, a third of
 	// the rate each, as one fleet serving several applications sees it.
@@ -80,6 +82,10 @@ type WorkloadConfig struct {
 	// at Rate. 0 means 5 s and 8.
 	BurstOn     time.Duration
 	BurstFactor float64
+	// BurstHot is the fraction of a WorkloadBursty burst's requests whose
+	// system prompt is the burst's hot one, in [0, 1]. 0 means 0.5; a
+	// negative value means none.
+	BurstHot float64
 	// Seed makes the workload reproducible: equal configurations give equal
 	// traces.
 	Seed uint64
@@ -100,6 +106,9 @@ func (c WorkloadConfig) withDefaults() (WorkloadConfig, error) {
 	}
 	finite("Rate", c.Rate)
 	finite("BurstFactor", c.BurstFactor)
+	if math.IsNaN(c.BurstHot) || c.BurstHot > 1 {
+		bad("BurstHot %v, want a value <= 1", c.BurstHot)
+	}
 	if c.BurstFactor != 0 && c.BurstFactor < 1 {
 		bad("BurstFactor %v, want >= 1", c.BurstFactor)
 	}
@@ -126,6 +135,12 @@ func (c WorkloadConfig) withDefaults() (WorkloadConfig, error) {
 	}
 	if c.BurstFactor == 0 {
 		c.BurstFactor = 8
+	}
+	switch {
+	case c.BurstHot == 0:
+		c.BurstHot = 0.5
+	case c.BurstHot < 0:
+		c.BurstHot = 0
 	}
 	return c, nil
 }
@@ -154,12 +169,16 @@ func Generate(w Workload, cfg WorkloadConfig) ([]Request, error) {
 	case WorkloadRAG:
 		reqs = g.rag(c.Requests, c.Rate)
 	case WorkloadBursty:
-		reqs, err = SharedPrefix(SharedPrefixConfig{Groups: max(1, c.Requests/16), PromptsPerGroup: 16, SystemBlocks: 16,
+		const system = 16
+		reqs, err = SharedPrefix(SharedPrefixConfig{Groups: max(1, c.Requests/16), PromptsPerGroup: 16, SystemBlocks: system,
 			QuestionBlocks: 2, OutputTokens: c.OutputTokens, BlockSize: c.BlockSize, Seed: c.Seed})
 		if err != nil {
 			return nil, err
 		}
-		g.bursts(reqs)
+		for _, r := range reqs { // the hot prompts' ids come after every id SharedPrefix used
+			g.next = max(g.next, slices.Max(r.Blocks)+1)
+		}
+		g.bursts(reqs, system)
 	case WorkloadMix:
 		third := max(1, c.Requests/3)
 		reqs = g.conversations(third, c.Rate/3, convShape{system: 4, firstUser: 2, user: 1, turns: 8, think: 20 * time.Second, out: c.OutputTokens})
@@ -274,16 +293,24 @@ func (g *gen) rag(n int, rate float64) []Request {
 
 // bursts gives reqs on/off arrivals: bursts of BurstOn at BurstFactor x Rate,
 // separated by silences that keep the mean rate at Rate.
-func (g *gen) bursts(reqs []Request) {
+// bursts gives reqs (shared-prefix prompts of system blocks each) on/off
+// arrivals, and BurstHot of each burst's requests the burst's own system
+// prompt, of fresh ids.
+func (g *gen) bursts(reqs []Request, system int) {
 	on := g.c.BurstOn.Seconds()
 	period := on * g.c.BurstFactor // the burst's requests at Rate would take this long
 	t, burstStart := 0.0, 0.0
+	hot := g.ids(system)
 	for i := range reqs {
 		t += g.rng.ExpFloat64() / (g.c.Rate * g.c.BurstFactor)
 		if t-burstStart > on {
 			burstStart += period
 			t = burstStart
+			hot = g.ids(system)
 		}
 		reqs[i].Arrival = time.Duration(t * float64(time.Second))
+		if g.rng.Float64() < g.c.BurstHot {
+			reqs[i].Blocks = append(slices.Clone(hot), reqs[i].Blocks[system:]...)
+		}
 	}
 }

@@ -75,6 +75,53 @@ func TestBurstyArrivals(t *testing.T) {
 	require.InDelta(t, 10, long, 3)
 }
 
+// About BurstHot of a burst's requests share the burst's own system prompt,
+// which no other burst has; none with BurstHot < 0.
+func TestBurstyHotPrefix(t *testing.T) {
+	for _, c := range []struct {
+		hot  float64
+		want float64
+	}{{0, 0.5}, {0.8, 0.8}, {-1, 0}} {
+		reqs, err := Generate(WorkloadBursty, WorkloadConfig{Requests: 1600, Rate: 4, BurstOn: 2 * time.Second, BurstFactor: 10, BurstHot: c.hot, Seed: 1})
+		require.NoError(t, err)
+		burst := func(r Request) int { return int(r.Arrival / (20 * time.Second)) } // a burst and its silence
+		perBurst := map[int]map[uint64]int{}                                        // first block -> requests
+		size := map[int]int{}
+		for _, r := range reqs {
+			b := burst(r)
+			if perBurst[b] == nil {
+				perBurst[b] = map[uint64]int{}
+			}
+			perBurst[b][r.Blocks[0]]++
+			size[b]++
+		}
+		owner := map[uint64]int{}
+		hot := 0
+		for b, firsts := range perBurst {
+			top, topN := uint64(0), 0
+			for f, n := range firsts {
+				if n > topN {
+					top, topN = f, n
+				}
+			}
+			if c.want > 0 {
+				_, seen := owner[top]
+				require.False(t, seen, "burst %d's hot prompt is another burst's", b)
+				owner[top] = b
+			}
+			hot += topN
+		}
+		got := float64(hot) / float64(len(reqs))
+		if c.want == 0 {
+			require.Less(t, got, 0.1, "no hot prompt: a burst's commonest prompt is one of the 100 groups'")
+			continue
+		}
+		require.InDelta(t, c.want, got, 0.05)
+	}
+	_, err := Generate(WorkloadBursty, WorkloadConfig{BurstHot: 1.5})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+}
+
 // RAG requests share a hot document more than a cold one.
 func TestRAGHotDocuments(t *testing.T) {
 	reqs, err := Generate(WorkloadRAG, WorkloadConfig{Requests: 1000, Seed: 1})
