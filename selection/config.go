@@ -209,9 +209,11 @@ type Config struct {
 	// the least loaded candidate's) / the request's blocks, so that under a
 	// burst a cached prefix stops drawing requests to a worker whose queue
 	// has grown. >= 0; 0 (the default, as in Dynamo) turns it off. On the
-	// replay simulator's bursty workload, with the in-flight credit on, k = 1
-	// raised TTFT p99 from 6.1 s to 6.7 s and lowered the hit rate: the
-	// in-flight credit already spreads a burst by the load it books.
+	// replay simulator's bursts with a hot prefix, k = 1 lowered TTFT p99
+	// from 7.5 s to 6.9 s and the request imbalance from 1.74 to 1.37, but
+	// it cost hit rate elsewhere (agent loops 0.869 to 0.847, the Mooncake
+	// trace 0.622 to 0.607); the predictive cost spreads such a burst
+	// without it (docs/ROUTING.md).
 	OverlapCreditDecay float64
 	// Sessions configures session affinity (Request.SessionID).
 	Sessions SessionConfig
@@ -248,9 +250,10 @@ const (
 	DefaultPrefillLoadScale   = 2.5
 	// DefaultInFlightHitWeight is DefaultConfig's InFlightHitWeight, chosen
 	// on the replay simulator's workloads (8 workers, 8 req/s): on on/off
-	// bursts it raised the hit rate from 0.752 to 0.825 and cut TTFT p90
-	// from 12.2 s to 5.7 s, on agent loops from 0.853 to 0.886 (p90 1.38 s
-	// to 1.07 s), on the Mooncake synthetic trace 0.619 to 0.622.
+	// bursts with a hot prefix it raised the hit rate from 0.767 to 0.807
+	// and cut TTFT p90 from 7.7 s to 5.5 s (p99 10.0 s to 7.5 s), on agent
+	// loops from 0.853 to 0.886 (p90 1.38 s to 1.07 s), on the Mooncake
+	// synthetic trace 0.619 to 0.622.
 	DefaultInFlightHitWeight = 1.0
 	// DefaultPrefillTokensPerSecond is PredictiveCost.PrefillTokensPerSecond's
 	// default.

@@ -50,9 +50,10 @@
 // decode term in blocks of prefill time, all over that rate. Each rank's rate
 // is learned from its completed prefills (PrefillComplete after the booking);
 // until then, or with FixedRate, it is PrefillTokensPerSecond. On the replay
-// simulator's generators it reaches 98-100% of the reachable hit rate with
-// lower TTFT p90 than the Dynamo cost on all but the bursty one, at a higher
-// request imbalance (docs/ROUTING.md); Dynamo's cost stays the default.
+// simulator's generators it reaches 96-100% of the reachable hit rate and
+// the best TTFT p90 of the policies replayed on every one, but spreads
+// requests less evenly than Dynamo's cost on four of six (docs/ROUTING.md),
+// which stays the default.
 //
 // # Sparse decisions
 //
