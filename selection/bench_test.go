@@ -111,6 +111,9 @@ func BenchmarkSelectAndReserve(b *testing.B) {
 		{"workers=64/feed-checks", 64, nil, true, false, nil},
 		{"workers=64/sessions", 64, nil, false, true, nil},
 		{"workers=64/traced", 64, nil, false, false, nopTracer{}},
+		// the predictive cost (a prefill clock read per candidate), against
+		// workers=64
+		{"workers=64/predictive", 64, func(c *Config) { c.Cost = CostPredictive }, false, false, nil},
 		{"workers=512", 512, nil, false, false, nil},
 	} {
 		b.Run(bc.name, func(b *testing.B) {

@@ -90,6 +90,7 @@ var rows = []row{
 	{what: "SelectAndReserve + Free p50, 64 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=64", metric: "p50-ns", budget: "<= 20 us", ok: le(20_000), jobIndex: 4},
 	{what: "the same, lock-free booking vs the model lock (queueing on), 1 core", bench: "BenchmarkSelectAndReserve/workers=64", metric: "p50-ns", baseline: "BenchmarkSelectAndReserve/workers=64/queued", jobIndex: 4},
 	{what: "the same with the built-in event feed and its feed checks (health, parity) vs without, 1 core", bench: "BenchmarkSelectAndReserve/workers=64/feed-checks", metric: "p50-ns", baseline: "BenchmarkSelectAndReserve/workers=64", jobIndex: 4},
+	{what: "the same with the predictive cost vs Dynamo's, 1 core", bench: "BenchmarkSelectAndReserve/workers=64/predictive", metric: "p50-ns", baseline: "BenchmarkSelectAndReserve/workers=64", asCost: true, jobIndex: 4},
 	{what: "SelectAndReserve + Free p50, 512 workers, 2k tokens", bench: "BenchmarkSelectAndReserve/workers=512", metric: "p50-ns", jobIndex: 4},
 	{what: "SelectAndReserve + Free throughput, 64 workers, 2 goroutines vs 1 on one service (alternating phases)", bench: "BenchmarkSelectAndReserveScaling/shared", metric: "speedup-x", budget: ">= 1.3x (grows with GOMAXPROCS)", ok: ge(1.3), higherBtr: true, baseline: "BenchmarkSelectAndReserveScaling/independent", jobIndex: 6},
 	{what: "the same with one service per goroutine (nothing shared: how far this machine scales)", bench: "BenchmarkSelectAndReserveScaling/independent", metric: "speedup-x", higherBtr: true, jobIndex: 6},
