@@ -59,7 +59,7 @@ func (l *Ledger) PrefillClock(k Rank) PrefillClock {
 // queued runs after tokens joined r's prefill queue at now. r.mu is held.
 func (r *rankState) queued(tokens int, now time.Time) {
 	if tokens > 0 && r.prefill.Load() == int64(tokens) { // the queue was empty
-		r.clock.since.Store(now.UnixNano())
+		r.clock.since.Store(stamp(now))
 	}
 }
 
@@ -70,7 +70,7 @@ func (r *rankState) served(tokens int, now time.Time) {
 		return
 	}
 	c := &r.clock
-	n := now.UnixNano()
+	n := stamp(now)
 	if since := c.since.Load(); since != 0 && n >= since {
 		c.work = c.work*rateKeep + float64(tokens)
 		c.busy = c.busy*rateKeep + float64(n-since)/1e9
@@ -84,6 +84,14 @@ func (r *rankState) served(tokens int, now time.Time) {
 	} else {
 		c.since.Store(0)
 	}
+}
+
+// stamp is now in unix nanoseconds, never 0 (which means nothing queued).
+func stamp(now time.Time) int64 {
+	if n := now.UnixNano(); n != 0 {
+		return n
+	}
+	return 1
 }
 
 // dropped runs after prefill tokens left r's queue without completing (a

@@ -132,7 +132,9 @@
 //     the sequence hashes of the live bookings, never a private block, each in
 //     the stripe its bits select; a stripe's idle entries number at most 2048;
 //   - no field is ever negative, and w appears in Loads only while it has a live
-//     booking.
+//     booking;
+//   - PrefillClock(w).Since is non-zero exactly while Load(w).ActivePrefillTokens
+//     is above zero.
 //
 // Every booking is settled exactly once, by Free, Expire or RemoveWorker;
 // Stats().Booked always equals Active + Freed + Expired + Removed once the calls in

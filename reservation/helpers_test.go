@@ -1,6 +1,7 @@
 package reservation
 
 import (
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -184,6 +185,8 @@ func checkRank(t testing.TB, l *Ledger, r *rankState) {
 	require.Equal(t, int(r.requests.Load()), n, "list length of %s", r.key)
 	require.Equal(t, int64(private), r.private.Load(), "private blocks of %s", r.key)
 	require.GreaterOrEqual(t, r.prefill.Load(), int64(0))
+	require.Equal(t, r.prefill.Load() > 0, r.clock.since.Load() != 0, "prefill clock of %s runs exactly while prefill is queued", r.key)
+	require.GreaterOrEqual(t, math.Float64frombits(r.clock.rate.Load()), 0.0)
 	require.GreaterOrEqual(t, r.blocks.Load(), int64(0))
 	require.Equal(t, n, r.leases.Len())
 	var last *booking
