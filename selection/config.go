@@ -108,10 +108,10 @@ type PredictiveCost struct {
 	// ranks that must each compute it again. In [0, MaxWeight]. Default
 	// DefaultPredictiveBacklogWeight.
 	BacklogWeight float64
-	// DecodeWeight is what one of the rank's active blocks (with the
-	// request's new ones) costs, in the time the rank takes to prefill that
-	// fraction of a block: the decode pressure that spreads requests whose
-	// prefix is cached. In [0, MaxWeight]. Default DefaultPredictiveDecodeWeight.
+	// DecodeWeight prices decode pressure, which spreads requests whose
+	// prefix is cached: each of the rank's active blocks (with the request's
+	// new ones) costs the time the rank takes to prefill DecodeWeight
+	// blocks. In [0, MaxWeight]. Default DefaultPredictiveDecodeWeight.
 	DecodeWeight float64
 }
 
@@ -391,7 +391,8 @@ func (c Config) normalized() Config {
 }
 
 // Override changes some weights for one request. Nil fields keep the service's
-// values.
+// values. OverlapScoreCredit and PrefillLoadScale are CostDynamo's: the
+// predictive cost has neither.
 type Override struct {
 	OverlapScoreCredit *float64
 	PrefillLoadScale   *float64
@@ -404,8 +405,8 @@ type Override struct {
 type weights struct {
 	credit, scale, activeReqWeight, hostW, diskW, temperature, inflightW, decay float64
 	assumeReuse, trackPrefill, trackActive                                      bool
-	// CostPredictive: on, its default prefill rate, whether ranks learn
-	// theirs, its decode weight
+	// CostPredictive: on, whether ranks learn their prefill rates, the rate
+	// until they have, its backlog and decode weights
 	predictive, learn       bool
 	rate, backlogW, decodeW float64
 }

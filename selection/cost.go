@@ -59,8 +59,7 @@ func cost(c *candidate, in costInput, w *weights) float64 {
 //
 // At backlogW 0 and decodeW 0 it is the predicted time to first token;
 // backlogW prices the time the request's own prefill adds to every request
-// queued behind it there, decodeW the rank's decode pressure.
-// A is the rank's active prefill tokens (the uncached tokens of requests
+// queued behind it there, decodeW the rank's decode pressure. A is the rank's active prefill tokens (the uncached tokens of requests
 // booked there and not yet prefilled) and since when the rank began the one
 // it is serving (reservation.PrefillClock); cached counts the in-flight
 // credit's pending blocks, which the request waits for in remaining anyway.

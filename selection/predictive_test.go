@@ -140,3 +140,25 @@ func TestPredictiveConfig(t *testing.T) {
 	_, err = ParseCostModel("fastest")
 	require.ErrorIs(t, err, ErrInvalidConfig)
 }
+
+// TestPredictiveSoftSession: under the predictive cost a soft pin's slack is
+// in the cost's own unit (the request's predicted cost on an idle rank): a
+// pin slightly costlier than the best is kept, a far costlier one moves.
+func TestPredictiveSoftSession(t *testing.T) {
+	s, _ := newTestService(t, func(c *Config) {
+		c.Cost = CostPredictive
+		c.Predictive = PredictiveCost{PrefillTokensPerSecond: 1000, FixedRate: true}
+	})
+	addWorkers(t, s, "a", "b")
+	first := bookSession(t, s, "conv", toks(16, 1))
+	// 16 tokens queued ahead on the pinned rank: within 2 cold costs (2 x 16).
+	require.Equal(t, first, bookSession(t, s, "conv", toks(16, 2)))
+	for i := range 8 { // 8 x 64 tokens more: far beyond
+		_, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(64, 50+i), Allowed: []string{first}})
+		require.NoError(t, err)
+	}
+	require.NotEqual(t, first, bookSession(t, s, "conv", toks(16, 3)), "the soft pin stayed on a worker far costlier")
+	st := s.Stats()
+	require.Equal(t, uint64(1), st.SessionHits)
+	require.Equal(t, uint64(1), st.SessionMoves)
+}

@@ -83,8 +83,9 @@ type SessionConfig struct {
 	IdleTTL time.Duration
 	// SoftSlack is how much costlier than the best candidate a soft pin may
 	// be and still be kept, in units of the request's cold cost (what it
-	// costs on an idle worker that holds none of it: PrefillLoadScale x its
-	// blocks, plus its blocks): 2 keeps the pin unless moving saves more than
+	// costs on an idle worker that holds none of it: under CostDynamo
+	// PrefillLoadScale x its blocks, plus its blocks; under CostPredictive
+	// its predicted cost there at PrefillTokensPerSecond): 2 keeps the pin unless moving saves more than
 	// twice that, about two requests of the session's size in flight. 0 keeps
 	// it only when it is among the cheapest. Finite, >= 0. DefaultConfig sets
 	// DefaultSessionSoftSlack.
@@ -234,7 +235,11 @@ func (s *SelectionService) pinnedChoice(ev *evaluation, pool []candidate, pr *pr
 		best = min(best, pool[j].cost)
 	}
 	blocks := float64(pr.isl) / float64(s.cfg.BlockSize)
-	cold := pr.w.scale*blocks + blocks
+	cold := pr.w.scale*blocks + blocks // Dynamo's cost on an idle rank
+	if pr.w.predictive {
+		idle := candidate{newBlocks: int(math.Ceil(blocks))}
+		cold = predicted(&idle, ev.in, &pr.w) // at the configured rate
+	}
 	if pool[i].cost > best+s.cfg.Sessions.SoftSlack*cold {
 		return candidate{}, false
 	}
