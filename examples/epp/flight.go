@@ -214,7 +214,8 @@ const explainCandidates = 4
 
 // explain renders the x-kvselect-debug value: the rank booked, then the
 // cheapest candidates (at most explainCandidates) with their cost terms as
-// the destination role scored them just before the booking: cached blocks
+// the destination role scored them just before the booking (the cost in
+// its unit: blocks, or the predictive cost's seconds): cached blocks
 // (device+host+disk), the prefill tokens they would have, their decode
 // blocks with the request, their active requests, busy. Worker ids are
 // shortened and reduced to a safe alphabet; the value stays under
@@ -242,7 +243,11 @@ func explain(chosen catalog.WorkerRank, sc []selection.Scored) string {
 		b.WriteString("; ")
 		writeRank(&b, s.WorkerRank)
 		b.WriteString(" cost=")
-		b.WriteString(strconv.FormatFloat(s.Cost, 'f', 2, 64))
+		if c := s.Cost; c > -1 && c < 1 { // three significant digits: the predictive cost is in seconds
+			b.WriteString(strconv.FormatFloat(c, 'g', 3, 64))
+		} else {
+			b.WriteString(strconv.FormatFloat(c, 'f', 2, 64))
+		}
 		b.WriteString(" cached=")
 		b.WriteString(strconv.Itoa(s.Overlap.Device))
 		b.WriteByte('+')

@@ -372,7 +372,8 @@ func (m *routerMetrics) renewals(renewed, stalled int) {
 // was decided again.
 type decisionMetrics struct {
 	overlap *prometheus.HistogramVec
-	margin  *prometheus.HistogramVec
+	margin  *prometheus.HistogramVec // Dynamo's cost, in blocks
+	marginS *prometheus.HistogramVec // the predictive cost, in seconds
 	retries *prometheus.HistogramVec
 }
 
@@ -385,8 +386,13 @@ func newDecisionMetrics(reg prometheus.Registerer) *decisionMetrics {
 		}, []string{"role"}),
 		margin: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvselect_decision_cost_margin_blocks",
-			Help:    "How much cheaper, in cost units (KV-block equivalents), the chosen rank was than the next-cheapest candidate (0: alone or tied; negative: chosen by a session pin or a temperature draw).",
+			Help:    "How much cheaper, in cost units (KV-block equivalents), the chosen rank was than the next-cheapest candidate, under Dynamo's cost (0: alone or tied; negative: chosen by a session pin or a temperature draw).",
 			Buckets: []float64{-64, -8, -1, 0, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}, []string{"role"}),
+		marginS: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvselect_decision_cost_margin_seconds",
+			Help:    "How much cheaper, in predicted seconds, the chosen rank was than the next-cheapest candidate, under the predictive cost (DYN_EPP_COST=predictive; 0: alone or tied; negative: chosen by a session pin or a temperature draw).",
+			Buckets: []float64{-1, -0.1, -0.01, 0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5},
 		}, []string{"role"}),
 		retries: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvselect_decision_retries",
@@ -394,16 +400,18 @@ func newDecisionMetrics(reg prometheus.Registerer) *decisionMetrics {
 			Buckets: []float64{0, 1, 2, 4, 8},
 		}, []string{"role"}),
 	}
-	reg.MustRegister(m.overlap, m.margin, m.retries)
+	reg.MustRegister(m.overlap, m.margin, m.marginS, m.retries)
 	return m
 }
 
-// forRole returns the Recorder of one role's service.
-func (m *decisionMetrics) forRole(role string) selection.Recorder {
-	return roleRecorder{
-		overlap: m.overlap.WithLabelValues(role), margin: m.margin.WithLabelValues(role),
-		retries: m.retries.WithLabelValues(role),
+// forRole returns the Recorder of one role's service, whose margins are in
+// the unit of cost: the other unit's histogram is listed, empty.
+func (m *decisionMetrics) forRole(role string, cost selection.CostModel) selection.Recorder {
+	margin, seconds := m.margin.WithLabelValues(role), m.marginS.WithLabelValues(role)
+	if cost == selection.CostPredictive {
+		margin = seconds
 	}
+	return roleRecorder{overlap: m.overlap.WithLabelValues(role), margin: margin, retries: m.retries.WithLabelValues(role)}
 }
 
 type roleRecorder struct {
