@@ -131,7 +131,8 @@ type Options struct {
 	// Explain makes the kvselect policies score every request with
 	// SelectionService.PotentialLoads before routing it, and report in
 	// Result.Explain which cost terms pulled decisions away from the worker with
-	// the longest cached prefix. It roughly doubles the routing cost.
+	// the longest cached prefix. It roughly doubles the routing cost. Dynamo's
+	// cost only (Selection.Cost).
 	Explain bool
 	// DecodeHoldsKV makes a running request's generated tokens take cache
 	// space on its worker, one block per BlockSize output tokens as they are
@@ -182,6 +183,9 @@ func (o Options) withDefaults() (Options, error) {
 		c := o.selectionConfig(true)
 		if err := c.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("%w: Selection: %w", ErrInvalidOptions, err))
+		}
+		if o.Explain && c.Cost != selection.CostDynamo {
+			bad("Explain breaks Dynamo's cost into its terms: Selection.Cost %v has none of them", c.Cost)
 		}
 	}
 	if len(errs) > 0 {

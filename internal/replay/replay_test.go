@@ -461,3 +461,14 @@ func TestDecisionTimes(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, res.Decision)
 }
+
+// Explain splits Dynamo's cost into its terms; the predictive cost has none,
+// so it is refused.
+func TestExplainRefusesThePredictiveCost(t *testing.T) {
+	cfg := selection.DefaultConfig(1)
+	cfg.Cost = selection.CostPredictive
+	reqs := []trace.Request{{InputTokens: 512, OutputTokens: 1, Blocks: []uint64{1}}}
+	_, err := Run(context.Background(), reqs, KVSelect, Options{Workers: 2, CapacityBlocks: 8, Selection: &cfg, Explain: true})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.ErrorContains(t, err, "Explain")
+}
