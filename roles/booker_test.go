@@ -751,3 +751,32 @@ func TestPlanRenewExtendsLease(t *testing.T) {
 	require.Equal(t, 1, b.Expire())
 	require.Empty(t, dec.bookedIDs())
 }
+
+// With the predictive cost, a pair's decode leg is scored by decode pressure
+// alone (the decode role tracks no prefill, so a prompt its approximate index
+// holds does not draw it), and a prefill leg is predicted to wait behind the
+// prefill queued ahead of it.
+func TestPredictiveCostPairs(t *testing.T) {
+	clk := newFakeClock()
+	opts := testOptions(ModeDisaggregated, clk)
+	opts.Base.Cost = selection.CostPredictive
+	rs := newRoles(t, opts)
+	_, err := rs.Reconcile([]catalog.Worker{wk("p", "prefill"), wk("d1", "decode"), wk("d2", "decode")})
+	require.NoError(t, err)
+	b := newBooker(t, rs, BookerOptions{Now: clk.Now})
+	ctx := testCtx(t)
+	p1, err := b.Book(ctx, selection.Request{Tokens: toks(40, 1)})
+	require.NoError(t, err)
+	p2, err := b.Book(ctx, selection.Request{Tokens: toks(40, 1)})
+	require.NoError(t, err)
+	require.NotEqual(t, p1.Decode.Worker, p2.Decode.Worker, "the second decode leg avoids the first one's blocks, not follows its prompt")
+	p3, err := b.Book(ctx, selection.Request{Tokens: toks(40, 2)})
+	require.NoError(t, err)
+	require.Equal(t, "p", p1.Prefill.Worker)
+	require.Equal(t, 40, p3.Prefill.EffectivePrefillTokens)
+	require.Greater(t, p3.Prefill.Cost, p1.Prefill.Cost, "the third prefill waits behind the first's")
+	for _, p := range []Plan{p1, p2, p3} {
+		require.NoError(t, b.Complete(p.ID))
+	}
+	requireIdle(t, rs)
+}

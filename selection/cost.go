@@ -52,7 +52,7 @@ func cost(c *candidate, in costInput, w *weights) float64 {
 //
 //	rate      = the rank's learned prefill rate, else the configured one
 //	remaining = max(0, A - rate x (now - since))   the queued prefill still ahead
-//	own       = T - min(cached, T)                  the request's uncached prompt
+//	own       = T - min(cached, T)                  the request's uncached prompt (0 when prefill is not tracked)
 //	cost      = (remaining + (1 + backlogW) x own
 //	             + decodeW x (active blocks + new blocks
 //	                          + decodeActiveRequestWeight x active requests) x bs) / rate
@@ -72,7 +72,10 @@ func predicted(c *candidate, in costInput, w *weights) float64 {
 	if c.since != 0 && in.now > c.since && remaining > 0 {
 		remaining = max(0, remaining-rate*float64(in.now-c.since)/1e9)
 	}
-	own := float64(in.isl - min(cachedTokens(c, w, in.blockSize), in.isl))
+	var own float64 // the request's own prefill: none where prefill is not tracked (a decode leg)
+	if w.trackPrefill {
+		own = float64(in.isl - min(cachedTokens(c, w, in.blockSize), in.isl))
+	}
 	decode := float64(c.activeBlocks+c.newBlocks) + w.activeReqWeight*float64(c.activeRequests)
 	return (remaining + (1+w.backlogW)*own + w.decodeW*decode*float64(in.blockSize)) / rate
 }

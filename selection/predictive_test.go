@@ -29,6 +29,8 @@ func TestPredictedWorkedExample(t *testing.T) {
 	require.InDelta(t, (2*32+0.5*4*16)/1000.0, cost(&c, in, &w), 1e-12)
 	c.since = 0 // no clock: the whole queue is ahead
 	require.InDelta(t, (100+2*32+0.5*4*16)/1000.0, cost(&c, in, &w), 1e-12)
+	w.trackPrefill, c.activePrefill = false, 0 // a decode leg: decode pressure only
+	require.InDelta(t, (0.5*4*16)/1000.0, cost(&c, in, &w), 1e-12)
 }
 
 // TestPredictiveCostWaitsOrMoves: a request whose prefix only a busy worker
