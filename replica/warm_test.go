@@ -191,6 +191,9 @@ func TestWarmStartJoinerEqualsPeer(t *testing.T) {
 	b := newWarmNode(t, g, h.member(), "b", nil)
 	g.converge(b.svc)
 	require.NotEqual(t, indexOf(t, a.svc), indexOf(t, b.svc), "the joiner rebuilt its index cold: the test proves nothing")
+	// Building b published on the engines until b heard them all: let a
+	// apply those batches too, so that it holds what b replays after the cut.
+	g.converge(a.svc)
 	b.start(t)
 	waitSynced(t, b)
 	require.Equal(t, indexOf(t, a.svc), indexOf(t, b.svc), "the joiner's index when it reports synced")
@@ -358,6 +361,9 @@ func TestWarmStartRefusesDamagedChunks(t *testing.T) {
 		}
 		return resp
 	}}, "b", nil)
+	// Building b published on the engines until b heard them all: let a
+	// apply those batches too, so that it holds what b replays after the cut.
+	g.converge(a.svc)
 	b.start(t)
 	waitSynced(t, b)
 	w := b.r.Stats().Warm

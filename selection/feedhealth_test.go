@@ -89,13 +89,15 @@ func newFeedRigBlocks(t *testing.T, trust FeedTrust, engineBlock int, ids ...str
 }
 
 // settle waits until the service has handled every batch engine id published.
+// Handler.Batches counts a batch as its handling starts, before its events
+// are applied; the source's Applied counts it once HandleBatch has returned.
 func (r *feedRig) settle(id string) {
 	r.t.Helper()
 	want := r.engines[id].NextSeq()
 	require.Eventually(r.t, func() bool {
 		for _, st := range r.s.EventStats() {
 			if st.Worker.Worker == id {
-				return st.Handler.Batches == want
+				return st.Handler.Batches == want && st.Applied == want
 			}
 		}
 		return want == 0

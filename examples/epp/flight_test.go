@@ -243,6 +243,7 @@ func TestLeaseRenewalFollowsTheStream(t *testing.T) {
 	require.Equal(t, after.Expired+1, rig.e.pairs.Stats().Plans.Expired)
 	stall.end(t)
 	require.Equal(t, after.Completed, rig.e.pairs.Stats().Plans.Completed, "its end finds the plan gone")
+	eventually(t, 10*time.Second, func() error { return uncounted(rig.svc().Stats()) })
 	st := rig.svc().Stats()
 	require.Equal(t, st.Bookings, st.Frees+uint64(st.Ledger.Expired), "every booking settled once (%+v)", st)
 }
@@ -327,6 +328,7 @@ func TestServedFallbackMovesTheBooking(t *testing.T) {
 		"freed: its load belongs to no known worker")
 	fr.end(t)
 	require.Equal(t, 1.0, counterValue(t, rig.e, "kvselect_epp_rebookings_total", map[string]string{"result": "freed"}))
+	eventually(t, 10*time.Second, func() error { return uncounted(rig.svc().Stats()) })
 	st := rig.svc().Stats()
 	require.Equal(t, st.Bookings, st.Frees, "every booking freed once (%+v)", st)
 	require.EqualValues(t, 2, st.Moves)
@@ -384,4 +386,7 @@ func TestDebugHeaderExplainsTheDecision(t *testing.T) {
 	require.Contains(t, v, "cost=1.00", "the cheapest are kept")
 	require.True(t, strings.HasPrefix(v, "chosen=bad_id_/0"), v)
 	require.LessOrEqual(t, len(v), extproc.MaxDebugLen)
+	// The predictive cost's seconds keep three significant digits.
+	v = explain(catalog.WorkerRank{Worker: "a"}, []selection.Scored{{Cost: 0.01637}})
+	require.Contains(t, v, "cost=0.0164 ", v)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -74,6 +75,16 @@ func TestDisaggregatedEndToEnd(t *testing.T) {
 	require.Zero(t, res.failed, res.firstFailure)
 	require.Equal(t, pdRequests, res.requests)
 	require.NoError(t, rig.waitSettled(ctx))
+	// No load is left once the last free took its booking off the ledger;
+	// the free counts it just after.
+	eventually(t, 10*time.Second, func() error {
+		for _, role := range []roles.Role{roles.Prefill, roles.Decode} {
+			if err := uncounted(rig.e.rs.Service(role).Stats()); err != nil {
+				return fmt.Errorf("%v: %w", role, err)
+			}
+		}
+		return nil
+	})
 	driven := time.Since(started)
 
 	// Prefill legs: where the EPP sent them is where they ran.

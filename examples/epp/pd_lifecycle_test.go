@@ -161,6 +161,7 @@ func TestDisaggregatedReservationLifecycle(t *testing.T) {
 		})
 	}
 	for _, role := range []roles.Role{roles.Prefill, roles.Decode} {
+		eventually(t, 10*time.Second, func() error { return uncounted(rig.e.rs.Service(role).Stats()) })
 		st := rig.e.rs.Service(role).Stats()
 		require.Equal(t, st.Bookings, st.Frees, "%v: %+v", role, st)
 		require.Zero(t, st.Ledger.Expired, "%v: %+v", role, st)
@@ -214,6 +215,7 @@ func TestDisaggregatedPlanExpiry(t *testing.T) {
 		})
 	}
 	for _, role := range []roles.Role{roles.Prefill, roles.Decode} {
+		eventually(t, 10*time.Second, func() error { return uncounted(rig.e.rs.Service(role).Stats()) })
 		st := rig.e.rs.Service(role).Stats()
 		require.Equal(t, st.Bookings, st.Frees+uint64(st.Ledger.Expired), "%v: every booking settled once (%+v)", role, st)
 	}

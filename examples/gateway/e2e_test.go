@@ -336,7 +336,8 @@ func (env *e2eEnv) waitIdle(t *testing.T) {
 	defer tick.Stop()
 	for {
 		rs := env.g.router.Stats()
-		busy := rs.Booked != rs.Done
+		// A settle counts the exchange done, then how it ended: wait for both.
+		busy := rs.Booked != rs.Done || rs.Done != rs.Ended+rs.Canceled+rs.Failed+rs.Aborted
 		for _, l := range env.g.svc.Loads(e2eModel) {
 			busy = busy || l.ActiveRequests != 0 || l.ActiveBlocks != 0 || l.ActivePrefillTokens != 0
 		}

@@ -92,18 +92,22 @@ func (r *dialectRig) serve(e *fakeengine.Engine, n int) {
 }
 
 // converge waits until the handler has handled every batch the engine numbered,
-// each exactly once, and returns the source's stats.
+// each exactly once, and returns the source's stats. The handler counts a
+// batch (Batches, LastSeq) as it starts on it, before its events are applied;
+// the source takes it as its watermark once HandleBatch has returned: wait
+// for that, then the handler's counts are final.
 func (r *dialectRig) converge(e *fakeengine.Engine, w catalog.WorkerRank) SourceStats {
 	r.t.Helper()
 	first, last := e.Options().FirstSeq, e.NextSeq()-1
-	var hs HandlerStats
+	var st SourceStats
 	require.Eventually(r.t, func() bool {
-		hs = r.handler.Stats(w)
-		return hs.Batches == last-first+1 && hs.LastSeq == last
-	}, waitFor, time.Millisecond, "handler never reached seq %d; last %+v", last, &hs)
-	st, ok := r.feed.SourceStats(w)
-	require.True(r.t, ok)
-	require.Equal(r.t, last, st.Watermark)
+		var ok bool
+		st, ok = r.feed.SourceStats(w)
+		return ok && st.Applied > 0 && st.Watermark == last && st.Queued == 0
+	}, waitFor, time.Millisecond, "feed never applied seq %d; last %+v", last, &st)
+	hs := r.handler.Stats(w)
+	require.Equal(r.t, last-first+1, hs.Batches, "every batch handled once")
+	require.Equal(r.t, last, hs.LastSeq)
 	require.Equal(r.t, hs.Batches, st.Applied, "every batch applied once")
 	return st
 }

@@ -152,6 +152,7 @@ func TestMadeUpRanksAndOversizedFeed(t *testing.T) {
 	flow(t, p, legit, "legit")
 	rss0 := p.rss()
 	batches0 := p.source("kvselect_kv_event_batches_total", "w")
+	applied0, skipped0 := p.applied("w"), p.count("kvselect_kv_events_skipped_total", labels{"role": role, "worker": "w"})
 	hash := uint64(1 << 40)
 	store := func(rank int) []byte {
 		hs := make([]uint64, blocksPerEvent)
@@ -175,8 +176,12 @@ func TestMadeUpRanksAndOversizedFeed(t *testing.T) {
 	p.eventually("every batch received", 3*waitTimeout, func() bool {
 		return p.source("kvselect_kv_event_batches_total", "w") >= batches0+total
 	})
+	// Received counts a batch as it is taken off the socket; the feed applies
+	// it later. The oversized stores come after the made-up ranks: wait until
+	// every event was applied or skipped, not only the made-up ranks' ones.
 	p.eventually("every event judged", waitTimeout, func() bool {
-		return p.skipped("w", "unknown_rank") >= madeUpRanks
+		judged := p.applied("w") - applied0 + p.count("kvselect_kv_events_skipped_total", labels{"role": role, "worker": "w"}) - skipped0
+		return p.skipped("w", "unknown_rank") >= madeUpRanks && judged >= total
 	})
 	p.alive()
 	unknown, full := p.skipped("w", "unknown_rank"), p.skipped("w", "rank_full")
