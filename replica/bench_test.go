@@ -8,8 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvselect/kvselect/catalog"
-	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/internal/benchfleet"
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -44,44 +43,9 @@ func benchService(b *testing.B, obs selection.BookingObserver) (*selection.Selec
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = s.Close() })
-	r := rand.New(rand.NewPCG(5, 5))
-	system := make([][]uint32, 8)
-	for i := range system {
-		system[i] = make([]uint32, 1024)
-		for j := range system[i] {
-			system[i][j] = r.Uint32N(32000)
-		}
-	}
-	prompt := func(g, k int) []uint32 {
-		p := append([]uint32(nil), system[g]...)
-		rr := rand.New(rand.NewPCG(uint64(g), uint64(k)))
-		for len(p) < 2048 {
-			p = append(p, rr.Uint32N(32000))
-		}
-		return p
-	}
-	var prompts [][]uint32
-	for w := range 16 {
-		id := fmt.Sprintf("w%02d", w)
-		if _, err := s.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", w+1), DPSize: 1, BlockSize: 16, MaxNumBatchedTokens: 8192}); err != nil {
-			b.Fatal(err)
-		}
-		for k := range 16 {
-			p := prompt(k%8, w*16+k)
-			hs := make([]uint64, len(p)/16)
-			for i := range hs {
-				hs[i] = uint64(w*16+k)<<16 | uint64(i) + 1
-			}
-			if err := s.ApplyEvent(catalog.WorkerRank{Worker: id}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: p}); err != nil {
-				b.Fatal(err)
-			}
-			if k == 0 {
-				prompts = append(prompts, p)
-			}
-		}
-	}
-	for k := range 16 {
-		prompts = append(prompts, prompt(k%8, 1<<20+k))
+	prompts, err := benchfleet.Warm(s, benchfleet.Fleet{Workers: 16, PerWorker: 16, Fresh: 16})
+	if err != nil {
+		b.Fatal(err)
 	}
 	return s, prompts
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/internal/benchfleet"
 	"github.com/kvselect/kvselect/kvindex"
 )
 
@@ -44,44 +45,9 @@ func benchServiceFeed(b *testing.B, n int, mod func(*Config), feed bool, tracer 
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = s.Close() })
-	r := rand.New(rand.NewPCG(5, 5))
-	system := make([][]uint32, 8)
-	for i := range system {
-		system[i] = make([]uint32, 1024)
-		for j := range system[i] {
-			system[i][j] = uint32(r.IntN(32000))
-		}
-	}
-	prompt := func(g, k int) []uint32 {
-		p := append([]uint32(nil), system[g]...)
-		rr := rand.New(rand.NewPCG(uint64(g), uint64(k)))
-		for len(p) < 2048 {
-			p = append(p, uint32(rr.IntN(32000)))
-		}
-		return p
-	}
-	var prompts [][]uint32
-	for w := range n {
-		id := fmt.Sprintf("w%03d", w)
-		if _, err := s.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.%d.%d:8000", w/250, w%250+1), DPSize: 1, BlockSize: 16, MaxNumBatchedTokens: 8192}); err != nil {
-			b.Fatal(err)
-		}
-		for k := range 32 {
-			p := prompt(k%8, w*32+k)
-			hs := make([]uint64, len(p)/16)
-			for i := range hs {
-				hs[i] = uint64(w*32+k)<<16 | uint64(i) + 1
-			}
-			if err := s.ApplyEvent(catalog.WorkerRank{Worker: id}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: p}); err != nil {
-				b.Fatal(err)
-			}
-			if k == 0 {
-				prompts = append(prompts, p)
-			}
-		}
-	}
-	for k := range 64 { // new conversations on known system prompts
-		prompts = append(prompts, prompt(k%8, 1<<20+k))
+	prompts, err := benchfleet.Warm(s, benchfleet.Fleet{Workers: n, PerWorker: 32, Fresh: 64})
+	if err != nil {
+		b.Fatal(err)
 	}
 	return s, prompts
 }
