@@ -17,6 +17,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/kvselect/kvselect/examples/internal/envconf"
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/replica/natsbus"
@@ -80,20 +81,8 @@ type config struct {
 	Router        selection.Config
 }
 
-// setting is one variable of the contract: its environment name, its flag, its
-// default and how it is parsed into config.
-type setting struct {
-	env      string
-	aliases  []string // older names, read when env is unset
-	flag     string
-	def      string
-	required string // "" optional; else when it is required
-	help     string
-	parse    func(c *config, v string) error
-}
-
-func intIn(dst *int, lo, hi int) func(*config, string) error {
-	return func(_ *config, v string) error {
+func intIn(dst *int, lo, hi int) func(string) error {
+	return func(v string) error {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil {
 			return fmt.Errorf("%q is not an integer", v)
@@ -106,8 +95,8 @@ func intIn(dst *int, lo, hi int) func(*config, string) error {
 	}
 }
 
-func floatMin(dst *float64, lo float64) func(*config, string) error {
-	return func(_ *config, v string) error {
+func floatMin(dst *float64, lo float64) func(string) error {
+	return func(v string) error {
 		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
 			return fmt.Errorf("%q is not a finite number", v)
@@ -120,8 +109,8 @@ func floatMin(dst *float64, lo float64) func(*config, string) error {
 	}
 }
 
-func boolean(dst *bool) func(*config, string) error {
-	return func(_ *config, v string) error {
+func boolean(dst *bool) func(string) error {
+	return func(v string) error {
 		b, err := strconv.ParseBool(strings.TrimSpace(v))
 		if err != nil {
 			return fmt.Errorf("%q is not a boolean (true/false)", v)
@@ -131,12 +120,12 @@ func boolean(dst *bool) func(*config, string) error {
 	}
 }
 
-func str(dst *string) func(*config, string) error {
-	return func(_ *config, v string) error { *dst = strings.TrimSpace(v); return nil }
+func str(dst *string) func(string) error {
+	return func(v string) error { *dst = strings.TrimSpace(v); return nil }
 }
 
-func listenAddr(dst *string) func(*config, string) error {
-	return func(_ *config, v string) error {
+func listenAddr(dst *string) func(string) error {
+	return func(v string) error {
 		if _, _, err := net.SplitHostPort(v); err != nil {
 			return fmt.Errorf("%q is not host:port", v)
 		}
@@ -151,19 +140,19 @@ const maxPort = 65535
 const maxPeers = 256
 
 // settings returns the contract bound to c. The order is the README table's.
-func (c *config) settings() []setting {
+func (c *config) settings() []envconf.Var {
 	r := &c.Router
-	return []setting{
-		{env: "DYN_EPP_MODE", flag: "mode", def: "standalone", help: "EPP mode; only `standalone` (the embedded kvselect service) exists here",
-			parse: func(c *config, v string) error {
+	return []envconf.Var{
+		{Env: "DYN_EPP_MODE", Flag: "mode", Default: "standalone", Help: "EPP mode; only `standalone` (the embedded kvselect service) exists here",
+			Set: func(v string) error {
 				if strings.TrimSpace(v) != "standalone" {
 					return fmt.Errorf("%q: only standalone is supported", v)
 				}
 				c.Mode = "standalone"
 				return nil
 			}},
-		{env: "DYN_EPP_TOPOLOGY_MODE", flag: "topology", def: "aggregated", help: "`aggregated` or `disaggregated` (prefill/decode split by the role label)",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_TOPOLOGY_MODE", Flag: "topology", Default: "aggregated", Help: "`aggregated` or `disaggregated` (prefill/decode split by the role label)",
+			Set: func(v string) error {
 				m, err := roles.ParseTopologyMode(v)
 				if err != nil {
 					return fmt.Errorf("%q: want aggregated or disaggregated", v)
@@ -171,9 +160,9 @@ func (c *config) settings() []setting {
 				c.Topology = m.String()
 				return nil
 			}},
-		{env: "DYN_EPP_WORKER_ROLE_LABEL", flag: "role-label", def: roles.DefaultRoleLabel, help: "pod label that carries `prefill` or `decode` (disaggregated mode)", parse: str(&c.RoleLabel)},
-		{env: "DYN_EPP_PD_HINT_KEY", flag: "pd-hint-key", help: "signs each prefill hint (x-kvselect-prefiller-signature) with the key the decode sidecars check (their DYN_PD_HINT_KEY): `file:<path>` or an absolute path is read, anything else is the key itself; at least 32 bytes (unset: hints are not signed)",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_WORKER_ROLE_LABEL", Flag: "role-label", Default: roles.DefaultRoleLabel, Help: "pod label that carries `prefill` or `decode` (disaggregated mode)", Set: str(&c.RoleLabel)},
+		{Env: "DYN_EPP_PD_HINT_KEY", Flag: "pd-hint-key", Help: "signs each prefill hint (x-kvselect-prefiller-signature) with the key the decode sidecars check (their DYN_PD_HINT_KEY): `file:<path>` or an absolute path is read, anything else is the key itself; at least 32 bytes (unset: hints are not signed)",
+			Set: func(v string) error {
 				key, err := pdhint.LoadKey(strings.TrimSpace(v))
 				if err != nil {
 					return err
@@ -184,21 +173,21 @@ func (c *config) settings() []setting {
 				c.PDHintKey = key
 				return nil
 			}},
-		{env: "DYN_EPP_PD_HINT_TTL_MS", flag: "pd-hint-ttl-ms", def: "30000", help: "how long a hint's signature is valid, in ms (>= 1000; at most the sidecars' DYN_PD_HINT_MAX_LIFETIME_MS, 300000 by default)",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_PD_HINT_TTL_MS", Flag: "pd-hint-ttl-ms", Default: "30000", Help: "how long a hint's signature is valid, in ms (>= 1000; at most the sidecars' DYN_PD_HINT_MAX_LIFETIME_MS, 300000 by default)",
+			Set: func(v string) error {
 				var ms int
-				if err := intIn(&ms, 1000, 86_400_000)(c, v); err != nil {
+				if err := intIn(&ms, 1000, 86_400_000)(v); err != nil {
 					return err
 				}
 				c.PDHintTTL = time.Duration(ms) * time.Millisecond
 				return nil
 			}},
-		{env: "DYN_EPP_INFERENCE_POOL_NAME", flag: "inference-pool", required: "with Kubernetes discovery", help: "the InferencePool this EPP serves", parse: str(&c.PoolName)},
-		{env: "POD_NAMESPACE", flag: "namespace", required: "with Kubernetes discovery", help: "namespace of the pool and its pods (downward API)", parse: str(&c.Namespace)},
-		{env: "POD_IP", flag: "pod-ip", help: "this EPP's own IP (downward API status.podIP): required with DYN_EPP_PEER_SERVICE (self is no peer); the replica sync listener binds it", parse: str(&c.PodIP)},
-		{env: "DYN_MODEL_NAME", flag: "model", def: "default", help: "model name: the selection partition of every worker and request", parse: str(&c.Model)},
-		{env: "DYN_EPP_TOKENIZER_SERVICE_URL", flag: "tokenizer-url", required: "always (the demo sets it)", help: "absolute http(s) base URL of the engine's tokenizer/render service",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_INFERENCE_POOL_NAME", Flag: "inference-pool", Required: "with Kubernetes discovery", Help: "the InferencePool this EPP serves", Set: str(&c.PoolName)},
+		{Env: "POD_NAMESPACE", Flag: "namespace", Required: "with Kubernetes discovery", Help: "namespace of the pool and its pods (downward API)", Set: str(&c.Namespace)},
+		{Env: "POD_IP", Flag: "pod-ip", Help: "this EPP's own IP (downward API status.podIP): required with DYN_EPP_PEER_SERVICE (self is no peer); the replica sync listener binds it", Set: str(&c.PodIP)},
+		{Env: "DYN_MODEL_NAME", Flag: "model", Default: "default", Help: "model name: the selection partition of every worker and request", Set: str(&c.Model)},
+		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Required: "always (the demo sets it)", Help: "absolute http(s) base URL of the engine's tokenizer/render service",
+			Set: func(v string) error {
 				u, err := url.Parse(strings.TrimSpace(v))
 				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 					return fmt.Errorf("%q is not an absolute http(s) URL", v)
@@ -206,40 +195,40 @@ func (c *config) settings() []setting {
 				c.TokenizerURL = strings.TrimSpace(v)
 				return nil
 			}},
-		{env: "DYN_EPP_TOKENIZER_PROTOCOL", flag: "tokenizer-protocol", def: "vllm-render", help: "`vllm-render`, `vllm-tokenize` or `sglang`", parse: str(&c.TokenizerProtocol)},
-		{env: "DYN_EPP_TOKENIZATION_TIMEOUT_MS", flag: "tokenization-timeout-ms", def: "5000", help: "per-call tokenizer timeout in ms (>= 1)",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_TOKENIZER_PROTOCOL", Flag: "tokenizer-protocol", Default: "vllm-render", Help: "`vllm-render`, `vllm-tokenize` or `sglang`", Set: str(&c.TokenizerProtocol)},
+		{Env: "DYN_EPP_TOKENIZATION_TIMEOUT_MS", Flag: "tokenization-timeout-ms", Default: "5000", Help: "per-call tokenizer timeout in ms (>= 1)",
+			Set: func(v string) error {
 				var ms int
-				if err := intIn(&ms, 1, 600_000)(c, v); err != nil {
+				if err := intIn(&ms, 1, 600_000)(v); err != nil {
 					return err
 				}
 				c.TokenizerTimeout = time.Duration(ms) * time.Millisecond
 				return nil
 			}},
-		{env: "DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES", flag: "tokenizer-max-response-bytes", def: "16777216", help: "largest tokenizer response accepted", parse: intIn(&c.TokenizerMaxResp, 1024, 1<<30)},
-		{env: "DYN_KV_CACHE_BLOCK_SIZE", flag: "block-size", def: "16", help: "KV block size in tokens; must equal the engines' block size", parse: intIn(&c.BlockSize, 1, 1<<16)},
-		{env: "DYN_EPP_KV_EVENT_PORT", flag: "kv-event-port", def: "5557", help: "engines' ZMQ PUB port (0: no KV events, approximate mode)", parse: intIn(&c.KVEventPort, 0, maxPort)},
-		{env: "DYN_EPP_KV_EVENT_REPLAY_PORT", flag: "kv-event-replay-port", def: "0", help: "engines' ZMQ replay ROUTER port (0: none)", parse: intIn(&c.KVReplayPort, 0, maxPort)},
-		{env: "DYN_EPP_KV_EVENT_BIND", flag: "kv-event-bind", help: "bind a SUB here (tcp://host:port) for engines that dial in, instead of dialing each engine; only workers' addresses may connect, each publishing its own topic", parse: str(&c.KVEventBind)},
-		{env: "DYN_EPP_KV_EVENT_BIND_ANY_PEER", flag: "kv-event-bind-any-peer", def: "false", help: "let any address publish on the bind port (engines behind NAT); anyone reaching the port can then publish as any worker", parse: boolean(&c.KVEventBindAny)},
-		{env: "DYN_EPP_TOTAL_KV_BLOCKS", flag: "total-kv-blocks", def: "0", help: "per-worker KV capacity in blocks (0: unknown)", parse: intIn(&c.TotalKVBlocks, 0, math.MaxInt32)},
-		{env: "DYN_EPP_MAX_NUM_BATCHED_TOKENS", flag: "max-num-batched-tokens", def: "0", required: "when DYN_ROUTER_QUEUE_THRESHOLD is set", help: "engines' max_num_batched_tokens, the busy base of queueing", parse: intIn(&c.MaxBatched, 0, math.MaxInt32)},
-		{env: "DYN_EPP_PREFILL_MAX_NUM_BATCHED_TOKENS", flag: "prefill-max-num-batched-tokens", def: "0", help: "prefill workers' value (0: the shared one)", parse: intIn(&c.PrefillMaxBatched, 0, math.MaxInt32)},
-		{env: "DYN_EPP_DECODE_MAX_NUM_BATCHED_TOKENS", flag: "decode-max-num-batched-tokens", def: "0", help: "decode workers' value (0: the shared one)", parse: intIn(&c.DecodeMaxBatched, 0, math.MaxInt32)},
-		{env: "DYN_EPP_LOCAL_PREFILL_BELOW", flag: "local-prefill-below", def: "0", help: "conditional disaggregation (disaggregated mode): a request whose uncached prompt on its decode worker is at most this many tokens, or that meets a busy prefill pool, skips the prefill leg (0: off)", parse: intIn(&c.LocalPrefillBelow, 0, math.MaxInt32)},
-		{env: "DYN_EPP_MAX_INFLIGHT_REQUESTS", flag: "max-inflight", def: "1024", help: "concurrent picks; more are shed with 503", parse: intIn(&c.MaxInflight, 1, 1<<20)},
-		{env: "DYN_EPP_SELECTION_INDEXER_THREADS", flag: "indexer-threads", def: "4", help: "accepted for compatibility (each event source applies on its own goroutine)", parse: intIn(&c.IndexerThreads, 1, 1024)},
-		{env: "DYN_SECURE_SERVING", flag: "secure-serving", def: "true", help: "TLS with a self-signed certificate on the ext_proc port (false: plaintext h2c)", parse: boolean(&c.SecureServing)},
-		{env: "DYN_EPP_EXTPROC_ADDR", flag: "extproc-addr", def: ":9002", help: "ext_proc gRPC listen address", parse: listenAddr(&c.ExtProcAddr)},
-		{env: "DYN_EPP_HEALTH_ADDR", flag: "health-addr", def: ":9003", help: "gRPC health listen address", parse: listenAddr(&c.HealthAddr)},
-		{env: "DYN_EPP_METRICS_ADDR", flag: "metrics-addr", def: ":9090", help: "Prometheus /metrics listen address", parse: listenAddr(&c.MetricsAddr)},
-		{env: "DYN_EPP_WORKERS_FILE", flag: "workers-file", help: "static discovery: a JSON/YAML file of workers, watched (no Kubernetes)", parse: str(&c.WorkersFile)},
-		{env: "KUBECONFIG", flag: "kubeconfig", help: "kubeconfig path (default: in-cluster config)", parse: str(&c.Kubeconfig)},
-		{env: "DYN_EPP_MAX_BODY_BYTES", flag: "max-body-bytes", def: "8388608", help: "largest request body buffered (excess: 413)", parse: intIn(&c.MaxBodyBytes, 1024, 1<<30)},
+		{Env: "DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES", Flag: "tokenizer-max-response-bytes", Default: "16777216", Help: "largest tokenizer response accepted", Set: intIn(&c.TokenizerMaxResp, 1024, 1<<30)},
+		{Env: "DYN_KV_CACHE_BLOCK_SIZE", Flag: "block-size", Default: "16", Help: "KV block size in tokens; must equal the engines' block size", Set: intIn(&c.BlockSize, 1, 1<<16)},
+		{Env: "DYN_EPP_KV_EVENT_PORT", Flag: "kv-event-port", Default: "5557", Help: "engines' ZMQ PUB port (0: no KV events, approximate mode)", Set: intIn(&c.KVEventPort, 0, maxPort)},
+		{Env: "DYN_EPP_KV_EVENT_REPLAY_PORT", Flag: "kv-event-replay-port", Default: "0", Help: "engines' ZMQ replay ROUTER port (0: none)", Set: intIn(&c.KVReplayPort, 0, maxPort)},
+		{Env: "DYN_EPP_KV_EVENT_BIND", Flag: "kv-event-bind", Help: "bind a SUB here (tcp://host:port) for engines that dial in, instead of dialing each engine; only workers' addresses may connect, each publishing its own topic", Set: str(&c.KVEventBind)},
+		{Env: "DYN_EPP_KV_EVENT_BIND_ANY_PEER", Flag: "kv-event-bind-any-peer", Default: "false", Help: "let any address publish on the bind port (engines behind NAT); anyone reaching the port can then publish as any worker", Set: boolean(&c.KVEventBindAny)},
+		{Env: "DYN_EPP_TOTAL_KV_BLOCKS", Flag: "total-kv-blocks", Default: "0", Help: "per-worker KV capacity in blocks (0: unknown)", Set: intIn(&c.TotalKVBlocks, 0, math.MaxInt32)},
+		{Env: "DYN_EPP_MAX_NUM_BATCHED_TOKENS", Flag: "max-num-batched-tokens", Default: "0", Required: "when DYN_ROUTER_QUEUE_THRESHOLD is set", Help: "engines' max_num_batched_tokens, the busy base of queueing", Set: intIn(&c.MaxBatched, 0, math.MaxInt32)},
+		{Env: "DYN_EPP_PREFILL_MAX_NUM_BATCHED_TOKENS", Flag: "prefill-max-num-batched-tokens", Default: "0", Help: "prefill workers' value (0: the shared one)", Set: intIn(&c.PrefillMaxBatched, 0, math.MaxInt32)},
+		{Env: "DYN_EPP_DECODE_MAX_NUM_BATCHED_TOKENS", Flag: "decode-max-num-batched-tokens", Default: "0", Help: "decode workers' value (0: the shared one)", Set: intIn(&c.DecodeMaxBatched, 0, math.MaxInt32)},
+		{Env: "DYN_EPP_LOCAL_PREFILL_BELOW", Flag: "local-prefill-below", Default: "0", Help: "conditional disaggregation (disaggregated mode): a request whose uncached prompt on its decode worker is at most this many tokens, or that meets a busy prefill pool, skips the prefill leg (0: off)", Set: intIn(&c.LocalPrefillBelow, 0, math.MaxInt32)},
+		{Env: "DYN_EPP_MAX_INFLIGHT_REQUESTS", Flag: "max-inflight", Default: "1024", Help: "concurrent picks; more are shed with 503", Set: intIn(&c.MaxInflight, 1, 1<<20)},
+		{Env: "DYN_EPP_SELECTION_INDEXER_THREADS", Flag: "indexer-threads", Default: "4", Help: "accepted for compatibility (each event source applies on its own goroutine)", Set: intIn(&c.IndexerThreads, 1, 1024)},
+		{Env: "DYN_SECURE_SERVING", Flag: "secure-serving", Default: "true", Help: "TLS with a self-signed certificate on the ext_proc port (false: plaintext h2c)", Set: boolean(&c.SecureServing)},
+		{Env: "DYN_EPP_EXTPROC_ADDR", Flag: "extproc-addr", Default: ":9002", Help: "ext_proc gRPC listen address", Set: listenAddr(&c.ExtProcAddr)},
+		{Env: "DYN_EPP_HEALTH_ADDR", Flag: "health-addr", Default: ":9003", Help: "gRPC health listen address", Set: listenAddr(&c.HealthAddr)},
+		{Env: "DYN_EPP_METRICS_ADDR", Flag: "metrics-addr", Default: ":9090", Help: "Prometheus /metrics listen address", Set: listenAddr(&c.MetricsAddr)},
+		{Env: "DYN_EPP_WORKERS_FILE", Flag: "workers-file", Help: "static discovery: a JSON/YAML file of workers, watched (no Kubernetes)", Set: str(&c.WorkersFile)},
+		{Env: "KUBECONFIG", Flag: "kubeconfig", Help: "kubeconfig path (default: in-cluster config)", Set: str(&c.Kubeconfig)},
+		{Env: "DYN_EPP_MAX_BODY_BYTES", Flag: "max-body-bytes", Default: "8388608", Help: "largest request body buffered (excess: 413)", Set: intIn(&c.MaxBodyBytes, 1024, 1<<30)},
 		// Replicas (docs/REPLICAS.md).
-		{env: "POD_NAME", flag: "pod-name", help: "this EPP's pod name (downward API): the default replica ID", parse: str(&c.PodName)},
-		{env: "DYN_EPP_PEER_SERVICE", flag: "peer-service", help: "replicas, embedded NATS: the headless Service (in POD_NAMESPACE) whose ready endpoints are this EPP's peers; their servers are routed to at `<ip>:DYN_EPP_REPLICA_SYNC_PORT` (needs POD_IP; RBAC services get, endpointslices list and watch)",
-			parse: func(c *config, v string) error {
+		{Env: "POD_NAME", Flag: "pod-name", Help: "this EPP's pod name (downward API): the default replica ID", Set: str(&c.PodName)},
+		{Env: "DYN_EPP_PEER_SERVICE", Flag: "peer-service", Help: "replicas, embedded NATS: the headless Service (in POD_NAMESPACE) whose ready endpoints are this EPP's peers; their servers are routed to at `<ip>:DYN_EPP_REPLICA_SYNC_PORT` (needs POD_IP; RBAC services get, endpointslices list and watch)",
+			Set: func(v string) error {
 				v = strings.TrimSpace(v)
 				if errs := validation.IsDNS1035Label(v); len(errs) > 0 {
 					return fmt.Errorf("%q is not a Service name: %s", v, strings.Join(errs, "; "))
@@ -247,8 +236,8 @@ func (c *config) settings() []setting {
 				c.PeerService = v
 				return nil
 			}},
-		{env: "DYN_EPP_PEERS", flag: "peers", help: "replicas, embedded NATS, without Kubernetes: comma-separated host:port of the peers' sync listeners (static routes)",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_PEERS", Flag: "peers", Help: "replicas, embedded NATS, without Kubernetes: comma-separated host:port of the peers' sync listeners (static routes)",
+			Set: func(v string) error {
 				var out []string
 				for _, f := range strings.Split(v, ",") {
 					if f = strings.TrimSpace(f); f == "" {
@@ -266,8 +255,8 @@ func (c *config) settings() []setting {
 				c.Peers = out
 				return nil
 			}},
-		{env: "DYN_EPP_REPLICA_SYNC_SECRET", flag: "replica-sync-secret", help: "replicas, embedded NATS: a secret every peer's route must present (at least 16 printable ASCII characters, from a Kubernetes Secret); unset, any host that reaches the sync port may join, so keep it behind a NetworkPolicy",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_REPLICA_SYNC_SECRET", Flag: "replica-sync-secret", Help: "replicas, embedded NATS: a secret every peer's route must present (at least 16 printable ASCII characters, from a Kubernetes Secret); unset, any host that reaches the sync port may join, so keep it behind a NetworkPolicy",
+			Set: func(v string) error {
 				v = strings.TrimSpace(v)
 				if len(v) < natsbus.MinRouteSecret || strings.IndexFunc(v, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0 {
 					return fmt.Errorf("want at least %d printable ASCII characters without spaces", natsbus.MinRouteSecret)
@@ -275,9 +264,9 @@ func (c *config) settings() []setting {
 				c.SyncSecret = v
 				return nil
 			}},
-		{env: "DYN_EPP_REPLICA_SYNC_PORT", flag: "replica-sync-port", def: "9092", help: "the embedded NATS server's route (cluster) port, on POD_IP when set, else every interface (0: a free port, logged; for tests)", parse: intIn(&c.SyncPort, 0, maxPort)},
-		{env: "DYN_EPP_NATS_URL", flag: "nats-url", help: "replicas over an existing NATS cluster: comma-separated nats:// or tls:// URLs (credentials in the URL); not with DYN_EPP_PEER_SERVICE or DYN_EPP_PEERS",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_REPLICA_SYNC_PORT", Flag: "replica-sync-port", Default: "9092", Help: "the embedded NATS server's route (cluster) port, on POD_IP when set, else every interface (0: a free port, logged; for tests)", Set: intIn(&c.SyncPort, 0, maxPort)},
+		{Env: "DYN_EPP_NATS_URL", Flag: "nats-url", Help: "replicas over an existing NATS cluster: comma-separated nats:// or tls:// URLs (credentials in the URL); not with DYN_EPP_PEER_SERVICE or DYN_EPP_PEERS",
+			Set: func(v string) error {
 				v = strings.TrimSpace(v)
 				for _, f := range strings.Split(v, ",") {
 					u, err := url.Parse(strings.TrimSpace(f))
@@ -288,8 +277,8 @@ func (c *config) settings() []setting {
 				c.NATSURL = v
 				return nil
 			}},
-		{env: "DYN_EPP_REPLICA_ID", flag: "replica-id", help: "this replica's ID among its peers, 1 to 64 of [A-Za-z0-9_-] (default: POD_NAME, else the host name, other characters as `-`)",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_REPLICA_ID", Flag: "replica-id", Help: "this replica's ID among its peers, 1 to 64 of [A-Za-z0-9_-] (default: POD_NAME, else the host name, other characters as `-`)",
+			Set: func(v string) error {
 				v = strings.TrimSpace(v)
 				if sanitizeReplicaID(v) != v {
 					return fmt.Errorf("%q: want 1 to %d characters of [A-Za-z0-9_-]", v, replica.MaxIDLen)
@@ -298,43 +287,43 @@ func (c *config) settings() []setting {
 				return nil
 			}},
 		// Long requests and observability (docs/OBSERVABILITY.md).
-		{env: "DYN_EPP_RENEW_INTERVAL_MS", flag: "renew-interval-ms", def: "10000", help: "renew a request's leases this often while its response is starting or flowing (a stream silent for one interval is not renewed, so it expires at its lease); must be shorter than DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS (0: off)",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_RENEW_INTERVAL_MS", Flag: "renew-interval-ms", Default: "10000", Help: "renew a request's leases this often while its response is starting or flowing (a stream silent for one interval is not renewed, so it expires at its lease); must be shorter than DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS (0: off)",
+			Set: func(v string) error {
 				var ms int
-				if err := intIn(&ms, 0, 86_400_000)(c, v); err != nil {
+				if err := intIn(&ms, 0, 86_400_000)(v); err != nil {
 					return err
 				}
 				c.RenewInterval = time.Duration(ms) * time.Millisecond
 				return nil
 			}},
-		{env: "DYN_EPP_OUTPUT_GROWTH", flag: "output-growth", def: "auto", help: "grow a request's decode booking by one block per block-size SSE `data:` lines of its 2xx event-stream response, so decode cost follows the output: `true`, `false` or `auto` (on with DYN_EPP_COST=predictive, off with the Dynamo cost, whose TTFT it worsened on the replay simulator)",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_OUTPUT_GROWTH", Flag: "output-growth", Default: "auto", Help: "grow a request's decode booking by one block per block-size SSE `data:` lines of its 2xx event-stream response, so decode cost follows the output: `true`, `false` or `auto` (on with DYN_EPP_COST=predictive, off with the Dynamo cost, whose TTFT it worsened on the replay simulator)",
+			Set: func(v string) error {
 				c.growthAuto = strings.EqualFold(strings.TrimSpace(v), "auto")
 				if c.growthAuto {
 					return nil
 				}
-				if err := boolean(&c.OutputGrowth)(c, v); err != nil {
+				if err := boolean(&c.OutputGrowth)(v); err != nil {
 					return fmt.Errorf("%q: want true, false or auto", v)
 				}
 				return nil
 			}},
-		{env: "DYN_EPP_FALLBACKS", flag: "fallbacks", def: "0", help: fmt.Sprintf("fallback endpoints returned after the pick in the GAIE destination list (the next-cheapest workers of the destination role on other endpoints, 0 to %d); the booking moves to the one that served", selection.MaxFallbacks), parse: intIn(&c.Fallbacks, 0, selection.MaxFallbacks)},
-		{env: "DYN_EPP_OTLP_ENDPOINT", flag: "otlp-endpoint", help: "OpenTelemetry tracing: the OTLP/gRPC collector, `host:port` or an http(s) URL (https: TLS); spans kvselect.pick, kvselect.tokenize, kvselect.book (unset: off)",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_FALLBACKS", Flag: "fallbacks", Default: "0", Help: fmt.Sprintf("fallback endpoints returned after the pick in the GAIE destination list (the next-cheapest workers of the destination role on other endpoints, 0 to %d); the booking moves to the one that served", selection.MaxFallbacks), Set: intIn(&c.Fallbacks, 0, selection.MaxFallbacks)},
+		{Env: "DYN_EPP_OTLP_ENDPOINT", Flag: "otlp-endpoint", Help: "OpenTelemetry tracing: the OTLP/gRPC collector, `host:port` or an http(s) URL (https: TLS); spans kvselect.pick, kvselect.tokenize, kvselect.book (unset: off)",
+			Set: func(v string) error {
 				ep, err := parseOTLPEndpoint(v)
 				c.OTLPEndpoint = ep
 				return err
 			}},
-		{env: "DYN_EPP_DEBUG_HEADER", flag: "debug-header", def: "false", help: "return x-kvselect-debug on routed responses: the worker booked and the cheapest candidates' cost terms (reveals load to clients: debugging only)", parse: boolean(&c.DebugHeader)},
+		{Env: "DYN_EPP_DEBUG_HEADER", Flag: "debug-header", Default: "false", Help: "return x-kvselect-debug on routed responses: the worker booked and the cheapest candidates' cost terms (reveals load to clients: debugging only)", Set: boolean(&c.DebugHeader)},
 		// Selection (Dynamo's KvRouterConfig environment).
-		{env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", flag: "overlap-score-credit", def: "4", help: "prefill blocks saved per cached device block (>= 0; Dynamo's default is 1)", parse: floatMin(&r.OverlapScoreCredit, 0)},
-		{env: "DYN_ROUTER_PREFILL_LOAD_SCALE", flag: "prefill-load-scale", def: "2.5", help: "weight of the prefill term (>= 0; Dynamo's default is 1)", parse: floatMin(&r.PrefillLoadScale, 0)},
-		{env: "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT", flag: "decode-active-request-weight", def: "0", help: "block-equivalent cost per active request (>= 0)", parse: floatMin(&r.DecodeActiveRequestWeight, 0)},
+		{Env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", Flag: "overlap-score-credit", Default: "4", Help: "prefill blocks saved per cached device block (>= 0; Dynamo's default is 1)", Set: floatMin(&r.OverlapScoreCredit, 0)},
+		{Env: "DYN_ROUTER_PREFILL_LOAD_SCALE", Flag: "prefill-load-scale", Default: "2.5", Help: "weight of the prefill term (>= 0; Dynamo's default is 1)", Set: floatMin(&r.PrefillLoadScale, 0)},
+		{Env: "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT", Flag: "decode-active-request-weight", Default: "0", Help: "block-equivalent cost per active request (>= 0)", Set: floatMin(&r.DecodeActiveRequestWeight, 0)},
 		// After the two weights, so that the deprecated alias wins over them.
-		{env: "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT", aliases: []string{"DYN_OVERLAP_SCORE_WEIGHT"}, flag: "overlap-score-weight", help: "deprecated: sets prefill-load-scale (and credit 0 when 0)",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT", Aliases: []string{"DYN_OVERLAP_SCORE_WEIGHT"}, Flag: "overlap-score-weight", Help: "deprecated: sets prefill-load-scale (and credit 0 when 0)",
+			Set: func(v string) error {
 				var w float64
-				if err := floatMin(&w, 0)(c, v); err != nil {
+				if err := floatMin(&w, 0)(v); err != nil {
 					return err
 				}
 				c.Router.PrefillLoadScale = w
@@ -343,14 +332,14 @@ func (c *config) settings() []setting {
 				}
 				return nil
 			}},
-		{env: "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT", flag: "host-cache-hit-weight", def: "0.75", help: "credit of host-tier hits [0, 1]", parse: floatMin(&r.HostCacheHitWeight, 0)},
-		{env: "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", flag: "disk-cache-hit-weight", def: "0.25", help: "credit of disk-tier hits [0, 1]", parse: floatMin(&r.DiskCacheHitWeight, 0)},
-		{env: "DYN_ROUTER_TEMPERATURE", flag: "router-temperature", def: "0", help: "0: cheapest worker; > 0: softmax sampling", parse: floatMin(&r.Temperature, 0)},
-		{env: "DYN_ROUTER_USE_KV_EVENTS", aliases: []string{"DYN_USE_KV_EVENTS"}, flag: "use-kv-events", def: "true", help: "subscribe to engine KV events (false: approximate index)", parse: boolean(&r.UseKVEvents)},
-		{env: "DYN_EPP_ALLOW_HOSTNAMES", flag: "allow-hostnames", def: "false", help: "route to workers whose endpoint names a host (Envoy's original-destination cluster needs an IP: leave false behind Envoy)", parse: boolean(&r.Endpoints.AllowHostnames)},
-		{env: "DYN_EPP_ALLOW_IPC_EVENTS", flag: "allow-ipc-events", def: "false", help: "accept ipc:// KV-event and replay endpoints (engines on the EPP's own host)", parse: boolean(&r.Endpoints.AllowIPC)},
-		{env: "DYN_EPP_ALLOW_ADDRESSES", flag: "allow-addresses", help: "comma-separated CIDRs routed although refused by default (link-local, multicast, unspecified, broadcast)",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT", Flag: "host-cache-hit-weight", Default: "0.75", Help: "credit of host-tier hits [0, 1]", Set: floatMin(&r.HostCacheHitWeight, 0)},
+		{Env: "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", Flag: "disk-cache-hit-weight", Default: "0.25", Help: "credit of disk-tier hits [0, 1]", Set: floatMin(&r.DiskCacheHitWeight, 0)},
+		{Env: "DYN_ROUTER_TEMPERATURE", Flag: "router-temperature", Default: "0", Help: "0: cheapest worker; > 0: softmax sampling", Set: floatMin(&r.Temperature, 0)},
+		{Env: "DYN_ROUTER_USE_KV_EVENTS", Aliases: []string{"DYN_USE_KV_EVENTS"}, Flag: "use-kv-events", Default: "true", Help: "subscribe to engine KV events (false: approximate index)", Set: boolean(&r.UseKVEvents)},
+		{Env: "DYN_EPP_ALLOW_HOSTNAMES", Flag: "allow-hostnames", Default: "false", Help: "route to workers whose endpoint names a host (Envoy's original-destination cluster needs an IP: leave false behind Envoy)", Set: boolean(&r.Endpoints.AllowHostnames)},
+		{Env: "DYN_EPP_ALLOW_IPC_EVENTS", Flag: "allow-ipc-events", Default: "false", Help: "accept ipc:// KV-event and replay endpoints (engines on the EPP's own host)", Set: boolean(&r.Endpoints.AllowIPC)},
+		{Env: "DYN_EPP_ALLOW_ADDRESSES", Flag: "allow-addresses", Help: "comma-separated CIDRs routed although refused by default (link-local, multicast, unspecified, broadcast)",
+			Set: func(v string) error {
 				var out []netip.Prefix
 				for _, f := range strings.Split(v, ",") {
 					if f = strings.TrimSpace(f); f == "" {
@@ -365,22 +354,22 @@ func (c *config) settings() []setting {
 				c.Router.Endpoints.Allow = out
 				return nil
 			}},
-		{env: "DYN_EPP_KV_FEED_CHECKS", flag: "kv-feed-checks", def: "true", help: "judge each worker's KV-event feed (silent, mis-speaking: routed on its own bookings until it heals) and token parity",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_KV_FEED_CHECKS", Flag: "kv-feed-checks", Default: "true", Help: "judge each worker's KV-event feed (silent, mis-speaking: routed on its own bookings until it heals) and token parity",
+			Set: func(v string) error {
 				var on bool
-				if err := boolean(&on)(c, v); err != nil {
+				if err := boolean(&on)(v); err != nil {
 					return err
 				}
 				c.Router.FeedTrust.Off = !on
 				return nil
 			}},
-		{env: "DYN_ROUTER_TRACK_ACTIVE_BLOCKS", flag: "track-active-blocks", def: "true", help: "count booked requests' blocks as decode load", parse: boolean(&r.TrackActiveBlocks)},
-		{env: "DYN_ROUTER_ASSUME_KV_REUSE", flag: "assume-kv-reuse", def: "true", help: "requests sharing a prefix share active blocks", parse: boolean(&r.AssumeKVReuse)},
-		{env: "DYN_ROUTER_TRACK_PREFILL_TOKENS", flag: "track-prefill-tokens", def: "true", help: "count uncached prompt tokens as prefill load", parse: boolean(&r.TrackPrefillTokens)},
-		{env: "DYN_ROUTER_TTL_SECS", flag: "router-ttl-secs", def: "120", help: "approximate-index TTL in seconds",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_ROUTER_TRACK_ACTIVE_BLOCKS", Flag: "track-active-blocks", Default: "true", Help: "count booked requests' blocks as decode load", Set: boolean(&r.TrackActiveBlocks)},
+		{Env: "DYN_ROUTER_ASSUME_KV_REUSE", Flag: "assume-kv-reuse", Default: "true", Help: "requests sharing a prefix share active blocks", Set: boolean(&r.AssumeKVReuse)},
+		{Env: "DYN_ROUTER_TRACK_PREFILL_TOKENS", Flag: "track-prefill-tokens", Default: "true", Help: "count uncached prompt tokens as prefill load", Set: boolean(&r.TrackPrefillTokens)},
+		{Env: "DYN_ROUTER_TTL_SECS", Flag: "router-ttl-secs", Default: "120", Help: "approximate-index TTL in seconds",
+			Set: func(v string) error {
 				var s float64
-				if err := floatMin(&s, 0)(c, v); err != nil {
+				if err := floatMin(&s, 0)(v); err != nil {
 					return err
 				}
 				if s > 0 && s < 0.001 || s > 30*86400 {
@@ -389,17 +378,17 @@ func (c *config) settings() []setting {
 				c.Router.RouterTTL = time.Duration(s * float64(time.Second))
 				return nil
 			}},
-		{env: "DYN_ROUTER_QUEUE_THRESHOLD", flag: "queue-threshold", help: "enable queueing: busy above threshold x max_num_batched_tokens",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_ROUTER_QUEUE_THRESHOLD", Flag: "queue-threshold", Help: "enable queueing: busy above threshold x max_num_batched_tokens",
+			Set: func(v string) error {
 				var th float64
-				if err := floatMin(&th, 0)(c, v); err != nil {
+				if err := floatMin(&th, 0)(v); err != nil {
 					return err
 				}
 				c.Router.QueueThreshold = &th
 				return nil
 			}},
-		{env: "DYN_ROUTER_QUEUE_POLICY", flag: "queue-policy", def: "fcfs", help: "`fcfs`, `lcfs` or `wspt`",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_ROUTER_QUEUE_POLICY", Flag: "queue-policy", Default: "fcfs", Help: "`fcfs`, `lcfs` or `wspt`",
+			Set: func(v string) error {
 				p, err := selection.ParseQueuePolicy(v)
 				if err != nil {
 					return fmt.Errorf("%q: want fcfs, lcfs or wspt", v)
@@ -407,10 +396,10 @@ func (c *config) settings() []setting {
 				c.Router.QueuePolicy = p
 				return nil
 			}},
-		{env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY", flag: "overlap-score-credit-decay", def: "0", help: "decay of a worker's overlap credit with its queued prefill above the least loaded one's (>= 0; 0: off, as in Dynamo)", parse: floatMin(&r.OverlapCreditDecay, 0)},
-		{env: "DYN_EPP_INFLIGHT_HIT_WEIGHT", flag: "inflight-hit-weight", def: "1", help: "credit for prompt blocks that requests booked on a worker are computing now, as a fraction of a cached block [0, 1] (0: Dynamo's cost)", parse: floatMin(&r.InFlightHitWeight, 0)},
-		{env: "DYN_EPP_COST", flag: "cost", def: "dynamo", help: "`dynamo` (Dynamo's cost, in blocks) or `predictive` (a worker's predicted time to first token: its queued prefill, drained at its learned prefill rate, plus the request's uncached prompt, plus decode pressure)",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY", Flag: "overlap-score-credit-decay", Default: "0", Help: "decay of a worker's overlap credit with its queued prefill above the least loaded one's (>= 0; 0: off, as in Dynamo)", Set: floatMin(&r.OverlapCreditDecay, 0)},
+		{Env: "DYN_EPP_INFLIGHT_HIT_WEIGHT", Flag: "inflight-hit-weight", Default: "1", Help: "credit for prompt blocks that requests booked on a worker are computing now, as a fraction of a cached block [0, 1] (0: Dynamo's cost)", Set: floatMin(&r.InFlightHitWeight, 0)},
+		{Env: "DYN_EPP_COST", Flag: "cost", Default: "dynamo", Help: "`dynamo` (Dynamo's cost, in blocks) or `predictive` (a worker's predicted time to first token: its queued prefill, drained at its learned prefill rate, plus the request's uncached prompt, plus decode pressure)",
+			Set: func(v string) error {
 				m, err := selection.ParseCostModel(v)
 				if err != nil {
 					return fmt.Errorf("%q: want dynamo or predictive", v)
@@ -418,20 +407,20 @@ func (c *config) settings() []setting {
 				c.Router.Cost = m
 				return nil
 			}},
-		{env: "DYN_EPP_PREFILL_TOKENS_PER_SECOND", flag: "prefill-tokens-per-second", def: "10000", help: "predictive cost: a worker's prefill rate (uncached tokens per second) until it has learned its own from 4 completed prefills (> 0)", parse: floatMin(&r.Predictive.PrefillTokensPerSecond, 0)},
-		{env: "DYN_EPP_LEARN_PREFILL_RATE", flag: "learn-prefill-rate", def: "true", help: "predictive cost: learn each worker's prefill rate from its completed prefills (false: DYN_EPP_PREFILL_TOKENS_PER_SECOND for all)",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_PREFILL_TOKENS_PER_SECOND", Flag: "prefill-tokens-per-second", Default: "10000", Help: "predictive cost: a worker's prefill rate (uncached tokens per second) until it has learned its own from 4 completed prefills (> 0)", Set: floatMin(&r.Predictive.PrefillTokensPerSecond, 0)},
+		{Env: "DYN_EPP_LEARN_PREFILL_RATE", Flag: "learn-prefill-rate", Default: "true", Help: "predictive cost: learn each worker's prefill rate from its completed prefills (false: DYN_EPP_PREFILL_TOKENS_PER_SECOND for all)",
+			Set: func(v string) error {
 				var on bool
-				if err := boolean(&on)(c, v); err != nil {
+				if err := boolean(&on)(v); err != nil {
 					return err
 				}
 				c.Router.Predictive.FixedRate = !on
 				return nil
 			}},
-		{env: "DYN_EPP_PREDICTIVE_BACKLOG_WEIGHT", flag: "predictive-backlog-weight", def: "0.5", help: "predictive cost: extra weight of a request's own uncached prefill, the time it adds to the requests queued behind it (>= 0)", parse: floatMin(&r.Predictive.BacklogWeight, 0)},
-		{env: "DYN_EPP_PREDICTIVE_DECODE_WEIGHT", flag: "predictive-decode-weight", def: "0.125", help: "predictive cost: cost of a worker's active block, in blocks of its prefill time (>= 0)", parse: floatMin(&r.Predictive.DecodeWeight, 0)},
-		{env: "DYN_EPP_SESSION_AFFINITY", flag: "session-affinity", def: "soft", help: "`soft` (a session's requests go to its worker unless it is busy or far costlier), `hard` (always, while schedulable) or `off`",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_PREDICTIVE_BACKLOG_WEIGHT", Flag: "predictive-backlog-weight", Default: "0.5", Help: "predictive cost: extra weight of a request's own uncached prefill, the time it adds to the requests queued behind it (>= 0)", Set: floatMin(&r.Predictive.BacklogWeight, 0)},
+		{Env: "DYN_EPP_PREDICTIVE_DECODE_WEIGHT", Flag: "predictive-decode-weight", Default: "0.125", Help: "predictive cost: cost of a worker's active block, in blocks of its prefill time (>= 0)", Set: floatMin(&r.Predictive.DecodeWeight, 0)},
+		{Env: "DYN_EPP_SESSION_AFFINITY", Flag: "session-affinity", Default: "soft", Help: "`soft` (a session's requests go to its worker unless it is busy or far costlier), `hard` (always, while schedulable) or `off`",
+			Set: func(v string) error {
 				m, err := selection.ParseSessionMode(v)
 				if err != nil {
 					return fmt.Errorf("%q: want soft, hard or off", v)
@@ -439,8 +428,8 @@ func (c *config) settings() []setting {
 				c.Router.Sessions.Mode = m
 				return nil
 			}},
-		{env: "DYN_EPP_SESSION_HEADER", flag: "session-header", def: "x-session-id", help: "request header naming the session (x-dynamo-session-id is read after it); ids over 256 bytes get 400",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_SESSION_HEADER", Flag: "session-header", Default: "x-session-id", Help: "request header naming the session (x-dynamo-session-id is read after it); ids over 256 bytes get 400",
+			Set: func(v string) error {
 				v = strings.ToLower(strings.TrimSpace(v))
 				if !httpguts.ValidHeaderFieldName(v) {
 					return fmt.Errorf("%q is not a header name", v)
@@ -448,21 +437,21 @@ func (c *config) settings() []setting {
 				c.SessionHeader = v
 				return nil
 			}},
-		{env: "DYN_EPP_MAX_SESSIONS", flag: "max-sessions", def: "65536", help: "session pins held per model (least recently used dropped first)", parse: intIn(&r.Sessions.MaxSessions, 1, 1<<24)},
-		{env: "DYN_EPP_SESSION_TTL_SECS", flag: "session-ttl-secs", def: "600", help: "a session's pin lives this long after its last request",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_EPP_MAX_SESSIONS", Flag: "max-sessions", Default: "65536", Help: "session pins held per model (least recently used dropped first)", Set: intIn(&r.Sessions.MaxSessions, 1, 1<<24)},
+		{Env: "DYN_EPP_SESSION_TTL_SECS", Flag: "session-ttl-secs", Default: "600", Help: "a session's pin lives this long after its last request",
+			Set: func(v string) error {
 				var s int
-				if err := intIn(&s, 1, 7*86400)(c, v); err != nil {
+				if err := intIn(&s, 1, 7*86400)(v); err != nil {
 					return err
 				}
 				c.Router.Sessions.IdleTTL = time.Duration(s) * time.Second
 				return nil
 			}},
-		{env: "DYN_ROUTER_QUEUE_LIMIT", flag: "queue-limit", def: "1024", help: "most requests waiting per model; more get 429", parse: intIn(&r.QueueLimit, 1, 1<<20)},
-		{env: "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", flag: "active-request-expiry-secs", def: "300", help: "lease of a booking never freed",
-			parse: func(c *config, v string) error {
+		{Env: "DYN_ROUTER_QUEUE_LIMIT", Flag: "queue-limit", Default: "1024", Help: "most requests waiting per model; more get 429", Set: intIn(&r.QueueLimit, 1, 1<<20)},
+		{Env: "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", Flag: "active-request-expiry-secs", Default: "300", Help: "lease of a booking never freed",
+			Set: func(v string) error {
 				var s int
-				if err := intIn(&s, 1, 86400)(c, v); err != nil {
+				if err := intIn(&s, 1, 86400)(v); err != nil {
 					return err
 				}
 				c.Router.ActiveRequestExpiry = time.Duration(s) * time.Second
@@ -479,40 +468,12 @@ var errConfig = errors.New("epp: invalid configuration")
 func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (*config, error) {
 	c := &config{Router: selection.DefaultConfig(16)}
 	c.Router.Endpoints.AllowHostnames = false // the destination header must be an IP
-	sets := c.settings()
-	flagVals := make(map[string]*string, len(sets))
-	for _, s := range sets {
-		flagVals[s.flag] = fs.String(s.flag, "", fmt.Sprintf("%s (env %s)", s.help, s.env))
-	}
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	setFlags := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { setFlags[f.Name] = true })
 	var errs []error
-	raw := map[string]string{}
-	for _, s := range sets {
-		v, src := s.def, "default"
-		if e := getenv(s.env); e != "" {
-			v, src = e, s.env
-		} else {
-			for _, a := range s.aliases {
-				if e := getenv(a); e != "" {
-					v, src = e, a
-					break
-				}
-			}
+	if err := envconf.Load(fs, args, getenv, c.settings()); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
 		}
-		if setFlags[s.flag] {
-			v, src = *flagVals[s.flag], "--"+s.flag
-		}
-		raw[s.env] = v
-		if v == "" {
-			continue
-		}
-		if err := s.parse(c, v); err != nil {
-			errs = append(errs, fmt.Errorf("%s (from %s): %w", s.env, src, err))
-		}
+		errs = append(errs, err)
 	}
 	c.Router.BlockSize = c.BlockSize
 	if c.growthAuto {
@@ -563,24 +524,7 @@ func (c *config) requireForServing() error {
 // envTable renders the contract as a Markdown table (for the README).
 func envTable() string {
 	var c config
-	sets := c.settings()
-	var b strings.Builder
-	b.WriteString("| Variable | Flag | Default | Meaning |\n|---|---|---|---|\n")
-	for _, s := range sets {
-		def := s.def
-		if def == "" {
-			def = "(unset)"
-		}
-		if s.required != "" {
-			def += ", required " + s.required
-		}
-		name := "`" + s.env + "`"
-		for _, a := range s.aliases {
-			name += " (alias `" + a + "`)"
-		}
-		fmt.Fprintf(&b, "| %s | `--%s` | %s | %s |\n", name, s.flag, def, s.help)
-	}
-	return b.String()
+	return envconf.Table(c.settings())
 }
 
 // replicated reports whether the configuration shares load with peers.

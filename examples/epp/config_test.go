@@ -136,7 +136,7 @@ func sortedEnv() []string {
 	var c config
 	var out []string
 	for _, s := range c.settings() {
-		out = append(out, s.env)
+		out = append(out, s.Env)
 	}
 	sort.Strings(out)
 	return out

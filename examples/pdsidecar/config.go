@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvselect/kvselect/examples/internal/envconf"
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
 	"github.com/kvselect/kvselect/examples/pdsidecar/sidecar"
 )
@@ -24,38 +25,31 @@ type config struct {
 	sidecar     sidecar.Options
 }
 
-// variable is one DYN_PD_* setting: its environment name, flag, default,
-// meaning, and how a value lands in the config.
-type variable struct {
-	env, flag, def, help string
-	apply                func(v string) error
-}
-
 // variables binds the contract to c, in the README table's order.
-func (c *config) variables() []variable {
+func (c *config) variables() []envconf.Var {
 	o := &c.sidecar
-	return []variable{
-		{"DYN_PD_LISTEN_ADDR", "listen-addr", "0.0.0.0:8000", "address the sidecar serves the OpenAI API on", hostPort(&c.listenAddr)},
-		{"DYN_PD_DECODE_URL", "decode-url", sidecar.DefaultDecodeURL, "base URL of the local decode engine", func(v string) error {
+	return []envconf.Var{
+		{Env: "DYN_PD_LISTEN_ADDR", Flag: "listen-addr", Default: "0.0.0.0:8000", Help: "address the sidecar serves the OpenAI API on", Set: hostPort(&c.listenAddr)},
+		{Env: "DYN_PD_DECODE_URL", Flag: "decode-url", Default: sidecar.DefaultDecodeURL, Help: "base URL of the local decode engine", Set: func(v string) error {
 			o.DecodeURL = v // New validates it
 			return nil
 		}},
-		{"DYN_PD_PROTOCOL", "protocol", string(sidecar.ProtocolVLLMNIXL), "P/D protocol: `vllm-nixl`, `sglang` or `trtllm`", func(v string) (err error) {
+		{Env: "DYN_PD_PROTOCOL", Flag: "protocol", Default: string(sidecar.ProtocolVLLMNIXL), Help: "P/D protocol: `vllm-nixl`, `sglang` or `trtllm`", Set: func(v string) (err error) {
 			o.Protocol, err = sidecar.ParseProtocol(v)
 			return err
 		}},
-		{"DYN_PD_METRICS_ADDR", "metrics-addr", ":9091", "address of the Prometheus /metrics listener", hostPort(&c.metricsAddr)},
-		{"DYN_PD_PREFILL_FALLBACK", "prefill-fallback", string(sidecar.FallbackFail), "when the prefill leg fails: `fail` (502) or `local` (the decode engine prefills)", func(v string) (err error) {
+		{Env: "DYN_PD_METRICS_ADDR", Flag: "metrics-addr", Default: ":9091", Help: "address of the Prometheus /metrics listener", Set: hostPort(&c.metricsAddr)},
+		{Env: "DYN_PD_PREFILL_FALLBACK", Flag: "prefill-fallback", Default: string(sidecar.FallbackFail), Help: "when the prefill leg fails: `fail` (502) or `local` (the decode engine prefills)", Set: func(v string) (err error) {
 			o.Fallback, err = sidecar.ParseFallback(v)
 			return err
 		}},
-		{"DYN_PD_PREFILL_TIMEOUT_MS", "prefill-timeout-ms", "30000", "deadline of the prefill leg, its whole answer included", millis(&o.PrefillTimeout)},
-		{"DYN_PD_DECODE_TIMEOUT_MS", "decode-timeout-ms", "600000", "deadline of a decode or pass-through leg, its whole stream included", millis(&o.DecodeTimeout)},
-		{"DYN_PD_BODY_READ_TIMEOUT_MS", "body-read-timeout-ms", "30000", "deadline for a P/D client's body to arrive (408 past it)", millis(&o.BodyReadTimeout)},
-		{"DYN_PD_DIAL_TIMEOUT_MS", "dial-timeout-ms", "10000", "deadline for connecting to an engine", millis(&o.DialTimeout)},
-		{"DYN_PD_MAX_BODY_BYTES", "max-body-bytes", "8388608", "largest client request body (413 past it)", bytesIn(&o.MaxRequestBytes)},
-		{"DYN_PD_MAX_PREFILL_RESPONSE_BYTES", "max-prefill-response-bytes", "1048576", "largest prefill answer read (502 past it)", bytesIn(&o.MaxPrefillResponseBytes)},
-		{"DYN_PD_SGLANG_BOOTSTRAP_PORT", "sglang-bootstrap-port", strconv.Itoa(sidecar.DefaultSGLangBootstrapPort), "prefill engines' SGLang bootstrap port (their --disaggregation-bootstrap-port)", func(v string) error {
+		{Env: "DYN_PD_PREFILL_TIMEOUT_MS", Flag: "prefill-timeout-ms", Default: "30000", Help: "deadline of the prefill leg, its whole answer included", Set: millis(&o.PrefillTimeout)},
+		{Env: "DYN_PD_DECODE_TIMEOUT_MS", Flag: "decode-timeout-ms", Default: "600000", Help: "deadline of a decode or pass-through leg, its whole stream included", Set: millis(&o.DecodeTimeout)},
+		{Env: "DYN_PD_BODY_READ_TIMEOUT_MS", Flag: "body-read-timeout-ms", Default: "30000", Help: "deadline for a P/D client's body to arrive (408 past it)", Set: millis(&o.BodyReadTimeout)},
+		{Env: "DYN_PD_DIAL_TIMEOUT_MS", Flag: "dial-timeout-ms", Default: "10000", Help: "deadline for connecting to an engine", Set: millis(&o.DialTimeout)},
+		{Env: "DYN_PD_MAX_BODY_BYTES", Flag: "max-body-bytes", Default: "8388608", Help: "largest client request body (413 past it)", Set: bytesIn(&o.MaxRequestBytes)},
+		{Env: "DYN_PD_MAX_PREFILL_RESPONSE_BYTES", Flag: "max-prefill-response-bytes", Default: "1048576", Help: "largest prefill answer read (502 past it)", Set: bytesIn(&o.MaxPrefillResponseBytes)},
+		{Env: "DYN_PD_SGLANG_BOOTSTRAP_PORT", Flag: "sglang-bootstrap-port", Default: strconv.Itoa(sidecar.DefaultSGLangBootstrapPort), Help: "prefill engines' SGLang bootstrap port (their --disaggregation-bootstrap-port)", Set: func(v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > 65535 {
 				return errors.New("not a port in [1, 65535]")
@@ -63,7 +57,7 @@ func (c *config) variables() []variable {
 			o.SGLangBootstrapPort = n
 			return nil
 		}},
-		{"DYN_PD_PREFILL_ALLOW_CIDRS", "prefill-allow-cidrs", "", "comma-separated CIDRs prefill hints must point into (unset: any routable address)", func(v string) error {
+		{Env: "DYN_PD_PREFILL_ALLOW_CIDRS", Flag: "prefill-allow-cidrs", Help: "comma-separated CIDRs prefill hints must point into (unset: any routable address)", Set: func(v string) error {
 			o.AllowedPrefillPrefixes = nil
 			for _, f := range strings.Split(v, ",") {
 				p, err := netip.ParsePrefix(strings.TrimSpace(f))
@@ -74,13 +68,13 @@ func (c *config) variables() []variable {
 			}
 			return nil
 		}},
-		{"DYN_PD_HINT_KEY", "hint-key", "", "key of signed hints: `file:<path>` or an absolute path is read, anything else is the key itself (unset: hints are not signed)", func(v string) error {
+		{Env: "DYN_PD_HINT_KEY", Flag: "hint-key", Help: "key of signed hints: `file:<path>` or an absolute path is read, anything else is the key itself (unset: hints are not signed)", Set: func(v string) error {
 			key, err := pdhint.LoadKey(v)
 			o.HintKey = key
 			return err
 		}},
-		{"DYN_PD_HINT_MAX_LIFETIME_MS", "hint-max-lifetime-ms", "300000", "signed hints expiring further away are refused", millis(&o.HintMaxLifetime)},
-		{"DYN_PD_HINT_REPLAY_CACHE", "hint-replay-cache", "65536", "most hint nonces remembered (replay protection)", func(v string) error {
+		{Env: "DYN_PD_HINT_MAX_LIFETIME_MS", Flag: "hint-max-lifetime-ms", Default: "300000", Help: "signed hints expiring further away are refused", Set: millis(&o.HintMaxLifetime)},
+		{Env: "DYN_PD_HINT_REPLAY_CACHE", Flag: "hint-replay-cache", Default: "65536", Help: "most hint nonces remembered (replay protection)", Set: func(v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > 1<<24 {
 				return errors.New("not an integer in [1, 16777216]")
@@ -88,7 +82,7 @@ func (c *config) variables() []variable {
 			o.HintReplayCache = n
 			return nil
 		}},
-		{"DYN_PD_LOG_LEVEL", "log-level", "info", "`debug`, `info`, `warn` or `error`", func(v string) error {
+		{Env: "DYN_PD_LOG_LEVEL", Flag: "log-level", Default: "info", Help: "`debug`, `info`, `warn` or `error`", Set: func(v string) error {
 			return c.logLevel.UnmarshalText([]byte(v))
 		}},
 	}
@@ -133,31 +127,12 @@ var errConfig = errors.New("pdsidecar: invalid configuration")
 // default, and returns one error naming every variable whose value is invalid.
 func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (*config, error) {
 	c := &config{}
-	vars := c.variables()
-	fromFlag := make(map[string]*string, len(vars))
-	for _, v := range vars {
-		fromFlag[v.flag] = fs.String(v.flag, "", v.help+" (env "+v.env+")")
-	}
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var problems []error
-	for _, v := range vars {
-		val, from := v.def, "default"
-		if e := getenv(v.env); e != "" {
-			val, from = e, "environment"
+	if err := envconf.Load(fs, args, getenv, c.variables()); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
 		}
-		if given[v.flag] {
-			val, from = *fromFlag[v.flag], "--"+v.flag
-		}
-		if val = strings.TrimSpace(val); val == "" {
-			continue
-		}
-		if err := v.apply(val); err != nil {
-			problems = append(problems, fmt.Errorf("%s (%s): %w", v.env, from, err))
-		}
+		problems = append(problems, err)
 	}
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w:\n  %w", errConfig, errors.Join(problems...))
@@ -167,14 +142,5 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (*c
 
 // envTable renders the contract as a Markdown table (docs/SIDECAR.md).
 func envTable() string {
-	var b strings.Builder
-	b.WriteString("| Variable | Flag | Default | Meaning |\n|---|---|---|---|\n")
-	for _, v := range new(config).variables() {
-		def := v.def
-		if def == "" {
-			def = "(unset)"
-		}
-		fmt.Fprintf(&b, "| `%s` | `--%s` | %s | %s |\n", v.env, v.flag, def, v.help)
-	}
-	return b.String()
+	return envconf.Table(new(config).variables())
 }

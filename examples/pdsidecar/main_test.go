@@ -111,10 +111,18 @@ func TestPrintEnvTable(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.Zero(t, run(context.Background(), []string{"--print-env-table"}, env(nil), &out, &errOut), errOut.String())
 	for _, v := range new(config).variables() {
-		require.Contains(t, out.String(), "`"+v.env+"`")
+		require.Contains(t, out.String(), "`"+v.Env+"`")
 	}
 	require.Equal(t, 2, run(context.Background(), nil, env(map[string]string{"DYN_PD_PROTOCOL": "x"}), &out, &errOut))
 	require.Contains(t, errOut.String(), "DYN_PD_PROTOCOL")
+}
+
+// docs/SIDECAR.md carries the table --print-env-table prints; this keeps it
+// current.
+func TestSidecarDocHasTheEnvTable(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/SIDECAR.md")
+	require.NoError(t, err)
+	require.Contains(t, string(doc), envTable(), "regenerate with: go run ./examples/pdsidecar --print-env-table")
 }
 
 // The binary serves the sidecar and its metrics, and stops when ctx ends.
