@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/examples/internal/envconf"
+	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
 )
 
@@ -29,6 +30,9 @@ type config struct {
 	UseKVEvents       bool
 	MaxBodyBytes      int64
 	FailureEjection   time.Duration
+	// Cost is the selection cost; with the predictive one, streamed answers
+	// grow their bookings (httproute.Options.OutputGrowth).
+	Cost selection.CostModel
 }
 
 // protocols are the tokenizer protocols tokenize.New accepts.
@@ -100,6 +104,11 @@ func (c *config) settings() []envconf.Var {
 				}
 				c.MaxBodyBytes = n
 				return nil
+			}},
+		{Env: "DYN_EPP_COST", Flag: "cost", Default: "dynamo", Help: "`dynamo` (Dynamo's cost) or `predictive` (predicted time to first token, bookings growing with the streamed output; docs/ROUTING.md)",
+			Set: func(v string) (err error) {
+				c.Cost, err = selection.ParseCostModel(v)
+				return err
 			}},
 		{Env: "GATEWAY_FAILURE_EJECTION", Flag: "failure-ejection", Default: "10s", Help: "how long a worker that refused a connection or answered 5xx is left out of the picks (a Go duration > 0)",
 			Set: func(v string) error {

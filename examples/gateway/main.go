@@ -123,6 +123,7 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 	scfg := selection.DefaultConfig(cfg.BlockSize)
 	scfg.UseKVEvents = cfg.UseKVEvents
 	scfg.FailureEjection = cfg.FailureEjection
+	scfg.Cost = cfg.Cost
 	b := selection.NewSelectionServiceBuilder(scfg).Logger(logger)
 	if configure != nil {
 		configure(b)
@@ -131,7 +132,8 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 	if err != nil {
 		return nil, err
 	}
-	g.router, err = httproute.New(httproute.Options{Service: g.svc, Tokenizer: g.cache, MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger})
+	g.router, err = httproute.New(httproute.Options{Service: g.svc, Tokenizer: g.cache, MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger,
+		OutputGrowth: cfg.Cost == selection.CostPredictive})
 	if err != nil {
 		return nil, err
 	}
