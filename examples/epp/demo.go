@@ -150,10 +150,17 @@ func runDemo(ctx context.Context, cfg *config, o demoOptions, out io.Writer) err
 		}
 	}
 	// The configured weights (kvselect's defaults unless the environment says
-	// otherwise), the same with Dynamo's default weights, and round-robin.
+	// otherwise), the same with Dynamo's default weights, with the other cost
+	// function, and round-robin.
 	dynamo := *cfg
 	d := selection.DynamoConfig(cfg.Router.BlockSize)
 	dynamo.Router.OverlapScoreCredit, dynamo.Router.PrefillLoadScale, dynamo.Router.InFlightHitWeight = d.OverlapScoreCredit, d.PrefillLoadScale, d.InFlightHitWeight
+	dynamo.Router.Cost = selection.CostDynamo
+	other, otherName := *cfg, "kvselect, predictive cost"
+	if other.Router.Cost == selection.CostPredictive {
+		other.Router.Cost, otherName = selection.CostDynamo, "kvselect, Dynamo's cost"
+	}
+	other.OutputGrowth = other.Router.Cost == selection.CostPredictive
 	runs := []struct {
 		name   string
 		cfg    *config
@@ -161,6 +168,7 @@ func runDemo(ctx context.Context, cfg *config, o demoOptions, out io.Writer) err
 	}{
 		{"kvselect", cfg, "kvselect"},
 		{"kvselect, Dynamo's weights (1, 1, no in-flight credit)", &dynamo, "kvselect"},
+		{otherName, &other, "kvselect"},
 		{"round-robin", cfg, "round-robin"},
 	}
 	var results []demoResult
