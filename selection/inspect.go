@@ -11,11 +11,15 @@ import (
 // WorkerLoad is the active load of one schedulable (worker, rank).
 type WorkerLoad struct {
 	catalog.WorkerRank
-	ActivePrefillTokens  int64
-	ActiveBlocks         int
-	ActiveRequests       int
-	MaxNumBatchedTokens  int
-	Busy                 bool
+	ActivePrefillTokens int64
+	ActiveBlocks        int
+	ActiveRequests      int
+	MaxNumBatchedTokens int
+	Busy                bool
+	// PrefillRate is the rank's observed prefill rate in tokens per second,
+	// what the predictive cost divides by (reservation.PrefillClock); 0
+	// until reservation.PrefillRateSamples prefills completed there.
+	PrefillRate          float64
 	PotentialPrefill     int64 // PotentialLoads only: prefill tokens if this request went here
 	PotentialDecodeBlock int   // PotentialLoads only: active blocks if this request went here
 }
@@ -27,15 +31,12 @@ func (s *SelectionService) Loads(model string) []WorkerLoad {
 	if p == nil {
 		return nil
 	}
-	ranks := p.ranksOf().ranks
-	keys := make([]catalog.WorkerRank, len(ranks))
-	for i, r := range ranks {
-		keys[i] = r.key
-	}
-	loads := s.ledger.AppendLoads(nil, keys, nil)
-	out := make([]WorkerLoad, len(ranks))
-	for i, r := range ranks {
+	rs := p.ranksOf()
+	loads := s.ledger.AppendRankLoads(nil, rs.refs, nil)
+	out := make([]WorkerLoad, len(rs.ranks))
+	for i, r := range rs.ranks {
 		out[i] = s.workerLoad(r, loads[i].Load)
+		out[i].PrefillRate = s.ledger.PrefillClock(rs.refs[i]).Rate
 	}
 	sortLoads(out)
 	return out

@@ -103,6 +103,12 @@ func TestPredictiveLearnsRates(t *testing.T) {
 				require.NoError(t, s.FreeReservation(r.ReservationID))
 			}
 		}
+		rates := map[string]float64{}
+		for _, l := range s.Loads("") {
+			rates[l.Worker] = l.PrefillRate
+		}
+		require.InDelta(t, 2000, rates["fast"], 1e-6, "learned whatever the cost's FixedRate")
+		require.InDelta(t, 1000, rates["slow"], 1e-6)
 		for _, id := range []string{"fast", "slow"} {
 			_, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(400, 99), Allowed: []string{id}})
 			require.NoError(t, err)

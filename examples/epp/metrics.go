@@ -84,6 +84,7 @@ var (
 	dLoadRequests = prometheus.NewDesc("kvselect_worker_active_requests", "Requests booked on the worker rank now, the EPP's own and its peers' (replicas).", loadLabels, nil)
 	dLoadBlocks   = prometheus.NewDesc("kvselect_worker_active_blocks", "Active KV blocks booked on the worker rank now (decode load).", loadLabels, nil)
 	dLoadPrefill  = prometheus.NewDesc("kvselect_worker_active_prefill_tokens", "Prefill tokens booked on the worker rank and not prefilled yet.", loadLabels, nil)
+	dLoadRate     = prometheus.NewDesc("kvselect_worker_prefill_rate_tokens_per_second", "The worker rank's observed prefill rate (completed prefill tokens over the time it was busy with them), what DYN_EPP_COST=predictive divides by; 0 until 4 prefills have completed there.", loadLabels, nil)
 	dLoadBusy     = prometheus.NewDesc("kvselect_worker_busy", "1 while the worker rank's prefill load is above the queue threshold (requests wait in kvselect_queue_depth when every eligible rank is busy); 0 without queueing.", loadLabels, nil)
 
 	evLabels    = []string{"role", "worker", "rank"}
@@ -162,6 +163,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(dLoadBlocks, float64(l.ActiveBlocks), lv...)
 			gauge(dLoadPrefill, float64(l.ActivePrefillTokens), lv...)
 			gauge(dLoadBusy, b2f(l.Busy), lv...)
+			gauge(dLoadRate, l.PrefillRate, lv...)
 		}
 		for _, e := range s.EventStats() {
 			lv := []string{role, e.Worker.Worker, strconv.Itoa(e.Worker.Rank)}
