@@ -94,7 +94,7 @@ type config struct {
 	requests int
 
 	credit, scale, temperature, reqWeight float64
-	// the predictive cost: chosen, its decode weight, learning off
+	// the cost function, and the predictive cost's weights and fixed rate
 	cost                        selection.CostModel
 	backlogWeight, decodeWeight float64
 	fixedRate                   bool

@@ -291,11 +291,10 @@ func (g *gen) rag(n int, rate float64) []Request {
 	return reqs
 }
 
-// bursts gives reqs on/off arrivals: bursts of BurstOn at BurstFactor x Rate,
-// separated by silences that keep the mean rate at Rate.
 // bursts gives reqs (shared-prefix prompts of system blocks each) on/off
-// arrivals, and BurstHot of each burst's requests the burst's own system
-// prompt, of fresh ids.
+// arrivals, bursts of BurstOn at BurstFactor x Rate separated by silences
+// that keep the mean rate at Rate, and BurstHot of each burst's requests the
+// burst's own system prompt, of fresh ids.
 func (g *gen) bursts(reqs []Request, system int) {
 	on := g.c.BurstOn.Seconds()
 	period := on * g.c.BurstFactor // the burst's requests at Rate would take this long
