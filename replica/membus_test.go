@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"testing"
 
 	"github.com/kvselect/kvselect/replica"
 )
@@ -34,7 +35,8 @@ type member struct {
 	// drop, when it returns true, loses that publish (as if it never
 	// arrived; Publish still succeeds).
 	drop atomic.Pointer[func(data []byte) bool]
-	// gate, when set, makes Publish wait until it is closed.
+	// gate, when set, makes Publish of a batch with ops wait until it is
+	// closed (heartbeats, batches without ops, pass).
 	gate atomic.Pointer[chan struct{}]
 
 	wmu   sync.Mutex
@@ -57,7 +59,9 @@ var (
 
 func (m *member) Publish(subject string, data []byte) error {
 	if g := m.gate.Load(); g != nil {
-		<-*g
+		if _, _, ops, ok := batchHeader(data); ok && ops > 0 {
+			<-*g
+		}
 	}
 	if m.down.Load() {
 		return errDown
@@ -166,17 +170,22 @@ func (m *member) setDown(down bool) {
 	}
 }
 
-// hold makes Publish wait until the returned function is called.
-func (m *member) hold() (release func()) {
+// hold makes Publish of a batch with ops wait until the returned function
+// is called, or the test ends. Heartbeats pass: a publisher caught sending
+// one when the hold began goes on to take the next ops into a batch and
+// waits there, which is what the tests hold it for.
+func (m *member) hold(t testing.TB) (release func()) {
 	g := make(chan struct{})
 	m.gate.Store(&g)
 	var once sync.Once
-	return func() {
+	release = func() {
 		once.Do(func() {
 			m.gate.Store(nil)
 			close(g)
 		})
 	}
+	t.Cleanup(release) // a test that fails while holding must not hang its Close
+	return release
 }
 
 // dropIf loses the publishes for which f returns true.

@@ -176,7 +176,7 @@ func TestOverflowAsksResync(t *testing.T) {
 	a := newNode(t, h, "a", func(o *replica.Options) { o.BatchMax, o.PendingMax = 4, 8 })
 	b := newNode(t, h, "b", nil)
 	rng := rand.New(rand.NewPCG(4, 4))
-	release := a.bus.hold()
+	release := a.bus.hold(t)
 	var ids []string
 	for range 40 {
 		ids = append(ids, a.book(t, rng, 2))

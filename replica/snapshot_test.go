@@ -112,7 +112,7 @@ func TestSnapshotDoesNotRebookOverflowedFree(t *testing.T) {
 	a.book(t, rng, 2)
 	requireConverged(t, a, b)
 
-	release := a.bus.hold()
+	release := a.bus.hold(t)
 	seq0 := a.r.Stats().Seq
 	a.book(t, rng, 2) // its batch seq0+1 waits in Publish
 	eventually(t, func() bool { return a.r.Stats().Seq == seq0+1 }, "the publisher took the booking")
@@ -152,7 +152,7 @@ func TestSnapshotDoesNotRebookPendingFree(t *testing.T) {
 	requireConverged(t, a, b)
 
 	b.bus.setDown(true)
-	release := a.bus.hold()
+	release := a.bus.hold(t)
 	seq0 := a.r.Stats().Seq
 	a.book(t, rng, 2) // the batch seq0+1, held in Publish
 	eventually(t, func() bool { return a.r.Stats().Seq == seq0+1 }, "the publisher took the booking")
@@ -255,7 +255,7 @@ func TestResyncDuringSnapshotTakesAnother(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("c took no snapshot of a")
 	}
-	release := a.bus.hold()
+	release := a.bus.hold(t)
 	seq0 := a.r.Stats().Seq
 	a.book(t, rng, 2)
 	eventually(t, func() bool { return a.r.Stats().Seq == seq0+1 }, "the publisher took the booking")

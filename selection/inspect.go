@@ -18,7 +18,9 @@ type WorkerLoad struct {
 	Busy                bool
 	// PrefillRate is the rank's observed prefill rate in tokens per second,
 	// what the predictive cost divides by (reservation.PrefillClock); 0
-	// until reservation.PrefillRateSamples prefills completed there.
+	// until reservation.PrefillRateSamples prefills completed there. It is
+	// this service's own observation: replicas that share their bookings
+	// time the completions they hear themselves, so theirs may differ.
 	PrefillRate          float64
 	PotentialPrefill     int64 // PotentialLoads only: prefill tokens if this request went here
 	PotentialDecodeBlock int   // PotentialLoads only: active blocks if this request went here
