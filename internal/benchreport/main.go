@@ -67,6 +67,7 @@ var jobs = []job{
 	{pkg: "./selection", pattern: "^BenchmarkSelectAndReserveFleet$", benchtime: "5000x", cpu: "1"},
 	// Replication off and on, in one binary run (the publisher on the other core).
 	{pkg: "./replica", pattern: "^BenchmarkSelectAndReserveReplicated$", benchtime: "20000x", cpu: "2"},
+	{pkg: "./replica/natsbus", pattern: "^BenchmarkBookingReachesPeers$", benchtime: "500x", cpu: "2"},
 }
 
 func le(limit float64) func(float64) bool { return func(v float64) bool { return v <= limit } }
@@ -121,6 +122,8 @@ var rows = []row{
 	{what: "SelectAndReserve + Free with replication on (a Replicator publishing every booking and free to a bus that discards) vs off, requests alternating between the two services", bench: "BenchmarkSelectAndReserveReplicated/interleaved", metric: "on/off", budget: "<= 1.15", ok: le(1.15), jobIndex: 14},
 	{what: "the same, each service in a run of its own, one after the other (wall time; noisier)", bench: "BenchmarkSelectAndReserveReplicated/on", metric: "ns/op", baseline: "BenchmarkSelectAndReserveReplicated/off", asCost: true, jobIndex: 14},
 	{what: "the same in CPU time of the whole process (the publisher's encoding included)", bench: "BenchmarkSelectAndReserveReplicated/on", metric: "cpu-ns/op", baseline: "BenchmarkSelectAndReserveReplicated/off", asCost: true, jobIndex: 14},
+	{what: "a booking in both peers' loads, p50, three replicas over an embedded NATS server on loopback", bench: "BenchmarkBookingReachesPeers", metric: "p50-ns", jobIndex: 15},
+	{what: "the same, p99", bench: "BenchmarkBookingReachesPeers", metric: "p99-ns", jobIndex: 15},
 	{what: "RemoveWorker p50, a rank holding 8,192 blocks, 8M entries / 1,024 workers (vs the same rank size at 1M / 128)", bench: "BenchmarkScaleRemoveWorker/entries=8M", metric: "p50-ns", budget: "<= 3x the 1M figure (8x the entries)", baseline: "BenchmarkScaleRemoveWorker/entries=1M", maxOfBaseline: 3, jobIndex: 12},
 }
 

@@ -1,5 +1,0 @@
-//go:build !race
-
-package natsbus_test
-
-const raceEnabled = false
