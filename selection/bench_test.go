@@ -373,4 +373,48 @@ func BenchmarkSelectAndReserveFleet(b *testing.B) {
 			})
 		}
 	}
+	// ranks=N-vs-64 alternates requests between the 64-rank fleet and the
+	// N-rank one (default decisions, each first half of the time) so that
+	// both see the same machine moment by moment: x-64 is the ratio of their
+	// p50s, steadier than two sub-benchmarks run one after the other.
+	for _, n := range []int{4096, 16384} {
+		b.Run(fmt.Sprintf("ranks=%d-vs-64", n), func(b *testing.B) {
+			small, big := benchFleet(b, 64), benchFleet(b, n)
+			small.s.scan, big.s.scan = scanAuto, scanAuto
+			ctx := context.Background()
+			ids := make([]string, 4096)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("v%d", i)
+			}
+			once := func(f *fleetBench, i int) time.Duration {
+				start := time.Now()
+				res, err := f.s.SelectAndReserve(ctx, Request{ReservationID: ids[i%len(ids)], Tokens: f.prompts[i%len(f.prompts)]})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := f.s.FreeReservation(res.ReservationID); err != nil {
+					b.Fatal(err)
+				}
+				return time.Since(start)
+			}
+			ds, db := make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if i%2 == 0 {
+					ds = append(ds, once(small, i))
+					db = append(db, once(big, i))
+				} else {
+					db = append(db, once(big, i))
+					ds = append(ds, once(small, i))
+				}
+			}
+			slices.Sort(ds)
+			slices.Sort(db)
+			ps, pb := ds[len(ds)/2], db[len(db)/2]
+			b.ReportMetric(float64(pb.Nanoseconds()), "p50-ns")
+			b.ReportMetric(float64(ps.Nanoseconds()), "ranks=64-p50-ns")
+			b.ReportMetric(float64(pb)/float64(ps), "x-64")
+		})
+	}
 }
