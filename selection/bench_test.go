@@ -373,12 +373,12 @@ func BenchmarkSelectAndReserveFleet(b *testing.B) {
 			})
 		}
 	}
-	// ranks=N-vs-64 alternates requests between the 64-rank fleet and the
-	// N-rank one (default decisions, each first half of the time) so that
-	// both see the same machine moment by moment: x-64 is the ratio of their
+	// ranks=N/alternating alternates requests between the 64-rank fleet and
+	// the N-rank one (default decisions, each first half of the time) so that
+	// both see the same machine moment by moment: x-ranks64 is the ratio of their
 	// p50s, steadier than two sub-benchmarks run one after the other.
 	for _, n := range []int{4096, 16384} {
-		b.Run(fmt.Sprintf("ranks=%d-vs-64", n), func(b *testing.B) {
+		b.Run(fmt.Sprintf("ranks=%d/alternating", n), func(b *testing.B) {
 			small, big := benchFleet(b, 64), benchFleet(b, n)
 			small.s.scan, big.s.scan = scanAuto, scanAuto
 			ctx := context.Background()
@@ -413,8 +413,8 @@ func BenchmarkSelectAndReserveFleet(b *testing.B) {
 			slices.Sort(db)
 			ps, pb := ds[len(ds)/2], db[len(db)/2]
 			b.ReportMetric(float64(pb.Nanoseconds()), "p50-ns")
-			b.ReportMetric(float64(ps.Nanoseconds()), "ranks=64-p50-ns")
-			b.ReportMetric(float64(pb)/float64(ps), "x-64")
+			b.ReportMetric(float64(ps.Nanoseconds()), "ranks64-p50-ns")
+			b.ReportMetric(float64(pb)/float64(ps), "x-ranks64")
 		})
 	}
 }
