@@ -2,15 +2,18 @@
 // of package replica (over an in-memory bus) and of replica/natsbus (over a
 // real NATS server): the one definition of "the replicas agree".
 //
-// Its functions only read (Loads, LocalIDs, RemoteIDs, Stats, Peers), and
+// Its comparisons only read (Loads, LocalIDs, RemoteIDs, Stats, Peers), and
 // each returns "" when the replicas agree or a sentence saying where they
-// differ, for a test to wait on or to assert.
+// differ, for a test to wait on or to assert. LastHeardUntil moves a test
+// clock until a silent peer is dropped.
 package replicatest
 
 import (
 	"fmt"
 	"slices"
+	"time"
 
+	"github.com/kvselect/kvselect/internal/clocktest"
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -91,4 +94,28 @@ func loads(svc *selection.SelectionService) []selection.WorkerLoad {
 		ls[i].PrefillRate = 0
 	}
 	return ls
+}
+
+// LastHeardUntil moves clk on a millisecond at a time (at most 5 s of the
+// wall clock) until dropped holds, and returns when observer last heard
+// from peer, on clk: a message the peer sent before it went silent may land
+// late and restart its silence, so a test judges the drop against this.
+// ok is false when dropped never held.
+func LastHeardUntil(clk *clocktest.Clock, observer *replica.Replicator, peer string, dropped func() bool) (last time.Time, ok bool) {
+	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for time.Now().Before(deadline) {
+		for _, p := range observer.Peers() {
+			if p.ID == peer {
+				last = p.LastHeard
+			}
+		}
+		if dropped() {
+			return last, true
+		}
+		clk.Advance(time.Millisecond)
+		<-tick.C
+	}
+	return last, false
 }
