@@ -214,7 +214,7 @@ func TestSilentPeerDropped(t *testing.T) {
 	// A delivery under way when a went down may still land and restart its
 	// silence: move the clock on until b drops a, and judge the moment
 	// against a's last message as b saw it.
-	last, ok := replicatest.LastHeardUntil(clk, b.r, "a", dropped)
+	last, ok := replicatest.LastHeardUntil(clk.Advance, b.r, "a", dropped)
 	require.True(t, ok, "a kept past PeerTimeout")
 	require.GreaterOrEqual(t, clk.Now().Sub(last), timeout, "dropped before PeerTimeout after its last message")
 	require.Empty(t, b.r.Peers())

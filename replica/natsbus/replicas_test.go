@@ -174,7 +174,7 @@ func TestSilentReplicaDropped(t *testing.T) {
 	// A message c sent before its connection closed may still arrive and
 	// restart its silence: move the clock on until the others drop c, and
 	// judge the moment against c's last message as a saw it.
-	last, ok := replicatest.LastHeardUntil(clk, a.r, "c", dropped)
+	last, ok := replicatest.LastHeardUntil(clk.Advance, a.r, "c", dropped)
 	require.True(t, ok, "c kept past PeerTimeout")
 	require.GreaterOrEqual(t, clk.Now().Sub(last), timeout, "dropped before PeerTimeout after its last message")
 	require.Equal(t, uint64(1), a.r.Stats().DroppedPeers)

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvselect/kvselect/internal/clocktest"
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -96,12 +95,12 @@ func loads(svc *selection.SelectionService) []selection.WorkerLoad {
 	return ls
 }
 
-// LastHeardUntil moves clk on a millisecond at a time (at most 5 s of the
-// wall clock) until dropped holds, and returns when observer last heard
-// from peer, on clk: a message the peer sent before it went silent may land
-// late and restart its silence, so a test judges the drop against this.
-// ok is false when dropped never held.
-func LastHeardUntil(clk *clocktest.Clock, observer *replica.Replicator, peer string, dropped func() bool) (last time.Time, ok bool) {
+// LastHeardUntil moves the replicas' test clock on a millisecond at a time
+// (advance; at most 5 s of the wall clock) until dropped holds, and returns
+// when observer last heard from peer, on that clock: a message the peer
+// sent before it went silent may land late and restart its silence, so a
+// test judges the drop against this. ok is false when dropped never held.
+func LastHeardUntil(advance func(time.Duration) time.Time, observer *replica.Replicator, peer string, dropped func() bool) (last time.Time, ok bool) {
 	deadline := time.Now().Add(5 * time.Second)
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
@@ -114,7 +113,7 @@ func LastHeardUntil(clk *clocktest.Clock, observer *replica.Replicator, peer str
 		if dropped() {
 			return last, true
 		}
-		clk.Advance(time.Millisecond)
+		advance(time.Millisecond)
 		<-tick.C
 	}
 	return last, false
