@@ -118,7 +118,20 @@ func BenchmarkSelectAndReserve(b *testing.B) {
 	}
 }
 
-// BenchmarkSelectAndReserveParallel runs the same with RunParallel: throughput
+// bookFree books tokens as id on s, frees it, and returns how long the two
+// took.
+func bookFree(ctx context.Context, b *testing.B, s *SelectionService, id string, tokens []uint32) time.Duration {
+	start := time.Now()
+	res, err := s.SelectAndReserve(ctx, Request{ReservationID: id, Tokens: tokens})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.FreeReservation(res.ReservationID); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start)
+}
+
 // BenchmarkPredictiveCost is SelectAndReserve + Free at 64 workers under
 // Dynamo's cost and under the predictive one (a prefill clock read per
 // candidate), requests alternating between the two services so that both
@@ -133,15 +146,7 @@ func BenchmarkPredictiveCost(b *testing.B) {
 		ids[i] = fmt.Sprintf("r%d", i)
 	}
 	once := func(s *SelectionService, i int) time.Duration {
-		start := time.Now()
-		res, err := s.SelectAndReserve(ctx, Request{ReservationID: ids[i%len(ids)], Tokens: prompts[i%len(prompts)]})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := s.FreeReservation(res.ReservationID); err != nil {
-			b.Fatal(err)
-		}
-		return time.Since(start)
+		return bookFree(ctx, b, s, ids[i%len(ids)], prompts[i%len(prompts)])
 	}
 	var dynT, predT time.Duration
 	b.ReportAllocs()
@@ -160,6 +165,7 @@ func BenchmarkPredictiveCost(b *testing.B) {
 	b.ReportMetric(float64(predT)/float64(dynT), "predictive/dynamo")
 }
 
+// BenchmarkSelectAndReserveParallel runs the same with RunParallel: throughput
 // should grow with GOMAXPROCS (compare -cpu 1,2).
 func BenchmarkSelectAndReserveParallel(b *testing.B) {
 	s, prompts := benchService(b, 64, nil)
@@ -387,15 +393,7 @@ func BenchmarkSelectAndReserveFleet(b *testing.B) {
 				ids[i] = fmt.Sprintf("v%d", i)
 			}
 			once := func(f *fleetBench, i int) time.Duration {
-				start := time.Now()
-				res, err := f.s.SelectAndReserve(ctx, Request{ReservationID: ids[i%len(ids)], Tokens: f.prompts[i%len(f.prompts)]})
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := f.s.FreeReservation(res.ReservationID); err != nil {
-					b.Fatal(err)
-				}
-				return time.Since(start)
+				return bookFree(ctx, b, f.s, ids[i%len(ids)], f.prompts[i%len(f.prompts)])
 			}
 			ds, db := make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)
 			b.ReportAllocs()
