@@ -71,7 +71,7 @@ const (
 	DefaultMaxRunning             = 32
 	// DefaultSyncDelay is how long a replica's booking takes to reach its
 	// peers: about the p99 package replica measured over NATS on loopback
-	// (docs/REPLICAS.md: p50 2.5 ms, p99 3.7 to 5.9 ms).
+	// (docs/REPLICAS.md: p50 2.5 ms, p99 2.8 to 5.9 ms).
 	DefaultSyncDelay = 5 * time.Millisecond
 )
 
