@@ -82,10 +82,7 @@ func BenchmarkSelectAndReserve(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			s, prompts := benchServiceFeed(b, bc.n, bc.mod, bc.feed, bc.tracer)
 			ctx := context.Background()
-			ids := make([]string, 4096)
-			for i := range ids {
-				ids[i] = fmt.Sprintf("r%d", i)
-			}
+			ids := benchIDs("r")
 			var sessions []string
 			if bc.sessions {
 				for i := range 256 {
@@ -118,6 +115,16 @@ func BenchmarkSelectAndReserve(b *testing.B) {
 	}
 }
 
+// benchIDs returns 4,096 reservation ids, prefix then a number: the ids a
+// benchmark cycles through (each is freed before it comes round again).
+func benchIDs(prefix string) []string {
+	ids := make([]string, 4096)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s%d", prefix, i)
+	}
+	return ids
+}
+
 // bookFree books tokens as id on s, frees it, and returns how long the two
 // took.
 func bookFree(ctx context.Context, b *testing.B, s *SelectionService, id string, tokens []uint32) time.Duration {
@@ -141,10 +148,7 @@ func BenchmarkPredictiveCost(b *testing.B) {
 	dyn, prompts := benchService(b, 64, nil)
 	pred, _ := benchService(b, 64, func(c *Config) { c.Cost = CostPredictive })
 	ctx := context.Background()
-	ids := make([]string, 4096)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("r%d", i)
-	}
+	ids := benchIDs("r")
 	once := func(s *SelectionService, i int) time.Duration {
 		return bookFree(ctx, b, s, ids[i%len(ids)], prompts[i%len(prompts)])
 	}
@@ -354,10 +358,7 @@ func BenchmarkSelectAndReserveFleet(b *testing.B) {
 				f := benchFleet(b, n)
 				f.s.scan = mode.scan
 				ctx := context.Background()
-				ids := make([]string, 4096)
-				for i := range ids {
-					ids[i] = fmt.Sprintf("r%d", i)
-				}
+				ids := benchIDs("r")
 				durs := make([]time.Duration, 0, b.N)
 				b.ReportAllocs()
 				b.ResetTimer()
@@ -388,10 +389,7 @@ func BenchmarkSelectAndReserveFleet(b *testing.B) {
 			small, big := benchFleet(b, 64), benchFleet(b, n)
 			small.s.scan, big.s.scan = scanAuto, scanAuto
 			ctx := context.Background()
-			ids := make([]string, 4096)
-			for i := range ids {
-				ids[i] = fmt.Sprintf("v%d", i)
-			}
+			ids := benchIDs("v")
 			once := func(f *fleetBench, i int) time.Duration {
 				return bookFree(ctx, b, f.s, ids[i%len(ids)], f.prompts[i%len(f.prompts)])
 			}

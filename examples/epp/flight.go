@@ -195,8 +195,8 @@ func (w *renewer) tick() (renewed, stalled int) {
 	return renewed, stalled
 }
 
-// run ticks every interval until ctx is done.
-func (w *renewer) run(ctx context.Context, every time.Duration) {
+// tickEvery calls f every interval until ctx is done.
+func tickEvery(ctx context.Context, every time.Duration, f func()) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -204,7 +204,7 @@ func (w *renewer) run(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			w.tick()
+			f()
 		}
 	}
 }

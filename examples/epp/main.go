@@ -537,7 +537,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	g.Go(func() error { return src.Run(gctx, e.apply) })
 	g.Go(func() error { e.expirePlans(gctx, time.Second); return nil })
 	if e.router.renew != nil {
-		g.Go(func() error { e.router.renew.run(gctx, cfg.RenewInterval); return nil })
+		g.Go(func() error { tickEvery(gctx, cfg.RenewInterval, func() { e.router.renew.tick() }); return nil })
 	}
 	if rp != nil {
 		g.Go(func() error { return e.readyWhenSynced(gctx) })
@@ -580,18 +580,11 @@ func (e *epp) metricsHandler() http.Handler {
 // mid-request), whose reservations would otherwise count as load until their
 // own leases ran out.
 func (e *epp) expirePlans(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if n := e.pairs.Expire(); n > 0 {
-				e.logger.Warn("plans expired: their requests never ended", "plans", n)
-			}
+	tickEvery(ctx, every, func() {
+		if n := e.pairs.Expire(); n > 0 {
+			e.logger.Warn("plans expired: their requests never ended", "plans", n)
 		}
-	}
+	})
 }
 
 // selfSignedCert makes the certificate the ext_proc port serves with when secure
