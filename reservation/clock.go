@@ -7,8 +7,8 @@ import (
 )
 
 // PrefillClock is what the ledger has observed of a worker rank's prefill
-// queue, for a cost that predicts time (see the package documentation,
-// "Prefill clock").
+// queue and of the requests it is sent, for a cost that predicts time (see
+// the package documentation, "Prefill clock").
 type PrefillClock struct {
 	// Since is when the rank began the prefill it is serving: the Book that
 	// found its queue empty, or the last PrefillComplete that left some
@@ -19,7 +19,16 @@ type PrefillClock struct {
 	// each completion weighing 1/16 less than the next. 0 until
 	// PrefillRateSamples prefills have completed on the rank.
 	Rate float64
+	// Arrivals is the rank's recent bookings at the time asked for: each
+	// Book (or Move onto the rank) adds 1, which decays exponentially with
+	// time constant Options.ArrivalWindow; a Move off the rank takes back
+	// what its booking still weighs. Free and Expire leave it alone: it
+	// counts requests sent, not requests active.
+	Arrivals float64
 }
+
+// DefaultArrivalWindow is Options.ArrivalWindow's default.
+const DefaultArrivalWindow = 5 * time.Minute
 
 // PrefillRateSamples is how many prefills must complete on a worker rank
 // before PrefillClock reports its rate.
@@ -28,19 +37,26 @@ const PrefillRateSamples = 4
 // rateKeep is the weight a completion's sample keeps at the next one.
 const rateKeep = 15.0 / 16
 
-// prefillClock is a rankState's clock. since and rate are read without the
-// rank's lock; every field is written under it.
+// prefillClock is a rankState's clock. since, rate, arrivals and arrivedAt
+// are read without the rank's lock, together (they lead, to share a cache
+// line); every field is written under it.
 type prefillClock struct {
-	since      atomic.Int64  // unix nanoseconds; 0: nothing queued
-	rate       atomic.Uint64 // float64 bits of the rate; 0 until learned
-	work, busy float64       // decayed sums: tokens completed, seconds busy
+	since atomic.Int64  // unix nanoseconds; 0: nothing queued
+	rate  atomic.Uint64 // float64 bits of the rate; 0 until learned
+	// arrivals is the decayed booking count at arrivedAt (unix
+	// nanoseconds; 0: never booked), float64 bits. A reader racing a Book
+	// may pair the new count with the old time (or the reverse): off by at
+	// most that one booking's decay.
+	arrivals   atomic.Uint64
+	arrivedAt  atomic.Int64
+	work, busy float64 // decayed sums: tokens completed, seconds busy
 	samples    int
 }
 
-// PrefillClock returns what the ledger has observed of k's prefill queue;
-// the zero PrefillClock when k has no entry. It reads two atomics and takes
-// no lock.
-func (l *Ledger) PrefillClock(k Rank) PrefillClock {
+// PrefillClock returns what the ledger has observed of k's prefill queue,
+// with its Arrivals as of now; the zero PrefillClock when k has no entry. It
+// reads four atomics and takes no lock.
+func (l *Ledger) PrefillClock(k Rank, now time.Time) PrefillClock {
 	r := k.r
 	if r == nil || r.dead.Load() {
 		r = l.lookup(k.key)
@@ -53,7 +69,37 @@ func (l *Ledger) PrefillClock(k Rank) PrefillClock {
 		c.Since = time.Unix(0, n).UTC()
 	}
 	c.Rate = math.Float64frombits(r.clock.rate.Load())
+	if at := r.clock.arrivedAt.Load(); at != 0 {
+		c.Arrivals = l.decay(math.Float64frombits(r.clock.arrivals.Load()), at, now.UnixNano())
+	}
 	return c
+}
+
+// decay returns what v at unix nanoseconds at weighs at now.
+func (l *Ledger) decay(v float64, at, now int64) float64 {
+	if now <= at {
+		return v
+	}
+	x := float64(now-at) / l.arrivalWindow
+	if x < 1.0/64 {
+		// A rank booked a moment ago, the usual case on a decision's path:
+		// the series to x^3 is within 3e-9 of exp(-x) here, at a fraction
+		// of math.Exp's cost.
+		return v * (1 - x*(1-x*(0.5-x/6)))
+	}
+	return v * math.Exp(-x)
+}
+
+// arrive adds n (1 for a booking, minus what it still weighs for one moved
+// away) to r's arrivals at now. r.mu is held.
+func (l *Ledger) arrive(r *rankState, n float64, now time.Time) {
+	t := stamp(now)
+	v := n
+	if at := r.clock.arrivedAt.Load(); at != 0 {
+		v += l.decay(math.Float64frombits(r.clock.arrivals.Load()), at, t)
+	}
+	r.clock.arrivals.Store(math.Float64bits(max(v, 0)))
+	r.clock.arrivedAt.Store(t)
 }
 
 // queued runs after tokens joined r's prefill queue at now. r.mu is held.

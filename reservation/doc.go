@@ -43,7 +43,9 @@
 // one prefill served at a time, in order; an engine that batches prefills
 // completes several at once, which the ratio of sums absorbs. Prefill that
 // leaves without completing (Free, Expire, Move, RemoveWorker) teaches no
-// rate.
+// rate. It also counts the rank's recent arrivals (Arrivals): each Book adds
+// one, decaying with time constant Options.ArrivalWindow, so that a cost can
+// see which ranks take more than their share of the requests.
 //
 // # Errors
 //

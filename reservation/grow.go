@@ -91,12 +91,14 @@ func (l *Ledger) Move(id string, to catalog.WorkerRank) (Booking, error) {
 	r.mu.Lock()
 	b := bk.asBooking()
 	b.Worker = to
-	if left := bk.deadline.Sub(l.now()); left > 0 {
+	now := l.now()
+	if left := bk.deadline.Sub(now); left > 0 {
 		b.FirstLease = left
 	} else {
 		b.FirstLease = 1 // expired already: the next Expire settles it
 	}
 	prefillDone := bk.prefillDone
+	l.arrive(r, -l.decay(1, stamp(bk.bookedAt), stamp(now)), now) // its arrival goes with it
 	l.settle(bk)
 	r.mu.Unlock()
 	if l.onChange != nil {

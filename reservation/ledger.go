@@ -51,6 +51,9 @@ type Options struct {
 	// DefaultLease is the lease of a booking whose Lease is zero. Default
 	// DefaultLease (300 s); must not be negative.
 	DefaultLease time.Duration
+	// ArrivalWindow is the time constant of PrefillClock.Arrivals. Default
+	// DefaultArrivalWindow (5 minutes); must not be negative.
+	ArrivalWindow time.Duration
 	// OnChange, when set, is called with a worker rank after a call lowered that
 	// worker rank's load: PrefillComplete that removed prefill tokens, Free,
 	// Expire and RemoveWorker (once per affected worker rank per call). It runs
@@ -135,12 +138,13 @@ func leaseLess(a, b *booking) bool {
 // put on each worker rank. Create one with New; the zero value is not usable. A
 // Ledger is safe for concurrent use (see the package documentation).
 type Ledger struct {
-	now          func() time.Time
-	defaultLease time.Duration
-	onChange     func(catalog.WorkerRank)
-	onRaise      func(catalog.WorkerRank)
-	stripeSeed   uint64
-	idSeed       maphash.Seed
+	now           func() time.Time
+	defaultLease  time.Duration
+	arrivalWindow float64 // Options.ArrivalWindow in nanoseconds
+	onChange      func(catalog.WorkerRank)
+	onRaise       func(catalog.WorkerRank)
+	stripeSeed    uint64
+	idSeed        maphash.Seed
 
 	// regMu guards the registry of worker ranks: held for writing to add or
 	// remove an entry or a slot, for reading to look entries up.
@@ -172,6 +176,9 @@ func New(opts Options) (*Ledger, error) {
 	if opts.DefaultLease < 0 {
 		errs = append(errs, fmt.Errorf("DefaultLease %v is negative", opts.DefaultLease))
 	}
+	if opts.ArrivalWindow < 0 {
+		errs = append(errs, fmt.Errorf("ArrivalWindow %v is negative", opts.ArrivalWindow))
+	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, errors.Join(errs...))
 	}
@@ -181,15 +188,19 @@ func New(opts Options) (*Ledger, error) {
 	if opts.DefaultLease == 0 {
 		opts.DefaultLease = DefaultLease
 	}
+	if opts.ArrivalWindow == 0 {
+		opts.ArrivalWindow = DefaultArrivalWindow
+	}
 	l := &Ledger{
-		now:          opts.Now,
-		defaultLease: opts.DefaultLease,
-		onChange:     opts.OnChange,
-		onRaise:      opts.OnRaise,
-		stripeSeed:   rand.Uint64(),
-		idSeed:       maphash.MakeSeed(),
-		ranks:        make(map[catalog.WorkerRank]*rankState),
-		byWorker:     make(map[string][]*rankState),
+		now:           opts.Now,
+		defaultLease:  opts.DefaultLease,
+		arrivalWindow: float64(opts.ArrivalWindow),
+		onChange:      opts.OnChange,
+		onRaise:       opts.OnRaise,
+		stripeSeed:    rand.Uint64(),
+		idSeed:        maphash.MakeSeed(),
+		ranks:         make(map[catalog.WorkerRank]*rankState),
+		byWorker:      make(map[string][]*rankState),
 	}
 	for i := range l.ids {
 		l.ids[i].m = make(map[string]*booking)
@@ -312,6 +323,7 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 	r.private.Add(int64(bk.private))
 	r.prefill.Add(int64(bk.prefill))
 	r.queued(bk.prefill, now)
+	l.arrive(r, 1, now)
 	r.requests.Add(1)
 	bk.next = r.head
 	if r.head != nil {

@@ -145,7 +145,7 @@ func bookFree(ctx context.Context, b *testing.B, s *SelectionService, id string,
 // see the same machine moment by moment: predictive/dynamo is the ratio of
 // their times, steadier than two sub-benchmarks run one after the other.
 func BenchmarkPredictiveCost(b *testing.B) {
-	dyn, prompts := benchService(b, 64, nil)
+	dyn, prompts := benchService(b, 64, func(c *Config) { c.Cost = CostDynamo })
 	pred, _ := benchService(b, 64, func(c *Config) { c.Cost = CostPredictive })
 	ctx := context.Background()
 	ids := benchIDs("r")

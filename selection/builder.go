@@ -39,6 +39,10 @@ type Decision struct {
 	// candidate (0 when it was alone, or tied, or chosen by a session pin
 	// or a temperature draw over a costlier one: then negative).
 	Margin float64
+	// Predicted reports that Cost and Margin are the predictive cost's
+	// seconds (CostPredictive, or CostAuto on a model it predicts for);
+	// otherwise they are Dynamo's logit, in blocks.
+	Predicted bool
 }
 
 type nopRecorder struct{}

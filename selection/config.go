@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // QueuePolicy orders requests that wait in the admission queue within one strict
@@ -60,40 +61,57 @@ type CostModel uint8
 const (
 	// CostDynamo is Dynamo's logit, in blocks: the prefill term (queued and
 	// the request's prompt tokens, less the overlap credit, times
-	// PrefillLoadScale) plus the decode term (active blocks). The default.
+	// PrefillLoadScale) plus the decode term (active blocks). DynamoConfig's.
 	CostDynamo CostModel = iota
 	// CostPredictive is the rank's predicted time to first token, in
 	// seconds: the queued prefill still ahead of the request (drained at the
 	// rank's prefill rate since its current prefill began) plus the
 	// request's uncached prompt, over that rate, which each rank learns from
-	// its completed prefills; plus decode pressure (Config.Predictive).
+	// its completed prefills; plus decode pressure and a price on taking
+	// more than a fair share of the requests (Config.Predictive).
 	CostPredictive
+	// CostAuto is CostPredictive on a model of at most
+	// AutoPredictiveMaxRanks ranks and CostDynamo on a larger one, settled
+	// at each decision. The predictive cost reads every rank's clock at the
+	// time of the decision, so it needs the full scan; on a larger model
+	// Dynamo's cost takes the sparse decision instead (see the package
+	// documentation), which keeps a decision's cost flat in the number of
+	// ranks. DefaultConfig's.
+	CostAuto
 )
 
-// String returns "dynamo" or "predictive".
+// AutoPredictiveMaxRanks is the largest model CostAuto decides with the
+// predictive cost: one rank below where the sparse decision begins.
+const AutoPredictiveMaxRanks = sparseMinRanks - 1
+
+// String returns "dynamo", "predictive" or "auto".
 func (m CostModel) String() string {
 	switch m {
 	case CostDynamo:
 		return "dynamo"
 	case CostPredictive:
 		return "predictive"
+	case CostAuto:
+		return "auto"
 	default:
 		return fmt.Sprintf("CostModel(%d)", uint8(m))
 	}
 }
 
-// ParseCostModel parses "dynamo" or "predictive" (case-insensitive).
+// ParseCostModel parses "dynamo", "predictive" or "auto" (case-insensitive).
 func ParseCostModel(s string) (CostModel, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "dynamo":
 		return CostDynamo, nil
 	case "predictive":
 		return CostPredictive, nil
+	case "auto":
+		return CostAuto, nil
 	}
-	return 0, fmt.Errorf("%w: cost %q, want dynamo or predictive", ErrInvalidConfig, s)
+	return 0, fmt.Errorf("%w: cost %q, want dynamo, predictive or auto", ErrInvalidConfig, s)
 }
 
-// PredictiveCost configures CostPredictive.
+// PredictiveCost configures CostPredictive (and CostAuto where it predicts).
 type PredictiveCost struct {
 	// PrefillTokensPerSecond is a rank's prefill rate until it has learned
 	// its own (reservation.PrefillRateSamples completed prefills), and
@@ -113,6 +131,24 @@ type PredictiveCost struct {
 	// new ones) costs the time the rank takes to prefill DecodeWeight
 	// blocks. In [0, MaxWeight]. Default DefaultPredictiveDecodeWeight.
 	DecodeWeight float64
+	// BalanceWeight prices a rank's share of the recent requests, in
+	// seconds: a rank whose recent bookings (reservation.PrefillClock's
+	// Arrivals: this service's and, through BookRemote, its peers') are
+	// (1 + BalanceSlack + x) times the candidates' mean costs x times
+	// BalanceWeight more. A cached prefix keeps its requests until the
+	// price of its rank's excess exceeds what sending one elsewhere costs,
+	// and the first requests sent away are those that lose least there: a
+	// short prompt, or one whose prefix another rank holds too. Off while
+	// the mean is below one booking. In [0, MaxWeight]; 0 turns it off.
+	// Default DefaultBalanceWeight.
+	BalanceWeight float64
+	// BalanceSlack is the share above the mean that costs nothing. In [0,
+	// MaxWeight]. Default DefaultBalanceSlack.
+	BalanceSlack float64
+	// BalanceWindow is the time constant over which recent bookings decay
+	// (reservation.Options.ArrivalWindow). >= 1 s. Default
+	// DefaultBalanceWindow.
+	BalanceWindow time.Duration
 }
 
 // Config holds the router settings (Dynamo's KvRouterConfig fields that kvselect
@@ -217,7 +253,8 @@ type Config struct {
 	OverlapCreditDecay float64
 	// Sessions configures session affinity (Request.SessionID).
 	Sessions SessionConfig
-	// Cost chooses the cost function. Default CostDynamo.
+	// Cost chooses the cost function. Default CostAuto (DynamoConfig:
+	// CostDynamo).
 	Cost CostModel
 	// Predictive configures CostPredictive; unused by CostDynamo.
 	Predictive PredictiveCost
@@ -263,6 +300,13 @@ const (
 	// DefaultPredictiveBacklogWeight is PredictiveCost.BacklogWeight's
 	// default.
 	DefaultPredictiveBacklogWeight = 0.5
+	// DefaultBalanceWeight, DefaultBalanceSlack and DefaultBalanceWindow
+	// are PredictiveCost's balance defaults, chosen on the replay
+	// simulator's workloads (docs/ROUTING.md): a rank with 20% more than
+	// the mean share costs 0.6 s more.
+	DefaultBalanceWeight = 6.0
+	DefaultBalanceSlack  = 0.1
+	DefaultBalanceWindow = reservation.DefaultArrivalWindow
 )
 
 // DefaultConfig returns kvselect's defaults for a block size: Dynamo's
@@ -281,6 +325,7 @@ func DefaultConfig(blockSize int) Config {
 	c.OverlapScoreCredit = DefaultOverlapScoreCredit
 	c.PrefillLoadScale = DefaultPrefillLoadScale
 	c.InFlightHitWeight = DefaultInFlightHitWeight
+	c.Cost = CostAuto
 	return c
 }
 
@@ -302,6 +347,7 @@ func DynamoConfig(blockSize int) Config {
 		Predictive: PredictiveCost{
 			PrefillTokensPerSecond: DefaultPrefillTokensPerSecond,
 			BacklogWeight:          DefaultPredictiveBacklogWeight, DecodeWeight: DefaultPredictiveDecodeWeight,
+			BalanceWeight: DefaultBalanceWeight, BalanceSlack: DefaultBalanceSlack, BalanceWindow: DefaultBalanceWindow,
 		},
 		fromDefaults: true,
 	}
@@ -357,14 +403,19 @@ func (c Config) Validate() error {
 	if c.ActiveRequestExpiry < 0 || (c.ActiveRequestExpiry > 0 && c.ActiveRequestExpiry < time.Millisecond) {
 		bad("ActiveRequestExpiry is %v, want >= 1ms (or 0 for the default)", c.ActiveRequestExpiry)
 	}
-	if c.Cost > CostPredictive {
-		bad("Cost is %v, want dynamo or predictive", c.Cost)
+	if c.Cost > CostAuto {
+		bad("Cost is %v, want dynamo, predictive or auto", c.Cost)
 	}
 	if r := c.Predictive.PrefillTokensPerSecond; math.IsNaN(r) || math.IsInf(r, 0) || r <= 0 {
 		bad("Predictive.PrefillTokensPerSecond is %v, want a finite value > 0", r)
 	}
 	nonNeg("Predictive.BacklogWeight", c.Predictive.BacklogWeight)
 	nonNeg("Predictive.DecodeWeight", c.Predictive.DecodeWeight)
+	nonNeg("Predictive.BalanceWeight", c.Predictive.BalanceWeight)
+	nonNeg("Predictive.BalanceSlack", c.Predictive.BalanceSlack)
+	if c.Predictive.BalanceWindow < time.Second {
+		bad("Predictive.BalanceWindow is %v, want >= 1s", c.Predictive.BalanceWindow)
+	}
 	c.FeedTrust.validate(bad)
 	c.Sessions.validate(bad)
 	if len(errs) == 0 {
@@ -405,10 +456,20 @@ type Override struct {
 type weights struct {
 	credit, scale, activeReqWeight, hostW, diskW, temperature, inflightW, decay float64
 	assumeReuse, trackPrefill, trackActive                                      bool
-	// CostPredictive: on, whether ranks learn their prefill rates, the rate
-	// until they have, its backlog and decode weights
-	predictive, learn       bool
-	rate, backlogW, decodeW float64
+	// the configured cost, and whether this decision predicts (CostAuto
+	// settles it per decision: see forRanks)
+	cost       CostModel
+	predictive bool
+	// the predictive cost's: whether ranks learn their prefill rates, the
+	// rate until they have, its backlog, decode and balance weights and
+	// the balance's slack
+	learn                                       bool
+	rate, backlogW, decodeW, balanceW, balSlack float64
+}
+
+// forRanks settles whether a decision over n ranks predicts.
+func (w *weights) forRanks(n int) {
+	w.predictive = w.cost == CostPredictive || w.cost == CostAuto && n <= AutoPredictiveMaxRanks
 }
 
 func (c Config) weights() weights {
@@ -416,8 +477,9 @@ func (c Config) weights() weights {
 		credit: c.OverlapScoreCredit, scale: c.PrefillLoadScale, activeReqWeight: c.DecodeActiveRequestWeight,
 		hostW: c.HostCacheHitWeight, diskW: c.DiskCacheHitWeight, temperature: c.Temperature,
 		inflightW: c.InFlightHitWeight, decay: c.OverlapCreditDecay, assumeReuse: c.AssumeKVReuse, trackPrefill: c.TrackPrefillTokens, trackActive: c.TrackActiveBlocks,
-		predictive: c.Cost == CostPredictive, learn: !c.Predictive.FixedRate,
+		cost: c.Cost, predictive: c.Cost == CostPredictive, learn: !c.Predictive.FixedRate,
 		rate: c.Predictive.PrefillTokensPerSecond, backlogW: c.Predictive.BacklogWeight, decodeW: c.Predictive.DecodeWeight,
+		balanceW: c.Predictive.BalanceWeight, balSlack: c.Predictive.BalanceSlack,
 	}
 }
 

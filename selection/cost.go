@@ -24,9 +24,11 @@ type candidate struct {
 	maxBatched     int
 	stamp          reservation.Stamp // what the ledger read was, for BookAt
 	// the rank's prefill clock (CostPredictive only): since, unix nanoseconds
-	// (0: nothing queued); rate, its learned tokens per second (0: none yet)
-	since int64
-	rate  float64
+	// (0: nothing queued); rate, its learned tokens per second (0: none yet);
+	// arrivals, its recent bookings
+	since    int64
+	rate     float64
+	arrivals float64
 
 	cost float64
 }
@@ -37,6 +39,8 @@ type costInput struct {
 	blockSize  int
 	minPrefill int64 // the least active prefill of the candidates (credit decay)
 	now        int64 // unix nanoseconds of the decision (CostPredictive)
+	// the candidates' mean recent bookings (CostPredictive)
+	meanArrivals float64
 }
 
 // cost is the cost of sending the request to c under w's cost function.
@@ -56,10 +60,13 @@ func cost(c *candidate, in costInput, w *weights) float64 {
 //	cost      = (remaining + (1 + backlogW) x own
 //	             + decodeW x (active blocks + new blocks
 //	                          + decodeActiveRequestWeight x active requests) x bs) / rate
+//	            + balanceW x max(0, arrivals / mean arrivals - 1 - slack)
 //
-// At backlogW 0 and decodeW 0 it is the predicted time to first token;
-// backlogW prices the time the request's own prefill adds to every request
-// queued behind it there, decodeW the rank's decode pressure. A is the rank's active prefill tokens (the uncached tokens of requests
+// At backlogW, decodeW and balanceW 0 it is the predicted time to first
+// token; backlogW prices the time the request's own prefill adds to every
+// request queued behind it there, decodeW the rank's decode pressure,
+// balanceW (in seconds) its share of the recent bookings above the
+// candidates' mean, once that mean reaches one. A is the rank's active prefill tokens (the uncached tokens of requests
 // booked there and not yet prefilled) and since when the rank began the one
 // it is serving (reservation.PrefillClock); cached counts the in-flight
 // credit's pending blocks, which the request waits for in remaining anyway.
@@ -77,7 +84,16 @@ func predicted(c *candidate, in costInput, w *weights) float64 {
 		own = float64(in.isl - min(cachedTokens(c, w, in.blockSize), in.isl))
 	}
 	decode := float64(c.activeBlocks+c.newBlocks) + w.activeReqWeight*float64(c.activeRequests)
-	return (remaining + (1+w.backlogW)*own + w.decodeW*decode*float64(in.blockSize)) / rate
+	return (remaining+(1+w.backlogW)*own+w.decodeW*decode*float64(in.blockSize))/rate + balance(c, in, w)
+}
+
+// balance is the predictive cost's balance term for c: balanceW x the share
+// of the recent bookings c has above the mean and the slack.
+func balance(c *candidate, in costInput, w *weights) float64 {
+	if w.balanceW <= 0 || in.meanArrivals < 1 {
+		return 0
+	}
+	return w.balanceW * max(0, c.arrivals/in.meanArrivals-1-w.balSlack)
 }
 
 // effectiveOverlap returns device + hostW*host + diskW*disk blocks.

@@ -166,15 +166,17 @@ func TestParseQueuePolicy(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 }
 
-func TestDefaultConfigDiffersFromDynamoOnlyInThreeWeights(t *testing.T) {
+func TestDefaultConfigDiffersFromDynamoOnlyInThreeWeightsAndTheCost(t *testing.T) {
 	d, k := DynamoConfig(16), DefaultConfig(16)
 	require.Equal(t, 1.0, d.OverlapScoreCredit)
 	require.Equal(t, 1.0, d.PrefillLoadScale)
 	require.Zero(t, d.InFlightHitWeight)
+	require.Equal(t, CostDynamo, d.Cost)
 	require.Equal(t, 4.0, k.OverlapScoreCredit)
 	require.Equal(t, 2.5, k.PrefillLoadScale)
 	require.Equal(t, 1.0, k.InFlightHitWeight)
-	k.OverlapScoreCredit, k.PrefillLoadScale, k.InFlightHitWeight = d.OverlapScoreCredit, d.PrefillLoadScale, d.InFlightHitWeight
+	require.Equal(t, CostAuto, k.Cost)
+	k.OverlapScoreCredit, k.PrefillLoadScale, k.InFlightHitWeight, k.Cost = d.OverlapScoreCredit, d.PrefillLoadScale, d.InFlightHitWeight, d.Cost
 	require.Equal(t, d, k)
 	require.NoError(t, DefaultConfig(16).Validate())
 	require.NoError(t, DynamoConfig(16).Validate())

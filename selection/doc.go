@@ -47,13 +47,20 @@
 // ahead of the request on the rank, drained at the rank's prefill rate since
 // its current prefill began (reservation.PrefillClock), plus the request's
 // uncached prompt weighted 1 + BacklogWeight, plus DecodeWeight times the
-// decode term in blocks of prefill time, all over that rate. Each rank's rate
-// is learned from its completed prefills (PrefillComplete after the booking);
-// until then, or with FixedRate, it is PrefillTokensPerSecond. On the replay
-// simulator's generators it reaches 96-100% of the reachable hit rate and
-// the best TTFT p90 of the policies replayed on every one, but spreads
-// requests less evenly than Dynamo's cost on four of six (docs/ROUTING.md),
-// which stays the default.
+// decode term in blocks of prefill time, all over that rate; plus the
+// balance term, BalanceWeight seconds per unit of the rank's share of the
+// recent bookings (PrefillClock's Arrivals) above the candidates' mean and
+// BalanceSlack. Each rank's rate is learned from its completed prefills
+// (PrefillComplete after the booking); until then, or with FixedRate, it is
+// PrefillTokensPerSecond. A soft session pin is judged without its rank's
+// balance term: the session's own requests raise that share. CostAuto, the
+// default, is the predictive cost on a model of at most
+// AutoPredictiveMaxRanks ranks and the logit on a larger one, where the
+// sparse decision below needs it; Decision.Predicted says which a decision
+// used. On the replay simulator's generators the predictive cost reaches
+// 98-100% of the reachable hit rate, the best TTFT p90 of the policies
+// replayed and a request imbalance of at most 1.15 on every one
+// (docs/ROUTING.md).
 //
 // # Sparse decisions
 //
@@ -78,8 +85,8 @@
 // remains for: a positive temperature, queueing, OverlapCreditDecay (it
 // makes every credit depend on the least active prefill of all candidates),
 // CostPredictive (its queued work drains with time, so no order of it stays
-// current),
-// Request.Fallbacks (the next-cheapest ranks on distinct endpoints), an
+// current; CostAuto predicts only on models too small for the sparse
+// decision), Request.Fallbacks (the next-cheapest ranks on distinct endpoints), an
 // Override of PrefillLoadScale or TrackPrefillTokens (the order is built on
 // the configured weights), every rank ejected, smaller models, and requests
 // the index matches on more than a quarter of the ranks. The

@@ -188,16 +188,21 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: len(cands)}
 	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
 	if pr.w.predictive {
-		in.now = s.now().UnixNano()
+		now := s.now()
+		in.now = now.UnixNano()
+		var arrivals float64
 		for i := range cands {
-			clk := s.ledger.PrefillClock(refs[i])
+			clk := s.ledger.PrefillClock(refs[i], now)
 			if !clk.Since.IsZero() {
 				cands[i].since = clk.Since.UnixNano()
 			}
 			if pr.w.learn {
 				cands[i].rate = clk.Rate
 			}
+			cands[i].arrivals = clk.Arrivals
+			arrivals += clk.Arrivals
 		}
+		in.meanArrivals = arrivals / float64(len(cands))
 	}
 	if pr.w.decay > 0 {
 		in.minPrefill = math.MaxInt64

@@ -58,6 +58,9 @@ func newFeedRig(t *testing.T, trust FeedTrust, ids ...string) *feedRig {
 func newFeedRigBlocks(t *testing.T, trust FeedTrust, engineBlock int, ids ...string) *feedRig {
 	t.Helper()
 	cfg := DefaultConfig(rigBlock)
+	// The rig books on one worker at a time to test its feed; the balance
+	// term would then send the next request elsewhere.
+	cfg.Predictive.BalanceWeight = 0
 	trust.CheckInterval = time.Hour // the test calls checkFeeds
 	cfg.FeedTrust = trust
 	r := &feedRig{t: t, clk: newFakeClock(), logs: &syncBuffer{}, engines: map[string]*fakeengine.Engine{}}

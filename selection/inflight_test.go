@@ -46,6 +46,7 @@ func TestOverlapCreditDecay(t *testing.T) {
 	costs := func(decay float64) map[string]float64 {
 		cfg := DefaultConfig(4)
 		cfg.OverlapCreditDecay, cfg.InFlightHitWeight = decay, 0
+		cfg.Cost = CostDynamo // the decay is Dynamo's cost's
 		s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(newFakeClock().Now).SweepInterval(-1).Build(context.Background())
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = s.Close() })

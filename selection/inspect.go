@@ -21,7 +21,11 @@ type WorkerLoad struct {
 	// until reservation.PrefillRateSamples prefills completed there. It is
 	// this service's own observation: replicas that share their bookings
 	// time the completions they hear themselves, so theirs may differ.
-	PrefillRate          float64
+	PrefillRate float64
+	// RecentBookings is the rank's recent bookings, decayed over
+	// PredictiveCost.BalanceWindow (reservation.PrefillClock's Arrivals):
+	// what the predictive cost's balance term compares with the mean.
+	RecentBookings       float64
 	PotentialPrefill     int64 // PotentialLoads only: prefill tokens if this request went here
 	PotentialDecodeBlock int   // PotentialLoads only: active blocks if this request went here
 }
@@ -36,9 +40,11 @@ func (s *SelectionService) Loads(model string) []WorkerLoad {
 	rs := p.ranksOf()
 	loads := s.ledger.AppendRankLoads(nil, rs.refs, nil)
 	out := make([]WorkerLoad, len(rs.ranks))
+	now := s.now()
 	for i, r := range rs.ranks {
 		out[i] = s.workerLoad(r, loads[i].Load)
-		out[i].PrefillRate = s.ledger.PrefillClock(rs.refs[i]).Rate
+		clk := s.ledger.PrefillClock(rs.refs[i], now)
+		out[i].PrefillRate, out[i].RecentBookings = clk.Rate, clk.Arrivals
 	}
 	sortLoads(out)
 	return out
@@ -88,6 +94,7 @@ func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Sco
 	}
 	sc := &evalScratch{matches: p.matches(nil, pr.seqs)}
 	sc.resolve(p.ranksOf())
+	pr.w.forRanks(len(sc.rs.ranks))
 	ev, err := s.evaluate(p, pr, sc)
 	if err != nil {
 		return nil, err

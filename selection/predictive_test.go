@@ -2,6 +2,9 @@ package selection
 
 import (
 	"context"
+	"fmt"
+	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -56,7 +59,8 @@ func TestPredictiveCostWaitsOrMoves(t *testing.T) {
 			if tc.cost == CostDynamo {
 				cfg.OverlapScoreCredit, cfg.PrefillLoadScale = 1, 1
 			}
-			cfg.Predictive = PredictiveCost{PrefillTokensPerSecond: 1000, FixedRate: true}
+			cfg.Predictive.PrefillTokensPerSecond, cfg.Predictive.FixedRate = 1000, true
+			cfg.Predictive.BalanceWeight = 0 // a's booking would make it costlier still
 			clk := newFakeClock()
 			s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(clk.Now).SweepInterval(-1).Build(context.Background())
 			require.NoError(t, err)
@@ -85,7 +89,7 @@ func TestPredictiveLearnsRates(t *testing.T) {
 	for _, fixed := range []bool{false, true} {
 		cfg := DefaultConfig(4)
 		cfg.Cost, cfg.InFlightHitWeight = CostPredictive, 0
-		cfg.Predictive = PredictiveCost{PrefillTokensPerSecond: 1000, FixedRate: fixed}
+		cfg.Predictive.PrefillTokensPerSecond, cfg.Predictive.FixedRate = 1000, fixed
 		clk := newFakeClock()
 		s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(clk.Now).SweepInterval(-1).Build(context.Background())
 		require.NoError(t, err)
@@ -132,15 +136,18 @@ func TestPredictiveLearnsRates(t *testing.T) {
 // named.
 func TestPredictiveConfig(t *testing.T) {
 	cfg := DefaultConfig(4)
-	require.Equal(t, CostDynamo, cfg.Cost)
+	require.Equal(t, CostAuto, cfg.Cost)
+	require.Equal(t, CostDynamo, DynamoConfig(4).Cost)
 	cfg.Cost = CostModel(9)
-	cfg.Predictive = PredictiveCost{PrefillTokensPerSecond: 0, BacklogWeight: -1, DecodeWeight: 2 * MaxWeight}
+	cfg.Predictive = PredictiveCost{PrefillTokensPerSecond: 0, BacklogWeight: -1, DecodeWeight: 2 * MaxWeight,
+		BalanceWeight: math.NaN(), BalanceSlack: -0.1, BalanceWindow: time.Millisecond}
 	err := cfg.Validate()
 	require.ErrorIs(t, err, ErrInvalidConfig)
-	for _, field := range []string{"Cost", "Predictive.PrefillTokensPerSecond", "Predictive.BacklogWeight", "Predictive.DecodeWeight"} {
+	for _, field := range []string{"Cost", "Predictive.PrefillTokensPerSecond", "Predictive.BacklogWeight", "Predictive.DecodeWeight",
+		"Predictive.BalanceWeight", "Predictive.BalanceSlack", "Predictive.BalanceWindow"} {
 		require.ErrorContains(t, err, field)
 	}
-	for _, m := range []CostModel{CostDynamo, CostPredictive} {
+	for _, m := range []CostModel{CostDynamo, CostPredictive, CostAuto} {
 		got, err := ParseCostModel(m.String())
 		require.NoError(t, err)
 		require.Equal(t, m, got)
@@ -155,7 +162,7 @@ func TestPredictiveConfig(t *testing.T) {
 func TestPredictiveSoftSession(t *testing.T) {
 	s, _ := newTestService(t, func(c *Config) {
 		c.Cost = CostPredictive
-		c.Predictive = PredictiveCost{PrefillTokensPerSecond: 1000, FixedRate: true}
+		c.Predictive.PrefillTokensPerSecond, c.Predictive.FixedRate = 1000, true
 	})
 	addWorkers(t, s, "a", "b")
 	first := bookSession(t, s, "conv", toks(16, 1))
@@ -169,4 +176,112 @@ func TestPredictiveSoftSession(t *testing.T) {
 	st := s.Stats()
 	require.Equal(t, uint64(1), st.SessionHits)
 	require.Equal(t, uint64(1), st.SessionMoves)
+}
+
+// TestPredictiveBalance: a rank with more than its share of the recent
+// bookings costs BalanceWeight seconds more per unit of share above the mean
+// and the slack, so a request whose prefix only it caches goes elsewhere once
+// that price exceeds what the prefix saves; with the weight 0 it stays.
+// Below a mean of one booking the term is off.
+func TestPredictiveBalance(t *testing.T) {
+	prompt := toks(64, 1) // 16 blocks of 4
+	for _, weight := range []float64{0, DefaultBalanceWeight} {
+		cfg := DefaultConfig(4)
+		cfg.Cost, cfg.InFlightHitWeight = CostPredictive, 0
+		cfg.Predictive.PrefillTokensPerSecond, cfg.Predictive.FixedRate = 1000, true
+		cfg.Predictive.BalanceWeight = weight
+		clk := newFakeClock()
+		s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(clk.Now).SweepInterval(-1).Build(context.Background())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		addWorkers(t, s, "a", "b", "c")
+		h, err := kvindex.NewHasher(4, kvindex.HashOptions{})
+		require.NoError(t, err)
+		require.NoError(t, s.ApplyEvent(catalog.WorkerRank{Worker: "a"},
+			kvindex.Event{Kind: kvindex.EventStored, BlockHashes: h.AppendSeqHashes(nil, prompt[:60]), Tokens: prompt[:60]}))
+		book := func(w string, n int) { // n requests to w, finished at once: arrivals, no load
+			for i := range n {
+				r, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(8, 100*len(w)+i+n), Allowed: []string{w}})
+				require.NoError(t, err)
+				require.NoError(t, s.FreeReservation(r.ReservationID))
+			}
+		}
+		costs := func() map[string]float64 {
+			scored, err := s.PotentialLoads(context.Background(), Request{Tokens: prompt})
+			require.NoError(t, err)
+			out := map[string]float64{}
+			for _, sc := range scored {
+				out[sc.Worker] = sc.Cost
+			}
+			return out
+		}
+		// a: 4 uncached tokens; b, c: 64. Each x 1.5 (backlog), plus 16
+		// new blocks x 4 tokens x 0.125 (decode), at 1,000 tokens a second.
+		cold := (1.5*64 + 0.125*16*4) / 1000
+		cached := (1.5*4 + 0.125*16*4) / 1000
+		book("a", 2) // mean 2/3: off
+		require.InDelta(t, cached, costs()["a"], 1e-12)
+		book("a", 4)
+		book("b", 1)
+		book("c", 1) // a has 6 of 8: share 2.25
+		got := costs()
+		require.InDelta(t, cached+weight*(2.25-1-DefaultBalanceSlack), got["a"], 1e-9)
+		require.InDelta(t, cold, got["b"], 1e-12, "b's share is below the mean")
+		res, err := s.Select(context.Background(), Request{Tokens: prompt})
+		require.NoError(t, err)
+		if weight == 0 {
+			require.Equal(t, "a", res.Worker)
+		} else {
+			require.NotEqual(t, "a", res.Worker)
+			// Decayed over a few windows the excess fades and the prefix wins.
+			clk.Advance(10 * DefaultBalanceWindow)
+			res, err = s.Select(context.Background(), Request{Tokens: prompt})
+			require.NoError(t, err)
+			require.Equal(t, "a", res.Worker, "after ten windows the mean is below one booking")
+		}
+	}
+}
+
+// costRecorder keeps the last decision.
+type costRecorder struct {
+	nopRecorder
+	mu   sync.Mutex
+	last Decision
+}
+
+func (r *costRecorder) Selected(_ string, d Decision) {
+	r.mu.Lock()
+	r.last = d
+	r.mu.Unlock()
+}
+
+// TestCostAuto: CostAuto predicts on a model of at most
+// AutoPredictiveMaxRanks ranks and decides by Dynamo's cost above, per
+// decision, as the model grows and shrinks.
+func TestCostAuto(t *testing.T) {
+	rec := &costRecorder{}
+	s, err := NewSelectionServiceBuilder(DefaultConfig(16)).ExternalEvents().SweepInterval(-1).Recorder(rec).Build(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	upsert := func(w int) {
+		_, err := s.UpsertWorker(catalog.Worker{ID: fmt.Sprintf("w%d", w), Endpoint: fmt.Sprintf("10.0.0.%d:80", w+1), DPSize: 8, BlockSize: 16})
+		require.NoError(t, err)
+	}
+	predicted := func() bool {
+		_, err := s.Select(context.Background(), Request{Tokens: toks(64, 3)})
+		require.NoError(t, err)
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return rec.last.Predicted
+	}
+	for w := range 15 {
+		upsert(w)
+	}
+	require.True(t, predicted(), "120 ranks")
+	upsert(15)
+	require.Equal(t, AutoPredictiveMaxRanks+1, len(s.Loads("")))
+	require.False(t, predicted(), "128 ranks: Dynamo's cost")
+	_, err = s.DeleteWorker("w15")
+	require.NoError(t, err)
+	require.True(t, predicted(), "120 ranks again")
 }

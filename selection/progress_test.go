@@ -33,7 +33,7 @@ func loadOf(t *testing.T, s *SelectionService, id string) WorkerLoad {
 // A generation that runs long raises its worker's active blocks, and so the
 // decode cost a new request sees there, one block per BlockSize tokens.
 func TestGeneratedGrowsTheBooking(t *testing.T) {
-	s, _ := newTestService(t, nil) // block size 4
+	s, _ := newTestService(t, func(c *Config) { c.Cost = CostDynamo }) // block size 4; costs in blocks
 	addWorkers(t, s, "a", "b")
 	b, err := s.Book(context.Background(), Request{Tokens: toks(8, 1), Allowed: []string{"a"}})
 	require.NoError(t, err)

@@ -306,6 +306,7 @@ func (s *SelectionService) decideLockFree(p *partition, pr *prepared, sc *evalSc
 			return Result{}, ErrClosed
 		}
 		sc.refresh(p)
+		pr.w.forRanks(len(sc.rs.ranks))
 		var ev *evaluation
 		var c candidate
 		var pinned, sparse bool
@@ -369,6 +370,7 @@ func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *p
 		wake := p.waitChan() // taken before evaluating: no wake-up can be lost
 		p.mu.Lock()
 		sc.refresh(p)
+		pr.w.forRanks(len(sc.rs.ranks))
 		if s.closed.Load() {
 			s.leaveQueueLocked(p, w)
 			p.mu.Unlock()
@@ -448,6 +450,7 @@ func (s *SelectionService) decided(pr *prepared, ev *evaluation, res *Result, re
 		RequestBlocks: res.RequestBlocks, EffectivePrefill: res.EffectivePrefillTokens,
 		QueueWait: wait, Reserved: reserve, Cost: res.Cost,
 		PotentialDecodeBlocks: res.PotentialDecodeBlocks, Retries: pr.retries, Margin: ev.margin,
+		Predicted: pr.w.predictive,
 	}
 	s.rec.Selected(pr.model, pr.decision)
 }

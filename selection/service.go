@@ -114,10 +114,11 @@ func newService(o *SelectionServiceBuilder) (*SelectionService, error) {
 	})
 	var err error
 	s.ledger, err = reservation.New(reservation.Options{
-		Now:          now,
-		DefaultLease: cfg.ActiveRequestExpiry,
-		OnChange:     s.loadDropped,
-		OnRaise:      s.loadRaised,
+		Now:           now,
+		DefaultLease:  cfg.ActiveRequestExpiry,
+		ArrivalWindow: cfg.Predictive.BalanceWindow,
+		OnChange:      s.loadDropped,
+		OnRaise:       s.loadRaised,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("selection: ledger: %w", err)

@@ -240,7 +240,13 @@ func (s *SelectionService) pinnedChoice(ev *evaluation, pool []candidate, pr *pr
 		idle := candidate{newBlocks: int(math.Ceil(blocks))}
 		cold = predicted(&idle, ev.in, &pr.w) // at the configured rate
 	}
-	if pool[i].cost > best+s.cfg.Sessions.SoftSlack*cold {
+	pin := pool[i].cost
+	if pr.w.predictive {
+		// The balance term spreads new work; a session's own requests
+		// raise its rank's share, and must not push the session away.
+		pin -= balance(&pool[i], ev.in, &pr.w)
+	}
+	if pin > best+s.cfg.Sessions.SoftSlack*cold {
 		return candidate{}, false
 	}
 	return pool[i], true

@@ -41,6 +41,7 @@ func checkSparseModel(t *testing.T, seed uint64, steps int) {
 	r := rand.New(rand.NewPCG(seed, 21))
 	const bs = 16
 	cfg := DefaultConfig(bs)
+	cfg.Cost = CostDynamo // the sparse decision's cost (CostAuto would predict on these few ranks)
 	pickF := func(vs ...float64) float64 { return vs[r.IntN(len(vs))] }
 	cfg.OverlapScoreCredit = pickF(0, 1, 4)
 	cfg.PrefillLoadScale = pickF(0, 1, 2.5, 0.3)
@@ -247,7 +248,9 @@ type marginRecorder struct{ nopRecorder }
 // decision picks each rank that is not ejected about equally often (one group
 // of 12 ranks, two of them ejected).
 func TestSparseTiesUniform(t *testing.T) {
-	s, err := NewSelectionServiceBuilder(DefaultConfig(16)).ExternalEvents().SweepInterval(-1).Rand(rand.NewPCG(9, 9)).Build(context.Background())
+	cfg := DefaultConfig(16)
+	cfg.Cost = CostDynamo // the sparse decision's cost
+	s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().SweepInterval(-1).Rand(rand.NewPCG(9, 9)).Build(context.Background())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	s.scan = scanSparse

@@ -296,7 +296,7 @@ func (c *config) settings() []envconf.Var {
 				c.RenewInterval = time.Duration(ms) * time.Millisecond
 				return nil
 			}},
-		{Env: "DYN_EPP_OUTPUT_GROWTH", Flag: "output-growth", Default: "auto", Help: "grow a request's decode booking by one block per block-size SSE `data:` lines of its 2xx event-stream response, so decode cost follows the output: `true`, `false` or `auto` (on with DYN_EPP_COST=predictive, off with the Dynamo cost, whose TTFT it worsened on the replay simulator)",
+		{Env: "DYN_EPP_OUTPUT_GROWTH", Flag: "output-growth", Default: "auto", Help: "grow a request's decode booking by one block per block-size SSE `data:` lines of its 2xx event-stream response, so decode cost follows the output: `true`, `false` or `auto` (on with DYN_EPP_COST=predictive; off with `dynamo`, whose TTFT it worsened on the replay simulator, and with `auto`, which decides by Dynamo's cost on large models)",
 			Set: func(v string) error {
 				c.growthAuto = strings.EqualFold(strings.TrimSpace(v), "auto")
 				if c.growthAuto {
@@ -398,11 +398,11 @@ func (c *config) settings() []envconf.Var {
 			}},
 		{Env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY", Flag: "overlap-score-credit-decay", Default: "0", Help: "decay of a worker's overlap credit with its queued prefill above the least loaded one's (>= 0; 0: off, as in Dynamo)", Set: floatMin(&r.OverlapCreditDecay, 0)},
 		{Env: "DYN_EPP_INFLIGHT_HIT_WEIGHT", Flag: "inflight-hit-weight", Default: "1", Help: "credit for prompt blocks that requests booked on a worker are computing now, as a fraction of a cached block [0, 1] (0: Dynamo's cost)", Set: floatMin(&r.InFlightHitWeight, 0)},
-		{Env: "DYN_EPP_COST", Flag: "cost", Default: "dynamo", Help: "`dynamo` (Dynamo's cost, in blocks) or `predictive` (a worker's predicted time to first token: its queued prefill, drained at its learned prefill rate, plus the request's uncached prompt, plus decode pressure)",
+		{Env: "DYN_EPP_COST", Flag: "cost", Default: "auto", Help: fmt.Sprintf("`dynamo` (Dynamo's cost, in blocks), `predictive` (a worker's predicted time to first token: its queued prefill, drained at its learned prefill rate, plus the request's uncached prompt, plus decode pressure and a price on more than its share of the recent requests) or `auto` (predictive on a model of up to %d worker ranks, Dynamo's above, where it keeps the decision's cost flat in the number of ranks)", selection.AutoPredictiveMaxRanks),
 			Set: func(v string) error {
 				m, err := selection.ParseCostModel(v)
 				if err != nil {
-					return fmt.Errorf("%q: want dynamo or predictive", v)
+					return fmt.Errorf("%q: want dynamo, predictive or auto", v)
 				}
 				c.Router.Cost = m
 				return nil
@@ -419,6 +419,17 @@ func (c *config) settings() []envconf.Var {
 			}},
 		{Env: "DYN_EPP_PREDICTIVE_BACKLOG_WEIGHT", Flag: "predictive-backlog-weight", Default: "0.5", Help: "predictive cost: extra weight of a request's own uncached prefill, the time it adds to the requests queued behind it (>= 0)", Set: floatMin(&r.Predictive.BacklogWeight, 0)},
 		{Env: "DYN_EPP_PREDICTIVE_DECODE_WEIGHT", Flag: "predictive-decode-weight", Default: "0.125", Help: "predictive cost: cost of a worker's active block, in blocks of its prefill time (>= 0)", Set: floatMin(&r.Predictive.DecodeWeight, 0)},
+		{Env: "DYN_EPP_BALANCE_WEIGHT", Flag: "balance-weight", Default: "6", Help: "predictive cost: seconds a worker's cost gains per unit of its share of the recent requests above the mean and DYN_EPP_BALANCE_SLACK, so that a cached prefix cannot draw more than about its share (>= 0; 0: off)", Set: floatMin(&r.Predictive.BalanceWeight, 0)},
+		{Env: "DYN_EPP_BALANCE_SLACK", Flag: "balance-slack", Default: "0.1", Help: "predictive cost: share of the recent requests above the mean that costs nothing (>= 0)", Set: floatMin(&r.Predictive.BalanceSlack, 0)},
+		{Env: "DYN_EPP_BALANCE_WINDOW_SECONDS", Flag: "balance-window-seconds", Default: "300", Help: "predictive cost: time constant, in seconds, over which a worker's recent requests decay (1 to 86400)",
+			Set: func(v string) error {
+				var s int
+				if err := intIn(&s, 1, 86400)(v); err != nil {
+					return err
+				}
+				r.Predictive.BalanceWindow = time.Duration(s) * time.Second
+				return nil
+			}},
 		{Env: "DYN_EPP_SESSION_AFFINITY", Flag: "session-affinity", Default: "soft", Help: "`soft` (a session's requests go to its worker unless it is busy or far costlier), `hard` (always, while schedulable) or `off`",
 			Set: func(v string) error {
 				m, err := selection.ParseSessionMode(v)

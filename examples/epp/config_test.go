@@ -193,23 +193,34 @@ func TestConfigSessionsAndCredits(t *testing.T) {
 func TestConfigPredictiveCost(t *testing.T) {
 	c, err := load(t, nil)
 	require.NoError(t, err)
+	require.Equal(t, selection.CostAuto, c.Router.Cost)
+	require.Equal(t, selection.DefaultConfig(16).Predictive, c.Router.Predictive, "the table's defaults are the library's")
+	require.False(t, c.OutputGrowth, "auto: off with the auto cost, Dynamo's on large models")
+
+	c, err = load(t, map[string]string{"DYN_EPP_COST": "dynamo"})
+	require.NoError(t, err)
 	require.Equal(t, selection.CostDynamo, c.Router.Cost)
 	require.False(t, c.OutputGrowth, "auto: off with the Dynamo cost")
 
 	c, err = load(t, map[string]string{
 		"DYN_EPP_COST": "Predictive", "DYN_EPP_PREFILL_TOKENS_PER_SECOND": "25000", "DYN_EPP_LEARN_PREFILL_RATE": "false",
 		"DYN_EPP_PREDICTIVE_BACKLOG_WEIGHT": "1", "DYN_EPP_PREDICTIVE_DECODE_WEIGHT": "0.25",
+		"DYN_EPP_BALANCE_WEIGHT": "3", "DYN_EPP_BALANCE_SLACK": "0.2", "DYN_EPP_BALANCE_WINDOW_SECONDS": "60",
 	})
 	require.NoError(t, err)
 	require.Equal(t, selection.CostPredictive, c.Router.Cost)
-	require.Equal(t, selection.PredictiveCost{PrefillTokensPerSecond: 25000, FixedRate: true, BacklogWeight: 1, DecodeWeight: 0.25}, c.Router.Predictive)
+	require.Equal(t, selection.PredictiveCost{PrefillTokensPerSecond: 25000, FixedRate: true, BacklogWeight: 1, DecodeWeight: 0.25,
+		BalanceWeight: 3, BalanceSlack: 0.2, BalanceWindow: time.Minute}, c.Router.Predictive)
 	require.True(t, c.OutputGrowth, "auto: on with the predictive cost")
 
 	c, err = load(t, map[string]string{"DYN_EPP_COST": "predictive", "DYN_EPP_OUTPUT_GROWTH": "false"})
 	require.NoError(t, err)
 	require.False(t, c.OutputGrowth, "set explicitly")
 
-	_, err = load(t, map[string]string{"DYN_EPP_COST": "fastest", "DYN_EPP_PREFILL_TOKENS_PER_SECOND": "0", "DYN_EPP_OUTPUT_GROWTH": "sometimes"})
+	_, err = load(t, map[string]string{"DYN_EPP_COST": "fastest", "DYN_EPP_PREFILL_TOKENS_PER_SECOND": "0", "DYN_EPP_OUTPUT_GROWTH": "sometimes",
+		"DYN_EPP_BALANCE_WEIGHT": "-1", "DYN_EPP_BALANCE_WINDOW_SECONDS": "0"})
+	require.ErrorContains(t, err, "DYN_EPP_BALANCE_WEIGHT")
+	require.ErrorContains(t, err, "DYN_EPP_BALANCE_WINDOW_SECONDS")
 	require.ErrorContains(t, err, "DYN_EPP_COST")
 	require.ErrorContains(t, err, "PrefillTokensPerSecond")
 	require.ErrorContains(t, err, "DYN_EPP_OUTPUT_GROWTH")

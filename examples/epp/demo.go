@@ -156,9 +156,12 @@ func runDemo(ctx context.Context, cfg *config, o demoOptions, out io.Writer) err
 	d := selection.DynamoConfig(cfg.Router.BlockSize)
 	dynamo.Router.OverlapScoreCredit, dynamo.Router.PrefillLoadScale, dynamo.Router.InFlightHitWeight = d.OverlapScoreCredit, d.PrefillLoadScale, d.InFlightHitWeight
 	dynamo.Router.Cost = selection.CostDynamo
-	other, otherName := *cfg, "kvselect, predictive cost"
-	if other.Router.Cost == selection.CostPredictive {
-		other.Router.Cost, otherName = selection.CostDynamo, "kvselect, Dynamo's cost"
+	// The other cost: Dynamo's unless it is the configured one. (CostAuto
+	// predicts on the demo's few workers.)
+	other, otherName := *cfg, "kvselect, Dynamo's cost"
+	other.Router.Cost = selection.CostDynamo
+	if cfg.Router.Cost == selection.CostDynamo {
+		other.Router.Cost, otherName = selection.CostPredictive, "kvselect, predictive cost"
 	}
 	other.OutputGrowth = other.Router.Cost == selection.CostPredictive
 	runs := []struct {

@@ -244,7 +244,7 @@ func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure f
 		Profile: roles.ProfileOptions{PrefillMaxNumBatchedTokens: cfg.PrefillMaxBatched, DecodeMaxNumBatchedTokens: cfg.DecodeMaxBatched},
 		Configure: func(r roles.Role, b *selection.SelectionServiceBuilder) {
 			setup(b)
-			b.Recorder(decisions.forRole(r.String(), cfg.Router.Cost))
+			b.Recorder(decisions.forRole(r.String()))
 			if tracer != nil {
 				b.Tracer(decisionTracer{tr: tracer, role: r.String()})
 			}

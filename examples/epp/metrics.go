@@ -84,7 +84,8 @@ var (
 	dLoadRequests = prometheus.NewDesc("kvselect_worker_active_requests", "Requests booked on the worker rank now, the EPP's own and its peers' (replicas).", loadLabels, nil)
 	dLoadBlocks   = prometheus.NewDesc("kvselect_worker_active_blocks", "Active KV blocks booked on the worker rank now (decode load).", loadLabels, nil)
 	dLoadPrefill  = prometheus.NewDesc("kvselect_worker_active_prefill_tokens", "Prefill tokens booked on the worker rank and not prefilled yet.", loadLabels, nil)
-	dLoadRate     = prometheus.NewDesc("kvselect_worker_prefill_rate_tokens_per_second", "The worker rank's observed prefill rate (completed prefill tokens over the time it was busy with them), what DYN_EPP_COST=predictive divides by; 0 until 4 prefills have completed there.", loadLabels, nil)
+	dLoadRate     = prometheus.NewDesc("kvselect_worker_prefill_rate_tokens_per_second", "The worker rank's observed prefill rate (completed prefill tokens over the time it was busy with them), what the predictive cost divides by; 0 until 4 prefills have completed there.", loadLabels, nil)
+	dLoadRecent   = prometheus.NewDesc("kvselect_worker_recent_bookings", "Requests booked on the worker rank recently (the EPP's own and its peers'), each decaying over DYN_EPP_BALANCE_WINDOW_SECONDS: what the predictive cost's balance term compares with the mean.", loadLabels, nil)
 	dLoadBusy     = prometheus.NewDesc("kvselect_worker_busy", "1 while the worker rank's prefill load is above the queue threshold (requests wait in kvselect_queue_depth when every eligible rank is busy); 0 without queueing.", loadLabels, nil)
 
 	evLabels    = []string{"role", "worker", "rank"}
@@ -164,6 +165,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(dLoadPrefill, float64(l.ActivePrefillTokens), lv...)
 			gauge(dLoadBusy, b2f(l.Busy), lv...)
 			gauge(dLoadRate, l.PrefillRate, lv...)
+			gauge(dLoadRecent, l.RecentBookings, lv...)
 		}
 		for _, e := range s.EventStats() {
 			lv := []string{role, e.Worker.Worker, strconv.Itoa(e.Worker.Rank)}
@@ -388,12 +390,12 @@ func newDecisionMetrics(reg prometheus.Registerer) *decisionMetrics {
 		}, []string{"role"}),
 		margin: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvselect_decision_cost_margin_blocks",
-			Help:    "How much cheaper, in cost units (KV-block equivalents), the chosen rank was than the next-cheapest candidate, under Dynamo's cost (0: alone or tied; negative: chosen by a session pin or a temperature draw).",
+			Help:    "How much cheaper, in cost units (KV-block equivalents), the chosen rank was than the next-cheapest candidate, under Dynamo's cost (DYN_EPP_COST=dynamo, or auto on a large model; 0: alone or tied; negative: chosen by a session pin or a temperature draw).",
 			Buckets: []float64{-64, -8, -1, 0, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256},
 		}, []string{"role"}),
 		marginS: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvselect_decision_cost_margin_seconds",
-			Help:    "How much cheaper, in predicted seconds, the chosen rank was than the next-cheapest candidate, under the predictive cost (DYN_EPP_COST=predictive; 0: alone or tied; negative: chosen by a session pin or a temperature draw).",
+			Help:    "How much cheaper, in predicted seconds, the chosen rank was than the next-cheapest candidate, under the predictive cost (DYN_EPP_COST=predictive, or auto on a model it predicts for; 0: alone or tied; negative: chosen by a session pin or a temperature draw).",
 			Buckets: []float64{-1, -0.1, -0.01, 0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5},
 		}, []string{"role"}),
 		retries: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -406,25 +408,26 @@ func newDecisionMetrics(reg prometheus.Registerer) *decisionMetrics {
 	return m
 }
 
-// forRole returns the Recorder of one role's service, whose margins are in
-// the unit of cost: the other unit's histogram is listed, empty.
-func (m *decisionMetrics) forRole(role string, cost selection.CostModel) selection.Recorder {
-	margin, seconds := m.margin.WithLabelValues(role), m.marginS.WithLabelValues(role)
-	if cost == selection.CostPredictive {
-		margin = seconds
-	}
-	return roleRecorder{overlap: m.overlap.WithLabelValues(role), margin: margin, retries: m.retries.WithLabelValues(role)}
+// forRole returns the Recorder of one role's service, which observes each
+// decision's margin in the histogram of its unit (Decision.Predicted).
+func (m *decisionMetrics) forRole(role string) selection.Recorder {
+	return roleRecorder{overlap: m.overlap.WithLabelValues(role), margin: m.margin.WithLabelValues(role),
+		seconds: m.marginS.WithLabelValues(role), retries: m.retries.WithLabelValues(role)}
 }
 
 type roleRecorder struct {
-	overlap, margin, retries prometheus.Observer
+	overlap, margin, seconds, retries prometheus.Observer
 }
 
 func (r roleRecorder) Selected(_ string, d selection.Decision) {
 	if d.BestOverlapBlocks > 0 {
 		r.overlap.Observe(float64(d.ChosenOverlapBlocks) / float64(d.BestOverlapBlocks))
 	}
-	r.margin.Observe(d.Margin)
+	if d.Predicted {
+		r.seconds.Observe(d.Margin)
+	} else {
+		r.margin.Observe(d.Margin)
+	}
 	r.retries.Observe(float64(d.Retries))
 }
 

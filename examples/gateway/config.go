@@ -105,7 +105,7 @@ func (c *config) settings() []envconf.Var {
 				c.MaxBodyBytes = n
 				return nil
 			}},
-		{Env: "DYN_EPP_COST", Flag: "cost", Default: "dynamo", Help: "`dynamo` (Dynamo's cost) or `predictive` (predicted time to first token, bookings growing with the streamed output; docs/ROUTING.md)",
+		{Env: "DYN_EPP_COST", Flag: "cost", Default: "auto", Help: "`dynamo` (Dynamo's cost), `predictive` (predicted time to first token with a price on more than a fair share of the requests, bookings growing with the streamed output) or `auto` (predictive on small models, Dynamo's on large ones; docs/ROUTING.md)",
 			Set: func(v string) (err error) {
 				c.Cost, err = selection.ParseCostModel(v)
 				return err

@@ -97,6 +97,8 @@ type config struct {
 	// the cost function, and the predictive cost's weights and fixed rate
 	cost                        selection.CostModel
 	backlogWeight, decodeWeight float64
+	balanceWeight, balanceSlack float64
+	balanceWindow               time.Duration
 	fixedRate                   bool
 }
 
@@ -150,7 +152,10 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&c.reqWeight, "active-request-weight", def.DecodeActiveRequestWeight, "kvselect: block-equivalent cost per active request")
 
 	var costName string
-	fs.StringVar(&costName, "cost", def.Cost.String(), "kvselect: cost function, dynamo or predictive (predicted time to first token)")
+	fs.StringVar(&costName, "cost", def.Cost.String(), "kvselect: cost function, dynamo, predictive (predicted time to first token) or auto (predictive below 128 ranks)")
+	fs.Float64Var(&c.balanceWeight, "balance-weight", def.Predictive.BalanceWeight, "kvselect --cost predictive: seconds a worker's cost gains per unit of its share of recent requests above the mean and the slack (0 = off)")
+	fs.Float64Var(&c.balanceSlack, "balance-slack", def.Predictive.BalanceSlack, "kvselect --cost predictive: share of recent requests above the mean that costs nothing")
+	fs.DurationVar(&c.balanceWindow, "balance-window", def.Predictive.BalanceWindow, "kvselect --cost predictive: time constant over which recent requests decay")
 	fs.Float64Var(&c.decodeWeight, "decode-weight", def.Predictive.DecodeWeight, "kvselect --cost predictive: cost of an active block, in blocks of prefill time")
 	fs.Float64Var(&c.backlogWeight, "backlog-weight", def.Predictive.BacklogWeight, "kvselect --cost predictive: extra weight of a request's own uncached prefill (the time it adds to the requests queued behind it)")
 	fs.BoolVar(&c.fixedRate, "fixed-rate", false, "kvselect --cost predictive: use --prefill-rate for every worker instead of learning each one's rate")
@@ -165,7 +170,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	if c.cost, err = selection.ParseCostModel(costName); err != nil {
-		bad("--cost %q: want dynamo or predictive", costName)
+		bad("--cost %q: want dynamo, predictive or auto", costName)
+	} else if (c.explain || c.sweep) && c.cost != selection.CostDynamo {
+		bad("--explain and --sweep break down and vary Dynamo's cost (its overlap credit and prefill scale): add --cost dynamo")
 	}
 	if c.blockSize <= 0 {
 		bad("--block-size %d: want > 0", c.blockSize)
@@ -303,6 +310,7 @@ func (c config) selectionConfig(credit, scale, temperature float64) selection.Co
 	cfg.Cost = c.cost
 	cfg.Predictive.BacklogWeight = c.backlogWeight
 	cfg.Predictive.DecodeWeight = c.decodeWeight
+	cfg.Predictive.BalanceWeight, cfg.Predictive.BalanceSlack, cfg.Predictive.BalanceWindow = c.balanceWeight, c.balanceSlack, c.balanceWindow
 	cfg.Predictive.FixedRate = c.fixedRate
 	return cfg
 }

@@ -16,7 +16,7 @@ func TestRunSynthetic(t *testing.T) {
 	var out, errOut bytes.Buffer
 	err := run(context.Background(), []string{"--workers", "4", "--capacity", "200", "--groups", "8", "--prompts-per-group", "6",
 		"--system-blocks", "6", "--rate", "5", "--common-blocks", "1", "--sweep", "--sweep-credit", "1,2", "--sweep-scale", "1",
-		"--sweep-temperature", "0", "--explain", "--csv", csvPath, "--parallel", "1"}, &out, &errOut)
+		"--sweep-temperature", "0", "--explain", "--cost", "dynamo", "--csv", csvPath, "--parallel", "1"}, &out, &errOut)
 	require.NoError(t, err, errOut.String())
 	s := out.String()
 	for _, want := range []string{"synthetic shared prefix: 8 groups x 6 prompts", "1 common leading block(s)", "hit/reach",
@@ -92,6 +92,11 @@ func TestFlagValidation(t *testing.T) {
 		{[]string{"--trace", "x.jsonl", "--groups", "3"}, "--groups applies to synthetic mode only"},
 		{[]string{"--sweep-scale", "1,x"}, `"x" is not a finite number`},
 		{[]string{"--temperature", "-1"}, "Temperature"},
+		{[]string{"--explain"}, "add --cost dynamo"},
+		{[]string{"--sweep", "--cost", "predictive"}, "add --cost dynamo"},
+		{[]string{"--cost", "cheapest"}, "want dynamo, predictive or auto"},
+		{[]string{"--balance-weight", "-1"}, "Predictive.BalanceWeight"},
+		{[]string{"--balance-window", "10ms"}, "Predictive.BalanceWindow"},
 		{[]string{"--seed", "-1"}, "--seed -1"},
 		{[]string{"--groups", "0"}, "Groups 0"},
 		{[]string{"--replicas", "0"}, `"0" is not a replica count`},

@@ -28,9 +28,10 @@ type replayRun struct {
 var qualitySeeds = []int{1, 2, 3, 4, 5}
 
 // replayRuns replays the Mooncake synthetic trace as the performance targets ask:
-// the baselines once, kvselect's defaults with every seed on the trace and on the
-// trace with a block every request shares, and Dynamo's default weights for
-// comparison.
+// the baselines once; with every seed kvselect's defaults on the trace, on the
+// trace with a block every request shares and as three replicas with sync;
+// and for comparison kvselect's weights under Dynamo's cost (the defaults
+// before issue #22) and Dynamo's own defaults.
 func replayRuns(tracePath string) []replayRun {
 	base := []string{"run", "./examples/replay", "--trace", tracePath, "--workers", "8", "--capacity", "10000"}
 	with := func(seed int, extra ...string) []string {
@@ -41,7 +42,9 @@ func replayRuns(tracePath string) []replayRun {
 		runs = append(runs,
 			replayRun{name: "defaults", seed: seed, args: with(seed, "--policies", "kvselect")},
 			replayRun{name: "shared block 0", seed: seed, args: with(seed, "--policies", "kvselect", "--common-blocks", "1")},
-			replayRun{name: "Dynamo's weights", seed: seed, args: with(seed, "--policies", "kvselect", "--overlap-credit", "1", "--prefill-scale", "1", "--inflight-weight", "0")},
+			replayRun{name: "3 replicas", seed: seed, args: with(seed, "--policies", "kvselect", "--replicas", "3")},
+			replayRun{name: "Dynamo's cost", seed: seed, args: with(seed, "--policies", "kvselect", "--cost", "dynamo")},
+			replayRun{name: "Dynamo's weights", seed: seed, args: with(seed, "--policies", "kvselect", "--cost", "dynamo", "--overlap-credit", "1", "--prefill-scale", "1", "--inflight-weight", "0")},
 		)
 	}
 	return runs
@@ -120,6 +123,9 @@ func qualitySection(tracePath string) (string, []string) {
 			names = append(names, r.name)
 		}
 		for label, row := range rows {
+			if strings.HasPrefix(label, "kvselect R=") { // the replicas' row
+				label = "kvselect"
+			}
 			got[r.name][label] = append(got[r.name][label], row)
 		}
 	}
@@ -184,9 +190,27 @@ func qualitySection(tracePath string) (string, []string) {
 	} else {
 		b.WriteString("| shared block 0 | replay failed | **missed** |\n")
 	}
-	fmt.Fprintf(&b, "\nkvselect's defaults are Dynamo's except overlap credit %s, prefill load scale %s and the in-flight credit %s\n"+
-		"(Dynamo: 1, 1 and none; see selection.DefaultConfig); the \"Dynamo's weights\" rows are the same service with Dynamo's.\n"+
-		"Other seeds: add `--seed N` to the commands below.\n",
+	if d, ok := figs["Dynamo's cost"]["kvselect"]; ok && okK {
+		check("hit rate and TTFT p90 within 2% of the defaults before #22 (Dynamo's cost) or better",
+			k.hit.median >= 0.98*d.hit.median && k.p90.median <= 1.02*d.p90.median,
+			fmt.Sprintf("hit %.3f vs %.3f, p90 %.2f s vs %.2f s", k.hit.median, d.hit.median, k.p90.median, d.p90.median))
+	} else {
+		b.WriteString("| Dynamo's cost | replay failed | **missed** |\n")
+	}
+	if r, ok := figs["3 replicas"]["kvselect"]; ok && okK {
+		within := func(a, b float64) bool { return a <= 1.03*b && a >= b/1.03 }
+		check("3 replicas with sync: hit rate, imbalance and TTFT p90 within 3% of one router",
+			within(r.hit.median, k.hit.median) && within(r.imb.median, k.imb.median) && within(r.p90.median, k.p90.median),
+			fmt.Sprintf("hit %.3f, imbalance %.3f, p90 %.2f s", r.hit.median, r.imb.median, r.p90.median))
+	} else {
+		b.WriteString("| 3 replicas | replay failed | **missed** |\n")
+	}
+	fmt.Fprintf(&b, "\nkvselect's defaults are Dynamo's except the cost (auto: the predictive cost on these 8 workers, with its balance\n"+
+		"weight %s s, slack %s and window %s), overlap credit %s, prefill load scale %s and the in-flight credit %s (Dynamo: its\n"+
+		"own cost, 1, 1 and none; see selection.DefaultConfig). The \"Dynamo's cost\" rows keep kvselect's weights under Dynamo's cost\n"+
+		"(the defaults before issue #22), the \"Dynamo's weights\" rows are Dynamo's defaults. Other seeds: add `--seed N` to the\n"+
+		"commands below.\n",
+		trimFloat(selection.DefaultBalanceWeight), trimFloat(selection.DefaultBalanceSlack), selection.DefaultBalanceWindow,
 		trimFloat(selection.DefaultOverlapScoreCredit), trimFloat(selection.DefaultPrefillLoadScale), trimFloat(selection.DefaultInFlightHitWeight))
 	return b.String(), cmds
 }

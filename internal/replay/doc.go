@@ -89,13 +89,14 @@
 // settling calls. NoSync delivers nothing: each replica carries only its own
 // bookings. With R = 1 nothing changes: no observer, no extra event.
 //
-// On the command's synthetic workload at 12 req/s (8 workers, seed 1), R = 3
-// with sync reaches the hit rate and TTFT p90 of one router within 1%. Without
-// sync, kvselect still knows every prefix (the events reach every replica) but
-// each replica sees a third of the load, so requests pile up: TTFT p99 2.5 s
-// against 1.5 s. kvselect-approx, whose index is its own bookings, also loses
-// the prefixes the others routed: hit rate 0.71 against 0.80, TTFT p90 1.6 s
-// against 0.9 s (TestReplicasWithSyncMatchOneRouter).
+// On the command's synthetic workload at 12 req/s (8 workers, seed 1, the
+// default cost), R = 3 with sync reaches the hit rate of one router (0.830
+// against 0.829) and its TTFT p99 (1.44 s against 1.43 s). Without sync,
+// kvselect still knows every prefix (the events reach every replica) but
+// each replica sees a third of the load, so requests pile up: TTFT p90 0.99 s
+// against 0.59 s, p99 2.6 s against 1.4 s. kvselect-approx, whose index is
+// its own bookings, also loses the prefixes the others routed: hit rate 0.72
+// against 0.83, TTFT p90 2.0 s (TestReplicasWithSyncMatchOneRouter).
 //
 // # Concurrency
 //

@@ -258,7 +258,7 @@ func TestExplain(t *testing.T) {
 	// Without the in-flight credit, a decision that gave up cached blocks paid
 	// for them in the overlap credit.
 	cfg := selection.DefaultConfig(1)
-	cfg.InFlightHitWeight = 0
+	cfg.InFlightHitWeight, cfg.Cost = 0, selection.CostDynamo
 	res, err := Run(context.Background(), loaded(t), KVSelect, Options{Workers: 8, CapacityBlocks: 200, Seed: 1, Explain: true, Selection: &cfg})
 	require.NoError(t, err)
 	e := res.Explain
@@ -348,7 +348,9 @@ func TestReplicasWithSyncMatchOneRouter(t *testing.T) {
 			require.Zero(t, apart.RemoteBookings)
 
 			require.InEpsilon(t, one.HitRate, synced.HitRate, 0.03, "hit rate")
-			require.InEpsilon(t, one.TTFTP90.Seconds(), synced.TTFTP90.Seconds(), 0.03, "TTFT p90")
+			// p90 sits between the cached and the uncached requests' TTFTs and
+			// jumps with a few of them; what sync must prevent is a worse one.
+			require.LessOrEqual(t, synced.TTFTP90.Seconds(), 1.03*one.TTFTP90.Seconds(), "TTFT p90")
 			if p == KVSelectApprox {
 				// Its index is its own bookings: apart, each replica knows a
 				// third of the prefixes.
@@ -356,9 +358,11 @@ func TestReplicasWithSyncMatchOneRouter(t *testing.T) {
 				require.Greater(t, apart.TTFTP90, one.TTFTP90*13/10)
 			} else {
 				// Every replica sees every engine's events, so the prefixes are
-				// known to all; what each misses is the others' load.
+				// known to all; what each misses is the others' load. (Each
+				// still balances its own third of the arrivals, so the
+				// request counts can stay even while the queues are not.)
 				require.Greater(t, apart.TTFTP99, one.TTFTP99*13/10)
-				require.Greater(t, apart.Imbalance, synced.Imbalance)
+				require.Greater(t, apart.TTFTP90, one.TTFTP90*13/10)
 			}
 
 			again, err := Run(ctx, reqs, p, opts)
@@ -388,6 +392,12 @@ func TestReplicaSyncDelay(t *testing.T) {
 		for s.events.Len() > 0 {
 			require.NoError(t, s.step(ctx))
 			own, peer := k.svcs[0].Loads(""), k.svcs[1].Loads("")
+			for i := range own { // each replica times its arrivals as it hears them
+				own[i].RecentBookings = 0
+			}
+			for i := range peer {
+				peer[i].RecentBookings = 0
+			}
 			got = append(got, step{s.now, reflect.DeepEqual(own, peer)})
 			if noSync {
 				for _, l := range peer {

@@ -86,11 +86,13 @@ func Converged(nodes ...Node) string {
 	return Views(nodes...)
 }
 
-// loads is svc's loads without the prefill rates.
+// loads is svc's loads without the prefill rates and recent bookings: each
+// replica times what it hears itself (a peer's booking arrives, and starts
+// to decay, when it is applied), so those may differ while the loads agree.
 func loads(svc *selection.SelectionService) []selection.WorkerLoad {
 	ls := svc.Loads("")
 	for i := range ls {
-		ls[i].PrefillRate = 0
+		ls[i].PrefillRate, ls[i].RecentBookings = 0, 0
 	}
 	return ls
 }
