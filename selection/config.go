@@ -131,11 +131,13 @@ type PredictiveCost struct {
 	// new ones) costs the time the rank takes to prefill DecodeWeight
 	// blocks. In [0, MaxWeight]. Default DefaultPredictiveDecodeWeight.
 	DecodeWeight float64
-	// BalanceWeight prices a rank's share of the recent requests, in
-	// seconds: a rank whose recent bookings (reservation.PrefillClock's
-	// Arrivals: this service's and, through BookRemote, its peers') are
-	// (1 + BalanceSlack + x) times the candidates' mean costs x times
-	// BalanceWeight more. A cached prefix keeps its requests until the
+	// BalanceWeight prices a rank's share of the recent requests: a rank
+	// whose recent bookings (reservation.PrefillClock's Arrivals: this
+	// service's and, through BookRemote, its peers') are (1 + BalanceSlack
+	// + x) times the candidates' mean costs x times BalanceWeight times P
+	// more, where P is the candidates' mean time to prefill the model's mean
+	// prompt (over its last few hundred decisions): the price scales with
+	// the fleet's own request times, milliseconds or seconds. A cached prefix keeps its requests until the
 	// price of its rank's excess exceeds what sending one elsewhere costs,
 	// and the first requests sent away are those that lose least there: a
 	// short prompt, or one whose prefix another rank holds too. Off while
@@ -302,10 +304,10 @@ const (
 	DefaultPredictiveBacklogWeight = 0.5
 	// DefaultBalanceWeight, DefaultBalanceSlack and DefaultBalanceWindow
 	// are PredictiveCost's balance defaults, chosen on the replay
-	// simulator's workloads (docs/ROUTING.md): a rank with 20% more than
-	// the mean share costs 0.6 s more.
-	DefaultBalanceWeight = 6.0
-	DefaultBalanceSlack  = 0.1
+	// simulator's workloads (docs/ROUTING.md): a rank with 15% more than
+	// the mean share costs 0.3 times the time to prefill a mean prompt.
+	DefaultBalanceWeight = 3.0
+	DefaultBalanceSlack  = 0.05
 	DefaultBalanceWindow = reservation.DefaultArrivalWindow
 )
 

@@ -39,8 +39,9 @@ type costInput struct {
 	blockSize  int
 	minPrefill int64 // the least active prefill of the candidates (credit decay)
 	now        int64 // unix nanoseconds of the decision (CostPredictive)
-	// the candidates' mean recent bookings (CostPredictive)
-	meanArrivals float64
+	// the candidates' mean recent bookings, and their mean time to prefill
+	// the model's mean prompt, seconds (CostPredictive)
+	meanArrivals, promptTime float64
 }
 
 // cost is the cost of sending the request to c under w's cost function.
@@ -60,13 +61,16 @@ func cost(c *candidate, in costInput, w *weights) float64 {
 //	cost      = (remaining + (1 + backlogW) x own
 //	             + decodeW x (active blocks + new blocks
 //	                          + decodeActiveRequestWeight x active requests) x bs) / rate
-//	            + balanceW x max(0, arrivals / mean arrivals - 1 - slack)
+//	            + balanceW x P x max(0, arrivals / mean arrivals - 1 - slack)
 //
 // At backlogW, decodeW and balanceW 0 it is the predicted time to first
 // token; backlogW prices the time the request's own prefill adds to every
 // request queued behind it there, decodeW the rank's decode pressure,
-// balanceW (in seconds) its share of the recent bookings above the
-// candidates' mean, once that mean reaches one. A is the rank's active prefill tokens (the uncached tokens of requests
+// balanceW its share of the recent bookings above the candidates' mean,
+// once that mean reaches one, in units of P: the candidates' mean time to
+// prefill the model's mean prompt (over its last few hundred decisions),
+// the time scale of its requests, so that the price means the same whether
+// prompts take milliseconds or seconds. A is the rank's active prefill tokens (the uncached tokens of requests
 // booked there and not yet prefilled) and since when the rank began the one
 // it is serving (reservation.PrefillClock); cached counts the in-flight
 // credit's pending blocks, which the request waits for in remaining anyway.
@@ -87,13 +91,14 @@ func predicted(c *candidate, in costInput, w *weights) float64 {
 	return (remaining+(1+w.backlogW)*own+w.decodeW*decode*float64(in.blockSize))/rate + balance(c, in, w)
 }
 
-// balance is the predictive cost's balance term for c: balanceW x the share
-// of the recent bookings c has above the mean and the slack.
+// balance is the predictive cost's balance term for c: balanceW x the
+// share of the recent bookings c has above the mean and the slack, in units
+// of the candidates' time to prefill the model's mean prompt.
 func balance(c *candidate, in costInput, w *weights) float64 {
 	if w.balanceW <= 0 || in.meanArrivals < 1 {
 		return 0
 	}
-	return w.balanceW * max(0, c.arrivals/in.meanArrivals-1-w.balSlack)
+	return w.balanceW * in.promptTime * max(0, c.arrivals/in.meanArrivals-1-w.balSlack)
 }
 
 // effectiveOverlap returns device + hostW*host + diskW*disk blocks.

@@ -58,7 +58,7 @@
 // AutoPredictiveMaxRanks ranks and the logit on a larger one, where the
 // sparse decision below needs it; Decision.Predicted says which a decision
 // used. On the replay simulator's generators the predictive cost reaches
-// 98-100% of the reachable hit rate, the best TTFT p90 of the policies
+// 96-100% of the reachable hit rate, the best TTFT p90 of the policies
 // replayed and a request imbalance of at most 1.15 on every one
 // (docs/ROUTING.md).
 //

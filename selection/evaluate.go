@@ -190,19 +190,26 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 	if pr.w.predictive {
 		now := s.now()
 		in.now = now.UnixNano()
-		var arrivals float64
+		var arrivals, perToken float64 // sums: recent bookings, seconds per prefill token
 		for i := range cands {
 			clk := s.ledger.PrefillClock(refs[i], now)
 			if !clk.Since.IsZero() {
 				cands[i].since = clk.Since.UnixNano()
 			}
-			if pr.w.learn {
-				cands[i].rate = clk.Rate
+			rate := pr.w.rate
+			if pr.w.learn && clk.Rate > 0 {
+				cands[i].rate, rate = clk.Rate, clk.Rate
 			}
 			cands[i].arrivals = clk.Arrivals
 			arrivals += clk.Arrivals
+			perToken += 1 / rate
 		}
 		in.meanArrivals = arrivals / float64(len(cands))
+		if pr.w.balanceW > 0 {
+			// The balance term's unit: the candidates' mean time to
+			// prefill the model's mean prompt.
+			in.promptTime = p.promptMean(pr.isl, pr.peek) * perToken / float64(len(cands))
+		}
 	}
 	if pr.w.decay > 0 {
 		in.minPrefill = math.MaxInt64

@@ -59,13 +59,7 @@ func TestOverlapCreditDecay(t *testing.T) {
 		}
 		_, err = s.SelectAndReserve(context.Background(), Request{Tokens: toks(40, 9), Allowed: []string{"a"}})
 		require.NoError(t, err)
-		scored, err := s.PotentialLoads(context.Background(), Request{Tokens: prompt})
-		require.NoError(t, err)
-		out := map[string]float64{}
-		for _, sc := range scored {
-			out[sc.Worker] = sc.Cost
-		}
-		return out
+		return costsOf(t, s, Request{Tokens: prompt})
 	}
 	off, on := costs(0), costs(1)
 	require.Greater(t, on["a"], off["a"], "the loaded cached worker's credit decays")

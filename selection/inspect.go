@@ -87,6 +87,7 @@ func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Sco
 	if err != nil {
 		return nil, err
 	}
+	pr.peek = true
 	defer pr.release()
 	p := s.partition(pr.model)
 	if p == nil {

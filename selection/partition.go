@@ -3,6 +3,7 @@ package selection
 import (
 	"container/heap"
 	"maps"
+	"math"
 	mrand "math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,10 @@ type partition struct {
 	// request path looks at fallback only when one exists.
 	fallback  *kvindex.Approx
 	untrusted atomic.Int32
+	// promptTokens is the model's mean prompt length over its recent
+	// predictive decisions (float64 bits; 0 before the first), the
+	// balance term's time scale (see promptMean).
+	promptTokens atomic.Uint64
 
 	// set is the schedulable ranks, replaced whole (under mu held for writing)
 	// when the catalog changes; lookups read it without mu and re-check it
@@ -347,4 +352,27 @@ func (p *partition) ejectedAt(now func() time.Time) (map[string]int64, int64) {
 	p.ejected.CompareAndSwap(m, nil) // unless an eject just published another
 	p.ejectMu.Unlock()
 	return nil, 0
+}
+
+// promptKeep is the weight the mean prompt length keeps at each decision:
+// it follows about the last 256 prompts.
+const promptKeep = 255.0 / 256
+
+// promptMean folds a decision's prompt of isl tokens into p's mean prompt
+// length and returns the new mean; with peek it returns what the mean would
+// become and changes nothing. Concurrent decisions may each load the
+// old mean and store their own update, losing the others': the mean then
+// skips a few prompts, which is harmless for what it scales, and it costs
+// the request path no lock.
+func (p *partition) promptMean(isl int, peek bool) float64 {
+	m := math.Float64frombits(p.promptTokens.Load())
+	if m == 0 {
+		m = float64(isl)
+	} else {
+		m = m*promptKeep + float64(isl)*(1-promptKeep)
+	}
+	if !peek {
+		p.promptTokens.Store(math.Float64bits(m))
+	}
+	return m
 }

@@ -179,8 +179,8 @@ func TestPredictiveSoftSession(t *testing.T) {
 }
 
 // TestPredictiveBalance: a rank with more than its share of the recent
-// bookings costs BalanceWeight seconds more per unit of share above the mean
-// and the slack, so a request whose prefix only it caches goes elsewhere once
+// bookings costs BalanceWeight times the time to prefill the mean prompt
+// more per unit of share above the mean and the slack, so a request whose prefix only it caches goes elsewhere once
 // that price exceeds what the prefix saves; with the weight 0 it stays.
 // Below a mean of one booking the term is off.
 func TestPredictiveBalance(t *testing.T) {
@@ -201,20 +201,12 @@ func TestPredictiveBalance(t *testing.T) {
 			kvindex.Event{Kind: kvindex.EventStored, BlockHashes: h.AppendSeqHashes(nil, prompt[:60]), Tokens: prompt[:60]}))
 		book := func(w string, n int) { // n requests to w, finished at once: arrivals, no load
 			for i := range n {
-				r, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(8, 100*len(w)+i+n), Allowed: []string{w}})
+				r, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(64, 100*len(w)+i+n), Allowed: []string{w}})
 				require.NoError(t, err)
 				require.NoError(t, s.FreeReservation(r.ReservationID))
 			}
 		}
-		costs := func() map[string]float64 {
-			scored, err := s.PotentialLoads(context.Background(), Request{Tokens: prompt})
-			require.NoError(t, err)
-			out := map[string]float64{}
-			for _, sc := range scored {
-				out[sc.Worker] = sc.Cost
-			}
-			return out
-		}
+		costs := func() map[string]float64 { return costsOf(t, s, Request{Tokens: prompt}) }
 		// a: 4 uncached tokens; b, c: 64. Each x 1.5 (backlog), plus 16
 		// new blocks x 4 tokens x 0.125 (decode), at 1,000 tokens a second.
 		cold := (1.5*64 + 0.125*16*4) / 1000
@@ -225,7 +217,8 @@ func TestPredictiveBalance(t *testing.T) {
 		book("b", 1)
 		book("c", 1) // a has 6 of 8: share 2.25
 		got := costs()
-		require.InDelta(t, cached+weight*(2.25-1-DefaultBalanceSlack), got["a"], 1e-9)
+		// The unit: every prompt so far has 64 tokens, 64 ms at 1,000 a second.
+		require.InDelta(t, cached+weight*0.064*(2.25-1-DefaultBalanceSlack), got["a"], 1e-9)
 		require.InDelta(t, cold, got["b"], 1e-12, "b's share is below the mean")
 		res, err := s.Select(context.Background(), Request{Tokens: prompt})
 		require.NoError(t, err)

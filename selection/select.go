@@ -125,6 +125,7 @@ type prepared struct {
 	expected int       // expected output tokens
 	buf      *[]uint64 // seqs' pooled buffer
 	session  string    // Request.SessionID, "" when sessions are off
+	peek     bool      // an inspection (PotentialLoads): it changes no state
 	decision Decision  // what decided recorded, for the tracer
 	retries  int
 	fallback int // Request.Fallbacks

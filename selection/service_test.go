@@ -62,6 +62,18 @@ func addWorkers(t testing.TB, s *SelectionService, ids ...string) {
 	}
 }
 
+// costsOf is each worker's cost for req (PotentialLoads), by worker id.
+func costsOf(t testing.TB, s *SelectionService, req Request) map[string]float64 {
+	t.Helper()
+	scored, err := s.PotentialLoads(context.Background(), req)
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, sc := range scored {
+		out[sc.Worker] = sc.Cost
+	}
+	return out
+}
+
 func toks(n, seed int) []uint32 {
 	out := make([]uint32, n)
 	for i := range out {

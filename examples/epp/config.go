@@ -419,8 +419,8 @@ func (c *config) settings() []envconf.Var {
 			}},
 		{Env: "DYN_EPP_PREDICTIVE_BACKLOG_WEIGHT", Flag: "predictive-backlog-weight", Default: "0.5", Help: "predictive cost: extra weight of a request's own uncached prefill, the time it adds to the requests queued behind it (>= 0)", Set: floatMin(&r.Predictive.BacklogWeight, 0)},
 		{Env: "DYN_EPP_PREDICTIVE_DECODE_WEIGHT", Flag: "predictive-decode-weight", Default: "0.125", Help: "predictive cost: cost of a worker's active block, in blocks of its prefill time (>= 0)", Set: floatMin(&r.Predictive.DecodeWeight, 0)},
-		{Env: "DYN_EPP_BALANCE_WEIGHT", Flag: "balance-weight", Default: "6", Help: "predictive cost: seconds a worker's cost gains per unit of its share of the recent requests above the mean and DYN_EPP_BALANCE_SLACK, so that a cached prefix cannot draw more than about its share (>= 0; 0: off)", Set: floatMin(&r.Predictive.BalanceWeight, 0)},
-		{Env: "DYN_EPP_BALANCE_SLACK", Flag: "balance-slack", Default: "0.1", Help: "predictive cost: share of the recent requests above the mean that costs nothing (>= 0)", Set: floatMin(&r.Predictive.BalanceSlack, 0)},
+		{Env: "DYN_EPP_BALANCE_WEIGHT", Flag: "balance-weight", Default: "3", Help: "predictive cost: what a worker's cost gains per unit of its share of the recent requests above the mean and DYN_EPP_BALANCE_SLACK, in units of the fleet's time to prefill a mean prompt, so that a cached prefix cannot draw much more than its share (>= 0; 0: off)", Set: floatMin(&r.Predictive.BalanceWeight, 0)},
+		{Env: "DYN_EPP_BALANCE_SLACK", Flag: "balance-slack", Default: "0.05", Help: "predictive cost: share of the recent requests above the mean that costs nothing (>= 0)", Set: floatMin(&r.Predictive.BalanceSlack, 0)},
 		{Env: "DYN_EPP_BALANCE_WINDOW_SECONDS", Flag: "balance-window-seconds", Default: "300", Help: "predictive cost: time constant, in seconds, over which a worker's recent requests decay (1 to 86400)",
 			Set: func(v string) error {
 				var s int

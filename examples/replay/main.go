@@ -153,7 +153,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 
 	var costName string
 	fs.StringVar(&costName, "cost", def.Cost.String(), "kvselect: cost function, dynamo, predictive (predicted time to first token) or auto (predictive below 128 ranks)")
-	fs.Float64Var(&c.balanceWeight, "balance-weight", def.Predictive.BalanceWeight, "kvselect --cost predictive: seconds a worker's cost gains per unit of its share of recent requests above the mean and the slack (0 = off)")
+	fs.Float64Var(&c.balanceWeight, "balance-weight", def.Predictive.BalanceWeight, "kvselect --cost predictive: what a worker's cost gains per unit of its share of recent requests above the mean and the slack, in times to prefill the mean prompt (0 = off)")
 	fs.Float64Var(&c.balanceSlack, "balance-slack", def.Predictive.BalanceSlack, "kvselect --cost predictive: share of recent requests above the mean that costs nothing")
 	fs.DurationVar(&c.balanceWindow, "balance-window", def.Predictive.BalanceWindow, "kvselect --cost predictive: time constant over which recent requests decay")
 	fs.Float64Var(&c.decodeWeight, "decode-weight", def.Predictive.DecodeWeight, "kvselect --cost predictive: cost of an active block, in blocks of prefill time")

@@ -147,7 +147,9 @@ func TestKVSelectBeatsBaselines(t *testing.T) {
 	require.Greater(t, kv.HitRate, 0.7*kv.ReachableHitRate)
 	require.Less(t, kv.TTFTP90, rr.TTFTP90)
 	require.Less(t, kv.TTFTP90, ll.TTFTP90)
-	require.LessOrEqual(t, kv.Imbalance, 1.25)
+	// 288 requests in groups of 12 over 8 workers: a worker that holds one
+	// group more than its share of three is at 1.33; a collapse would be 2+.
+	require.LessOrEqual(t, kv.Imbalance, 1.34)
 }
 
 // When every request shares its first block, every worker soon holds it, and
