@@ -362,8 +362,9 @@ const promptKeep = 255.0 / 256
 // length and returns the new mean; with peek it returns what the mean would
 // become and changes nothing. Concurrent decisions may each load the
 // old mean and store their own update, losing the others': the mean then
-// skips a few prompts, which is harmless for what it scales, and it costs
-// the request path no lock.
+// skips a few prompts (and a decision made again counts its prompt again),
+// which is harmless for what it scales, and it costs the request path no
+// lock.
 func (p *partition) promptMean(isl int, peek bool) float64 {
 	m := math.Float64frombits(p.promptTokens.Load())
 	if m == 0 {

@@ -60,8 +60,10 @@
 // blocks each, decode holding KV, 2 req/s; medians of seeds 1-5) it lowered
 // the hit rate from 0.825 to 0.748 and raised TTFT p90 from 0.13 s to 0.92 s
 // under Dynamo's cost, whose decode term then outweighs a cached prefix, and
-// under the predictive cost kept the hit rate (0.826, 0.827) and lowered p90
-// from 0.13 s to 0.11 s; the reference EPP therefore grows bookings with the
+// under the predictive cost without its balance term kept the hit rate
+// (0.826, 0.827) and lowered p90 from 0.13 s to 0.11 s (with the balance
+// term: 0.831 to 0.822, p90 0.10 s to 0.15 s, within this workload's seed
+// noise; docs/ROUTING.md); the reference EPP grows bookings with the
 // predictive cost only.
 //
 // # Policies
