@@ -81,6 +81,18 @@ type config struct {
 	Router        selection.Config
 }
 
+// secondsIn sets *dst to a whole number of seconds in [lo, hi].
+func secondsIn(dst *time.Duration, lo, hi int) func(string) error {
+	return func(v string) error {
+		var n int
+		if err := intIn(&n, lo, hi)(v); err != nil {
+			return err
+		}
+		*dst = time.Duration(n) * time.Second
+		return nil
+	}
+}
+
 func intIn(dst *int, lo, hi int) func(string) error {
 	return func(v string) error {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
@@ -421,15 +433,7 @@ func (c *config) settings() []envconf.Var {
 		{Env: "DYN_EPP_PREDICTIVE_DECODE_WEIGHT", Flag: "predictive-decode-weight", Default: "0.125", Help: "predictive cost: cost of a worker's active block, in blocks of its prefill time (>= 0)", Set: floatMin(&r.Predictive.DecodeWeight, 0)},
 		{Env: "DYN_EPP_BALANCE_WEIGHT", Flag: "balance-weight", Default: "3", Help: "predictive cost: what a worker's cost gains per unit of its share of the recent requests above the mean and DYN_EPP_BALANCE_SLACK, in units of the fleet's time to prefill a mean prompt, so that a cached prefix cannot draw much more than its share (>= 0; 0: off)", Set: floatMin(&r.Predictive.BalanceWeight, 0)},
 		{Env: "DYN_EPP_BALANCE_SLACK", Flag: "balance-slack", Default: "0.05", Help: "predictive cost: share of the recent requests above the mean that costs nothing (>= 0)", Set: floatMin(&r.Predictive.BalanceSlack, 0)},
-		{Env: "DYN_EPP_BALANCE_WINDOW_SECONDS", Flag: "balance-window-seconds", Default: "300", Help: "predictive cost: time constant, in seconds, over which a worker's recent requests decay (1 to 86400)",
-			Set: func(v string) error {
-				var s int
-				if err := intIn(&s, 1, 86400)(v); err != nil {
-					return err
-				}
-				r.Predictive.BalanceWindow = time.Duration(s) * time.Second
-				return nil
-			}},
+		{Env: "DYN_EPP_BALANCE_WINDOW_SECONDS", Flag: "balance-window-seconds", Default: "300", Help: "predictive cost: time constant, in seconds, over which a worker's recent requests decay (1 to 86400)", Set: secondsIn(&r.Predictive.BalanceWindow, 1, 86400)},
 		{Env: "DYN_EPP_SESSION_AFFINITY", Flag: "session-affinity", Default: "soft", Help: "`soft` (a session's requests go to its worker unless it is busy or far costlier), `hard` (always, while schedulable) or `off`",
 			Set: func(v string) error {
 				m, err := selection.ParseSessionMode(v)
@@ -449,25 +453,9 @@ func (c *config) settings() []envconf.Var {
 				return nil
 			}},
 		{Env: "DYN_EPP_MAX_SESSIONS", Flag: "max-sessions", Default: "65536", Help: "session pins held per model (least recently used dropped first)", Set: intIn(&r.Sessions.MaxSessions, 1, 1<<24)},
-		{Env: "DYN_EPP_SESSION_TTL_SECS", Flag: "session-ttl-secs", Default: "600", Help: "a session's pin lives this long after its last request",
-			Set: func(v string) error {
-				var s int
-				if err := intIn(&s, 1, 7*86400)(v); err != nil {
-					return err
-				}
-				c.Router.Sessions.IdleTTL = time.Duration(s) * time.Second
-				return nil
-			}},
+		{Env: "DYN_EPP_SESSION_TTL_SECS", Flag: "session-ttl-secs", Default: "600", Help: "a session's pin lives this long after its last request", Set: secondsIn(&c.Router.Sessions.IdleTTL, 1, 7*86400)},
 		{Env: "DYN_ROUTER_QUEUE_LIMIT", Flag: "queue-limit", Default: "1024", Help: "most requests waiting per model; more get 429", Set: intIn(&r.QueueLimit, 1, 1<<20)},
-		{Env: "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", Flag: "active-request-expiry-secs", Default: "300", Help: "lease of a booking never freed",
-			Set: func(v string) error {
-				var s int
-				if err := intIn(&s, 1, 86400)(v); err != nil {
-					return err
-				}
-				c.Router.ActiveRequestExpiry = time.Duration(s) * time.Second
-				return nil
-			}},
+		{Env: "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", Flag: "active-request-expiry-secs", Default: "300", Help: "lease of a booking never freed", Set: secondsIn(&c.Router.ActiveRequestExpiry, 1, 86400)},
 	}
 }
 
