@@ -404,7 +404,13 @@ func TestThreeEPPProcesses(t *testing.T) {
 	t.Logf("engine-reported prefix-cache hit rate: one EPP %.3f, three replicas %.3f (%d requests, %d in flight)",
 		hit1, hit3, procRequests, procConcurrency)
 	require.Positive(t, hit1)
-	require.GreaterOrEqual(t, hit3, 0.95*hit1, "three replicas' hit rate against one EPP's")
+	// Under the default (predictive) cost these real-time runs, whose
+	// prefills take milliseconds, vary from run to run: one EPP 0.55-0.64,
+	// three replicas 0.60-0.62 over eight runs (Dynamo's cost: 0.66-0.67 and
+	// 0.65-0.67). 0.9 leaves that noise room and still catches replicas
+	// that lose the prefixes; that they share their bookings is checked
+	// below, on kvselect_replica_applied_total.
+	require.GreaterOrEqual(t, hit3, 0.9*hit1, "three replicas' hit rate against one EPP's")
 	var remote float64
 	for _, p := range eps {
 		remote += p.metric(t, "kvselect_replica_applied_total", nil)
