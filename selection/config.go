@@ -137,11 +137,12 @@ type PredictiveCost struct {
 	// + x) times the candidates' mean costs x times BalanceWeight times P
 	// more, where P is the candidates' mean time to prefill the model's mean
 	// prompt (over its last few hundred decisions): the price scales with
-	// the fleet's own request times, milliseconds or seconds. A cached prefix keeps its requests until the
-	// price of its rank's excess exceeds what sending one elsewhere costs,
-	// and the first requests sent away are those that lose least there: a
-	// short prompt, or one whose prefix another rank holds too. Off while
-	// the mean is below one booking. In [0, MaxWeight]; 0 turns it off.
+	// the fleet's own request times, milliseconds or seconds. A cached
+	// prefix keeps its requests until the price of its rank's excess
+	// exceeds what sending one elsewhere costs, and the first requests sent
+	// away are those that lose least there: a short prompt, or one whose
+	// prefix another rank holds too. Off while the mean is below one
+	// booking. In [0, MaxWeight]; 0 turns it off.
 	// Default DefaultBalanceWeight.
 	BalanceWeight float64
 	// BalanceSlack is the share above the mean that costs nothing. In [0,

@@ -202,7 +202,9 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 			}
 			cands[i].arrivals = clk.Arrivals
 			arrivals += clk.Arrivals
-			perToken += 1 / rate
+			if pr.w.balanceW > 0 {
+				perToken += 1 / rate
+			}
 		}
 		in.meanArrivals = arrivals / float64(len(cands))
 		if pr.w.balanceW > 0 {

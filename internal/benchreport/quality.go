@@ -206,7 +206,7 @@ func qualitySection(tracePath string) (string, []string) {
 		b.WriteString("| 3 replicas | replay failed | **missed** |\n")
 	}
 	fmt.Fprintf(&b, "\nkvselect's defaults are Dynamo's except the cost (auto: the predictive cost on these 8 workers, with its balance\n"+
-		"weight %s s, slack %s and window %s), overlap credit %s, prefill load scale %s and the in-flight credit %s (Dynamo: its\n"+
+		"weight %s times the mean prompt's prefill, slack %s, window %s), overlap credit %s, prefill load scale %s and the in-flight credit %s (Dynamo: its\n"+
 		"own cost, 1, 1 and none; see selection.DefaultConfig). The \"Dynamo's cost\" rows keep kvselect's weights under Dynamo's cost\n"+
 		"(the defaults before issue #22), the \"Dynamo's weights\" rows are Dynamo's defaults. Other seeds: add `--seed N` to the\n"+
 		"commands below.\n",
