@@ -19,6 +19,11 @@ const (
 	DefaultHeartbeatInterval = time.Second
 	DefaultSnapshotTimeout   = 2 * time.Second
 	DefaultSyncTimeout       = 10 * time.Second
+	// DefaultMaxPeerBookings and DefaultMaxPeerBlocks bound what one peer
+	// may hold in this replica's service: an EPP has at most 1,024 requests
+	// in flight by default, each of a few hundred blocks.
+	DefaultMaxPeerBookings = 16384
+	DefaultMaxPeerBlocks   = 1 << 20
 	// DefaultMaxMessageBytes is NATS's default max_payload.
 	DefaultMaxMessageBytes = 1 << 20
 )
@@ -82,6 +87,19 @@ type Options struct {
 	// snapshot is retried every HeartbeatInterval while the peer is heard.
 	// Default 2 s.
 	SnapshotTimeout time.Duration
+	// SnapshotDeadline bounds a whole snapshot of one peer, all its pages:
+	// past it the snapshot fails and is retried like a failed page. Each
+	// peer's snapshot runs on its own, so a slow one delays no other.
+	// Default 8 x SnapshotTimeout; at least SnapshotTimeout.
+	SnapshotDeadline time.Duration
+	// MaxPeerBookings and MaxPeerBlocks bound what one peer may hold in this
+	// replica's service: its live bookings, and their blocks (sequence
+	// hashes and private blocks). A booking beyond either is refused
+	// (Stats.Refused["peer_full"], a WARN) and not retried, as a booking on
+	// an unknown worker is. Defaults DefaultMaxPeerBookings and
+	// DefaultMaxPeerBlocks.
+	MaxPeerBookings int
+	MaxPeerBlocks   int
 	// SyncTimeout bounds the initial sync (see Replicator.Synced): past it the
 	// replica reports itself synced with a WARN, even if a peer's snapshot is
 	// still missing. Default 10 s; at least 2 x HeartbeatInterval.
@@ -180,6 +198,20 @@ func (o Options) withDefaults() (Options, error) {
 	dur("BatchInterval", &o.BatchInterval, DefaultBatchInterval)
 	dur("PeerTimeout", &o.PeerTimeout, 3*o.HeartbeatInterval+time.Second)
 	dur("SnapshotTimeout", &o.SnapshotTimeout, DefaultSnapshotTimeout)
+	dur("SnapshotDeadline", &o.SnapshotDeadline, 8*o.SnapshotTimeout)
+	if o.SnapshotDeadline > 0 && o.SnapshotDeadline < o.SnapshotTimeout {
+		bad("SnapshotDeadline %v is shorter than SnapshotTimeout %v", o.SnapshotDeadline, o.SnapshotTimeout)
+	}
+	count := func(name string, n *int, def int) {
+		switch {
+		case *n < 0:
+			bad("%s is %d, want >= 0", name, *n)
+		case *n == 0:
+			*n = def
+		}
+	}
+	count("MaxPeerBookings", &o.MaxPeerBookings, DefaultMaxPeerBookings)
+	count("MaxPeerBlocks", &o.MaxPeerBlocks, DefaultMaxPeerBlocks)
 	dur("SyncTimeout", &o.SyncTimeout, max(DefaultSyncTimeout, 2*o.HeartbeatInterval))
 	if o.SyncTimeout > 0 && o.SyncTimeout < 2*o.HeartbeatInterval {
 		bad("SyncTimeout %v is shorter than 2 x HeartbeatInterval %v", o.SyncTimeout, o.HeartbeatInterval)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/kvselect/kvselect/selection"
@@ -23,6 +24,17 @@ const (
 	maxTail = 1024
 	// maxSnapshotEntries bounds one peer's snapshot.
 	maxSnapshotEntries = 1 << 20
+	// MaxSeqJump is how far beyond the last batch applied of a peer a
+	// sequence number may be and still be believed, once the peer's stream
+	// has been followed (a batch applied in order, or a snapshot): further
+	// is refused (Stats.Refused["implausible_seq"]) and moves nothing. A
+	// real stream cannot get that far ahead unheard: a peer silent for
+	// PeerTimeout is dropped, and then rejoins as a new one.
+	MaxSeqJump = 1 << 20
+	// maxSnapshotTakers bounds the snapshots taken at once, each of one
+	// peer on a goroutine of its own, so that one slow peer delays no
+	// other.
+	maxSnapshotTakers = 64
 )
 
 // peer is what this replica holds of one other replica. Guarded by pmu.
@@ -30,14 +42,25 @@ type peer struct {
 	origin string
 	epoch  uint64
 	last   uint64 // the last batch applied
-	seen   uint64 // the highest sequence number heard in this epoch
+	seen   uint64 // the highest sequence number heard since the snapshot was asked
 	heard  int64  // Now's UnixNano of the last message
 	ids    map[string]remote
+	blocks int // the blocks (hashes and private) of the bookings in ids
+
+	// anchored: a batch was applied in order or a snapshot taken in this
+	// epoch, so MaxSeqJump applies.
+	anchored bool
 
 	syncing bool
 	queued  bool   // in syncQ
 	gen     uint64 // bumped to abandon a snapshot in flight
-	retryAt int64  // after a failed snapshot: when the watchdog asks again
+	cancel  func() // cancels the snapshot in flight
+	retryAt int64  // after a failed snapshot, or backing off: when the watchdog asks again
+	// streak counts repairs begun within repairWindow of the one before;
+	// from the third on they back off (see startSyncLocked). repairedAt is
+	// when the last one began.
+	streak     int
+	repairedAt int64
 	// The snapshot in progress: each page's range and sequence number, the
 	// lowest and highest of those, and whether the last page is in (the
 	// snapshot then waits for the stream to reach snapTop).
@@ -79,6 +102,7 @@ func (p *peer) pageSeq(id string) uint64 {
 type remote struct {
 	deadline int64
 	lease    time.Duration
+	blocks   int
 }
 
 // Peer is what a replica holds of one peer (Replicator.Peers).
@@ -126,9 +150,10 @@ func (r *Replicator) onBatch(data []byte) {
 		return
 	}
 	if p != nil && b.epoch > p.epoch {
-		r.log.Info("replica: peer restarted", "peer", p.origin, "epoch", b.epoch, "bookings_dropped", len(p.ids))
-		r.removePeerLocked(p)
-		p = nil
+		// A restart, or a forged epoch: the snapshot this starts asks the
+		// peer itself, and its answer's epoch is the one followed.
+		r.limited(slog.LevelInfo, "restart", "replica: peer restarted", "peer", p.origin, "epoch", b.epoch, "bookings_dropped", len(p.ids))
+		r.restartPeerLocked(p, b.epoch)
 	}
 	if p == nil {
 		if len(r.peers) >= MaxPeers {
@@ -137,7 +162,13 @@ func (r *Replicator) onBatch(data []byte) {
 		}
 		p = &peer{origin: b.origin, epoch: b.epoch, ids: map[string]remote{}}
 		r.peers[b.origin] = p
-		r.log.Info("replica: peer joined", "peer", p.origin, "epoch", p.epoch, "seq", b.seq)
+		r.limited(slog.LevelInfo, "join", "replica: peer joined", "peer", p.origin, "epoch", p.epoch, "seq", b.seq)
+	}
+	if p.anchored && b.seq > p.last+MaxSeqJump {
+		r.refuse(reasonImplausibleSeq)
+		r.warn("implausible_seq", "replica: refused a sequence number far beyond the peer's stream (forged, or another process using its ID)",
+			"peer", p.origin, "have", p.last, "got", b.seq, "max_jump", MaxSeqJump)
+		return
 	}
 	p.heard = now
 	p.seen = max(p.seen, b.seq)
@@ -151,18 +182,26 @@ func (r *Replicator) onBatch(data []byte) {
 		r.finishSyncLocked(p, now)
 	case b.flags&flagResync != 0:
 		r.st.resyncs.Add(1)
-		r.startSyncLocked(p, "resync asked")
+		r.startSyncLocked(p, "resync asked", now)
 		r.bufferLocked(p, b, data)
 	case b.seq <= p.last:
 		// A heartbeat, or a batch already covered.
 	case len(b.ops) == 0 || b.seq != p.last+1:
 		r.st.gaps.Add(1)
-		r.startSyncLocked(p, fmt.Sprintf("gap: have %d, got %d", p.last, b.seq))
+		r.startSyncLocked(p, "gap", now, "have", p.last, "got", b.seq)
 		r.bufferLocked(p, b, data)
 	default:
 		r.applyLocked(p, b.ops, now)
-		p.last = b.seq
+		p.last, p.anchored = b.seq, true
 	}
+}
+
+// restartPeerLocked follows p's new epoch from its start: its bookings are
+// freed and any snapshot in flight abandoned; its repair streak is kept.
+func (r *Replicator) restartPeerLocked(p *peer, epoch uint64) {
+	r.dropViewLocked(p)
+	r.resetSyncLocked(p)
+	p.epoch, p.last, p.seen, p.anchored, p.syncing = epoch, 0, 0, false, false
 }
 
 // bufferLocked keeps a copy of a batch received while p is synchronising.
@@ -212,31 +251,61 @@ func (r *Replicator) applyOpLocked(p *peer, o *wireOp, now int64) {
 	err := r.svc.SettleRemote(p.origin, o.id, o.how)
 	switch {
 	case err == nil && o.how == selection.SettleFree:
-		delete(p.ids, o.id)
+		r.forgetLocked(p, o.id)
 	case err == nil && o.how == selection.SettleRenew:
 		h := p.ids[o.id]
 		h.deadline = max(h.deadline, now+int64(h.lease))
 		p.ids[o.id] = h
+	case err == nil && o.how == selection.SettleOutputBlock:
+		h := p.ids[o.id]
+		h.blocks++
+		p.blocks++
+		p.ids[o.id] = h
 	case err == nil:
 	case errors.Is(err, selection.ErrUnknownReservation): // expired here first
-		delete(p.ids, o.id)
+		r.forgetLocked(p, o.id)
 		r.refuse(reasonUnknown)
 	default:
 		r.refuse(reasonInvalid)
 	}
 }
 
+// forgetLocked removes id from what p holds (the service has freed it).
+func (r *Replicator) forgetLocked(p *peer, id string) {
+	if h, ok := p.ids[id]; ok {
+		p.blocks -= h.blocks
+		delete(p.ids, id)
+	}
+}
+
 // bookLocked books one of p's bookings (from the stream or a snapshot) with
-// its remaining lease.
+// its remaining lease, both at most the service's own lease
+// (selection.SelectionService.LeaseLimit), within the peer's bounds
+// (Options.MaxPeerBookings, MaxPeerBlocks).
 func (r *Replicator) bookLocked(p *peer, o *wireOp, now int64) {
 	remaining := time.Duration(o.remainingMS) * time.Millisecond
 	if remaining <= 0 {
 		r.refuse(reasonExpired)
 		return
 	}
+	if _, held := p.ids[o.id]; held {
+		r.st.duplicates.Add(1) // a batch replayed over the snapshot that covers it
+		return
+	}
+	blocks := len(o.hashes) + o.private
+	if len(p.ids) >= r.o.MaxPeerBookings || p.blocks+blocks > r.o.MaxPeerBlocks {
+		r.refuse(reasonPeerFull)
+		r.warn("peer_full", "replica: a peer holds as many bookings as this replica takes from one peer; refusing more",
+			"peer", p.origin, "bookings", len(p.ids), "blocks", p.blocks,
+			"max_peer_bookings", r.o.MaxPeerBookings, "max_peer_blocks", r.o.MaxPeerBlocks)
+		return
+	}
 	// The copy lives what is left of the original's lease; a renewal extends
-	// it by the whole lease, as it does the original.
-	lease := max(time.Duration(o.leaseMS)*time.Millisecond, remaining)
+	// it by the whole lease, as it does the original. Neither outlives a
+	// local booking's lease: a peer cannot pin load for longer.
+	limit := r.svc.LeaseLimit()
+	lease := min(max(time.Duration(o.leaseMS)*time.Millisecond, remaining), limit)
+	remaining = min(remaining, limit)
 	err := r.svc.BookRemote(p.origin, selection.BookingEvent{
 		ID: o.id, Model: o.model, Worker: o.worker, SeqHashes: o.hashes, PrivateBlocks: o.private,
 		PrefillTokens: o.prefill, ExpectedOutputTokens: o.expected, Lease: lease, Remaining: remaining,
@@ -244,13 +313,14 @@ func (r *Replicator) bookLocked(p *peer, o *wireOp, now int64) {
 	})
 	switch {
 	case err == nil:
-		p.ids[o.id] = remote{deadline: now + int64(remaining), lease: lease}
+		p.ids[o.id] = remote{deadline: now + int64(remaining), lease: lease, blocks: blocks}
+		p.blocks += blocks
 	case errors.Is(err, selection.ErrConflict):
-		// Held already: a batch replayed over the snapshot that covers it.
+		// Held already in the service, not in p.ids: cannot happen unless
+		// the service kept a copy p dropped; take it back.
 		r.st.duplicates.Add(1)
-		if _, ok := p.ids[o.id]; !ok {
-			p.ids[o.id] = remote{deadline: now + int64(remaining), lease: lease}
-		}
+		p.ids[o.id] = remote{deadline: now + int64(remaining), lease: lease, blocks: blocks}
+		p.blocks += blocks
 	case errors.Is(err, selection.ErrNotFound):
 		r.refuse(reasonNotFound)
 	case errors.Is(err, selection.ErrClosed):
@@ -265,31 +335,63 @@ func (r *Replicator) dropViewLocked(p *peer) {
 	for id := range p.ids {
 		_ = r.svc.SettleRemote(p.origin, id, selection.SettleFree)
 	}
-	clear(p.ids)
+	if len(p.ids) > 1024 {
+		p.ids = map[string]remote{} // a cleared map keeps its buckets
+	} else {
+		clear(p.ids)
+	}
+	p.blocks = 0
 }
 
 // removePeerLocked forgets p and frees its bookings.
 func (r *Replicator) removePeerLocked(p *peer) {
 	r.dropViewLocked(p)
-	p.gen++
+	r.resetSyncLocked(p)
 	delete(r.peers, p.origin)
 }
 
+// repairWindow: a repair begun within it of the one before continues a
+// streak; from the third of a streak on, repairs back off (startSyncLocked).
+const repairWindow = 4 // x HeartbeatInterval
+
 // startSyncLocked marks p as synchronising and queues a snapshot of it: from
-// now on its batches are buffered until the snapshot is in.
-func (r *Replicator) startSyncLocked(p *peer, why string) {
+// now on its batches are buffered until the snapshot is in. A peer whose
+// repairs follow each other (within repairWindow heartbeats) waits before
+// the third and later ones: 1, 2, 4, then 8 HeartbeatIntervals, so that a
+// stream that keeps claiming batches it never sends (forged, or a broken
+// peer) costs a snapshot every few seconds, not thousands.
+func (r *Replicator) startSyncLocked(p *peer, why string, now int64, args ...any) {
 	if p.syncing {
 		return
 	}
-	r.limited(slog.LevelInfo, "sync:"+p.origin, "replica: taking a snapshot of a peer", "peer", p.origin, "why", why)
+	hb := int64(r.o.HeartbeatInterval)
+	if p.repairedAt != 0 && now-p.repairedAt < repairWindow*hb {
+		p.streak++
+	} else {
+		p.streak = 0
+	}
+	p.repairedAt = now
 	p.syncing = true
 	r.resetSyncLocked(p)
+	if p.streak >= 2 {
+		wait := hb << min(p.streak-2, 3)
+		p.retryAt = now + wait
+		r.st.repairBackoffs.Add(1)
+		r.warn("repair_backoff", "replica: a peer needs repair after repair; backing off",
+			append([]any{"peer", p.origin, "why", why, "streak", p.streak + 1, "wait", time.Duration(wait)}, args...)...)
+		return
+	}
+	r.limited(slog.LevelInfo, "sync", "replica: taking a snapshot of a peer", append([]any{"peer", p.origin, "why", why}, args...)...)
 	r.enqueueLocked(p)
 }
 
 // resetSyncLocked abandons any snapshot of p in flight and its buffered tail.
 func (r *Replicator) resetSyncLocked(p *peer) {
 	p.gen++
+	if p.cancel != nil {
+		p.cancel()
+		p.cancel = nil
+	}
 	p.tail, p.tailSize, p.tailLost, p.retryAt = nil, 0, 0, 0
 	p.marks, p.pagesIn, p.again = nil, false, false
 }
@@ -306,9 +408,14 @@ func (r *Replicator) enqueueLocked(p *peer) {
 	}
 }
 
-// syncLoop is the goroutine that takes snapshots, one peer at a time.
+// syncLoop is the goroutine that starts snapshots: each queued peer's on a
+// goroutine of its own (at most maxSnapshotTakers at once), which it waits
+// for before it returns.
 func (r *Replicator) syncLoop() {
 	defer r.wg.Done()
+	var takers sync.WaitGroup
+	defer takers.Wait()
+	slots := make(chan struct{}, maxSnapshotTakers)
 	for {
 		select {
 		case <-r.stop:
@@ -316,37 +423,69 @@ func (r *Replicator) syncLoop() {
 		case <-r.syncKick:
 		}
 		for r.ctx.Err() == nil {
+			select {
+			case slots <- struct{}{}:
+			case <-r.stop:
+				return
+			}
 			r.pmu.Lock()
 			if len(r.syncQ) == 0 {
 				r.pmu.Unlock()
+				<-slots
 				break
 			}
 			origin := r.syncQ[0]
 			r.syncQ = slices.Delete(r.syncQ, 0, 1)
 			p := r.peers[origin]
-			var gen uint64
 			ok := p != nil && p.syncing && !p.pagesIn
+			var ctx context.Context
+			var gen uint64
 			if p != nil {
 				p.queued = false
-				gen = p.gen
+			}
+			if ok {
+				// The whole snapshot is bounded; a reset (a restart, a
+				// newer snapshot, the peer dropped) cancels it at once.
+				var cancel func()
+				ctx, cancel = context.WithTimeout(r.ctx, r.o.SnapshotDeadline)
+				if p.cancel != nil {
+					p.cancel()
+				}
+				p.cancel, gen = cancel, p.gen
+				// What the stream said before the snapshot was asked is
+				// superseded by it: every batch heard so far is at or below
+				// the sequence number of its first page. A sequence number
+				// heard before and above that was never sent by the peer,
+				// so it is forgotten here rather than starting another
+				// repair.
+				p.tail, p.tailSize, p.tailLost, p.seen = nil, 0, 0, 0
 			}
 			r.pmu.Unlock()
-			if ok {
-				r.syncPeer(p, gen)
+			if !ok {
+				<-slots
+				continue
 			}
+			takers.Add(1)
+			go func() {
+				defer takers.Done()
+				defer func() { <-slots }()
+				r.syncPeer(ctx, p, gen)
+			}()
 		}
 	}
 }
 
-// syncPeer takes a snapshot of p, page by page, and replaces p's view with
-// it (see the package doc).
-func (r *Replicator) syncPeer(p *peer, gen uint64) {
+// syncPeer takes a snapshot of p, page by page, under ctx, and replaces p's
+// view with it (see the package doc). The first page's epoch is the one
+// followed: it comes from the peer itself, where the stream's epoch may be
+// forged.
+func (r *Replicator) syncPeer(ctx context.Context, p *peer, gen uint64) {
 	subject := r.snapSubject(p.origin)
 	var page snapPage
 	after, first, epoch, entries := "", true, uint64(0), 0
 	for {
-		ctx, cancel := context.WithTimeout(r.ctx, r.o.SnapshotTimeout)
-		resp, err := r.o.Bus.Request(ctx, subject, appendRequest(nil, r.o.ID, after))
+		pctx, cancel := context.WithTimeout(ctx, r.o.SnapshotTimeout)
+		resp, err := r.o.Bus.Request(pctx, subject, appendRequest(nil, r.o.ID, after))
 		cancel()
 		if err == nil {
 			err = r.checkPage(resp, &page, p.origin, after, first, epoch)
@@ -361,21 +500,23 @@ func (r *Replicator) syncPeer(p *peer, gen uint64) {
 			return // superseded: the peer restarted, was dropped, or we close
 		}
 		now := r.o.Now().UnixNano()
-		if err == nil && first && page.epoch < p.epoch {
-			err = fmt.Errorf("%w: snapshot of epoch %d, following %d", errField, page.epoch, p.epoch)
-		}
 		if err != nil {
 			r.st.snapshotFailures.Add(1)
-			r.warn("snapshot:"+p.origin, "replica: snapshot failed; retrying", "peer", p.origin, "err", err)
+			r.warn("snapshot_failed", "replica: snapshot failed; retrying", "peer", p.origin, "err", err)
 			r.resetSyncLocked(p)
 			p.retryAt = now + int64(r.o.HeartbeatInterval)
 			r.pmu.Unlock()
 			return
 		}
 		if first {
-			if page.epoch > p.epoch {
-				// Restarted: its new stream follows; what is buffered is of
-				// the old one.
+			if page.epoch != p.epoch {
+				if page.epoch < p.epoch {
+					// The stream's newer epoch was not the peer's.
+					r.refuse(reasonImplausibleEpoch)
+					r.warn("implausible_epoch", "replica: a peer's snapshot is of an older epoch than its stream claimed (forged, or another process using its ID)",
+						"peer", p.origin, "claimed", p.epoch, "snapshot", page.epoch)
+				}
+				// What is buffered is of another epoch's stream.
 				p.epoch, p.last, p.seen = page.epoch, 0, 0
 				p.tail, p.tailSize, p.tailLost = nil, 0, 0
 			}
@@ -450,8 +591,8 @@ func (r *Replicator) finishSyncLocked(p *peer, now int64) {
 	}
 	if hole || p.seen > top {
 		r.st.gaps.Add(1)
-		r.resetSyncLocked(p)
-		r.enqueueLocked(p)
+		p.syncing = false
+		r.startSyncLocked(p, "hole after the snapshot", now, "snapshot_seq", top, "heard", max(p.seen, p.tailLost))
 		return
 	}
 	if top < p.snapTop {
@@ -465,13 +606,17 @@ func (r *Replicator) finishSyncLocked(p *peer, now int64) {
 		}
 		r.replayLocked(p, b.ops, t.seq, now)
 	}
-	p.last = top
+	p.last, p.anchored = top, true
 	p.syncing, p.pagesIn = false, false
+	if p.cancel != nil {
+		p.cancel()
+		p.cancel = nil
+	}
 	p.tail, p.tailSize, p.marks = nil, 0, nil
 	r.st.snapshotsTaken.Add(1)
 	r.log.Debug("replica: snapshot applied", "peer", p.origin, "seq", top, "bookings", len(p.ids))
 	if p.again {
-		r.startSyncLocked(p, "resync asked during the snapshot")
+		r.startSyncLocked(p, "resync asked during the snapshot", now)
 	}
 }
 
@@ -568,7 +713,7 @@ func (r *Replicator) checkPeers() {
 	for _, p := range r.peers {
 		if now-p.heard > int64(r.o.PeerTimeout) {
 			r.st.droppedPeers.Add(1)
-			r.log.Warn("replica: peer silent, its bookings dropped", "peer", p.origin,
+			r.limited(slog.LevelWarn, "silent", "replica: peer silent, its bookings dropped", "peer", p.origin,
 				"silent_for", time.Duration(now-p.heard), "bookings", len(p.ids))
 			r.removePeerLocked(p)
 			continue
@@ -580,7 +725,7 @@ func (r *Replicator) checkPeers() {
 		for id, h := range p.ids {
 			if h.deadline <= now {
 				_ = r.svc.SettleRemote(p.origin, id, selection.SettleFree)
-				delete(p.ids, id)
+				r.forgetLocked(p, id)
 			}
 		}
 	}
@@ -622,13 +767,14 @@ func (r *Replicator) connChanged(up bool) {
 	case r.kick <- struct{}{}:
 	default:
 	}
+	now := r.o.Now().UnixNano()
 	r.pmu.Lock()
 	for _, p := range r.peers {
 		if p.syncing { // anew: what is in flight may have missed batches
 			r.resetSyncLocked(p)
 			r.enqueueLocked(p)
 		} else {
-			r.startSyncLocked(p, "reconnected")
+			r.startSyncLocked(p, "reconnected", now)
 		}
 	}
 	r.pmu.Unlock()

@@ -42,8 +42,10 @@ type Stats struct {
 	Received, Applied uint64
 	// Gaps counts sequence gaps seen (a lost batch, a peer joining mid
 	// stream, a hole left while a snapshot was taken); Resyncs the peers'
-	// requests to be snapshotted (after their overflow or reconnection).
-	Gaps, Resyncs uint64
+	// requests to be snapshotted (after their overflow or reconnection);
+	// RepairBackoffs the repairs delayed because the peer's repairs
+	// followed each other (see the package doc, Refusals and bounds).
+	Gaps, Resyncs, RepairBackoffs uint64
 	// SnapshotsServed counts snapshots sent to peers (PagesServed their
 	// pages); SnapshotsTaken the peers' snapshots applied; SnapshotFailures
 	// the snapshot requests that failed (retried every HeartbeatInterval).
@@ -61,7 +63,11 @@ type Stats struct {
 	// "expired" (no lease left), "invalid" (refused by the service
 	// otherwise), "closed" (the service is closed), "malformed"
 	// (undecodable), "stale_epoch" (from a replica's earlier run),
-	// "too_many_peers" (beyond MaxPeers).
+	// "too_many_peers" (beyond MaxPeers), "implausible_seq" (a sequence
+	// number more than MaxSeqJump beyond the peer's stream: forged, or
+	// another process using the peer's ID), "implausible_epoch" (a newer
+	// epoch on the stream than the peer's own snapshot shows), "peer_full"
+	// (a booking beyond Options.MaxPeerBookings or MaxPeerBlocks).
 	Refused map[string]uint64
 	// IDClashes counts messages of another replica using this replica's ID.
 	IDClashes uint64
@@ -86,17 +92,21 @@ const (
 	reasonMalformed
 	reasonStaleEpoch
 	reasonTooManyPeers
+	reasonImplausibleSeq
+	reasonImplausibleEpoch
+	reasonPeerFull
 	numReasons
 )
 
 var reasonNames = [numReasons]string{
 	"not_found", "unknown_id", "expired", "invalid", "closed", "malformed", "stale_epoch", "too_many_peers",
+	"implausible_seq", "implausible_epoch", "peer_full",
 }
 
 type counters struct {
 	batches, ops, heartbeats, publishErrors               atomic.Uint64
 	overflow, unsendable                                  atomic.Uint64
-	received, applied, gaps, resyncs                      atomic.Uint64
+	received, applied, gaps, resyncs, repairBackoffs      atomic.Uint64
 	snapshotsServed, pagesServed, snapshotsTaken          atomic.Uint64
 	snapshotFailures, droppedPeers, duplicates, idClashes atomic.Uint64
 	disconnects, syncTimeouts                             atomic.Uint64
@@ -113,7 +123,7 @@ func (r *Replicator) Stats() Stats {
 		Synced: r.synced.Load(), SyncTimeouts: c.syncTimeouts.Load(),
 		PublishedBatches: c.batches.Load(), PublishedOps: c.ops.Load(), Heartbeats: c.heartbeats.Load(),
 		PublishErrors: c.publishErrors.Load(), Overflow: c.overflow.Load(), Unsendable: c.unsendable.Load(),
-		Received: c.received.Load(), Applied: c.applied.Load(), Gaps: c.gaps.Load(), Resyncs: c.resyncs.Load(),
+		Received: c.received.Load(), Applied: c.applied.Load(), Gaps: c.gaps.Load(), Resyncs: c.resyncs.Load(), RepairBackoffs: c.repairBackoffs.Load(),
 		SnapshotsServed: c.snapshotsServed.Load(), PagesServed: c.pagesServed.Load(),
 		SnapshotsTaken: c.snapshotsTaken.Load(), SnapshotFailures: c.snapshotFailures.Load(),
 		DroppedPeers: c.droppedPeers.Load(), Duplicates: c.duplicates.Load(), IDClashes: c.idClashes.Load(),
@@ -136,36 +146,63 @@ func (r *Replicator) Stats() Stats {
 	return s
 }
 
-// limiter lets one log line of each kind through per minute.
+// limiter lets a few log lines of each kind through per minute: a kind
+// names a class of event (a peer joined, a peer silent, a snapshot failed),
+// never a peer, so that messages under forged origins cannot each buy a line.
+// The first line of a minute after some were held back says how many.
 type limiter struct {
-	mu   sync.Mutex
-	last map[string]time.Time
+	mu    sync.Mutex
+	kinds map[string]*logWindow
 }
 
-const logEvery = time.Minute
+type logWindow struct {
+	start      time.Time
+	lines      int
+	suppressed int
+}
 
-// warn logs msg at WARN unless a line of the same kind went out in the last
-// minute.
+const (
+	logEvery = time.Minute
+	// logBurst is how many lines of one kind a minute lets through.
+	logBurst = 10
+)
+
+// warn logs msg at WARN unless logBurst lines of the same kind went out in
+// the last minute.
 func (r *Replicator) warn(kind, msg string, args ...any) {
 	r.limited(slog.LevelWarn, kind, msg, args...)
 }
 
-// limited logs msg at level unless a line of the same kind went out in the
-// last minute.
+// limited logs msg at level unless logBurst lines of the same kind went out
+// in the last minute.
 func (r *Replicator) limited(level slog.Level, kind, msg string, args ...any) {
 	now := time.Now()
 	r.lim.mu.Lock()
-	if r.lim.last == nil {
-		r.lim.last = map[string]time.Time{}
+	if r.lim.kinds == nil {
+		r.lim.kinds = map[string]*logWindow{}
 	}
-	if t, ok := r.lim.last[kind]; ok && now.Sub(t) < logEvery {
+	w := r.lim.kinds[kind]
+	if w == nil {
+		if len(r.lim.kinds) >= 256 { // kinds are a fixed set; a bound all the same
+			clear(r.lim.kinds)
+		}
+		w = &logWindow{start: now}
+		r.lim.kinds[kind] = w
+	}
+	if now.Sub(w.start) >= logEvery {
+		w.start, w.lines = now, 0
+	}
+	if w.lines >= logBurst {
+		w.suppressed++
 		r.lim.mu.Unlock()
 		return
 	}
-	if len(r.lim.last) > 256 {
-		clear(r.lim.last)
-	}
-	r.lim.last[kind] = now
+	w.lines++
+	held := w.suppressed
+	w.suppressed = 0
 	r.lim.mu.Unlock()
+	if held > 0 {
+		args = append(args, "suppressed_since_last", held)
+	}
 	r.log.Log(context.Background(), level, msg, args...)
 }

@@ -81,6 +81,11 @@ func (b *SelectionServiceBuilder) Observe(o BookingObserver) *SelectionServiceBu
 	return b
 }
 
+// LeaseLimit is the longest lease a booking holds in this service without a
+// renewal (Config.ActiveRequestExpiry): BookRemote clamps a peer's lease to
+// it.
+func (s *SelectionService) LeaseLimit() time.Duration { return s.cfg.ActiveRequestExpiry }
+
 // remoteID is the ledger id of a peer's booking: ids of different origins, and
 // of the service's own bookings, never collide.
 func remoteID(origin, id string) string { return "\x00" + origin + "\x00" + id }
@@ -89,7 +94,8 @@ func remoteID(origin, id string) string { return "\x00" + origin + "\x00" + id }
 // this service's ledger: it counts as load exactly as a local booking does,
 // and with the approximate index it is remembered as a prefix of its worker.
 // Its first deadline is ev.Remaining (or ev.Lease) from now, and each
-// SettleRenew extends it by ev.Lease. A booking on a worker or rank this service
+// SettleRenew extends it by ev.Lease; both are at most LeaseLimit, so that a
+// peer cannot pin load longer than a local booking is held. A booking on a worker or rank this service
 // does not route to (discovery not yet caught up, another model) is refused
 // with ErrNotFound; a repeated id with ErrConflict.
 func (s *SelectionService) BookRemote(origin string, ev BookingEvent) error {
@@ -104,6 +110,11 @@ func (s *SelectionService) BookRemote(origin string, ev BookingEvent) error {
 	if p == nil || p.model != modelOf(ev.Model) || !s.rankKnownLocked(ev.Worker) {
 		return fmt.Errorf("%w: remote booking on %v of model %q", ErrNotFound, ev.Worker, modelOf(ev.Model))
 	}
+	limit := s.LeaseLimit()
+	if ev.Lease <= 0 || ev.Lease > limit {
+		ev.Lease = limit
+	}
+	ev.Remaining = min(ev.Remaining, ev.Lease)
 	err := s.ledger.Book(reservation.Booking{
 		ID: remoteID(origin, ev.ID), Worker: ev.Worker, SeqHashes: ev.SeqHashes, PrivateBlocks: ev.PrivateBlocks,
 		PrefillTokens: ev.PrefillTokens, ExpectedOutputTokens: ev.ExpectedOutputTokens, Lease: ev.Lease,

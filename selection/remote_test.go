@@ -98,3 +98,23 @@ func TestBookRemoteRemainingLease(t *testing.T) {
 	require.Equal(t, 1, b.ExpireReservations())
 	requireIdle(t, b)
 }
+
+// A peer's lease, and what is left of it, is at most this service's own: a
+// forged lease of 24 days cannot pin a worker's load longer than a local
+// booking is held, and neither can its renewals.
+func TestBookRemoteLeaseClamped(t *testing.T) {
+	b, clk := newTestService(t, func(c *Config) { c.ActiveRequestExpiry = time.Minute })
+	addWorkers(t, b, "w1")
+	require.Equal(t, time.Minute, b.LeaseLimit())
+	huge := time.Duration(1<<31-1) * time.Millisecond
+	ev := BookingEvent{ID: "x", Worker: catalog.WorkerRank{Worker: "w1"}, SeqHashes: []uint64{1}, PrivateBlocks: 1 << 30,
+		Lease: huge, Remaining: huge}
+	require.NoError(t, b.BookRemote("peer", ev))
+	clk.Advance(30 * time.Second)
+	require.NoError(t, b.SettleRemote("peer", "x", SettleRenew))
+	clk.Advance(time.Minute - time.Second)
+	require.Zero(t, b.ExpireReservations(), "renewed at 30 s by a minute")
+	clk.Advance(time.Second)
+	require.Equal(t, 1, b.ExpireReservations(), "and no longer")
+	requireIdle(t, b)
+}
