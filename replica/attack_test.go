@@ -18,12 +18,15 @@ import (
 // replica's ID and epoch, a flood of valid bookings, a snapshot responder
 // that answers just in time, forever.
 
-const opsSubject = replica.DefaultSubject + ".ops"
+// opsSubject is where replica id publishes its batches.
+func opsSubject(id string) string { return replica.DefaultSubject + ".ops." + id }
 
-// forge publishes raw bytes on the booking stream from a member of its own.
-func forge(t *testing.T, h *hub, data []byte) {
+// forge publishes raw bytes on replica id's stream from a member of its
+// own: the bus lets it (no permissions), as a rogue route into a NATS mesh
+// without a secret would.
+func forge(t *testing.T, h *hub, id string, data []byte) {
 	t.Helper()
-	require.NoError(t, h.member().Publish(opsSubject, data))
+	require.NoError(t, h.member().Publish(opsSubject(id), data))
 }
 
 // heartbeatsPass waits until n has sent k more heartbeats: each is one
@@ -55,7 +58,7 @@ func TestForgedSequenceDoesNotLoop(t *testing.T) {
 	before := []uint64{repairs(b), repairs(c)}
 	st := a.r.Stats()
 
-	forge(t, h, replica.ForgeBatch(st.ID, st.Epoch, 1<<62))
+	forge(t, h, st.ID, replica.ForgeBatch(st.ID, st.Epoch, 1<<62))
 	heartbeatsPass(t, a, 10)
 	a.book(t, rng, 2)
 	requireConverged(t, a, b, c)
@@ -78,7 +81,7 @@ func TestForgedNearSequenceRepairsBackOff(t *testing.T) {
 	st := a.r.Stats()
 	before := repairs(b)
 
-	forge(t, h, replica.ForgeBatch(st.ID, st.Epoch, st.Seq+100))
+	forge(t, h, st.ID, replica.ForgeBatch(st.ID, st.Epoch, st.Seq+100))
 	heartbeatsPass(t, a, 6)
 	requireConverged(t, a, b)
 	require.LessOrEqual(t, repairs(b)-before, uint64(2), "one forged heartbeat, one repair (and at most one more)")
@@ -86,7 +89,7 @@ func TestForgedNearSequenceRepairsBackOff(t *testing.T) {
 	// Again after each repair, 8 times: the repairs back off instead of
 	// following each message.
 	for i := range 8 {
-		forge(t, h, replica.ForgeBatch(st.ID, st.Epoch, a.r.Stats().Seq+100+uint64(i)))
+		forge(t, h, st.ID, replica.ForgeBatch(st.ID, st.Epoch, a.r.Stats().Seq+100+uint64(i)))
 		eventually(t, func() bool { return !peerSyncing(b, "a") || b.r.Stats().RepairBackoffs > 0 }, "repaired or backing off")
 		if b.r.Stats().RepairBackoffs > 0 {
 			break
@@ -119,7 +122,7 @@ func TestForgedEpochIsContradicted(t *testing.T) {
 	requireConverged(t, a, b)
 	st := a.r.Stats()
 
-	forge(t, h, replica.ForgeBatch(st.ID, st.Epoch+1, 5))
+	forge(t, h, st.ID, replica.ForgeBatch(st.ID, st.Epoch+1, 5))
 	eventually(t, func() bool { return b.r.Stats().Refused["implausible_epoch"] > 0 }, "the snapshot contradicts the epoch")
 	a.book(t, rng, 2)
 	requireConverged(t, a, b)
@@ -148,14 +151,14 @@ func TestPeerBookingsBounded(t *testing.T) {
 			bs = append(bs, forged(i+k, 1))
 		}
 		seq++
-		forge(t, h, replica.ForgeBatch("x", 7, seq, bs...))
+		forge(t, h, "x", replica.ForgeBatch("x", 7, seq, bs...))
 	}
 	eventually(t, func() bool { return len(b.r.RemoteIDs("x")) == 50 }, "50 bookings held")
 	require.Equal(t, uint64(150), b.r.Stats().Refused["peer_full"])
 
 	// Another peer of fat bookings: 400 blocks hold 3 of 120.
 	for i := range 5 {
-		forge(t, h, replica.ForgeBatch("y", 7, uint64(i+1), forged(1000+i, 120)))
+		forge(t, h, "y", replica.ForgeBatch("y", 7, uint64(i+1), forged(1000+i, 120)))
 	}
 	eventually(t, func() bool { return len(b.r.RemoteIDs("y")) == 3 }, "3 bookings of 120 blocks held")
 	active := 0
@@ -189,7 +192,7 @@ func TestSlowSnapshotResponderBlocksNoOne(t *testing.T) {
 	})
 	require.NoError(t, err)
 	t.Cleanup(stop)
-	require.NoError(t, slow.Publish(opsSubject, replica.ForgeBatch("slow", 9, 1)))
+	require.NoError(t, slow.Publish(opsSubject("slow"), replica.ForgeBatch("slow", 9, 1)))
 	eventually(t, func() bool { return pages.Load() >= 1 }, "a snapshot of the slow peer is under way")
 
 	rng := rand.New(rand.NewPCG(27, 4))
@@ -207,4 +210,62 @@ func TestSlowSnapshotResponderBlocksNoOne(t *testing.T) {
 	require.Less(t, took, time.Second, "re-learning a healed peer")
 	require.Positive(t, pages.Load())
 	t.Logf("healed peer re-learnt in %v while the slow peer had served %d pages", took, pages.Load())
+}
+
+// A batch published on one replica's subject under another's ID is refused:
+// a broker that lets each replica publish only on its own subject (NATS
+// permissions) thereby keeps any one of them from speaking for another.
+func TestOriginMustMatchSubject(t *testing.T) {
+	h := newHub()
+	a, b := newNode(t, h, "a", nil), newNode(t, h, "b", nil)
+	rng := rand.New(rand.NewPCG(27, 5))
+	a.book(t, rng, 2)
+	requireConverged(t, a, b)
+	st := a.r.Stats()
+	forge(t, h, "x", replica.ForgeBatch(st.ID, st.Epoch, st.Seq+1, replica.ForgedBooking{
+		ID: "forged", Worker: catalog.WorkerRank{Worker: "w1"}, Hashes: []uint64{1}, LeaseMS: 60000}))
+	require.Equal(t, uint64(1), b.r.Stats().Refused["origin_mismatch"])
+	require.NotContains(t, b.r.RemoteIDs("a"), "forged")
+	require.Empty(t, b.r.RemoteIDs("x"))
+}
+
+// payloadBus is a hub member whose broker bound (PayloadLimiter) the test
+// sets: 0 while "never connected".
+type payloadBus struct {
+	*member
+	max atomic.Int64
+}
+
+func (b *payloadBus) MaxPayload() int { return int(b.max.Load()) }
+
+// A replica started while its broker was unreachable sends messages within
+// the broker's limit once it connects, not within the default it started
+// with; one given an explicit MaxMessageBytes keeps it when the broker
+// allows more.
+func TestMessageBoundFollowsBroker(t *testing.T) {
+	h := newHub()
+	var pb *payloadBus
+	wrap := func(m *member) replica.Bus { pb = &payloadBus{member: m}; return pb }
+	a := newNodeWith(t, h, "a", wrap, nil)
+	require.Equal(t, replica.DefaultMaxMessageBytes, a.r.Stats().MaxMessageBytes, "nothing known yet")
+	a.bus.setDown(true)
+	pb.max.Store(64 << 10)
+	a.bus.setDown(false)
+	require.Equal(t, 64<<10, a.r.Stats().MaxMessageBytes)
+	pb.max.Store(8 << 20)
+	a.bus.setDown(true)
+	a.bus.setDown(false)
+	require.Equal(t, 8<<20, a.r.Stats().MaxMessageBytes, "left to its default, the bound is the broker's")
+
+	var pc *payloadBus
+	wrapC := func(m *member) replica.Bus { pc = &payloadBus{member: m}; return pc }
+	c := newNodeWith(t, h, "c", wrapC, func(o *replica.Options) { o.MaxMessageBytes = 256 << 10 })
+	pc.max.Store(8 << 20)
+	c.bus.setDown(true)
+	c.bus.setDown(false)
+	require.Equal(t, 256<<10, c.r.Stats().MaxMessageBytes, "an explicit bound is kept")
+	pc.max.Store(64 << 10)
+	c.bus.setDown(true)
+	c.bus.setDown(false)
+	require.Equal(t, 64<<10, c.r.Stats().MaxMessageBytes, "and lowered to the broker's")
 }

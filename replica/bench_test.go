@@ -18,7 +18,7 @@ import (
 type discardBus struct{ bytes atomic.Int64 }
 
 func (d *discardBus) Publish(_ string, data []byte) error { d.bytes.Add(int64(len(data))); return nil }
-func (d *discardBus) Subscribe(string, func([]byte)) (func(), error) {
+func (d *discardBus) Subscribe(string, func(string, []byte)) (func(), error) {
 	return func() {}, nil
 }
 

@@ -6,6 +6,15 @@ import "context"
 // booking stream and request/reply for snapshots. Package replica/natsbus
 // implements it over NATS; any broker with the same two patterns will do.
 //
+// Subjects are dot-separated tokens. A subscription's subject may end in the
+// token "*", which matches any one last token (as in NATS): a replica
+// publishes its batches on its own subject, Subject+".ops."+ID, and
+// subscribes to Subject+".ops.*". fn is given the subject each message was
+// published on, so a replica knows which replica's subject a batch came on
+// (a broker that lets each replica publish only on its own subject, as NATS
+// permissions do, thereby makes forging another replica's batches
+// impossible).
+//
 // The Replicator relies on these properties:
 //
 //   - Messages one Bus publishes on a subject reach each subscriber in the
@@ -23,7 +32,7 @@ import "context"
 // sends no answer.
 type Bus interface {
 	Publish(subject string, data []byte) error
-	Subscribe(subject string, fn func(data []byte)) (unsubscribe func(), err error)
+	Subscribe(subject string, fn func(subject string, data []byte)) (unsubscribe func(), err error)
 	Request(ctx context.Context, subject string, data []byte) ([]byte, error)
 	Respond(subject string, fn func(req []byte) []byte) (stop func(), err error)
 }

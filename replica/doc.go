@@ -32,7 +32,7 @@
 // wire.go):
 //
 //	subject                  message   body
-//	<Subject>.ops            batch     flags (resync) | origin | epoch u64 | seq uv | ops
+//	<Subject>.ops.<ID>       batch     flags (resync) | origin | epoch u64 | seq uv | ops
 //	<Subject>.snapshot.<ID>  request   requester | after (the page cursor: the last id received)
 //	                         page      flags (more) | origin | epoch u64 | seq uv (see Ordering) | booked ops
 //
@@ -43,7 +43,10 @@
 //
 // Every length and number is bounded (strings at 1 KiB, numbers at
 // math.MaxInt32, counts by the bytes left), and every decode error is one of
-// a few sentinels; the decoders are fuzzed.
+// a few sentinels; the decoders are fuzzed. A batch whose origin is not the
+// replica its subject names is refused ("origin_mismatch"): on a broker that
+// lets each replica publish only on its own subject (natsbus.ReplicaPermissions)
+// no replica can speak for another.
 //
 // # Ordering
 //
@@ -64,7 +67,21 @@
 //     snapshot of that peer (a resync asked while one is in flight, another
 //     once it is applied);
 //   - a larger epoch means the peer restarted: its old bookings are freed and
-//     the new epoch is followed from its start; a smaller one is ignored.
+//     the new epoch is followed from its start; a smaller one is ignored;
+//   - once a peer's stream is followed (a batch applied in order, or a
+//     snapshot taken), a sequence number more than MaxSeqJump beyond its last
+//     batch is refused ("implausible_seq") and moves nothing.
+//
+// Nothing a peer's stream says moves state without a check: a snapshot is
+// asked of the peer itself, and its answer wins over the stream. Its first
+// page's epoch is the one followed (a forged restart is undone,
+// "implausible_epoch"), and every sequence number heard before the
+// snapshot was asked is superseded by it (a batch published by then is at or
+// below the first page's sequence number, so a higher one heard then was
+// never sent by the peer, and is forgotten rather than chased). Repairs of
+// one peer that follow each other back off from the third on (1, 2, 4, then 8
+// HeartbeatIntervals; Stats.RepairBackoffs), so a stream that keeps claiming
+// batches it never sends costs a snapshot every few seconds.
 //
 // A snapshot is requested on the peer's snapshot subject, in pages of at most
 // MaxMessageBytes, each answering "my live bookings with ids after this
@@ -82,7 +99,10 @@
 // hole (it waits for them), it replays them in order, each op only over an id
 // whose page is older than the op's batch. A hole, or a sequence number heard
 // and never applied, starts another snapshot at once. A failed request is
-// retried every HeartbeatInterval while the peer is heard from.
+// retried every HeartbeatInterval while the peer is heard from. Each peer's
+// snapshot is taken on a goroutine of its own (at most 64 at once), each
+// page bounded by SnapshotTimeout and the whole by SnapshotDeadline, so one
+// slow peer delays no other's repair.
 //
 // So no op is applied twice over a snapshot, and a booking a page shows freed
 // is never booked again, neither by its replayed booked op nor by a batch
@@ -155,7 +175,13 @@
 // from the stream (Stats.Overflow, one WARN per episode) but kept in the
 // local table, and the next batch asks the peers for a snapshot, which
 // carries them. A replica follows at most MaxPeers peers and buffers a
-// bounded tail while it takes a snapshot.
+// bounded tail while it takes a snapshot. One peer holds at most
+// MaxPeerBookings bookings of at most MaxPeerBlocks blocks in all in the
+// service (beyond: "peer_full"), each with a lease of at most the service's
+// own (selection.SelectionService.LeaseLimit), so no peer, real or forged,
+// can grow a replica's memory past that or pin a worker's load longer than
+// a local booking. Log lines of one kind are limited to 10 a minute,
+// whatever peer they name.
 //
 // # Concurrency
 //
@@ -170,7 +196,8 @@
 //
 //	publisher         batches (BatchInterval, BatchMax), heartbeats, the final flush
 //	watchdog          every HeartbeatInterval: silent peers, snapshot retries, expired leases
-//	snapshot taker    one snapshot at a time, each request bounded by SnapshotTimeout
+//	snapshot taker    starts each peer's snapshot on a goroutine of its own
+//	                  (at most 64 at once), and waits for them
 //	warm start        the warm start (bounded by WarmTimeout), then every
 //	                  HeartbeatInterval: expires idle served index transfers
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/kvselect/kvselect/catalog"
@@ -15,21 +16,23 @@ import (
 // it delivers inline. Real replicas use replica/natsbus.
 type localBus struct {
 	mu    sync.Mutex
-	subs  map[string][]func([]byte)
+	subs  map[string][]func(string, []byte)
 	resps map[string]func([]byte) []byte
 }
 
 func (b *localBus) Publish(subject string, data []byte) error {
 	b.mu.Lock()
-	fns := b.subs[subject]
+	fns := b.subs[subject[:strings.LastIndexByte(subject, '.')]+".*"]
 	b.mu.Unlock()
 	for _, fn := range fns {
-		fn(data)
+		fn(subject, data)
 	}
 	return nil
 }
 
-func (b *localBus) Subscribe(subject string, fn func([]byte)) (func(), error) {
+// Subscribe takes the subjects a Replicator subscribes to, which end in
+// ".*".
+func (b *localBus) Subscribe(subject string, fn func(string, []byte)) (func(), error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.subs[subject] = append(b.subs[subject], fn)
@@ -55,7 +58,7 @@ func (b *localBus) Respond(subject string, fn func([]byte) []byte) (func(), erro
 
 // Two replicas of one router: what one books, the other counts as load.
 func Example() {
-	bus := &localBus{subs: map[string][]func([]byte){}, resps: map[string]func([]byte) []byte{}}
+	bus := &localBus{subs: map[string][]func(string, []byte){}, resps: map[string]func([]byte) []byte{}}
 	replicaOf := func(id string) (*selection.SelectionService, *replica.Replicator) {
 		r, err := replica.New(replica.Options{Bus: bus, ID: id})
 		if err != nil {

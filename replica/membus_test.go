@@ -3,6 +3,7 @@ package replica_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,7 +23,7 @@ type hub struct {
 
 type hubSub struct {
 	m       *member
-	fn      func([]byte)
+	fn      func(string, []byte)
 	respond func([]byte) []byte
 	dead    atomic.Bool
 }
@@ -71,16 +72,20 @@ func (m *member) Publish(subject string, data []byte) error {
 	}
 	m.h.mu.RLock()
 	subs := append([]*hubSub(nil), m.h.subs[subject]...)
+	if i := strings.LastIndexByte(subject, '.'); i >= 0 {
+		subs = append(subs, m.h.subs[subject[:i]+".*"]...)
+	}
 	m.h.mu.RUnlock()
 	for _, s := range subs {
 		if !s.dead.Load() && !s.m.down.Load() {
-			s.fn(data)
+			s.fn(subject, data)
 		}
 	}
 	return nil
 }
 
-func (m *member) Subscribe(subject string, fn func([]byte)) (func(), error) {
+// Subscribe takes a literal subject or one ending in the token "*".
+func (m *member) Subscribe(subject string, fn func(string, []byte)) (func(), error) {
 	s := &hubSub{m: m, fn: fn}
 	m.h.mu.Lock()
 	m.h.subs[subject] = append(m.h.subs[subject], s)

@@ -21,9 +21,11 @@ const (
 	DefaultSyncTimeout       = 10 * time.Second
 	// DefaultMaxPeerBookings and DefaultMaxPeerBlocks bound what one peer
 	// may hold in this replica's service: an EPP has at most 1,024 requests
-	// in flight by default, each of a few hundred blocks.
+	// in flight by default, each of a few hundred blocks (512 is an 8k-token
+	// prompt of 16-token blocks). A booked block costs the service's ledger
+	// about 120 bytes, so one peer holds at most about 64 MB.
 	DefaultMaxPeerBookings = 16384
-	DefaultMaxPeerBlocks   = 1 << 20
+	DefaultMaxPeerBlocks   = 1 << 19
 	// DefaultMaxMessageBytes is NATS's default max_payload.
 	DefaultMaxMessageBytes = 1 << 20
 )
@@ -51,9 +53,10 @@ type Options struct {
 	// replica restarted with the same ID is told apart by its epoch (see the
 	// package doc).
 	ID string
-	// Subject is the prefix of the subjects the replicas share: the booking
-	// stream on Subject+".ops" and each replica's snapshot service on
-	// Subject+".snapshot."+ID. Dot-separated tokens of [A-Za-z0-9_-]. Default
+	// Subject is the prefix of the subjects the replicas share: each
+	// replica's booking stream on Subject+".ops."+ID (all of them read with
+	// Subject+".ops.*"), its snapshot service on Subject+".snapshot."+ID and
+	// its index service on Subject+".index."+ID. Dot-separated tokens of [A-Za-z0-9_-]. Default
 	// DefaultSubject. Replicas of one routing group share it; different groups
 	// (another pool, another EPP) use different ones.
 	Subject string
@@ -106,9 +109,12 @@ type Options struct {
 	SyncTimeout time.Duration
 	// MaxMessageBytes bounds every message the replica sends and decodes: a
 	// batch, a snapshot page (snapshots larger than this are paged), a
-	// request. Keep it at or below the broker's limit (NATS: max_payload).
-	// Default 1 MiB; between MinMessageBytes and MessageBytesLimit. A single
-	// booking too large for one message is not replicated (Stats.Unsendable).
+	// request. When the Bus is a PayloadLimiter (natsbus), the broker's own
+	// limit (NATS: max_payload) is read at Start and on every reconnection:
+	// messages sent stay within it, and when MaxMessageBytes is left 0 the
+	// broker's limit is the bound (1 MiB until it is known). Between
+	// MinMessageBytes and MessageBytesLimit. A single booking too large for
+	// one message is not replicated (Stats.Unsendable).
 	MaxMessageBytes int
 	// Logger receives state changes (peers joined, restarted and dropped, gaps,
 	// snapshots, overflow, degraded). Default: discard. Nothing is logged per

@@ -18,7 +18,9 @@ func (c *captureBus) Publish(_ string, data []byte) error {
 	c.msgs = append(c.msgs, append([]byte(nil), data...))
 	return nil
 }
-func (c *captureBus) Subscribe(string, func([]byte)) (func(), error) { return func() {}, nil }
+func (c *captureBus) Subscribe(string, func(string, []byte)) (func(), error) {
+	return func() {}, nil
+}
 func (c *captureBus) Request(context.Context, string, []byte) ([]byte, error) {
 	return nil, context.Canceled
 }

@@ -60,7 +60,7 @@ func (r *Replicator) publishLoop() {
 func (r *Replicator) batchReady() bool {
 	r.mu.Lock()
 	p := r.mu.pend
-	ready := len(p.ops) >= r.o.BatchMax || p.bytes >= r.fullB || r.mu.overflowing
+	ready := len(p.ops) >= r.o.BatchMax || p.bytes >= r.sendMax()-headerReserve || r.mu.overflowing
 	r.mu.Unlock()
 	return ready || r.resync.Load()
 }
@@ -132,8 +132,8 @@ func (r *Replicator) splitBatches(dst []int, ops []pendingOp, seals []int) []int
 			lim = min(lim, seals[0])
 		}
 		lim = min(lim, start+r.o.BatchMax)
-		n, size := start, headerReserve
-		for n < lim && size+int(ops[n].size) <= r.o.MaxMessageBytes {
+		n, size, most := start, headerReserve, r.sendMax()
+		for n < lim && size+int(ops[n].size) <= most {
 			size += int(ops[n].size)
 			n++
 		}

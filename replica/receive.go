@@ -120,8 +120,9 @@ type Peer struct {
 	LastHeard time.Time
 }
 
-// onBatch is the subscription callback of the booking stream.
-func (r *Replicator) onBatch(data []byte) {
+// onBatch is the subscription callback of the booking stream: subject is
+// the publishing replica's own, Subject+".ops."+ID.
+func (r *Replicator) onBatch(subject string, data []byte) {
 	if !r.enter() {
 		return
 	}
@@ -129,9 +130,15 @@ func (r *Replicator) onBatch(data []byte) {
 	r.pmu.Lock()
 	defer r.pmu.Unlock()
 	b := &r.rx
-	if err := decodeBatch(data, r.o.MaxMessageBytes, b); err != nil {
+	if err := decodeBatch(data, r.recvMax(), b); err != nil {
 		r.refuse(reasonMalformed)
 		r.warn("malformed", "replica: undecodable message on the booking stream", "err", err, "bytes", len(data))
+		return
+	}
+	if subject != r.o.Subject+".ops."+b.origin {
+		r.refuse(reasonOriginMismatch)
+		r.warn("origin_mismatch", "replica: a batch names another replica than the subject it was published on (forged, or a misconfigured replica)",
+			"subject", subject, "origin", b.origin)
 		return
 	}
 	if b.origin == r.o.ID {
@@ -209,7 +216,7 @@ func (r *Replicator) bufferLocked(p *peer, b *wireBatch, data []byte) {
 	if len(b.ops) == 0 {
 		return // a heartbeat: p.seen has its sequence number
 	}
-	if len(p.tail) >= maxTail || p.tailSize+len(data) > 8*r.o.MaxMessageBytes {
+	if len(p.tail) >= maxTail || p.tailSize+len(data) > 8*r.recvMax() {
 		p.tailLost = max(p.tailLost, b.seq)
 		return
 	}
@@ -547,7 +554,7 @@ func (r *Replicator) syncPeer(ctx context.Context, p *peer, gen uint64) {
 // checkPage decodes one snapshot page and checks it continues the snapshot:
 // its origin, its epoch after the first page, ids ascending after the cursor.
 func (r *Replicator) checkPage(resp []byte, page *snapPage, origin, after string, first bool, epoch uint64) error {
-	if err := decodePage(resp, r.o.MaxMessageBytes, page); err != nil {
+	if err := decodePage(resp, r.recvMax(), page); err != nil {
 		return err
 	}
 	switch {
@@ -601,7 +608,7 @@ func (r *Replicator) finishSyncLocked(p *peer, now int64) {
 	for i := range p.tail {
 		t := &p.tail[i]
 		b := &r.tailRx
-		if t.seq <= p.snapSeq || decodeBatch(t.raw, r.o.MaxMessageBytes, b) != nil {
+		if t.seq <= p.snapSeq || decodeBatch(t.raw, r.recvMax(), b) != nil {
 			continue // decoded once already, on arrival
 		}
 		r.replayLocked(p, b.ops, t.seq, now)
@@ -635,7 +642,7 @@ func (r *Replicator) serveSnapshot(req []byte) []byte {
 		return nil
 	}
 	defer r.leave()
-	q, err := decodeRequest(req, r.o.MaxMessageBytes)
+	q, err := decodeRequest(req, r.recvMax())
 	if err != nil {
 		r.refuse(reasonMalformed)
 		r.warn("malformed", "replica: undecodable snapshot request", "err", err)
@@ -653,7 +660,7 @@ func (r *Replicator) serveSnapshot(req []byte) []byte {
 	r.mu.Unlock()
 	slices.Sort(ids)
 
-	limit := r.o.MaxMessageBytes - headerReserve
+	limit := r.sendMax() - headerReserve
 	body := make([]byte, 0, min(limit, 64<<10))
 	count, more := 0, false
 	r.mu.Lock()
@@ -762,6 +769,7 @@ func (r *Replicator) connChanged(up bool) {
 		return
 	}
 	r.log.Info("replica: bus reconnected; resynchronising with every peer")
+	r.followBusPayload()
 	r.resync.Store(true)
 	select {
 	case r.kick <- struct{}{}:

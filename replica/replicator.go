@@ -35,13 +35,15 @@ var (
 // A Replicator is safe for concurrent use. Booked and Settled, called on the
 // service's request path, take one short lock and never block on the bus.
 type Replicator struct {
-	o        Options
-	log      *slog.Logger
-	epoch    uint64
-	opsSubj  string
-	maxOp    int // largest op that fits one message
-	fullB    int // pending bytes that make a batch full
-	maxPendB int // bound on pending bytes
+	o       Options
+	log     *slog.Logger
+	epoch   uint64
+	opsSubj string // where this replica publishes its batches
+	// msgMax is the bound on the messages this replica sends: its
+	// MaxMessageBytes, or less (more, when it was left to its default) as
+	// the Bus's broker says on each connection (PayloadLimiter).
+	msgMax        atomic.Int64
+	followPayload bool // Options.MaxMessageBytes was left 0
 
 	closed atomic.Bool
 
@@ -157,25 +159,25 @@ const maxSpareEntries = 4096
 // to a service with SelectionServiceBuilder.Observe, then call Start with the
 // service. Errors: ErrInvalidOptions.
 func New(o Options) (*Replicator, error) {
+	follow := o.MaxMessageBytes == 0
 	o, err := o.withDefaults()
 	if err != nil {
 		return nil, err
 	}
 	r := &Replicator{
-		o:        o,
-		log:      o.Logger.With("replica", o.ID),
-		epoch:    newEpoch(),
-		opsSubj:  o.Subject + ".ops",
-		maxOp:    o.MaxMessageBytes - headerReserve,
-		fullB:    o.MaxMessageBytes - headerReserve,
-		maxPendB: 4 * o.MaxMessageBytes,
-		out:      &pendingBuf{},
-		peers:    map[string]*peer{},
-		kick:     make(chan struct{}, 1),
-		flushReq: make(chan chan struct{}),
-		syncKick: make(chan struct{}, 1),
-		stop:     make(chan struct{}),
+		o:             o,
+		log:           o.Logger.With("replica", o.ID),
+		epoch:         newEpoch(),
+		opsSubj:       o.Subject + ".ops." + o.ID,
+		followPayload: follow,
+		out:           &pendingBuf{},
+		peers:         map[string]*peer{},
+		kick:          make(chan struct{}, 1),
+		flushReq:      make(chan chan struct{}),
+		syncKick:      make(chan struct{}, 1),
+		stop:          make(chan struct{}),
 	}
+	r.msgMax.Store(int64(o.MaxMessageBytes))
 	r.mu.local = map[string]*localEntry{}
 	r.mu.pend = &pendingBuf{}
 	r.mu.idle = true
@@ -201,6 +203,43 @@ func newEpoch() uint64 {
 		if lastEpoch.CompareAndSwap(last, e) {
 			return e
 		}
+	}
+}
+
+// PayloadLimiter is implemented by a Bus whose broker bounds the size of a
+// message (NATS: the server's max_payload, which a client learns on each
+// connection). The Replicator reads it at Start and on every reconnection
+// (ConnWatcher): it then sends messages of at most that size, and, when
+// Options.MaxMessageBytes was left to its default, takes that size as its
+// bound. 0 means not known yet.
+type PayloadLimiter interface {
+	MaxPayload() int
+}
+
+// sendMax is the bound on the messages this replica sends.
+func (r *Replicator) sendMax() int { return int(r.msgMax.Load()) }
+
+// recvMax is the bound on the messages this replica decodes: its
+// MaxMessageBytes, or the broker's larger bound it follows.
+func (r *Replicator) recvMax() int { return max(r.o.MaxMessageBytes, r.sendMax()) }
+
+// followBusPayload reads the broker's bound on a message, when the Bus
+// tells it.
+func (r *Replicator) followBusPayload() {
+	pl, ok := r.o.Bus.(PayloadLimiter)
+	if !ok {
+		return
+	}
+	n := pl.MaxPayload()
+	if n <= 0 {
+		return
+	}
+	n = min(max(n, MinMessageBytes), MessageBytesLimit)
+	if !r.followPayload {
+		n = min(n, r.o.MaxMessageBytes)
+	}
+	if old := r.msgMax.Swap(int64(n)); old != int64(n) {
+		r.log.Info("replica: message bound follows the broker", "max_message_bytes", n, "was", old)
 	}
 }
 
@@ -233,7 +272,7 @@ func (r *Replicator) Start(svc *selection.SelectionService) error {
 		}
 		return err
 	}
-	unsub, err := r.o.Bus.Subscribe(r.opsSubj, r.onBatch)
+	unsub, err := r.o.Bus.Subscribe(r.o.Subject+".ops.*", r.onBatch)
 	if err != nil {
 		return undo(err)
 	}
@@ -256,6 +295,7 @@ func (r *Replicator) Start(svc *selection.SelectionService) error {
 		stops = append(stops, stopWatch)
 	}
 	r.stops, r.started, r.startedAt = stops, true, time.Now()
+	r.followBusPayload()
 	r.wg.Add(3)
 	go r.publishLoop()
 	go r.watchLoop()
@@ -351,10 +391,10 @@ func (r *Replicator) Booked(ev selection.BookingEvent) {
 	}
 	b.remainingMS = b.leaseMS
 	size := b.size()
-	if !b.sendable() || size > r.maxOp {
+	if !b.sendable() || size > r.sendMax()-headerReserve {
 		r.st.unsendable.Add(1)
 		r.warn("unsendable", "a booking is too large to replicate; peers will not see it",
-			"id", ev.ID, "worker", ev.Worker, "hashes", len(ev.SeqHashes), "max_message_bytes", r.o.MaxMessageBytes)
+			"id", ev.ID, "worker", ev.Worker, "hashes", len(ev.SeqHashes), "max_message_bytes", r.sendMax())
 		return
 	}
 	deadline := r.o.Now().UnixNano() + int64(time.Duration(b.leaseMS)*time.Millisecond)
@@ -457,7 +497,7 @@ func (r *Replicator) recycleLocked(es []*localEntry) {
 // op dropped since the last flush.
 func (r *Replicator) queueLocked(op pendingOp) (kick, overflow bool) {
 	p := r.mu.pend
-	if len(p.ops) >= r.o.PendingMax || p.bytes+int(op.size) > r.maxPendB {
+	if len(p.ops) >= r.o.PendingMax || p.bytes+int(op.size) > 4*r.sendMax() {
 		r.st.overflow.Add(1)
 		r.resync.Store(true)
 		overflow = !r.mu.overflowing
@@ -466,7 +506,7 @@ func (r *Replicator) queueLocked(op pendingOp) (kick, overflow bool) {
 	}
 	p.ops = append(p.ops, op)
 	p.bytes += int(op.size)
-	kick = r.mu.idle || len(p.ops) >= r.o.BatchMax || p.bytes >= r.fullB
+	kick = r.mu.idle || len(p.ops) >= r.o.BatchMax || p.bytes >= r.sendMax()-headerReserve
 	r.mu.idle = false
 	return kick, false
 }

@@ -3,6 +3,7 @@ package replica
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,9 @@ type Stats struct {
 	ID    string
 	Epoch uint64
 	Seq   uint64
+	// MaxMessageBytes is the bound on the messages the replica sends now
+	// (Options.MaxMessageBytes, or the broker's, see PayloadLimiter).
+	MaxMessageBytes int
 	// Degraded is true while the bus reports its connection lost (see
 	// ConnWatcher): the replica routes on its own bookings and on what its
 	// peers sent before, and resynchronises when the connection is back.
@@ -67,7 +71,9 @@ type Stats struct {
 	// number more than MaxSeqJump beyond the peer's stream: forged, or
 	// another process using the peer's ID), "implausible_epoch" (a newer
 	// epoch on the stream than the peer's own snapshot shows), "peer_full"
-	// (a booking beyond Options.MaxPeerBookings or MaxPeerBlocks).
+	// (a booking beyond Options.MaxPeerBookings or MaxPeerBlocks),
+	// "origin_mismatch" (a batch naming another replica than the subject it
+	// came on).
 	Refused map[string]uint64
 	// IDClashes counts messages of another replica using this replica's ID.
 	IDClashes uint64
@@ -95,12 +101,13 @@ const (
 	reasonImplausibleSeq
 	reasonImplausibleEpoch
 	reasonPeerFull
+	reasonOriginMismatch
 	numReasons
 )
 
 var reasonNames = [numReasons]string{
 	"not_found", "unknown_id", "expired", "invalid", "closed", "malformed", "stale_epoch", "too_many_peers",
-	"implausible_seq", "implausible_epoch", "peer_full",
+	"implausible_seq", "implausible_epoch", "peer_full", "origin_mismatch",
 }
 
 type counters struct {
@@ -115,11 +122,15 @@ type counters struct {
 
 func (r *Replicator) refuse(why reason) { r.st.refused[why].Add(1) }
 
+// RefusalReasons returns every key Stats.Refused may hold, so that a
+// metrics exporter can report each from the start, at 0 until it happens.
+func RefusalReasons() []string { return slices.Clone(reasonNames[:]) }
+
 // Stats returns the counters.
 func (r *Replicator) Stats() Stats {
 	c := &r.st
 	s := Stats{
-		ID: r.o.ID, Epoch: r.epoch, Seq: r.seq.Load(), Degraded: r.degraded.Load(), Disconnects: c.disconnects.Load(),
+		ID: r.o.ID, Epoch: r.epoch, Seq: r.seq.Load(), MaxMessageBytes: r.sendMax(), Degraded: r.degraded.Load(), Disconnects: c.disconnects.Load(),
 		Synced: r.synced.Load(), SyncTimeouts: c.syncTimeouts.Load(),
 		PublishedBatches: c.batches.Load(), PublishedOps: c.ops.Load(), Heartbeats: c.heartbeats.Load(),
 		PublishErrors: c.publishErrors.Load(), Overflow: c.overflow.Load(), Unsendable: c.unsendable.Load(),

@@ -216,7 +216,7 @@ func (r *Replicator) takeIndex(ctx context.Context, peer string) error {
 		if err != nil {
 			return fmt.Errorf("%w: %s at %d of %d bytes: %w", errIndexTransfer, peer, off, total, err)
 		}
-		c, err := decodeIndexChunk(resp, r.o.MaxMessageBytes)
+		c, err := decodeIndexChunk(resp, r.recvMax())
 		if err == nil {
 			err = r.checkChunk(&c, peer, started, tid, total, crc, off)
 		}
@@ -295,7 +295,7 @@ func (r *Replicator) serveIndex(req []byte) []byte {
 		return nil
 	}
 	defer r.leave()
-	q, err := decodeIndexRequest(req, r.o.MaxMessageBytes)
+	q, err := decodeIndexRequest(req, r.recvMax())
 	if err != nil {
 		r.warm.serveRefused[indexOK].Add(1)
 		r.warn("malformed", "replica: undecodable index request", "err", err)
@@ -343,7 +343,7 @@ func (r *Replicator) serveIndex(req []byte) []byte {
 	if q.offset > total {
 		return refuse(indexUnknown, "replica: index request past the end of its transfer", "offset", q.offset, "total", total)
 	}
-	end := min(total, q.offset+uint64(r.o.MaxMessageBytes-indexChunkReserve-2*MaxIDLen))
+	end := min(total, q.offset+uint64(r.sendMax()-indexChunkReserve-2*MaxIDLen))
 	c.total, c.crc, c.data = total, t.crc, t.buf[q.offset:end]
 	r.warm.chunksServed.Add(1)
 	return appendIndexChunk(make([]byte, 0, len(c.data)+indexChunkReserve+MaxIDLen), &c)

@@ -3,7 +3,10 @@ package natsbus
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 
@@ -14,12 +17,15 @@ import (
 // does not own the connection: the caller connects it (see the package doc
 // for the options replicas want) and closes it after the Replicator.
 type Bus struct {
-	nc *nats.Conn
+	nc             *nats.Conn
+	logger         *slog.Logger // nil: discard
+	refusedReplies atomic.Uint64
 }
 
 var (
-	_ replica.Bus         = (*Bus)(nil)
-	_ replica.ConnWatcher = (*Bus)(nil)
+	_ replica.Bus            = (*Bus)(nil)
+	_ replica.ConnWatcher    = (*Bus)(nil)
+	_ replica.PayloadLimiter = (*Bus)(nil)
 )
 
 // ErrNilConn is New's error for a nil connection.
@@ -33,6 +39,10 @@ func New(nc *nats.Conn) (*Bus, error) {
 	return &Bus{nc: nc}, nil
 }
 
+// MaxPayload is the server's max_payload as the client learnt it on its
+// last connection; 0 before the first (replica.PayloadLimiter).
+func (b *Bus) MaxPayload() int { return int(b.nc.MaxPayload()) }
+
 // Conn returns the connection.
 func (b *Bus) Conn() *nats.Conn { return b.nc }
 
@@ -43,13 +53,14 @@ func (b *Bus) Publish(subject string, data []byte) error {
 	return b.nc.Publish(subject, data)
 }
 
-// Subscribe calls fn for every message on subject, one message at a time, in
-// the order NATS delivers them. The subscription reaches the server
+// Subscribe calls fn with the subject and data of every message on subject
+// (a NATS subject, wildcards included), one message at a time, in the order
+// NATS delivers them. The subscription reaches the server
 // asynchronously: messages published just after Subscribe returns may be
 // missed (a Replicator sees that as a gap). After unsubscribe returns, fn is
 // not called again and no call is running.
-func (b *Bus) Subscribe(subject string, fn func(data []byte)) (func(), error) {
-	return b.guarded(subject, func(m *nats.Msg) { fn(m.Data) })
+func (b *Bus) Subscribe(subject string, fn func(subject string, data []byte)) (func(), error) {
+	return b.guarded(subject, func(m *nats.Msg) { fn(m.Subject, m.Data) })
 }
 
 // guarded subscribes fn to subject and returns the stop function both
@@ -78,14 +89,48 @@ func (b *Bus) Request(ctx context.Context, subject string, data []byte) ([]byte,
 }
 
 // Respond answers every request on subject with fn's result (none when it
-// returns nil). After stop returns, fn is not called again and no call is
-// running.
+// returns nil), and only to a reply subject under the requester's inbox
+// prefix ("_INBOX.", or this connection's own): a request whose reply
+// subject is anything else (the booking stream, another replica's subject)
+// would make this replica publish its answer there, so it is not answered
+// (RefusedReplies). After stop returns, fn is not called again and no call
+// is running.
 func (b *Bus) Respond(subject string, fn func(req []byte) []byte) (func(), error) {
 	return b.guarded(subject, func(m *nats.Msg) {
-		if resp := fn(m.Data); resp != nil && m.Reply != "" {
+		if !b.inbox(m.Reply) {
+			if b.refusedReplies.Add(1) == 1 || b.refusedReplies.Load()%1024 == 0 {
+				b.log().Warn("natsbus: refused to answer a request whose reply subject is not an inbox",
+					"subject", m.Subject, "reply", m.Reply, "refused_total", b.refusedReplies.Load())
+			}
+			return
+		}
+		if resp := fn(m.Data); resp != nil {
 			_ = m.Respond(resp)
 		}
 	})
+}
+
+// inbox reports whether reply is a request's private reply subject.
+func (b *Bus) inbox(reply string) bool {
+	if reply == "" {
+		return false
+	}
+	if strings.HasPrefix(reply, nats.InboxPrefix) {
+		return true
+	}
+	own := b.nc.Opts.InboxPrefix
+	return own != "" && strings.HasPrefix(reply, own+".")
+}
+
+// RefusedReplies counts the requests Respond did not answer because their
+// reply subject was not an inbox.
+func (b *Bus) RefusedReplies() uint64 { return b.refusedReplies.Load() }
+
+func (b *Bus) log() *slog.Logger {
+	if b.logger != nil {
+		return b.logger
+	}
+	return slog.New(slog.DiscardHandler)
 }
 
 // WatchConn reports the connection's losses (fn(false): disconnected,

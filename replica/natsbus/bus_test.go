@@ -27,7 +27,7 @@ func TestPublishSubscribe(t *testing.T) {
 	sub, err := natsbus.New(connect(t, srv.ClientURL(), "sub"))
 	require.NoError(t, err)
 	got := make(chan string, 100)
-	unsub, err := sub.Subscribe("t.ops", func(data []byte) { got <- string(data) })
+	unsub, err := sub.Subscribe("t.ops", func(_ string, data []byte) { got <- string(data) })
 	require.NoError(t, err)
 	require.NoError(t, sub.Conn().Flush()) // the subscription reached the server
 	for i := range 50 {

@@ -84,7 +84,7 @@ func Dial(urls string, o DialOptions) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natsbus: connect: %w", err)
 	}
-	return &Client{nc: nc, bus: &Bus{nc: nc}}, nil
+	return &Client{nc: nc, bus: &Bus{nc: nc, logger: o.Logger}}, nil
 }
 
 // checkURLs validates a comma-separated list of NATS server URLs.
@@ -119,11 +119,15 @@ func (s *Server) Dial(o DialOptions) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	nc, err := nats.Connect("", append(opts, nats.InProcessServer(s.ns), nats.Token(s.token))...)
+	auth := nats.Token(s.token)
+	if s.user {
+		auth = nats.UserInfo(clientUser, s.token)
+	}
+	nc, err := nats.Connect("", append(opts, nats.InProcessServer(s.ns), auth)...)
 	if err != nil {
 		return nil, fmt.Errorf("natsbus: in-process connect: %w", err)
 	}
-	return &Client{nc: nc, bus: &Bus{nc: nc}}, nil
+	return &Client{nc: nc, bus: &Bus{nc: nc, logger: o.Logger}}, nil
 }
 
 // Bus is the Bus over the client's connection.

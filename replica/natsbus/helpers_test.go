@@ -158,9 +158,9 @@ type notifyBus struct {
 	ch chan struct{}
 }
 
-func (b *notifyBus) Subscribe(subject string, fn func([]byte)) (func(), error) {
-	return b.Bus.Subscribe(subject, func(data []byte) {
-		fn(data)
+func (b *notifyBus) Subscribe(subject string, fn func(string, []byte)) (func(), error) {
+	return b.Bus.Subscribe(subject, func(subj string, data []byte) {
+		fn(subj, data)
 		select {
 		case b.ch <- struct{}{}:
 		default:

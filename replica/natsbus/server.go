@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 )
 
 // Defaults and bounds of ServerOptions.
@@ -42,6 +43,9 @@ const (
 	// routeUser is the user name routes authenticate as (RouteSecret is its
 	// password).
 	routeUser = "kvselect-route"
+	// clientUser is the user clients authenticate as with
+	// ClientPermissions (the random token is its password).
+	clientUser = "kvselect-replica"
 	// DefaultStartTimeout bounds StartServer's wait for the listeners.
 	DefaultStartTimeout = 10 * time.Second
 )
@@ -92,9 +96,36 @@ type ServerOptions struct {
 	// any host that reaches the route port may join the cluster, so keep it
 	// behind a NetworkPolicy.
 	RouteSecret string
+	// ClientPermissions, when set, are what the server's clients (this
+	// process's replicas, through Dial or ClientURL) may publish and
+	// subscribe to; see ReplicaPermissions. The server drops and logs
+	// anything else. Default: no limit.
+	ClientPermissions *Permissions
 	// Logger receives the server's log (notices at INFO, warnings, errors;
 	// debug and trace are off). Default: discard.
 	Logger *slog.Logger
+}
+
+// Permissions are NATS subject permissions (wildcards allowed): the subjects
+// a client may publish to and subscribe to.
+type Permissions struct {
+	Publish, Subscribe []string
+}
+
+// ReplicaPermissions are the permissions of the client of replica id for
+// the replica subjects given (replica.Options.Subject of each of its
+// Replicators): it publishes batches only on its own stream, requests to
+// its peers' snapshot and index services and answers to inboxes; it reads
+// every replica's stream, its own services and its inbox. With them, a
+// client cannot publish as another replica: each replica's stream subject
+// names it, and a batch naming another is refused by every receiver.
+func ReplicaPermissions(id string, subjects ...string) *Permissions {
+	p := &Permissions{Publish: []string{nats.InboxPrefix + ">"}, Subscribe: []string{nats.InboxPrefix + ">"}}
+	for _, s := range subjects {
+		p.Publish = append(p.Publish, s+".ops."+id, s+".snapshot.*", s+".index.*")
+		p.Subscribe = append(p.Subscribe, s+".ops.*", s+".snapshot."+id, s+".index."+id)
+	}
+	return p
 }
 
 // Server is an embedded nats-server (github.com/nats-io/nats-server/v2) for
@@ -110,6 +141,7 @@ type Server struct {
 
 	secret string     // RouteSecret
 	token  string     // the client listeners' token, random per server
+	user   bool       // clients log in as clientUser, token their password
 	auth   *routeAuth // nil without a RouteSecret
 
 	mu     sync.Mutex // serialises SetRoutes; guards base and routes
@@ -219,6 +251,14 @@ func (o ServerOptions) natsOptions() (*server.Options, []string, error) {
 		// process knows: the loopback listener is not a way in.
 		Authorization: randomToken(),
 	}
+	if p := o.ClientPermissions; p != nil {
+		// Permissions belong to a user: the token becomes its password.
+		opts.Users = []*server.User{{Username: clientUser, Password: opts.Authorization, Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: slices.Clone(p.Publish)},
+			Subscribe: &server.SubjectPermission{Allow: slices.Clone(p.Subscribe)},
+		}}}
+		opts.Authorization = ""
+	}
 	if o.RouteSecret != "" {
 		// The user and password make the server ask routes for credentials;
 		// routeAuth checks them, counts and logs each refusal.
@@ -290,7 +330,11 @@ func StartServer(o ServerOptions) (*Server, error) {
 	}
 	sl := &serverLog{log: logger.With("component", "nats-server")}
 	ns.SetLoggerV2(sl, false, false, false)
-	s := &Server{ns: ns, log: sl, base: opts, routes: routes, secret: o.RouteSecret, token: opts.Authorization, auth: auth}
+	token := opts.Authorization
+	if len(opts.Users) > 0 {
+		token = opts.Users[0].Password
+	}
+	s := &Server{ns: ns, log: sl, base: opts, routes: routes, secret: o.RouteSecret, token: token, auth: auth, user: len(opts.Users) > 0}
 	ns.Start()
 	if err := s.waitReady(timeout); err != nil {
 		ns.Shutdown()
@@ -332,6 +376,9 @@ func (s *Server) ClientURL() string {
 		return s.ns.ClientURL()
 	}
 	u.User = url.User(s.token)
+	if s.user {
+		u.User = url.UserPassword(clientUser, s.token)
+	}
 	return u.String()
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,7 +63,7 @@ func reaches(t testing.TB, subject string, from *natsbus.Client, tos ...*natsbus
 	var mu sync.Mutex
 	got := make([]int, len(tos))
 	for i, c := range tos {
-		unsub, err := c.Bus().Subscribe(subject, func([]byte) { mu.Lock(); got[i]++; mu.Unlock() })
+		unsub, err := c.Bus().Subscribe(subject, func(string, []byte) { mu.Lock(); got[i]++; mu.Unlock() })
 		require.NoError(t, err)
 		t.Cleanup(unsub)
 		require.NoError(t, c.Bus().Conn().Flush())
@@ -303,4 +304,70 @@ func (l *logged) snapshot() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]string(nil), l.msgs...)
+}
+
+// With ReplicaPermissions, a replica's client publishes only on its own
+// stream: a batch on another replica's subject is dropped by its server and
+// never reaches a peer, while its own arrive.
+func TestReplicaPermissions(t *testing.T) {
+	const subj = "kvselect.replica.t"
+	start := func(name string, routes ...string) *natsbus.Server {
+		s, err := natsbus.StartServer(natsbus.ServerOptions{Name: name, ClusterAddr: "127.0.0.1:0", Routes: routes,
+			ClientPermissions: natsbus.ReplicaPermissions(name, subj)})
+		require.NoError(t, err)
+		t.Cleanup(s.Close)
+		return s
+	}
+	sa := start("a")
+	sb := start("b", routeOf(sa))
+	requirePeers(t, []*natsbus.Server{sa, sb}, []string{"b"}, []string{"a"})
+	ca, cb := dial(t, sa, "a"), dial(t, sb, "b")
+	reaches(t, subj+".ops.a", ca, cb)
+
+	got := make(chan string, 16)
+	unsub, err := cb.Bus().Subscribe(subj+".ops.*", func(subject string, _ []byte) { got <- subject })
+	require.NoError(t, err)
+	t.Cleanup(unsub)
+	require.NoError(t, cb.Bus().Conn().Flush())
+	require.NoError(t, ca.Bus().Publish(subj+".ops.b", []byte("forged"))) // refused by a's server
+	require.NoError(t, ca.Bus().Publish(subj+".ops.a", []byte("own")))
+	require.NoError(t, ca.Bus().Conn().Flush())
+	select {
+	case s := <-got:
+		require.Equal(t, subj+".ops.a", s, "the forged one never arrives, and order holds")
+	case <-time.After(clusterTimeout):
+		t.Fatal("own batch never arrived")
+	}
+	// b may not subscribe to a's services.
+	_, err = cb.Bus().Conn().SubscribeSync(subj + ".snapshot.a")
+	if err == nil {
+		err = cb.Bus().Conn().Flush()
+		if err == nil {
+			err = cb.Bus().Conn().LastError()
+		}
+	}
+	require.Error(t, err)
+}
+
+// A snapshot request whose reply subject is not an inbox (here the booking
+// stream, which would reflect a page to every replica) is not answered.
+func TestRespondOnlyToInboxes(t *testing.T) {
+	srv := startEmbedded(t, "s")
+	cl, att := dial(t, srv, "replica"), dial(t, srv, "attacker")
+	var served atomic.Int64
+	stop, err := cl.Bus().Respond("t.snapshot.replica", func([]byte) []byte { served.Add(1); return []byte("page") })
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	require.NoError(t, cl.Bus().Conn().Flush())
+
+	require.NoError(t, att.Bus().Conn().PublishRequest("t.snapshot.replica", "t.ops.replica", []byte("req")))
+	require.NoError(t, att.Bus().Conn().Flush())
+	require.Eventually(t, func() bool { return cl.Bus().RefusedReplies() == 1 }, clusterTimeout, time.Millisecond)
+	require.Zero(t, served.Load())
+
+	// A real request still gets its answer.
+	resp, err := att.Bus().Request(t.Context(), "t.snapshot.replica", []byte("req"))
+	require.NoError(t, err)
+	require.Equal(t, "page", string(resp))
+	require.Equal(t, natsbus.DefaultMaxPayload, cl.Bus().MaxPayload())
 }
