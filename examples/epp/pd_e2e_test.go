@@ -168,7 +168,9 @@ func (r *pdRig) prefillOptions(fo pdFleetOptions) pdFleetOptions {
 // EPP (DYN_EPP_PD_HINT_KEY) signs every hint, the sidecars (HintKey) accept
 // every request. A signed request captured on its way and sent again straight
 // to its sidecar is refused as a replay, and a forged, re-targeted, unsigned or
-// expired one as well: 502 invalid_epp_metadata, before any engine is called.
+// expired one as well, and so is the captured request sent to the other decode
+// sidecar, which holds the same key: 502 invalid_epp_metadata, before any
+// engine is called.
 func TestDisaggregatedSignedHints(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -230,37 +232,56 @@ func TestDisaggregatedSignedHints(t *testing.T) {
 	}
 	target := sidecarAt[resp.Served]
 	require.NotNil(t, target, "served by %s", resp.Served)
+	require.Equal(t, resp.Served, sent.Header.Get(sidecar.HeaderDestination), "the destination the hint is signed for")
+	var otherSidecar *sidecar.Sidecar
+	var otherFront string
+	for ep, sc := range sidecarAt {
+		if ep != resp.Served {
+			otherSidecar, otherFront = sc, ep
+		}
+	}
 	other := rig.fleet.view().prefillEndpoints[0]
 	if other == hint {
 		other = rig.fleet.view().prefillEndpoints[1]
 	}
-	expired, err := pdhint.Sign(key, hint, sentBody, time.Now().Add(-2*time.Second), pdhint.NewNonce())
+	claim := pdhint.Claim{Prefiller: hint, Destinations: []string{resp.Served}, Path: sent.URL.Path, Body: sentBody}
+	expired, err := pdhint.Sign(key, claim, time.Now().Add(-time.Minute), time.Now().Add(-2*time.Second), pdhint.NewNonce())
 	require.NoError(t, err)
-	wrongKey, err := pdhint.Sign(bytes.Repeat([]byte("x"), pdhint.MinKeyLen), hint, sentBody, time.Now().Add(10*time.Second), pdhint.NewNonce())
+	wrongKey, err := pdhint.Sign(bytes.Repeat([]byte("x"), pdhint.MinKeyLen), claim, time.Now(), time.Now().Add(10*time.Second), pdhint.NewNonce())
 	require.NoError(t, err)
 	legsBefore := legsOf(rig.fleet.prefillStats(), true)
 	for _, tc := range []struct {
 		name, hint, sig, reason string
 		body                    []byte
+		elsewhere, dropDest     bool // sent to the other decode sidecar; without the destination header
 	}{
-		{"replayed as captured", hint, sig, sidecar.HintReplayed, sentBody},
-		{"re-targeted to another prefill engine", other, sig, sidecar.HintForged, sentBody},
-		{"another body", hint, sig, sidecar.HintForged, workload[1].body},
-		{"signed with another key", hint, wrongKey, sidecar.HintForged, sentBody},
-		{"expired", hint, expired, sidecar.HintExpired, sentBody},
-		{"unsigned", hint, "", sidecar.HintUnsigned, sentBody},
+		{"replayed as captured", hint, sig, sidecar.HintReplayed, sentBody, false, false},
+		{"re-targeted to another prefill engine", other, sig, sidecar.HintForged, sentBody, false, false},
+		{"another body", hint, sig, sidecar.HintForged, workload[1].body, false, false},
+		{"signed with another key", hint, wrongKey, sidecar.HintForged, sentBody, false, false},
+		{"expired", hint, expired, sidecar.HintExpired, sentBody, false, false},
+		{"unsigned", hint, "", sidecar.HintUnsigned, sentBody, false, false},
+		{"sent to the other decode sidecar", hint, sig, sidecar.HintWrongDestination, sentBody, true, false},
+		{"sent to the other decode sidecar, destination header dropped", hint, sig, sidecar.HintForged, sentBody, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, sent.URL.String(), bytes.NewReader(tc.body))
+			u, at := *sent.URL, target
+			if tc.elsewhere {
+				u.Host, at = otherFront, otherSidecar
+			}
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(tc.body))
 			require.NoError(t, err)
 			req.Header = sent.Header.Clone()
+			if tc.dropDest {
+				req.Header.Del(sidecar.HeaderDestination)
+			}
 			req.Header.Set(extproc.HeaderPrefiller, tc.hint)
 			if tc.sig == "" {
 				req.Header.Del(extproc.HeaderPrefillerSignature)
 			} else {
 				req.Header.Set(extproc.HeaderPrefillerSignature, tc.sig)
 			}
-			before := target.Stats().BadHints[tc.reason]
+			before := at.Stats().BadHints[tc.reason]
 			got, err := httpc.Do(req)
 			require.NoError(t, err)
 			defer got.Body.Close()
@@ -272,7 +293,7 @@ func TestDisaggregatedSignedHints(t *testing.T) {
 			require.Equal(t, http.StatusBadGateway, got.StatusCode)
 			require.NoError(t, json.NewDecoder(got.Body).Decode(&answer))
 			require.Equal(t, "invalid_epp_metadata", answer.Error.Code)
-			require.Equal(t, before+1, target.Stats().BadHints[tc.reason], "refused as %s", tc.reason)
+			require.Equal(t, before+1, at.Stats().BadHints[tc.reason], "refused as %s", tc.reason)
 		})
 	}
 	require.Equal(t, legsBefore, legsOf(rig.fleet.prefillStats(), true), "no refused request reached a prefill engine")

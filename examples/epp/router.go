@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -236,7 +238,7 @@ func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pic
 	if hint, ok := plan.PrefillHint(); ok {
 		pick.Prefiller = hint
 		if r.signer != nil {
-			if pick.Prefiller, pick.PrefillerSignature, err = r.signer.sign(hint, req.Body); err != nil {
+			if pick.Prefiller, pick.PrefillerSignature, err = r.signer.sign(hint, pick, req); err != nil {
 				f.Done() // no pick, so nobody else settles it
 				return extproc.Pick{}, err
 			}
@@ -246,8 +248,9 @@ func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pic
 }
 
 // hintSigner signs the prefill hint of each disaggregated pick (package
-// pdhint), so that a decode sidecar holding the same key runs a P/D exchange
-// only with the prefill worker this EPP chose, for that request body, until the
+// pdhint), so that only the decode sidecar this EPP routed the request to (or
+// one of its fallbacks), holding the same key, runs a P/D exchange, only with
+// the prefill worker this EPP chose, for that path and body, until the
 // signature expires, once. It is safe for concurrent use (it only reads).
 type hintSigner struct {
 	key []byte        // at least pdhint.MinKeyLen bytes
@@ -256,16 +259,54 @@ type hintSigner struct {
 }
 
 // sign returns the hint as it goes on the wire (canonical, as the ext_proc
-// server would send it) and its signature over that value and body: expiry
-// now+ttl, a fresh nonce.
-func (s *hintSigner) sign(hint string, body []byte) (endpoint, signature string, err error) {
+// server would send it) and its signature over the claim the sidecar rebuilds:
+// that value, the destination list as the server sends it, the request's path
+// and body; issued now, expiring now+ttl, with a fresh nonce.
+func (s *hintSigner) sign(hint string, pick extproc.Pick, req extproc.PickRequest) (endpoint, signature string, err error) {
+	var dests []string
 	if endpoint, err = extproc.CanonicalEndpoint(hint); err == nil {
-		signature, err = pdhint.Sign(s.key, endpoint, body, s.now().Add(s.ttl), pdhint.NewNonce())
+		dests, err = destinationList(pick.Destination, pick.Fallbacks)
+	}
+	if err == nil {
+		now := s.now()
+		claim := pdhint.Claim{Prefiller: endpoint, Destinations: dests, Path: requestPath(req.Path), Body: req.Body}
+		signature, err = pdhint.Sign(s.key, claim, now, now.Add(s.ttl), pdhint.NewNonce())
 	}
 	if err != nil {
 		return "", "", fmt.Errorf("epp: sign the prefill hint: %w", err)
 	}
 	return endpoint, signature, nil
+}
+
+// destinationList is the destination list the ext_proc server sends in
+// x-gateway-destination-endpoint for a pick: the canonical destination, then
+// each valid fallback not already listed, at most extproc.MaxFallbacks of
+// them. (The server builds the same list; the sidecar verifies the signature
+// over what it receives.)
+func destinationList(dest string, fallbacks []string) ([]string, error) {
+	d, err := extproc.CanonicalEndpoint(dest)
+	if err != nil {
+		return nil, err
+	}
+	list := []string{d}
+	for _, f := range fallbacks {
+		c, err := extproc.CanonicalEndpoint(f)
+		if err != nil || slices.Contains(list, c) || len(list) > extproc.MaxFallbacks {
+			continue
+		}
+		list = append(list, c)
+	}
+	return list, nil
+}
+
+// requestPath is the path of a :path value without its query, as net/http
+// parses it on the sidecar's side.
+func requestPath(p string) string {
+	if u, err := url.ParseRequestURI(p); err == nil {
+		return u.Path
+	}
+	path, _, _ := strings.Cut(p, "?")
+	return path
 }
 
 // tokenize tokenizes the request's body, in a span when tracing is on.

@@ -68,10 +68,18 @@ func (c *config) variables() []envconf.Var {
 			}
 			return nil
 		}},
-		{Env: "DYN_PD_HINT_KEY", Flag: "hint-key", Help: "key of signed hints: `file:<path>` or an absolute path is read, anything else is the key itself (unset: hints are not signed)", Set: func(v string) error {
+		{Env: "DYN_PD_HINT_KEY", Flag: "hint-key", Help: "key of signed hints: `file:<path>` or an absolute path names a regular file of at most " + strconv.Itoa(pdhint.MaxKeyFileBytes) + " bytes, anything else is the key itself (unset: hints are not signed)", Set: func(v string) error {
 			key, err := pdhint.LoadKey(v)
 			o.HintKey = key
 			return err
+		}},
+		{Env: "DYN_PD_HINT_AUDIENCE", Flag: "hint-audience", Help: "this sidecar's endpoint as the EPP routes requests to it (`ip:port`): a signed hint must name it among its destinations (unset: the local address each connection arrived on)", Set: func(v string) error {
+			ap, err := netip.ParseAddrPort(v)
+			if err != nil || ap.Addr().Zone() != "" || ap.Port() == 0 {
+				return errors.New("not an IP address and a port")
+			}
+			o.HintAudience = ap
+			return nil
 		}},
 		{Env: "DYN_PD_HINT_MAX_LIFETIME_MS", Flag: "hint-max-lifetime-ms", Default: "300000", Help: "signed hints expiring further away are refused", Set: millis(&o.HintMaxLifetime)},
 		{Env: "DYN_PD_HINT_REPLAY_CACHE", Flag: "hint-replay-cache", Default: "65536", Help: "most hint nonces remembered (replay protection)", Set: func(v string) error {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"flag"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/kvselect/kvselect/examples/internal/pdhint"
 	"github.com/kvselect/kvselect/examples/pdsidecar/sidecar"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 )
@@ -63,6 +65,7 @@ func TestConfigNamesEveryBadVariable(t *testing.T) {
 		"DYN_PD_SGLANG_BOOTSTRAP_PORT":      "70000",
 		"DYN_PD_PREFILL_ALLOW_CIDRS":        "10.0.0.0/8,bogus",
 		"DYN_PD_HINT_KEY":                   "file:/nonexistent/key",
+		"DYN_PD_HINT_AUDIENCE":              "decode-0:8000",
 		"DYN_PD_HINT_MAX_LIFETIME_MS":       "forever",
 		"DYN_PD_HINT_REPLAY_CACHE":          "0",
 		"DYN_PD_LOG_LEVEL":                  "loud",
@@ -105,6 +108,75 @@ func TestHintKeySources(t *testing.T) {
 	require.NoError(t, err)
 	_, err = sidecar.New(c.sidecar)
 	require.ErrorContains(t, err, "HintKey", "a short key is refused at startup")
+
+	c, err = load(t, nil, map[string]string{"DYN_PD_HINT_AUDIENCE": "[::ffff:10.0.0.5]:8000"})
+	require.NoError(t, err)
+	sc, err := sidecar.New(c.sidecar)
+	require.NoError(t, err)
+	sc.Close()
+	for _, bad := range []string{"10.0.0.5", "10.0.0.5:0", "[fe80::1%eth0]:8000", "decode-0:8000"} {
+		_, err = load(t, nil, map[string]string{"DYN_PD_HINT_AUDIENCE": bad})
+		require.ErrorContains(t, err, "DYN_PD_HINT_AUDIENCE", bad)
+	}
+}
+
+// A key path naming an endless file (/dev/zero), a FIFO, a directory or a
+// large file is a named configuration error at once, never a read without end.
+func TestHintKeyFileBounded(t *testing.T) {
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big")
+	require.NoError(t, os.WriteFile(big, bytes.Repeat([]byte("k"), pdhint.MaxKeyFileBytes+1), 0o600))
+	paths := []string{"/dev/zero", "file:/dev/zero", dir, big}
+	if fifo := filepath.Join(dir, "fifo"); mkfifo(t, fifo) {
+		paths = append(paths, fifo)
+	}
+	for _, v := range paths {
+		if _, err := os.Stat(strings.TrimPrefix(v, "file:")); err != nil {
+			continue // no /dev/zero here
+		}
+		_, err := load(t, nil, map[string]string{"DYN_PD_HINT_KEY": v})
+		require.ErrorIs(t, err, errConfig, v)
+		require.ErrorIs(t, err, pdhint.ErrKeyFile, v)
+		require.ErrorContains(t, err, "DYN_PD_HINT_KEY", v)
+		var out, errOut bytes.Buffer
+		require.Equal(t, 2, run(context.Background(), nil, env(map[string]string{"DYN_PD_HINT_KEY": v}), &out, &errOut), v)
+		require.Contains(t, errOut.String(), "unusable key file", v)
+	}
+}
+
+// The binary's server answers a P/D client that stalls in its body 408 and
+// closes the connection, within the body deadline plus a second.
+func TestServeAnswersStalledBody(t *testing.T) {
+	sc, err := sidecar.New(sidecar.Options{BodyReadTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	defer sc.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	mln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, sc, ln, mln, slog.New(slog.DiscardHandler)) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = io.WriteString(conn, "POST /v1/completions HTTP/1.1\r\nHost: sidecar\r\nContent-Type: application/json\r\n"+
+		sidecar.HeaderPrefiller+": 10.0.0.7:8000\r\nContent-Length: 1000\r\n\r\n{\"prompt\":\"")
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(1200*time.Millisecond)))
+	answer, err := io.ReadAll(conn)
+	require.NoError(t, err, "answered and closed in time; got %q", answer)
+	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(answer)), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
+	require.True(t, resp.Close)
+	require.Equal(t, uint64(1), sc.Stats().Refused[sidecar.RefusedBodyTimeout])
 }
 
 func TestPrintEnvTable(t *testing.T) {

@@ -25,16 +25,19 @@
 //     the returned prompt_token_ids in place of the prompt).
 //
 // A hint that is empty, repeated, a list, not an IP literal host:port in
-// canonical form, an address that must not be dialled (unspecified,
-// multicast, link-local, broadcast, or outside AllowedPrefillPrefixes), or,
-// with HintKey, unsigned, forged, expired or replayed (package pdhint) is
-// answered 502 with the OpenAI error code invalid_epp_metadata. A client that
-// sets the protocol's own hand-over fields, several choices (n) or a batch of
-// completions prompts is refused 400 before any leg. A failed or timed-out
-// prefill leg falls back to a local prefill (FallbackLocal: the original
-// request, unchanged, to the decode engine) or is answered 502 naming the
-// failure. docs/SIDECAR.md has the sources, the variables and the failure
-// table.
+// canonical form, an address that must not be dialled (catalog.NotRoutable:
+// unspecified, multicast, link-local, broadcast, a cloud metadata service,
+// also carried in a NAT64 or 6to4 address; or outside AllowedPrefillPrefixes),
+// or, with HintKey, unsigned, forged, expired, replayed, signed for another
+// sidecar (HintAudience, HeaderDestination) or path, or issued before the
+// sidecar started (package pdhint) is answered 502 with the OpenAI error code
+// invalid_epp_metadata. A client that sets the protocol's own hand-over
+// fields, several choices (n) or a batch of completions prompts is refused 400
+// before any leg; a body that is too large (413) or late (BodyReadTimeout,
+// 408) too. A failed or timed-out prefill leg falls back to a local prefill
+// (FallbackLocal: the original request, unchanged, to the decode engine) or is
+// answered 502 with a fixed message naming the kind of failure.
+// docs/SIDECAR.md has the sources, the variables and the failure table.
 //
 // # Concurrency
 //
@@ -53,8 +56,15 @@
 //     other x-gateway-* routing headers, x-kvselect-*) reaches an engine, on any
 //     leg; hop-by-hop headers never cross the sidecar.
 //   - The prefill leg goes to the hinted endpoint only, never follows a
-//     redirect, and its answer is read at most MaxPrefillResponseBytes; its
-//     error bodies are never relayed (they may quote the prompt).
+//     redirect, and its answer is read at most MaxPrefillResponseBytes.
+//     Nothing it answered reaches the client: not an error body (it may quote
+//     the prompt), a status line or a transport error (which may quote a
+//     service's banner). Its failures are answered with fixed messages and
+//     logged with their detail.
+//   - A refusal before any leg is the connection's last answer (Connection:
+//     close, the read deadline past due): it goes out at once, without
+//     reading the rest of the body, and the connection closes, so a client
+//     that stalls in its body holds nothing past BodyReadTimeout.
 //   - The client gets the decode engine's answer byte for byte (usage
 //     included), event streams flushed as each chunk arrives; an engine failure
 //     after the headers went out aborts the client's connection

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
 )
 
@@ -19,35 +20,42 @@ const (
 	HeaderPrefiller = "x-prefiller-host-port"
 	// HeaderSignature carries the hint's signature (see pdhint).
 	HeaderSignature = pdhint.Header
+	// HeaderDestination carries the decode endpoints the EPP routed the
+	// request to (GAIE's destination list: the chosen one, then its
+	// fallbacks). A signature covers it; without it a signed hint must have
+	// been signed for this sidecar alone.
+	HeaderDestination = "x-gateway-destination-endpoint"
 )
 
 // Reasons a hint is refused (Stats.BadHints, the log line's reason). Each one
 // is answered 502 with the OpenAI error code invalid_epp_metadata.
 const (
-	HintEmpty             = "empty"              // the header is empty or blank
-	HintRepeated          = "repeated"           // the header came more than once
-	HintList              = "list"               // a comma-separated list
-	HintMalformed         = "malformed"          // not host:port, or not in canonical form
-	HintHostname          = "hostname"           // a name, not an IP literal
-	HintZone              = "zone"               // an IPv6 zone
-	HintPort              = "port"               // port 0, out of range or not canonical
-	HintForbiddenAddress  = "forbidden_address"  // unspecified, multicast, link-local, broadcast
-	HintNotAllowed        = "not_allowed"        // outside AllowedPrefillPrefixes
-	HintUnsigned          = "unsigned"           // a key is set and no signature came
-	HintSignatureRepeated = "signature_repeated" // the signature header came more than once
-	HintSignatureBad      = "signature_malformed"
-	HintForged            = "forged"
-	HintExpired           = "expired"
-	HintTooLongLived      = "too_long_lived"
-	HintReplayed          = "replayed"
-	HintReplayCacheFull   = "replay_cache_full"
+	HintEmpty             = "empty"               // the header is empty or blank
+	HintRepeated          = "repeated"            // the header came more than once
+	HintList              = "list"                // a comma-separated list
+	HintMalformed         = "malformed"           // not host:port, or not in canonical form
+	HintHostname          = "hostname"            // a name, not an IP literal
+	HintZone              = "zone"                // an IPv6 zone
+	HintPort              = "port"                // port 0, out of range or not canonical
+	HintForbiddenAddress  = "forbidden_address"   // catalog.NotRoutable: unspecified, link-local, multicast, broadcast, cloud metadata
+	HintNotAllowed        = "not_allowed"         // outside AllowedPrefillPrefixes
+	HintUnsigned          = "unsigned"            // a key is set and no signature came
+	HintSignatureRepeated = "signature_repeated"  // the signature header came more than once
+	HintWrongDestination  = "wrong_destination"   // the destinations the request was routed to do not name this sidecar
+	HintSignatureBad      = "signature_malformed" // not a v2 signature
+	HintForged            = "forged"              // the MAC does not match the hint, destinations, path and body
+	HintExpired           = "expired"             // past its expiry
+	HintTooLongLived      = "too_long_lived"      // expiring further away than HintMaxLifetime
+	HintStale             = "stale"               // issued over a second before this sidecar started
+	HintReplayed          = "replayed"            // its nonce was accepted before
+	HintReplayCacheFull   = "replay_cache_full"   // HintReplayCache live nonces remembered
 )
 
 // hintReasons lists every hint refusal, for the counters.
 var hintReasons = []string{
 	HintEmpty, HintRepeated, HintList, HintMalformed, HintHostname, HintZone, HintPort,
-	HintForbiddenAddress, HintNotAllowed, HintUnsigned, HintSignatureRepeated, HintSignatureBad,
-	HintForged, HintExpired, HintTooLongLived, HintReplayed, HintReplayCacheFull,
+	HintForbiddenAddress, HintNotAllowed, HintUnsigned, HintSignatureRepeated, HintWrongDestination,
+	HintSignatureBad, HintForged, HintExpired, HintTooLongLived, HintStale, HintReplayed, HintReplayCacheFull,
 }
 
 // maxHintLen bounds a hint: "[" + the longest IPv6 text + "]:65535".
@@ -90,8 +98,7 @@ func (s *Sidecar) parseHint(values []string) (netip.AddrPort, string) {
 		return netip.AddrPort{}, HintMalformed // [10.0.0.1]:80, upper-case or uncompressed IPv6, ...
 	}
 	a := addr.Unmap()
-	if a.IsUnspecified() || a.IsMulticast() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() ||
-		a.IsInterfaceLocalMulticast() || a == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+	if catalog.NotRoutable(a) {
 		return netip.AddrPort{}, HintForbiddenAddress
 	}
 	if len(s.opts.AllowedPrefillPrefixes) > 0 && !slices.ContainsFunc(s.opts.AllowedPrefillPrefixes,
@@ -114,12 +121,14 @@ func looksLikeName(host string) bool {
 	return strings.ContainsFunc(host, func(c rune) bool { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') })
 }
 
-// checkSignature verifies the hint's signature when a key is set; it returns
-// the reason it is refused, or "".
-func (s *Sidecar) checkSignature(sigs []string, hint string, body []byte) string {
+// checkSignature verifies the hint's signature when a key is set, over the
+// hint, the destinations, the path and the body; it returns the reason it is
+// refused, or "".
+func (s *Sidecar) checkSignature(r *http.Request, hint string, body []byte) string {
 	if s.verifier == nil {
 		return ""
 	}
+	sigs := r.Header.Values(HeaderSignature)
 	switch len(sigs) {
 	case 0:
 		return HintUnsigned
@@ -127,7 +136,11 @@ func (s *Sidecar) checkSignature(sigs []string, hint string, body []byte) string
 	default:
 		return HintSignatureRepeated
 	}
-	err := s.verifier.Verify(sigs[0], hint, body)
+	dests, ok := s.destinations(r)
+	if !ok {
+		return HintWrongDestination
+	}
+	err := s.verifier.Verify(sigs[0], pdhint.Claim{Prefiller: hint, Destinations: dests, Path: r.URL.Path, Body: body})
 	switch {
 	case err == nil:
 		return ""
@@ -139,6 +152,8 @@ func (s *Sidecar) checkSignature(sigs []string, hint string, body []byte) string
 		return HintExpired
 	case errors.Is(err, pdhint.ErrTooLong):
 		return HintTooLongLived
+	case errors.Is(err, pdhint.ErrStale):
+		return HintStale
 	case errors.Is(err, pdhint.ErrReplayed):
 		return HintReplayed
 	case errors.Is(err, pdhint.ErrCacheFull):
@@ -146,6 +161,54 @@ func (s *Sidecar) checkSignature(sigs []string, hint string, body []byte) string
 	default:
 		return HintSignatureBad
 	}
+}
+
+// destinations are the signed destinations of r as this sidecar sees them:
+// the HeaderDestination list as it came, which must name this sidecar, or
+// this sidecar alone when the request carries none. It reports false when the
+// list does not name this sidecar, came more than once or is longer than
+// pdhint allows, or when the sidecar cannot tell its own endpoint.
+func (s *Sidecar) destinations(r *http.Request) ([]string, bool) {
+	self, ok := s.self(r)
+	if !ok {
+		return nil, false
+	}
+	values := r.Header.Values(HeaderDestination)
+	switch {
+	case len(values) == 0:
+		return []string{self.String()}, true
+	case len(values) > 1 || strings.Count(values[0], ",") >= pdhint.MaxDestinations:
+		return nil, false
+	}
+	list := strings.Split(values[0], ",")
+	for _, d := range list {
+		if ap, err := netip.ParseAddrPort(d); err == nil && unmapped(ap) == self {
+			return list, true
+		}
+	}
+	return nil, false
+}
+
+// self is this sidecar's endpoint: Options.HintAudience, else the local
+// address the request's connection arrived on.
+func (s *Sidecar) self(r *http.Request) (netip.AddrPort, bool) {
+	if s.opts.HintAudience.IsValid() {
+		return s.opts.HintAudience, true
+	}
+	var ap netip.AddrPort
+	switch a := r.Context().Value(http.LocalAddrContextKey).(type) {
+	case *net.TCPAddr:
+		ap = a.AddrPort()
+	case net.Addr:
+		ap, _ = netip.ParseAddrPort(a.String())
+	}
+	return unmapped(ap), ap.IsValid()
+}
+
+// unmapped is ap with an IPv4-mapped address unmapped (a dual-stack listener
+// reports ::ffff:10.0.0.5).
+func unmapped(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
 // hopByHop are the headers of one connection, never forwarded (RFC 9110 7.6.1).

@@ -23,6 +23,13 @@ func TestParseHintAccepts(t *testing.T) {
 	}
 	_, reason := s.parseHint([]string{"[::ffff:169.254.169.254]:80"})
 	require.Equal(t, HintForbiddenAddress, reason, "a mapped address is judged unmapped")
+	// Cloud metadata services outside 169.254.0.0/16, and 169.254.169.254
+	// carried by NAT64 and 6to4 addresses (catalog.NotRoutable).
+	for _, v := range []string{"[fd00:ec2::254]:80", "100.100.100.200:80", "[::ffff:100.100.100.200]:80", "168.63.129.16:80",
+		"[fd20:ce::254]:80", "[64:ff9b::a9fe:a9fe]:80", "[2002:a9fe:a9fe::1]:80", "[2002:a9fe:a9fe::]:80", "[64:ff9b::e000:1]:80"} {
+		_, reason := s.parseHint([]string{v})
+		require.Equal(t, HintForbiddenAddress, reason, v)
+	}
 
 	s, err = New(Options{AllowedPrefillPrefixes: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
 	require.NoError(t, err)
@@ -30,6 +37,17 @@ func TestParseHintAccepts(t *testing.T) {
 	require.Empty(t, reason)
 	_, reason = s.parseHint([]string{"11.0.0.1:80"})
 	require.Equal(t, HintNotAllowed, reason)
+
+	// An allow list never lifts the refusal: 100.64.0.0/10 holds Alibaba
+	// Cloud's metadata service.
+	s, err = New(Options{AllowedPrefillPrefixes: []netip.Prefix{netip.MustParsePrefix("100.64.0.0/10"), netip.MustParsePrefix("::/0")}})
+	require.NoError(t, err)
+	for _, v := range []string{"100.100.100.200:80", "[fd00:ec2::254]:80", "[64:ff9b::a9fe:a9fe]:80"} {
+		_, reason = s.parseHint([]string{v})
+		require.Equal(t, HintForbiddenAddress, reason, v)
+	}
+	_, reason = s.parseHint([]string{"100.100.100.201:80"})
+	require.Empty(t, reason)
 }
 
 func TestOutboundHeader(t *testing.T) {

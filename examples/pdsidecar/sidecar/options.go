@@ -121,13 +121,23 @@ type Options struct {
 	SGLangBootstrapPort int
 
 	// AllowedPrefillPrefixes, when not empty, are the only networks a prefill
-	// hint may point into. Whatever it holds, unspecified, multicast,
-	// link-local and broadcast addresses are refused.
+	// hint may point into. Whatever it holds, the addresses catalog.NotRoutable
+	// refuses (unspecified, multicast, link-local, broadcast, cloud metadata
+	// services, and IPv6 addresses carrying one) are refused.
 	AllowedPrefillPrefixes []netip.Prefix
 	// HintKey, when set, makes every hint need a valid signature (pdhint) under
-	// this key: unsigned, forged, expired or replayed hints are refused. At least
-	// pdhint.MinKeyLen bytes. Default: no signing.
+	// this key: unsigned, forged, expired, replayed hints, hints signed for
+	// another sidecar or path, and hints issued before this sidecar started
+	// (a second of clock skew allowed) are refused. At least pdhint.MinKeyLen
+	// bytes. Default: no signing.
 	HintKey []byte
+	// HintAudience is this sidecar's endpoint as the EPP routes requests to
+	// it (an IP literal and a port): a signed hint must name it among its
+	// destinations. Default: the local address each connection arrived on,
+	// which is that endpoint when the gateway dials the pod directly; set it
+	// when something in between (a proxy in the pod, a port mapping) makes
+	// the two differ.
+	HintAudience netip.AddrPort
 	// HintMaxLifetime refuses signatures that expire further away. Default
 	// pdhint.DefaultMaxLifetime; must be >= 0 (0 means the default).
 	HintMaxLifetime time.Duration
@@ -213,6 +223,12 @@ func (o Options) withDefaults() (Options, *url.URL, error) {
 		}
 	}
 	o.AllowedPrefillPrefixes = append([]netip.Prefix(nil), o.AllowedPrefillPrefixes...)
+	if o.HintAudience != (netip.AddrPort{}) {
+		if a := o.HintAudience.Addr(); !a.IsValid() || a.Zone() != "" || o.HintAudience.Port() == 0 {
+			problems = append(problems, fmt.Sprintf("HintAudience %v is not an IP address and a port", o.HintAudience))
+		}
+		o.HintAudience = unmapped(o.HintAudience)
+	}
 	if o.HintKey != nil && len(o.HintKey) < pdhint.MinKeyLen {
 		problems = append(problems, fmt.Sprintf("HintKey of %d bytes, want >= %d", len(o.HintKey), pdhint.MinKeyLen))
 	}

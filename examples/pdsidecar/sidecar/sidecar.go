@@ -20,6 +20,10 @@ import (
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
 )
 
+// hintStartSkew is the clock skew allowed between the EPP and a sidecar when a
+// signed hint's issue time is compared with the sidecar's start.
+const hintStartSkew = time.Second
+
 // Sidecar is the decode sidecar: an http.Handler in front of the local decode
 // engine. Create it with New; it is safe for concurrent use.
 type Sidecar struct {
@@ -59,8 +63,11 @@ func New(opts Options) (*Sidecar, error) {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	if o.HintKey != nil {
+		// A restarted sidecar's replay cache is empty: refuse what was signed
+		// before it started, but for clock skew between the EPP and here.
 		s.verifier, err = pdhint.NewVerifier(pdhint.VerifierOptions{
 			Key: o.HintKey, Now: o.Now, MaxLifetime: o.HintMaxLifetime, MaxNonces: o.HintReplayCache,
+			NotBefore: o.Now().Add(-hintStartSkew),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
@@ -126,10 +133,10 @@ func (s *Sidecar) admit(w http.ResponseWriter, r *http.Request, hints []string) 
 	}
 	raw, status, reason := s.readBody(w, r)
 	if reason != "" {
-		s.refuse(w, r, status, reason, "the request body could not be read: "+reason)
+		s.refuse(w, r, status, reason, bodyPhrases[reason])
 		return nil, false
 	}
-	if reason := s.checkSignature(r.Header.Values(HeaderSignature), hints[0], raw); reason != "" {
+	if reason := s.checkSignature(r, hints[0], raw); reason != "" {
 		s.badHint(w, r, reason, hints)
 		return nil, false
 	}
@@ -145,8 +152,17 @@ func (s *Sidecar) admit(w http.ResponseWriter, r *http.Request, hints []string) 
 	return x, true
 }
 
+// bodyPhrases are the client-facing messages of the body refusals.
+var bodyPhrases = map[string]string{
+	RefusedBodyTooLarge:   "the request body is too large",
+	RefusedBodyTimeout:    "the request body did not arrive in time",
+	RefusedBodyUnreadable: "the request body could not be read",
+}
+
 // readBody reads the whole body, at most MaxRequestBytes, within
-// BodyReadTimeout. It returns the status and reason of a failure.
+// BodyReadTimeout. It returns the status and reason of a failure. The read
+// deadline is lifted only once the whole body came: after a failure it stays,
+// so that net/http cannot wait forever for the rest of a stalled body.
 func (s *Sidecar) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, string) {
 	if r.ContentLength > s.opts.MaxRequestBytes {
 		return nil, http.StatusRequestEntityTooLarge, RefusedBodyTooLarge
@@ -154,10 +170,11 @@ func (s *Sidecar) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int,
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(s.opts.BodyReadTimeout)) // not every writer supports it
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes))
-	_ = rc.SetReadDeadline(time.Time{})
 	var tooLarge *http.MaxBytesError
 	switch {
 	case err == nil:
+		// net/http's watch for a client that goes away reads on: no deadline.
+		_ = rc.SetReadDeadline(time.Time{})
 		return raw, 0, ""
 	case errors.As(err, &tooLarge):
 		return nil, http.StatusRequestEntityTooLarge, RefusedBodyTooLarge
@@ -236,7 +253,7 @@ func edit(body map[string]json.RawMessage, set map[string]any, del ...string) ([
 // prefillResult is how a prefill leg went.
 type prefillResult struct {
 	outcome Outcome
-	detail  string                     // what went wrong, for the log and the client
+	detail  string                     // what went wrong, for the log only (never the client)
 	answer  map[string]json.RawMessage // a parsed 2xx answer (vLLM, TensorRT-LLM)
 	took    time.Duration
 }
@@ -309,16 +326,23 @@ func (s *Sidecar) prefillFailed(w http.ResponseWriter, r *http.Request, x *excha
 		s.decode(w, r, x.header, x.raw)
 		return
 	}
-	code := map[Outcome]string{
-		OutcomeTimeout:     "prefill_upstream_timeout",
-		OutcomeHTTPError:   "prefill_upstream_error",
-		OutcomeTooLarge:    "prefill_response_too_large",
-		OutcomeBadResponse: "invalid_prefill_handoff",
-	}[res.outcome]
-	if code == "" {
-		code = "prefill_upstream_unavailable"
+	p, ok := prefillPhrases[res.outcome]
+	if !ok {
+		p = prefillPhrases[OutcomeError]
 	}
-	writeError(w, http.StatusBadGateway, code, fmt.Sprintf("the prefill leg to %s failed (%s): %s", x.hint, res.outcome, res.detail))
+	writeError(w, http.StatusBadGateway, p.code, p.message)
+}
+
+// prefillPhrases are the client-facing code and message of a failed prefill
+// leg, by outcome. They are fixed: what the hinted address answered (a
+// transport error quoting a service's banner, a status line, a body) goes to
+// the log only, so that the sidecar is no port scanner.
+var prefillPhrases = map[Outcome]struct{ code, message string }{
+	OutcomeError:       {"prefill_upstream_unavailable", "the prefill engine could not be reached"},
+	OutcomeTimeout:     {"prefill_upstream_timeout", "the prefill engine did not answer in time"},
+	OutcomeHTTPError:   {"prefill_upstream_error", "the prefill engine answered with an error"},
+	OutcomeTooLarge:    {"prefill_response_too_large", "the prefill engine's answer is too large"},
+	OutcomeBadResponse: {"invalid_prefill_handoff", "the prefill engine's answer has no usable hand-over"},
 }
 
 // decodeStart is a decode leg whose answer headers came (resp), or failed.
@@ -453,7 +477,7 @@ func (s *Sidecar) decodeTarget(u *url.URL) *url.URL {
 func (s *Sidecar) passthrough(w http.ResponseWriter, r *http.Request) {
 	s.stats.add(func(c *counters) { c.passthrough++ })
 	if r.ContentLength > s.opts.MaxRequestBytes {
-		s.refuse(w, r, http.StatusRequestEntityTooLarge, RefusedBodyTooLarge, "the request body is too large")
+		s.refuse(w, r, http.StatusRequestEntityTooLarge, RefusedBodyTooLarge, bodyPhrases[RefusedBodyTooLarge])
 		return
 	}
 	legCtx, cancel := context.WithTimeout(r.Context(), s.opts.DecodeTimeout)
@@ -474,7 +498,7 @@ func (s *Sidecar) passthrough(w http.ResponseWriter, r *http.Request) {
 	d := decodeStart{ctx: legCtx, cancel: cancel}
 	d.resp, d.err = s.client.Do(req)
 	if d.err != nil && limited != nil && limited.exceeded.Load() {
-		s.refuse(w, r, http.StatusRequestEntityTooLarge, RefusedBodyTooLarge, "the request body is too large")
+		s.refuse(w, r, http.StatusRequestEntityTooLarge, RefusedBodyTooLarge, bodyPhrases[RefusedBodyTooLarge])
 		return
 	}
 	s.finishDecode(w, r, d, LegPassthrough)
@@ -495,8 +519,10 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// refuse answers a request refused before any leg, counts and logs it.
+// refuse answers a request refused before any leg, counts and logs it; the
+// connection closes after the answer (lastAnswer).
 func (s *Sidecar) refuse(w http.ResponseWriter, r *http.Request, status int, reason, msg string) {
+	lastAnswer(w, r)
 	s.stats.add(func(c *counters) { c.refused[reason]++ })
 	s.log.Warn("sidecar: request refused", "reason", reason, "status", status, "path", r.URL.Path, "remote", r.RemoteAddr)
 	code := map[int]string{
@@ -510,8 +536,10 @@ func (s *Sidecar) refuse(w http.ResponseWriter, r *http.Request, status int, rea
 	writeError(w, status, code, msg)
 }
 
-// badHint answers a refused hint (502 invalid_epp_metadata), counts and logs it.
+// badHint answers a refused hint (502 invalid_epp_metadata), counts and logs
+// it; the connection closes after the answer (lastAnswer).
 func (s *Sidecar) badHint(w http.ResponseWriter, r *http.Request, reason string, hints []string) {
+	lastAnswer(w, r)
 	s.stats.add(func(c *counters) { c.badHints[reason]++ })
 	shown := strings.Join(hints, " | ")
 	if len(shown) > 80 {
@@ -519,6 +547,19 @@ func (s *Sidecar) badHint(w http.ResponseWriter, r *http.Request, reason string,
 	}
 	s.log.Warn("sidecar: bad prefill hint", "reason", reason, "hint", shown, "path", r.URL.Path, "remote", r.RemoteAddr)
 	writeError(w, http.StatusBadGateway, "invalid_epp_metadata", "invalid EPP routing metadata: "+reason)
+}
+
+// lastAnswer makes the answer to a refused request, whose body may be unread
+// or stalled, the connection's last. Connection: close makes net/http send the
+// answer at once instead of first reading up to 256 KiB of the rest of the
+// body, then close the connection; the read deadline, set to now, keeps the
+// reading net/http still does after the handler (looking for the body's end)
+// from waiting on a client that stalls. (HTTP/2 resets the stream instead.)
+func lastAnswer(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor < 2 {
+		w.Header().Set("Connection", "close")
+	}
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now()) // not every writer supports it
 }
 
 // errorJSON is an OpenAI error answer.

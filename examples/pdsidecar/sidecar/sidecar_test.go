@@ -373,60 +373,114 @@ func TestPrefillBadAnswers(t *testing.T) {
 	}
 }
 
-// With a key, only hints signed for this endpoint and body, live and fresh,
-// run the protocol.
+// With a key, only hints signed for this prefill endpoint, this sidecar (among
+// the destinations the EPP routed the request to), this path and body, live,
+// issued since the sidecar started and fresh, run the protocol.
 func TestSignedHints(t *testing.T) {
 	key := bytes.Repeat([]byte{7}, pdhint.MinKeyLen)
 	clock := clocktest.New(time.Unix(1_800_000_000, 0))
 	r := newRig(t, sidecar.ProtocolVLLMNIXL, sidecar.Options{HintKey: key, Now: clock.Now}, fakeengine.Options{}, fakeengine.Options{})
 	path, body, _ := request(t, false, false, nil)
-	sign := func(k []byte, endpoint, body string, ttl time.Duration) string {
-		v, err := pdhint.Sign(k, endpoint, []byte(body), clock.Now().Add(ttl), pdhint.NewNonce())
+	self := strings.TrimPrefix(r.base, "http://") // the endpoint the EPP routed to: this sidecar
+	const elsewhere = "10.9.9.9:8000"             // another decode sidecar holding the same key
+	claim := func(dests ...string) pdhint.Claim {
+		return pdhint.Claim{Prefiller: r.hint(), Destinations: dests, Path: path, Body: []byte(body)}
+	}
+	sign := func(k []byte, c pdhint.Claim, issued time.Time, ttl time.Duration) string {
+		v, err := pdhint.Sign(k, c, issued, clock.Now().Add(ttl), pdhint.NewNonce())
 		require.NoError(t, err)
 		return v
 	}
-	send := func(sigs ...string) (*http.Response, []byte) {
+	send := func(base string, dests []string, sigs ...string) (*http.Response, []byte) {
 		h := hinted(r.hint())
+		for _, d := range dests {
+			h.Add(sidecar.HeaderDestination, d)
+		}
 		for _, s := range sigs {
 			h.Add(sidecar.HeaderSignature, s)
 		}
-		return r.post(t, path, body, h)
+		req := r.newRequest(t, context.Background(), path, body, h)
+		req.URL.Host = strings.TrimPrefix(base, "http://")
+		resp, err := r.client.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		_, err = b.ReadFrom(resp.Body)
+		require.NoError(t, err)
+		return resp, b.Bytes()
 	}
+	now := clock.Now()
 
-	good := sign(key, r.hint(), body, 30*time.Second)
-	resp, data := send(good)
-	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", data)
-	require.Equal(t, uint64(1), r.decode.e.HTTPStats().DecodeLegs)
+	// Signed for this sidecar: with the destination header, without it (the
+	// gateway dropped it), and as the fallback of another sidecar.
+	good := sign(key, claim(self), now, 30*time.Second)
+	for _, tc := range []struct {
+		name  string
+		dests []string
+		sig   string
+	}{
+		{"destination header", []string{self}, good},
+		{"no destination header", nil, sign(key, claim(self), now, 30*time.Second)},
+		{"a fallback", []string{elsewhere + "," + self}, sign(key, claim(elsewhere, self), now, 30*time.Second)},
+	} {
+		resp, data := send(r.base, tc.dests, tc.sig)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", tc.name, data)
+	}
+	require.Equal(t, uint64(3), r.decode.e.HTTPStats().DecodeLegs)
 
 	for _, tc := range []struct {
 		name   string
+		dests  []string
 		sigs   []string
 		reason string
 	}{
-		{"replayed", []string{good}, sidecar.HintReplayed},
-		{"unsigned", nil, sidecar.HintUnsigned},
-		{"two signatures", []string{sign(key, r.hint(), body, time.Minute), sign(key, r.hint(), body, time.Minute)}, sidecar.HintSignatureRepeated},
-		{"other key", []string{sign(bytes.Repeat([]byte{8}, pdhint.MinKeyLen), r.hint(), body, time.Minute)}, sidecar.HintForged},
-		{"other endpoint", []string{sign(key, r.prefills[0].addr, body, time.Minute)}, sidecar.HintForged},
-		{"other body", []string{sign(key, r.hint(), `{"prompt":"x"}`, time.Minute)}, sidecar.HintForged},
-		{"expired", []string{sign(key, r.hint(), body, -time.Second)}, sidecar.HintExpired},
-		{"too long-lived", []string{sign(key, r.hint(), body, time.Hour)}, sidecar.HintTooLongLived},
-		{"malformed", []string{"v1.x"}, sidecar.HintSignatureBad},
+		{"replayed", []string{self}, []string{good}, sidecar.HintReplayed},
+		{"unsigned", nil, nil, sidecar.HintUnsigned},
+		{"two signatures", nil, []string{sign(key, claim(self), now, time.Minute), sign(key, claim(self), now, time.Minute)}, sidecar.HintSignatureRepeated},
+		{"other key", nil, []string{sign(bytes.Repeat([]byte{8}, pdhint.MinKeyLen), claim(self), now, time.Minute)}, sidecar.HintForged},
+		{"other prefill endpoint", nil, []string{sign(key, pdhint.Claim{Prefiller: r.prefills[0].addr, Destinations: []string{self}, Path: path, Body: []byte(body)}, now, time.Minute)}, sidecar.HintForged},
+		{"other body", nil, []string{sign(key, pdhint.Claim{Prefiller: r.hint(), Destinations: []string{self}, Path: path, Body: []byte(`{"prompt":"x"}`)}, now, time.Minute)}, sidecar.HintForged},
+		{"other path", nil, []string{sign(key, pdhint.Claim{Prefiller: r.hint(), Destinations: []string{self}, Path: "/v1/chat/completions", Body: []byte(body)}, now, time.Minute)}, sidecar.HintForged},
+		{"signed for another sidecar", nil, []string{sign(key, claim(elsewhere), now, time.Minute)}, sidecar.HintForged},
+		{"signed for another sidecar, its destination header", []string{elsewhere}, []string{sign(key, claim(elsewhere), now, time.Minute)}, sidecar.HintWrongDestination},
+		{"destination header twice", []string{self, self}, []string{sign(key, claim(self), now, time.Minute)}, sidecar.HintWrongDestination},
+		{"destinations not as signed", []string{self + "," + elsewhere}, []string{sign(key, claim(self), now, time.Minute)}, sidecar.HintForged},
+		{"expired", nil, []string{sign(key, claim(self), now.Add(-time.Minute), -time.Second)}, sidecar.HintExpired},
+		{"too long-lived", nil, []string{sign(key, claim(self), now, time.Hour)}, sidecar.HintTooLongLived},
+		{"issued before the sidecar started", nil, []string{sign(key, claim(self), now.Add(-2*time.Second), time.Minute)}, sidecar.HintStale},
+		{"malformed", nil, []string{"v2.x"}, sidecar.HintSignatureBad},
+		{"version 1", nil, []string{"v1.1800000030.AAAAAAAAAAAAAAAAAAAAAA.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}, sidecar.HintSignatureBad},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := r.sc.Stats().BadHints[tc.reason]
-			resp, data := send(tc.sigs...)
+			resp, data := send(r.base, tc.dests, tc.sigs...)
 			require.Equal(t, http.StatusBadGateway, resp.StatusCode, "%s", data)
 			require.Equal(t, "invalid_epp_metadata", errorCode(t, data))
 			require.Equal(t, before+1, r.sc.Stats().BadHints[tc.reason])
 		})
 	}
-	require.Equal(t, uint64(1), r.prefills[1].e.HTTPStats().Requests, "only the signed request reached an engine")
+	require.Equal(t, uint64(3), r.prefills[1].e.HTTPStats().Requests, "only the signed requests reached an engine")
+
+	// The sidecar restarts (its replay cache empty), at the same endpoint
+	// (HintAudience, as its listener now has another port): the hint it took
+	// before is stale; one issued since is taken.
+	clock.Advance(10 * time.Second)
+	restarted, err := sidecar.New(sidecar.Options{DecodeURL: "http://" + r.decode.addr, HintKey: key, Now: clock.Now,
+		HintAudience: netip.MustParseAddrPort(self)})
+	require.NoError(t, err)
+	defer restarted.Close()
+	front := httptest.NewServer(restarted)
+	defer front.Close()
+	resp, data := send(front.URL, []string{self}, good)
+	require.Equal(t, http.StatusBadGateway, resp.StatusCode, "%s", data)
+	require.Equal(t, uint64(1), restarted.Stats().BadHints[sidecar.HintStale])
+	resp, data = send(front.URL, []string{self}, sign(key, claim(self), clock.Now(), 30*time.Second))
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", data)
 
 	// A signature expires with the clock.
-	late := sign(key, r.hint(), body, 10*time.Second)
+	late := sign(key, claim(self), clock.Now(), 10*time.Second)
 	clock.Advance(10 * time.Second)
-	resp, data = send(late)
+	resp, data = send(r.base, nil, late)
 	require.Equal(t, http.StatusBadGateway, resp.StatusCode, "%s", data)
 	require.Equal(t, uint64(2), r.sc.Stats().BadHints[sidecar.HintExpired])
 }
