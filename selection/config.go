@@ -298,6 +298,11 @@ const (
 	// DefaultPrefillTokensPerSecond is PredictiveCost.PrefillTokensPerSecond's
 	// default.
 	DefaultPrefillTokensPerSecond = 10_000.0
+	// MinPrefillTokensPerSecond and MaxPrefillTokensPerSecond bound
+	// PredictiveCost.PrefillTokensPerSecond: no engine prefills slower than
+	// a token a second or faster than a billion.
+	MinPrefillTokensPerSecond = 1.0
+	MaxPrefillTokensPerSecond = 1e9
 	// DefaultPredictiveDecodeWeight is PredictiveCost.DecodeWeight's default.
 	DefaultPredictiveDecodeWeight = 0.125
 	// DefaultPredictiveBacklogWeight is PredictiveCost.BacklogWeight's
@@ -409,8 +414,9 @@ func (c Config) Validate() error {
 	if c.Cost > CostAuto {
 		bad("Cost is %v, want dynamo, predictive or auto", c.Cost)
 	}
-	if r := c.Predictive.PrefillTokensPerSecond; math.IsNaN(r) || math.IsInf(r, 0) || r <= 0 {
-		bad("Predictive.PrefillTokensPerSecond is %v, want a finite value > 0", r)
+	if r := c.Predictive.PrefillTokensPerSecond; !(r >= MinPrefillTokensPerSecond && r <= MaxPrefillTokensPerSecond) {
+		// A subnormal rate would pass "> 0" and make every cost infinite.
+		bad("Predictive.PrefillTokensPerSecond is %v, want %v to %v", r, MinPrefillTokensPerSecond, MaxPrefillTokensPerSecond)
 	}
 	nonNeg("Predictive.BacklogWeight", c.Predictive.BacklogWeight)
 	nonNeg("Predictive.DecodeWeight", c.Predictive.DecodeWeight)

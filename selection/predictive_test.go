@@ -154,6 +154,12 @@ func TestPredictiveConfig(t *testing.T) {
 	}
 	_, err = ParseCostModel("fastest")
 	require.ErrorIs(t, err, ErrInvalidConfig)
+	// A subnormal rate is above 0 and would make every cost infinite.
+	for _, rate := range []float64{4.9e-324, 0.5, math.Inf(1), 2e9} {
+		cfg := DefaultConfig(4)
+		cfg.Predictive.PrefillTokensPerSecond = rate
+		require.ErrorContains(t, cfg.Validate(), "Predictive.PrefillTokensPerSecond", "rate %v", rate)
+	}
 }
 
 // TestPredictiveSoftSession: under the predictive cost a soft pin's slack is

@@ -21,6 +21,10 @@ const (
 	DefaultTimeout          = 5 * time.Second
 	DefaultMaxResponseBytes = 16 << 20
 	DefaultMaxRequestBytes  = 8 << 20
+	// DefaultMaxPromptTokens bounds the ids of one prompt: 1M, the longest
+	// context windows engines serve, 4 MiB as ids, half the default
+	// request body (DefaultMaxRequestBytes).
+	DefaultMaxPromptTokens = 1 << 20
 )
 
 // Options configure a Client. The zero value of every field but Protocol and
@@ -45,6 +49,12 @@ type Options struct {
 	// anything is sent. Default DefaultMaxRequestBytes (8 MiB); negative is an
 	// error.
 	MaxRequestBytes int64
+	// MaxPromptTokens bounds the token ids of any one prompt, in the service's
+	// answer or in a completions prompt sent as ids: more is ErrPromptTooLong
+	// (413), refused before more than MaxPromptTokens ids are stored (each
+	// costs 4 bytes in the Result, and a Cache and the selection service hold
+	// more per id). Default DefaultMaxPromptTokens (1M); negative is an error.
+	MaxPromptTokens int
 	// HTTPClient, when set, is used for the calls. New copies it and sets
 	// CheckRedirect on the copy so that no redirect is ever followed; its
 	// Transport is shared with the caller and not closed by Close. Default: a
@@ -68,6 +78,7 @@ type Client struct {
 	timeout  time.Duration
 	maxResp  int64
 	maxReq   int64
+	maxToks  int
 	http     *http.Client
 	owned    *http.Transport // closed by Close; nil when the caller gave HTTPClient
 	log      *slog.Logger
@@ -95,6 +106,9 @@ func New(opts Options) (*Client, error) {
 	if opts.MaxRequestBytes < 0 {
 		problems = append(problems, fmt.Sprintf("max request bytes %d is negative", opts.MaxRequestBytes))
 	}
+	if opts.MaxPromptTokens < 0 {
+		problems = append(problems, fmt.Sprintf("max prompt tokens %d is negative", opts.MaxPromptTokens))
+	}
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
 	}
@@ -104,6 +118,7 @@ func New(opts Options) (*Client, error) {
 		timeout:  orDefault(opts.Timeout, DefaultTimeout),
 		maxResp:  orDefault(opts.MaxResponseBytes, DefaultMaxResponseBytes),
 		maxReq:   orDefault(opts.MaxRequestBytes, DefaultMaxRequestBytes),
+		maxToks:  orDefault(opts.MaxPromptTokens, DefaultMaxPromptTokens),
 		log:      opts.Logger,
 	}
 	if opts.HTTPClient != nil {
@@ -194,7 +209,7 @@ func (c *Client) Tokenize(ctx context.Context, req Request) (Result, error) {
 	if int64(len(req.Body)) > c.maxReq {
 		return Result{}, fmt.Errorf("%w: body of %d bytes exceeds the limit of %d", ErrBadRequest, len(req.Body), c.maxReq)
 	}
-	out, err := buildRequest(c.protocol, chat, req)
+	out, err := buildRequest(c.protocol, chat, req, c.maxToks)
 	if err != nil {
 		return Result{}, err
 	}
@@ -238,7 +253,7 @@ func (c *Client) call(parent context.Context, out outbound) (Result, error) {
 	if n > c.maxResp {
 		return Result{}, fmt.Errorf("%w: %s: answer exceeds the limit of %d bytes", ErrUpstream, out.path, c.maxResp)
 	}
-	res, err := parseResponse(c.protocol, buf.Bytes())
+	res, err := parseResponse(c.protocol, buf.Bytes(), c.maxToks)
 	if c.log != nil {
 		c.log.LogAttrs(parent, slog.LevelDebug, "tokenize call",
 			slog.String("path", out.path), slog.Int("status", resp.StatusCode),

@@ -32,13 +32,16 @@
 //
 // Every failure wraps one sentinel, which HTTPStatus maps to the status a gateway
 // answers with: ErrBadRequest 400 (unsupported path, a body that is not a JSON
-// object or is too large, a 400, 413 or 422 from the service), ErrUnavailable 503
-// (connection refused or reset, DNS failure, 429), ErrTimeout 504 (per-call
+// object or is too large, a 400, 413 or 422 from the service), of which
+// ErrPromptTooLong is 413 (a prompt of more than Options.MaxPromptTokens ids, in
+// the answer or in the request, refused before they are stored), ErrUnavailable
+// 503 (connection refused or reset, DNS failure, 429), ErrTimeout 504 (per-call
 // timeout, the caller's deadline, 408), ErrUpstream 502 (5xx, any other 4xx such
 // as 404 or 401, which say the service is misconfigured, a refused redirect, an
 // answer that is truncated, too large, not JSON, of the wrong shape, without
-// tokens, or holding an id outside [0, 2^32-1]) and ErrCanceled 499 (the caller went away). Errors quote
-// the service's error message (at most 200 bytes), never the request body.
+// tokens, or holding an id outside [0, 2^32-1]) and ErrCanceled 499 (the caller
+// went away). Errors quote the service's error message (at most 200 bytes),
+// never the request body.
 //
 // # Caching
 //

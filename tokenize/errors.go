@@ -3,22 +3,30 @@ package tokenize
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"unicode/utf8"
 )
 
 // Errors returned by this package. Every error returned by Tokenize wraps exactly
-// one of the first five (plus the context error for ErrTimeout and ErrCanceled),
-// with context: the tokenizer path, the HTTP status, a short excerpt of the
-// service's answer. The client's own request body never appears in an error.
-// HTTPStatus maps each to the status a front end should answer with.
+// one of ErrBadRequest (ErrPromptTooLong being one kind of it), ErrUnavailable,
+// ErrTimeout, ErrUpstream and ErrCanceled (plus the context error for ErrTimeout
+// and ErrCanceled), with context: the tokenizer path, the HTTP status, a short
+// excerpt of the service's answer. The client's own request body never appears
+// in an error. HTTPStatus maps each to the status a front end should answer
+// with.
 var (
 	// ErrBadRequest: the request cannot be tokenized as sent: a path other than
 	// the two OpenAI ones, a body that is not a JSON object or is larger than
 	// Options.MaxRequestBytes, a body without messages or prompt, or a 400, 413
 	// or 422 answer from the service (400).
 	ErrBadRequest = errors.New("tokenize: bad request")
+	// ErrPromptTooLong: the prompt has more token ids than
+	// Options.MaxPromptTokens, in the service's answer or in a completions
+	// prompt sent as ids; refused before more than that many are stored (413).
+	// It wraps ErrBadRequest: the request is refused as sent.
+	ErrPromptTooLong = fmt.Errorf("%w: prompt too long", ErrBadRequest)
 	// ErrUnavailable: the service could not be reached (connection refused or
 	// reset, DNS failure) or answered 429 (503).
 	ErrUnavailable = errors.New("tokenize: service unavailable")
@@ -46,14 +54,17 @@ var (
 const StatusClientClosedRequest = 499
 
 // HTTPStatus returns the HTTP status a front end should answer with for an error
-// returned by this package: 400 ErrBadRequest, 503 ErrUnavailable and ErrClosed,
-// 504 ErrTimeout (and a bare context.DeadlineExceeded), 502 ErrUpstream, 499
-// ErrCanceled (and a bare context.Canceled), 500 for anything else including
-// ErrInvalidOptions. A nil error is 200.
+// returned by this package: 413 ErrPromptTooLong, 400 ErrBadRequest (any other),
+// 503 ErrUnavailable and ErrClosed, 504 ErrTimeout (and a bare
+// context.DeadlineExceeded), 502 ErrUpstream, 499 ErrCanceled (and a bare
+// context.Canceled), 500 for anything else including ErrInvalidOptions. A nil
+// error is 200.
 func HTTPStatus(err error) int {
 	switch {
 	case err == nil:
 		return http.StatusOK
+	case errors.Is(err, ErrPromptTooLong):
+		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, ErrBadRequest):
 		return http.StatusBadRequest
 	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrClosed):

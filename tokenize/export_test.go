@@ -29,16 +29,23 @@ func (c *Cache) KeyProtocol() string { return c.protocol }
 // Limits returns the client's effective timeout and size limits.
 func (c *Client) Limits() (time.Duration, int64, int64) { return c.timeout, c.maxResp, c.maxReq }
 
+// MaxPromptTokens returns the client's effective prompt token bound.
+func (c *Client) MaxPromptTokens() int { return c.maxToks }
+
 var (
 	Protocols     = protocols
-	ParseResponse = parseResponse
-	ParseTokenIDs = parseTokenIDs
-	BuildRequest  = func(protocol string, req Request) (path string, body []byte, direct *Result, err error) {
+	ParseResponse = func(protocol string, data []byte) (Result, error) {
+		return parseResponse(protocol, data, DefaultMaxPromptTokens)
+	}
+	ParseResponseLimit = parseResponse
+	ParseTokenIDs      = func(raw []byte) ([]uint32, error) { return parseTokenIDs(raw, DefaultMaxPromptTokens) }
+	ParseTokenIDsLimit = parseTokenIDs
+	BuildRequest       = func(protocol string, req Request) (path string, body []byte, direct *Result, err error) {
 		chat, err := isChat(req.Path)
 		if err != nil {
 			return "", nil, nil, err
 		}
-		out, err := buildRequest(protocol, chat, req)
+		out, err := buildRequest(protocol, chat, req, DefaultMaxPromptTokens)
 		return out.path, out.body, out.direct, err
 	}
 )

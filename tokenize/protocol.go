@@ -127,8 +127,9 @@ var sglangChatFields = []string{
 }
 
 // buildRequest prepares the service call for req under protocol. chat tells which
-// OpenAI path req has. It is a pure function.
-func buildRequest(protocol string, chat bool, req Request) (outbound, error) {
+// OpenAI path req has; maxTokens bounds a prompt given as token ids. It is a
+// pure function.
+func buildRequest(protocol string, chat bool, req Request, maxTokens int) (outbound, error) {
 	if !isJSONObject(req.Body) {
 		return outbound{}, fmt.Errorf("%w: body is not a JSON object", ErrBadRequest)
 	}
@@ -181,7 +182,7 @@ func buildRequest(protocol string, chat bool, req Request) (outbound, error) {
 		if isAbsent(prompt) {
 			return outbound{}, fmt.Errorf("%w: completions body has no prompt", ErrBadRequest)
 		}
-		text, direct, err := firstPrompt(prompt)
+		text, direct, err := firstPrompt(prompt, maxTokens)
 		if err != nil {
 			return outbound{}, err
 		}
@@ -207,8 +208,9 @@ func buildRequest(protocol string, chat bool, req Request) (outbound, error) {
 
 // firstPrompt interprets a completions "prompt": a string is sent as is; a list
 // of strings sends its first one; a list of token ids (or of lists of token ids)
-// needs no service at all and is returned as a direct result.
-func firstPrompt(prompt json.RawMessage) (json.RawMessage, *Result, error) {
+// needs no service at all and is returned as a direct result, at most
+// maxTokens of them (ErrPromptTooLong).
+func firstPrompt(prompt json.RawMessage, maxTokens int) (json.RawMessage, *Result, error) {
 	p := bytes.TrimLeft(prompt, " \t\r\n")
 	switch {
 	case len(p) > 0 && p[0] == '"':
@@ -229,18 +231,27 @@ func firstPrompt(prompt json.RawMessage) (json.RawMessage, *Result, error) {
 	case len(first) > 0 && first[0] == '"':
 		return items[0], nil, nil
 	case len(first) > 0 && first[0] == '[':
-		toks, err := parseTokenIDs(items[0])
+		toks, err := parseTokenIDs(items[0], maxTokens)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%w: prompt token ids: %v", ErrBadRequest, err)
+			return nil, nil, promptIDsError(err, maxTokens)
 		}
 		return nil, &Result{Tokens: toks, PromptCount: len(items)}, nil
 	default:
-		toks, err := parseTokenIDs(p)
+		toks, err := parseTokenIDs(p, maxTokens)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%w: prompt token ids: %v", ErrBadRequest, err)
+			return nil, nil, promptIDsError(err, maxTokens)
 		}
 		return nil, &Result{Tokens: toks, PromptCount: 1}, nil
 	}
+}
+
+// promptIDsError classifies a parseTokenIDs error on the client's own prompt
+// ids: too many is ErrPromptTooLong, anything else ErrBadRequest.
+func promptIDsError(err error, maxTokens int) error {
+	if errors.Is(err, errTooMany) {
+		return fmt.Errorf("%w: the prompt's token ids are more than %d (MaxPromptTokens)", ErrPromptTooLong, maxTokens)
+	}
+	return fmt.Errorf("%w: prompt token ids: %v", ErrBadRequest, err)
 }
 
 // isJSONObject reports whether b is one valid JSON object.
@@ -279,22 +290,27 @@ type tokenizeAnswer struct {
 }
 
 // parseResponse decodes a successful answer of the service. It is a pure
-// function and never panics; every failure wraps ErrUpstream.
-func parseResponse(protocol string, data []byte) (Result, error) {
+// function and never panics. A prompt of more than maxTokens ids is
+// ErrPromptTooLong, refused before more than maxTokens ids are stored; every
+// other failure wraps ErrUpstream.
+func parseResponse(protocol string, data []byte, maxTokens int) (Result, error) {
 	var (
 		res Result
 		err error
 	)
 	switch protocol {
 	case ProtocolVLLMRender:
-		res, err = parseRender(data)
+		res, err = parseRender(data, maxTokens)
 	case ProtocolVLLMTokenize, ProtocolSGLang:
-		res, err = parseTokenize(data)
+		res, err = parseTokenize(data, maxTokens)
 	default:
 		err = fmt.Errorf("unknown protocol %q", protocol)
 	}
 	if err == nil && len(res.Tokens) == 0 {
 		err = errors.New("no tokens for the prompt") // the service's fault: a prompt has tokens
+	}
+	if errors.Is(err, errTooMany) {
+		return Result{}, fmt.Errorf("%w: the %s answer holds a prompt of more than %d tokens (MaxPromptTokens)", ErrPromptTooLong, protocol, maxTokens)
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("%w: %s answer: %v", ErrUpstream, protocol, err)
@@ -305,7 +321,7 @@ func parseResponse(protocol string, data []byte) (Result, error) {
 // parseRender accepts both shapes whatever the path: one GenerateRequest object
 // (the chat endpoint) or a non-empty array of them (the completions endpoint,
 // one per prompt), so a server that changes one shape still parses.
-func parseRender(data []byte) (Result, error) {
+func parseRender(data []byte, maxTokens int) (Result, error) {
 	t := bytes.TrimLeft(data, " \t\r\n")
 	var ans renderAnswer
 	count := 1
@@ -324,7 +340,7 @@ func parseRender(data []byte) (Result, error) {
 		}
 		// Every prompt's ids are validated; the first prompt's are returned.
 		for i := 1; i < len(list); i++ {
-			if _, err := parseTokenIDs(list[i].TokenIDs); err != nil {
+			if _, err := parseTokenIDs(list[i].TokenIDs, maxTokens); err != nil {
 				return Result{}, fmt.Errorf("prompt %d: token_ids: %w", i, err)
 			}
 		}
@@ -335,7 +351,7 @@ func parseRender(data []byte) (Result, error) {
 	if isAbsent(ans.TokenIDs) {
 		return Result{}, fmt.Errorf("no token_ids")
 	}
-	toks, err := parseTokenIDs(ans.TokenIDs)
+	toks, err := parseTokenIDs(ans.TokenIDs, maxTokens)
 	if err != nil {
 		return Result{}, fmt.Errorf("token_ids: %w", err)
 	}
@@ -361,7 +377,7 @@ func parseRender(data []byte) (Result, error) {
 // parseTokenize reads {"tokens": [int] | [[int]], "count": ..., "max_model_len": int}.
 // The nested form (SGLang with a list of prompts) yields the first list; every
 // list is validated.
-func parseTokenize(data []byte) (Result, error) {
+func parseTokenize(data []byte, maxTokens int) (Result, error) {
 	var ans tokenizeAnswer
 	if err := json.Unmarshal(data, &ans); err != nil {
 		return Result{}, err
@@ -378,13 +394,13 @@ func parseTokenize(data []byte) (Result, error) {
 			return Result{}, err
 		}
 		for i := 1; i < len(lists); i++ {
-			if _, err := parseTokenIDs(lists[i]); err != nil {
+			if _, err := parseTokenIDs(lists[i], maxTokens); err != nil {
 				return Result{}, fmt.Errorf("prompt %d: tokens: %w", i, err)
 			}
 		}
 		raw, res.PromptCount = lists[0], len(lists)
 	}
-	toks, err := parseTokenIDs(raw)
+	toks, err := parseTokenIDs(raw, maxTokens)
 	if err != nil {
 		return Result{}, fmt.Errorf("tokens: %w", err)
 	}

@@ -14,17 +14,22 @@ var (
 	errNegative   = errors.New("token id is negative")
 	errTooLarge   = errors.New("token id does not fit in 32 bits")
 	errTrailing   = errors.New("unexpected bytes after the token id array")
+	// errTooMany: the array holds more ids than the caller's limit; the
+	// callers turn it into ErrPromptTooLong.
+	errTooMany = errors.New("more token ids than the limit")
 )
 
 // parseTokenIDs decodes a JSON array of token ids, such as [1, 22, 333], into
 // uint32 values. It accepts only plain JSON integers in [0, 2^32-1] ("-0" is 0);
 // a fraction, an exponent, a sign on a non-zero value, a value above 2^32-1, null
-// or any other JSON type is an error. It never panics, whatever raw holds, and
-// it allocates only the result, sized exactly (one counting pass over commas).
+// or any other JSON type is an error. More than limit ids is errTooMany, found
+// before more than limit ids are stored. It never panics, whatever raw holds,
+// and it allocates only the result, sized exactly (one counting pass over
+// commas) and never above limit ids.
 //
 // It is the hot part of parsing a service's answer: encoding/json would decode
 // each id through reflection; this is a single forward scan.
-func parseTokenIDs(raw []byte) ([]uint32, error) {
+func parseTokenIDs(raw []byte, limit int) ([]uint32, error) {
 	i := skipSpace(raw, 0)
 	if i >= len(raw) || raw[i] != '[' {
 		return nil, errNotArray
@@ -36,12 +41,15 @@ func parseTokenIDs(raw []byte) ([]uint32, error) {
 		}
 		return []uint32{}, nil
 	}
-	out := make([]uint32, 0, bytes.Count(raw, []byte{','})+1)
+	out := make([]uint32, 0, min(bytes.Count(raw, []byte{','})+1, limit))
 	for {
 		i = skipSpace(raw, i)
 		v, next, err := parseUint32(raw, i)
 		if err != nil {
 			return nil, err
+		}
+		if len(out) == limit {
+			return nil, errTooMany
 		}
 		out = append(out, v)
 		i = skipSpace(raw, next)

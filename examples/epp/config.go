@@ -61,6 +61,7 @@ type config struct {
 	WorkersFile       string
 	Kubeconfig        string
 	MaxBodyBytes      int
+	MaxPromptTokens   int
 	// Replicas (docs/REPLICAS.md): at most one of PeerService, Peers (an
 	// embedded NATS server routed to the peers) and NATSURL (an existing
 	// NATS cluster); none means no replication.
@@ -108,13 +109,18 @@ func intIn(dst *int, lo, hi int) func(string) error {
 }
 
 func floatMin(dst *float64, lo float64) func(string) error {
+	return floatIn(dst, lo, math.MaxFloat64)
+}
+
+// floatIn reads a finite number in [lo, hi].
+func floatIn(dst *float64, lo, hi float64) func(string) error {
 	return func(v string) error {
 		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
 			return fmt.Errorf("%q is not a finite number", v)
 		}
-		if f < lo {
-			return fmt.Errorf("%v is below %v", f, lo)
+		if f < lo || f > hi {
+			return fmt.Errorf("%v is out of range [%v, %v]", f, lo, hi)
 		}
 		*dst = f
 		return nil
@@ -237,6 +243,7 @@ func (c *config) settings() []envconf.Var {
 		{Env: "DYN_EPP_WORKERS_FILE", Flag: "workers-file", Help: "static discovery: a JSON/YAML file of workers, watched (no Kubernetes)", Set: str(&c.WorkersFile)},
 		{Env: "KUBECONFIG", Flag: "kubeconfig", Help: "kubeconfig path (default: in-cluster config)", Set: str(&c.Kubeconfig)},
 		{Env: "DYN_EPP_MAX_BODY_BYTES", Flag: "max-body-bytes", Default: "8388608", Help: "largest request body buffered (excess: 413)", Set: intIn(&c.MaxBodyBytes, 1024, 1<<30)},
+		{Env: "DYN_EPP_MAX_PROMPT_TOKENS", Flag: "max-prompt-tokens", Default: "1048576", Help: "most token ids one request's prompt may have, refused as the tokenizer's answer is parsed (excess: 413)", Set: intIn(&c.MaxPromptTokens, 1, 1<<26)},
 		// Replicas (docs/REPLICAS.md).
 		{Env: "POD_NAME", Flag: "pod-name", Help: "this EPP's pod name (downward API): the default replica ID", Set: str(&c.PodName)},
 		{Env: "DYN_EPP_PEER_SERVICE", Flag: "peer-service", Help: "replicas, embedded NATS: the headless Service (in POD_NAMESPACE) whose ready endpoints are this EPP's peers; their servers are routed to at `<ip>:DYN_EPP_REPLICA_SYNC_PORT` (needs POD_IP; RBAC services get, endpointslices list and watch)",
@@ -260,6 +267,10 @@ func (c *config) settings() []envconf.Var {
 						return fmt.Errorf("%q is not host:port", f)
 					}
 					out = append(out, f)
+				}
+				if len(out) == 0 {
+					// Set but empty would run unreplicated without a word.
+					return fmt.Errorf("%q names no peer (unset it to run one replica)", v)
 				}
 				if len(out) > maxPeers {
 					return fmt.Errorf("%d peers, at most %d", len(out), maxPeers)
@@ -419,7 +430,7 @@ func (c *config) settings() []envconf.Var {
 				c.Router.Cost = m
 				return nil
 			}},
-		{Env: "DYN_EPP_PREFILL_TOKENS_PER_SECOND", Flag: "prefill-tokens-per-second", Default: "10000", Help: "predictive cost: a worker's prefill rate (uncached tokens per second) until it has learned its own from 4 completed prefills (> 0)", Set: floatMin(&r.Predictive.PrefillTokensPerSecond, 0)},
+		{Env: "DYN_EPP_PREFILL_TOKENS_PER_SECOND", Flag: "prefill-tokens-per-second", Default: "10000", Help: "predictive cost: a worker's prefill rate (uncached tokens per second) until it has learned its own from 4 completed prefills (1 to 1e9)", Set: floatIn(&r.Predictive.PrefillTokensPerSecond, selection.MinPrefillTokensPerSecond, selection.MaxPrefillTokensPerSecond)},
 		{Env: "DYN_EPP_LEARN_PREFILL_RATE", Flag: "learn-prefill-rate", Default: "true", Help: "predictive cost: learn each worker's prefill rate from its completed prefills (false: DYN_EPP_PREFILL_TOKENS_PER_SECOND for all)",
 			Set: func(v string) error {
 				var on bool

@@ -217,11 +217,12 @@ func TestConfigPredictiveCost(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, c.OutputGrowth, "set explicitly")
 
-	_, err = load(t, map[string]string{"DYN_EPP_COST": "fastest", "DYN_EPP_PREFILL_TOKENS_PER_SECOND": "0", "DYN_EPP_OUTPUT_GROWTH": "sometimes",
+	// A subnormal rate is above 0, and would make every cost infinite.
+	_, err = load(t, map[string]string{"DYN_EPP_COST": "fastest", "DYN_EPP_PREFILL_TOKENS_PER_SECOND": "4.9e-324", "DYN_EPP_OUTPUT_GROWTH": "sometimes",
 		"DYN_EPP_BALANCE_WEIGHT": "-1", "DYN_EPP_BALANCE_WINDOW_SECONDS": "0"})
 	require.ErrorContains(t, err, "DYN_EPP_BALANCE_WEIGHT")
 	require.ErrorContains(t, err, "DYN_EPP_BALANCE_WINDOW_SECONDS")
 	require.ErrorContains(t, err, "DYN_EPP_COST")
-	require.ErrorContains(t, err, "PrefillTokensPerSecond")
+	require.ErrorContains(t, err, "DYN_EPP_PREFILL_TOKENS_PER_SECOND")
 	require.ErrorContains(t, err, "DYN_EPP_OUTPUT_GROWTH")
 }

@@ -198,7 +198,7 @@ func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure f
 	}
 	client, err := tokenize.New(tokenize.Options{
 		Protocol: cfg.TokenizerProtocol, BaseURL: cfg.TokenizerURL, Timeout: cfg.TokenizerTimeout,
-		MaxResponseBytes: int64(cfg.TokenizerMaxResp), Logger: logger,
+		MaxResponseBytes: int64(cfg.TokenizerMaxResp), MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger,
 	})
 	if err != nil {
 		return nil, err
@@ -285,7 +285,7 @@ func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure f
 	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	e.reg.MustRegister(&statsCollector{services: func() map[string]*selection.SelectionService { return services }, cache: cache, model: cfg.Model})
 	if rp != nil {
-		rc := &replicaCollector{reps: rp.reps}
+		rc := &replicaCollector{reps: rp.reps, refusedReplies: rp.cl.Bus().RefusedReplies}
 		if rp.srv != nil {
 			rc.routes, rc.configured, rc.refused = rp.srv.Peers, rp.srv.Routes, rp.srv.RefusedRoutes
 		}

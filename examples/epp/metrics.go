@@ -245,6 +245,9 @@ type replicaCollector struct {
 	// with an external NATS cluster.
 	routes, configured func() []string
 	refused            func() uint64
+	// refusedReplies counts the snapshot and index requests not answered
+	// because their reply subject was not an inbox (natsbus.Bus).
+	refusedReplies func() uint64
 }
 
 var (
@@ -256,7 +259,9 @@ var (
 	dRepPeers       = descRep("peers", "Peer replicas followed now.")
 	dRepRemote      = descRep("remote_bookings", "Peers' bookings held in this replica's service now.")
 	dRepLocal       = descRep("local_bookings", "This replica's own live bookings, shared with its peers.")
-	dRepRefused     = descRep("refused_total", "Peers' ops and messages not applied, by reason (not_found, unknown_id, expired, invalid, closed, malformed, stale_epoch, too_many_peers).", "reason")
+	dRepRefused     = descRep("refused_total", "Peers' ops and messages not applied, by reason (replica.RefusalReasons: not_found, unknown_id, expired, invalid, closed, malformed, stale_epoch, too_many_peers, implausible_seq, implausible_epoch, peer_full, origin_mismatch).", "reason")
+	dRepBackoffs    = descRep("repair_backoffs_total", "Repairs of a peer delayed because its repairs followed each other (a stream claiming batches it never sends).")
+	dRepMaxMessage  = descRep("max_message_bytes", "The bound on the messages this replica sends now: the NATS server's max_payload, read on every (re)connection.")
 	dRepOverflow    = descRep("overflow_total", "Own ops dropped from the stream because the publisher fell behind (peers resynchronise by snapshot).")
 	dRepDuplicates  = descRep("duplicates_total", "Peers' bookings received again while already held (a replay over a snapshot): expected.")
 	dRepBatches     = descRep("published_batches_total", "Batches of own ops published (heartbeats excluded).")
@@ -273,6 +278,7 @@ var (
 	dRepClashes     = descRep("id_clashes_total", "Messages from another replica using this replica's ID.")
 	dRepRoutes      = prometheus.NewDesc("kvselect_replica_nats_routes", "Peer NATS servers the embedded server has a route to now.", nil, nil)
 	dRouteRefused   = prometheus.NewDesc("kvselect_replica_nats_routes_refused_total", "Route connections the embedded server refused for a wrong or missing DYN_EPP_REPLICA_SYNC_SECRET.", nil, nil)
+	dRepReplies     = prometheus.NewDesc("kvselect_replica_nats_refused_replies_total", "Snapshot and index requests not answered because their reply subject was not an inbox (a request that would reflect a page onto another subject).", nil, nil)
 	dRepConfigured  = prometheus.NewDesc("kvselect_replica_nats_routes_configured", "Routes the embedded server is given (DYN_EPP_PEERS, or the peers DYN_EPP_PEER_SERVICE finds); more than kvselect_replica_nats_routes means peers not reached.", nil, nil)
 )
 
@@ -283,6 +289,9 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(dRepRoutes, prometheus.GaugeValue, float64(len(c.routes())))
 		ch <- prometheus.MustNewConstMetric(dRepConfigured, prometheus.GaugeValue, float64(len(c.configured())))
 		ch <- prometheus.MustNewConstMetric(dRouteRefused, prometheus.CounterValue, float64(c.refused()))
+	}
+	if c.refusedReplies != nil {
+		ch <- prometheus.MustNewConstMetric(dRepReplies, prometheus.CounterValue, float64(c.refusedReplies()))
 	}
 	for r, rep := range c.reps {
 		role := r.String()
@@ -298,9 +307,11 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(dRepPeers, float64(st.Peers))
 		gauge(dRepRemote, float64(st.RemoteBookings))
 		gauge(dRepLocal, float64(st.LocalBookings))
-		for _, reason := range replicaRefusals {
+		for _, reason := range replica.RefusalReasons() {
 			counter(dRepRefused, st.Refused[reason], reason)
 		}
+		counter(dRepBackoffs, st.RepairBackoffs)
+		gauge(dRepMaxMessage, float64(st.MaxMessageBytes))
 		counter(dRepOverflow, st.Overflow)
 		counter(dRepDuplicates, st.Duplicates)
 		counter(dRepBatches, st.PublishedBatches)
@@ -318,9 +329,6 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// replicaRefusals are replica.Stats.Refused's reasons, every one exported
-// (at 0 until it happens) so that a rate can be taken from the start.
-var replicaRefusals = []string{"not_found", "unknown_id", "expired", "invalid", "closed", "malformed", "stale_epoch", "too_many_peers"}
 
 // routerMetrics counts what the router does after a pick: bookings moved to
 // the worker that served (or freed), lease renewals. A nil *routerMetrics

@@ -69,7 +69,18 @@ func openReplication(cfg *config, logger *slog.Logger) (*replication, error) {
 	// On POD_IP when known: the server then tells its peers that address,
 	// not every address of the host.
 	addr := net.JoinHostPort(cfg.PodIP, strconv.Itoa(cfg.SyncPort))
-	rp.srv, err = natsbus.StartServer(natsbus.ServerOptions{Name: id, ClusterAddr: addr, Routes: cfg.Peers, RouteSecret: cfg.SyncSecret, Logger: logger})
+	if cfg.SyncSecret == "" {
+		logger.Warn("replica sync without DYN_EPP_REPLICA_SYNC_SECRET: any host that reaches the sync port can join the mesh and publish bookings; set a secret, or keep the port behind a NetworkPolicy",
+			"addr", addr)
+	}
+	// This process's client publishes only on its own replicas' streams
+	// (every role's subject), so nothing it sends can speak for a peer.
+	var subjects []string
+	for _, r := range []roles.Role{roles.Aggregated, roles.Prefill, roles.Decode} {
+		subjects = append(subjects, replicaSubject(cfg, r))
+	}
+	rp.srv, err = natsbus.StartServer(natsbus.ServerOptions{Name: id, ClusterAddr: addr, Routes: cfg.Peers, RouteSecret: cfg.SyncSecret,
+		ClientPermissions: natsbus.ReplicaPermissions(id, subjects...), Logger: logger})
 	if err != nil {
 		return nil, fmt.Errorf("replica sync server on %s: %w", addr, err)
 	}
@@ -116,8 +127,9 @@ func (rp *replication) newReplicators(cfg *config, mode roles.TopologyMode) erro
 	rp.reps = map[roles.Role]*replica.Replicator{}
 	for _, r := range mode.Roles() {
 		rep, err := replica.New(replica.Options{
-			Bus: rp.cl.Bus(), ID: rp.id, Subject: replicaSubject(cfg, r),
-			MaxMessageBytes: rp.cl.MaxPayload(), Logger: rp.logger.With("role", r.String()),
+			// MaxMessageBytes left 0: the bound follows the server's
+			// max_payload, read on every (re)connection.
+			Bus: rp.cl.Bus(), ID: rp.id, Subject: replicaSubject(cfg, r), Logger: rp.logger.With("role", r.String()),
 		})
 		if err != nil {
 			return err

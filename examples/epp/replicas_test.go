@@ -62,6 +62,7 @@ func TestConfigReplicas(t *testing.T) {
 		{map[string]string{"DYN_EPP_PEERS": "10.0.0.2"}, "not host:port"},
 		{map[string]string{"DYN_EPP_PEERS": "10.0.0.2:0"}, "not host:port"},
 		{map[string]string{"DYN_EPP_PEERS": ":9092"}, "not host:port"},
+		{map[string]string{"DYN_EPP_PEERS": ",,,"}, "names no peer"},
 		{map[string]string{"DYN_EPP_NATS_URL": "http://n:4222"}, "not a NATS URL"},
 		{map[string]string{"DYN_EPP_NATS_URL": "nats-0:4222"}, "not a NATS URL"},
 		{map[string]string{"DYN_EPP_REPLICA_ID": "epp.0"}, "DYN_EPP_REPLICA_ID"},

@@ -30,6 +30,13 @@ type config struct {
 	UseKVEvents       bool
 	MaxBodyBytes      int64
 	FailureEjection   time.Duration
+	// Bounds of the HTTP side (docs/BOUNDS.md): the server's timeouts, the
+	// Router's body deadline, in-flight slots and prompt tokens.
+	ReadTimeout     time.Duration
+	IdleTimeout     time.Duration
+	BodyTimeout     time.Duration
+	MaxInflight     int
+	MaxPromptTokens int
 	// Cost is the selection cost; with the predictive one, streamed answers
 	// grow their bookings (httproute.Options.OutputGrowth).
 	Cost selection.CostModel
@@ -111,14 +118,43 @@ func (c *config) settings() []envconf.Var {
 				return err
 			}},
 		{Env: "GATEWAY_FAILURE_EJECTION", Flag: "failure-ejection", Default: "10s", Help: "how long a worker that refused a connection or answered 5xx is left out of the picks (a Go duration > 0)",
+			Set: positiveDuration(&c.FailureEjection)},
+		{Env: "GATEWAY_BODY_TIMEOUT", Flag: "body-timeout", Default: "30s", Help: "how long a request body may take to arrive whole (past it: 408, connection closed; a Go duration > 0)",
+			Set: positiveDuration(&c.BodyTimeout)},
+		{Env: "GATEWAY_READ_TIMEOUT", Flag: "read-timeout", Default: "40s", Help: "how long reading a whole request, headers and body, may take on any path (the completions paths' bodies are bounded by --body-timeout instead; a Go duration > 0)",
+			Set: positiveDuration(&c.ReadTimeout)},
+		{Env: "GATEWAY_IDLE_TIMEOUT", Flag: "idle-timeout", Default: "2m", Help: "how long a keep-alive connection may wait for its next request (a Go duration > 0)",
+			Set: positiveDuration(&c.IdleTimeout)},
+		{Env: "DYN_EPP_MAX_INFLIGHT_REQUESTS", Flag: "max-inflight", Default: "1024", Help: "requests being read, tokenized or booked at once; more are answered 503 (also bounds the tokenizer calls in progress)",
 			Set: func(v string) error {
-				d, err := time.ParseDuration(v)
-				if err != nil || d <= 0 {
-					return fmt.Errorf("%q is not a positive duration", v)
+				n, err := strconv.Atoi(v)
+				if err != nil || n < 1 || n > 1<<20 {
+					return fmt.Errorf("%q is not an integer in [1, 2^20]", v)
 				}
-				c.FailureEjection = d
+				c.MaxInflight = n
 				return nil
 			}},
+		{Env: "DYN_EPP_MAX_PROMPT_TOKENS", Flag: "max-prompt-tokens", Default: "1048576", Help: "most token ids one request's prompt may have (excess: 413)",
+			Set: func(v string) error {
+				n, err := strconv.Atoi(v)
+				if err != nil || n < 1 || n > 1<<26 {
+					return fmt.Errorf("%q is not an integer in [1, 2^26]", v)
+				}
+				c.MaxPromptTokens = n
+				return nil
+			}},
+	}
+}
+
+// positiveDuration sets *dst to a Go duration > 0.
+func positiveDuration(dst *time.Duration) func(string) error {
+	return func(v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("%q is not a positive duration", v)
+		}
+		*dst = d
+		return nil
 	}
 }
 

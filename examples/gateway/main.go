@@ -39,6 +39,9 @@ import (
 // shutdownGrace is how long in-flight answers may finish after a signal.
 const shutdownGrace = 10 * time.Second
 
+// readHeaderTimeout bounds reading a request's headers.
+const readHeaderTimeout = 10 * time.Second
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
@@ -83,6 +86,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 // workers file and the HTTP handler.
 type gateway struct {
 	log    *slog.Logger
+	cfg    config
 	client *tokenize.Client
 	cache  *tokenize.Cache
 	svc    *selection.SelectionService
@@ -96,7 +100,7 @@ type gateway struct {
 // newGateway builds everything that does not listen yet. configure, when set,
 // adjusts the selection service's builder (tests use it).
 func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure func(*selection.SelectionServiceBuilder)) (*gateway, error) {
-	g := &gateway{log: logger, synced: make(chan struct{})}
+	g := &gateway{log: logger, cfg: cfg, synced: make(chan struct{})}
 	var err error
 	defer func() {
 		if err != nil {
@@ -110,13 +114,13 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 		return nil, err
 	}
 	g.client, err = tokenize.New(tokenize.Options{Protocol: cfg.TokenizerProtocol, BaseURL: cfg.TokenizerURL,
-		Timeout: cfg.TokenizerTimeout, MaxRequestBytes: cfg.MaxBodyBytes, Logger: logger})
+		Timeout: cfg.TokenizerTimeout, MaxRequestBytes: cfg.MaxBodyBytes, MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
 	// The Router only hashes the ids: share the cached slices.
 	g.cache, err = tokenize.NewCache(g.client, tokenize.CacheOptions{ShareResults: true, Model: cfg.Model,
-		CallTimeout: cfg.TokenizerTimeout, Logger: logger})
+		CallTimeout: cfg.TokenizerTimeout, MaxCalls: cfg.MaxInflight, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +136,8 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 	if err != nil {
 		return nil, err
 	}
-	g.router, err = httproute.New(httproute.Options{Service: g.svc, Tokenizer: g.cache, MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger,
+	g.router, err = httproute.New(httproute.Options{Service: g.svc, Tokenizer: g.cache, MaxBodyBytes: cfg.MaxBodyBytes,
+		BodyTimeout: cfg.BodyTimeout, MaxInflight: cfg.MaxInflight, MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger,
 		OutputGrowth: cfg.Cost == selection.CostPredictive})
 	if err != nil {
 		return nil, err
@@ -215,8 +220,9 @@ func (g *gateway) apply(s discovery.Snapshot) {
 func (g *gateway) serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
 		Handler:           g.mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       g.cfg.ReadTimeout,
+		IdleTimeout:       g.cfg.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
 	eg, ctx := errgroup.WithContext(ctx)

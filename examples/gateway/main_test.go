@@ -30,20 +30,24 @@ func TestLoadConfig(t *testing.T) {
 	c, err := loadConfig(fs, []string{"--block-size", "32", "--addr", "127.0.0.1:0"}, env(map[string]string{
 		"DYN_EPP_WORKERS_FILE": "w.json", "DYN_EPP_TOKENIZER_SERVICE_URL": "http://10.0.0.1:8000",
 		"DYN_KV_CACHE_BLOCK_SIZE": "64", "DYN_ROUTER_USE_KV_EVENTS": "false", "GATEWAY_FAILURE_EJECTION": "250ms",
-		"DYN_EPP_COST": "predictive",
+		"DYN_EPP_COST": "predictive", "GATEWAY_BODY_TIMEOUT": "2s", "DYN_EPP_MAX_PROMPT_TOKENS": "4096",
 	}))
 	require.NoError(t, err)
 	require.Equal(t, config{
 		Addr: "127.0.0.1:0", WorkersFile: "w.json", Model: "default", TokenizerURL: "http://10.0.0.1:8000",
 		TokenizerProtocol: "vllm-render", TokenizerTimeout: 5 * time.Second, BlockSize: 32, UseKVEvents: false,
 		MaxBodyBytes: 8 << 20, FailureEjection: 250 * time.Millisecond, Cost: selection.CostPredictive,
+		ReadTimeout: 40 * time.Second, IdleTimeout: 2 * time.Minute, BodyTimeout: 2 * time.Second,
+		MaxInflight: 1024, MaxPromptTokens: 4096,
 	}, c, "flags win over the environment, which wins over the defaults")
 
 	fs = flag.NewFlagSet("t", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	_, err = loadConfig(fs, []string{"--block-size", "0", "--tokenizer-protocol", "nope", "--addr", "8080", "--cost", "cheapest"}, env(nil))
+	_, err = loadConfig(fs, []string{"--block-size", "0", "--tokenizer-protocol", "nope", "--addr", "8080", "--cost", "cheapest",
+		"--body-timeout", "0s", "--max-inflight", "0", "--max-prompt-tokens", "-1"}, env(nil))
 	require.ErrorIs(t, err, errConfig)
-	for _, want := range []string{"--block-size", "--tokenizer-protocol", "--addr", "--cost", "--workers-file / DYN_EPP_WORKERS_FILE: required",
+	for _, want := range []string{"--block-size", "--tokenizer-protocol", "--addr", "--cost", "--body-timeout", "--max-inflight",
+		"--max-prompt-tokens", "--workers-file / DYN_EPP_WORKERS_FILE: required",
 		"--tokenizer-url / DYN_EPP_TOKENIZER_SERVICE_URL: required"} {
 		require.ErrorContains(t, err, want)
 	}

@@ -8,34 +8,47 @@
 //
 // # Request path
 //
-//  1. The body is read whole, at most Options.MaxBodyBytes (413 past it),
-//     and sent upstream from memory (a proxy that streams the inbound body
-//     through can have its upstream connection torn down as the answer
-//     starts: an HTTP/1 server closes the inbound body when the response
-//     begins, golang/go#40747).
-//  2. ParseRequest reads the model, SGLang's lora_path, vLLM's cache_salt and
+//  1. The request takes one of Options.MaxInflight slots (1024; 503 at once
+//     past it), which it holds until it is booked: reading, tokenizing and
+//     booking are bounded, proxying is not.
+//  2. The body is read whole, at most Options.MaxBodyBytes (413 past it),
+//     within Options.BodyTimeout (30 s, a read deadline on the connection;
+//     408 past it), into a buffer that grows with the bytes that arrive (at
+//     most 16 KiB before any, whatever the Content-Length declares), and sent
+//     upstream from memory (a proxy that streams the inbound body through can
+//     have its upstream connection torn down as the answer starts: an HTTP/1
+//     server closes the inbound body when the response begins,
+//     golang/go#40747). A request refused before its body was read to its
+//     end is answered with Connection: close, so that net/http does not read
+//     the rest of it after the Router has answered.
+//  3. ParseRequest reads the model, SGLang's lora_path, vLLM's cache_salt and
 //     the session id; the body must be a JSON object (400 otherwise).
-//  3. The Tokenizer turns the request into the engine's token ids
-//     (tokenize.Request{Path, Body, Model}).
-//  4. A selection.Request is built (Model: Options.Model, else the body's
+//  4. The Tokenizer turns the request into the engine's token ids
+//     (tokenize.Request{Path, Body, Model}), at most Options.MaxPromptTokens
+//     of them (413 past it, tokenize.ErrPromptTooLong; a tokenize.Client
+//     given the same bound refuses them before it stores them).
+//  5. A selection.Request is built (Model: Options.Model, else the body's
 //     "model"; Tokens; CacheSalt; LoRAName; ExpectedOutputTokens), adjusted by
 //     Options.Prepare, and booked with Service.Book.
-//  5. The ReverseProxy's Rewrite points the request at the Booking's Endpoint
+//  6. The ReverseProxy's Rewrite points the request at the Booking's Endpoint
 //     (Options.Scheme), sets X-Forwarded-For/-Host/-Proto, and removes the
 //     hop-by-hop headers and the routing headers a client could forge
 //     (x-gateway-destination-endpoint and its subset, served and scores
 //     forms, x-prefiller-host-port, Dynamo's worker and rank headers, ...).
-//  6. The answer is streamed back; server-sent events and answers without a
+//  7. The answer is streamed back; server-sent events and answers without a
 //     length are flushed chunk by chunk (the ReverseProxy's rule).
 //
-// Errors before step 5 are answered with an OpenAI error object,
+// Errors before step 6 are answered with an OpenAI error object,
 // {"error": {"message", "type", "code"}}, code being the HTTP status, mapped
 // as the reference EPP does (HTTPStatus: the tokenizer's classes first, then
 // selection's). A 4xx message says what is wrong with the request; a 5xx one
 // is a fixed phrase, the details (worker names, reasons, the tokenizer's
-// answer) going to the Logger. An upstream answer is passed through as it is,
-// error statuses included; a transport error is 502 (504 for a timeout). The
-// Router does not retry on another worker.
+// answer) going to the Logger. A refusal past a bound (MaxInflight,
+// BodyTimeout, MaxBodyBytes, MaxPromptTokens) is counted in Stats under its
+// reason and logged at WARN, at most once per reason every 10 s with the count
+// in between. An upstream answer is passed through as it is, error statuses
+// included; a transport error is 502 (504 for a timeout). The Router does not
+// retry on another worker.
 //
 // # Settling a booking
 //
@@ -109,7 +122,8 @@
 // atomic flag and a mutex; a selection.Booking is safe for concurrent use.
 // The transport the Router makes keeps idle connections, which
 // CloseIdleConnections releases. Options.Prepare and the Service are called
-// concurrently.
+// concurrently. The in-flight slots are an atomic count and the refusal log's
+// limiter a mutex.
 //
 // # Invariants
 //
@@ -120,5 +134,9 @@
 //     first body byte of a 2xx answer has been read from the worker.
 //   - MarkFailed is called at most once per request, never for a request the
 //     client abandoned.
+//   - At most Options.MaxInflight requests are being read, tokenized or
+//     booked; a slot is left on every path, panics included. A body buffer
+//     holds at most 16 KiB before bytes arrive, then at most about twice the
+//     bytes received.
 //   - No request reaches a worker with a routing header the client set.
 package httproute

@@ -21,6 +21,12 @@ var (
 	ErrBadRequest = errors.New("httproute: bad request")
 	// ErrBodyTooLarge: the body is larger than Options.MaxBodyBytes (413).
 	ErrBodyTooLarge = errors.New("httproute: request body too large")
+	// ErrBodyTimeout: the body did not arrive whole within
+	// Options.BodyTimeout (408, and the connection is closed).
+	ErrBodyTimeout = errors.New("httproute: request body timeout")
+	// ErrOverloaded: Options.MaxInflight requests are already being read,
+	// tokenized or booked (503, and the connection is closed).
+	ErrOverloaded = errors.New("httproute: too many requests in flight")
 	// ErrMethodNotAllowed: the request is not a POST (405).
 	ErrMethodNotAllowed = errors.New("httproute: method not allowed")
 )
@@ -33,9 +39,10 @@ var tokenizerClasses = []error{
 }
 
 // HTTPStatus returns the status the Router answers with for an error met before
-// the request reached a worker: 413 ErrBodyTooLarge, 405 ErrMethodNotAllowed,
-// 400 ErrBadRequest; then, like the reference EPP, the tokenizer's classes by
-// tokenize.HTTPStatus (400, 503, 504, 502, 499) and everything else by
+// the request reached a worker: 413 ErrBodyTooLarge, 408 ErrBodyTimeout, 503
+// ErrOverloaded, 405 ErrMethodNotAllowed, 400 ErrBadRequest; then, like the
+// reference EPP, the tokenizer's classes by tokenize.HTTPStatus (413
+// tokenize.ErrPromptTooLong, 400, 503, 504, 502, 499) and everything else by
 // selection.HTTPStatus (400, 404, 409, 429, 503, 504, 499, 500). A nil error is
 // 200.
 func HTTPStatus(err error) int {
@@ -44,6 +51,10 @@ func HTTPStatus(err error) int {
 		return http.StatusOK
 	case errors.Is(err, ErrBodyTooLarge):
 		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, ErrBodyTimeout):
+		return http.StatusRequestTimeout
+	case errors.Is(err, ErrOverloaded):
+		return http.StatusServiceUnavailable
 	case errors.Is(err, ErrMethodNotAllowed):
 		return http.StatusMethodNotAllowed
 	case errors.Is(err, ErrBadRequest):
@@ -100,6 +111,8 @@ func clientMessage(err error, status int) string {
 		}
 	}
 	switch {
+	case errors.Is(err, ErrOverloaded):
+		return "the gateway has too many requests in flight; retry later"
 	case tokenizer && status == http.StatusGatewayTimeout:
 		return "the tokenizer service timed out"
 	case tokenizer:

@@ -23,6 +23,14 @@ import (
 const (
 	DefaultMaxBodyBytes  = 8 << 20
 	DefaultRenewInterval = 10 * time.Second
+	// DefaultBodyTimeout bounds reading a whole request body.
+	DefaultBodyTimeout = 30 * time.Second
+	// DefaultMaxInflight bounds the requests being read, tokenized or booked
+	// at once: the reference EPP's DYN_EPP_MAX_INFLIGHT_REQUESTS default.
+	DefaultMaxInflight = 1024
+	// DefaultMaxPromptTokens bounds one request's prompt tokens: the
+	// tokenizer client's default.
+	DefaultMaxPromptTokens = tokenize.DefaultMaxPromptTokens
 	// DefaultMaxIdleConnsPerHost is how many idle connections the default
 	// transport keeps to each worker.
 	DefaultMaxIdleConnsPerHost = 64
@@ -66,8 +74,33 @@ type Options struct {
 	Prepare func(r *http.Request, info RequestInfo, req *selection.Request) error
 	// MaxBodyBytes bounds the request body, which the Router buffers whole
 	// (it is tokenized, then sent upstream); a larger one is answered 413.
-	// Default DefaultMaxBodyBytes (8 MiB); negative is an error.
+	// The buffer grows with the bytes that arrive, from at most 16 KiB
+	// whatever the Content-Length declares. Default DefaultMaxBodyBytes
+	// (8 MiB); negative is an error.
 	MaxBodyBytes int64
+	// BodyTimeout bounds reading the whole body, from the start of ServeHTTP:
+	// a body not in by then is answered 408 and its connection closed. It is
+	// set as the connection's read deadline (http.ResponseController), which
+	// replaces the server's ReadTimeout for the body, and lifted once the body
+	// is in, so a long answer is never cut by it; a ResponseWriter that cannot
+	// set read deadlines (neither net/http's own nor a wrapper with Unwrap)
+	// gets none. Default DefaultBodyTimeout (30 s); negative sets no deadline.
+	BodyTimeout time.Duration
+	// MaxInflight bounds the requests between their arrival and their
+	// booking (reading the body, tokenizing, booking), and so the bodies
+	// being received and the tokenizer calls waiting: beyond it a request is
+	// answered 503 at once, its body unread and its connection closed. A
+	// booked request streaming its answer no longer counts (the workers'
+	// load bounds those). Default DefaultMaxInflight (1024); negative is an
+	// error.
+	MaxInflight int
+	// MaxPromptTokens bounds the token ids of a request's prompt: more is
+	// answered 413 (tokenize.ErrPromptTooLong). A tokenize.Client refuses
+	// them as it parses the answer, before they are stored: give it the same
+	// bound (tokenize.Options.MaxPromptTokens); the Router checks what any
+	// Tokenizer returns. Default DefaultMaxPromptTokens (1M); negative is an
+	// error.
+	MaxPromptTokens int
 	// Scheme is the upstream scheme, "http" (the default) or "https".
 	Scheme string
 	// Transport sends the requests upstream. Default: a clone of
@@ -102,8 +135,10 @@ type Options struct {
 	// cost (selection.CostPredictive) it kept both (p90 0.13 s to 0.11 s;
 	// docs/ROUTING.md): turn it on with that cost.
 	OutputGrowth bool
-	// Logger receives upstream failures (WARN) and rejections and cancels
-	// (DEBUG). Default: none.
+	// Logger receives upstream failures (WARN), refusals past a bound (WARN,
+	// with the reason, at most one line per reason every 10 s, counting the
+	// ones in between), and every rejection and cancel (DEBUG). Default:
+	// none.
 	Logger *slog.Logger
 }
 
@@ -129,6 +164,8 @@ type Router struct {
 	owned     *http.Transport // the default transport, when the Router made it
 	log       *slog.Logger
 	st        counters
+	inflight  atomic.Int64 // requests being read, tokenized or booked
+	refusals  refusalLog
 }
 
 // New validates opts, reporting every problem at once (wrapped
@@ -147,6 +184,24 @@ func New(opts Options) (*Router, error) {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	case opts.MaxBodyBytes < 0:
 		problems = append(problems, fmt.Sprintf("MaxBodyBytes %d is negative", opts.MaxBodyBytes))
+	}
+	switch {
+	case opts.BodyTimeout == 0:
+		opts.BodyTimeout = DefaultBodyTimeout
+	case opts.BodyTimeout < 0:
+		opts.BodyTimeout = 0 // no deadline
+	}
+	switch {
+	case opts.MaxInflight == 0:
+		opts.MaxInflight = DefaultMaxInflight
+	case opts.MaxInflight < 0:
+		problems = append(problems, fmt.Sprintf("MaxInflight %d is negative", opts.MaxInflight))
+	}
+	switch {
+	case opts.MaxPromptTokens == 0:
+		opts.MaxPromptTokens = DefaultMaxPromptTokens
+	case opts.MaxPromptTokens < 0:
+		problems = append(problems, fmt.Sprintf("MaxPromptTokens %d is negative", opts.MaxPromptTokens))
 	}
 	switch opts.Scheme {
 	case "":
@@ -227,17 +282,12 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.st.requests.Add(1)
 	if req.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		r.reject(w, fmt.Errorf("%w: %s", ErrMethodNotAllowed, req.Method))
+		r.reject(w, req, nil, fmt.Errorf("%w: %s", ErrMethodNotAllowed, req.Method))
 		return
 	}
-	body, err := r.readBody(w, req)
+	body, b, err := r.admit(w, req)
 	if err != nil {
-		r.reject(w, err)
-		return
-	}
-	b, err := r.book(req, body)
-	if err != nil {
-		r.reject(w, err)
+		r.reject(w, req, body, err)
 		return
 	}
 	r.st.booked.Add(1)
@@ -264,31 +314,6 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.proxy.ServeHTTP(w, out)
 }
 
-// readBody reads the whole body, at most MaxBodyBytes.
-func (r *Router) readBody(w http.ResponseWriter, req *http.Request) ([]byte, error) {
-	limit := r.opts.MaxBodyBytes
-	if req.ContentLength > limit {
-		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, req.ContentLength, limit)
-	}
-	var buf bytes.Buffer
-	if req.ContentLength > 0 {
-		// The declared length, up to 1 MiB: a client may declare more than
-		// it sends.
-		buf.Grow(int(min(req.ContentLength, 1<<20)) + 1)
-	}
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, req.Body, limit))
-	var tooLarge *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooLarge):
-		return nil, fmt.Errorf("%w: the limit is %d bytes", ErrBodyTooLarge, limit)
-	case err != nil && req.Context().Err() != nil:
-		return nil, fmt.Errorf("httproute: reading the body: %w", req.Context().Err())
-	case err != nil:
-		return nil, fmt.Errorf("%w: reading the body: %v", ErrBadRequest, err)
-	}
-	return buf.Bytes(), nil
-}
-
 // book parses, tokenizes and books the request.
 func (r *Router) book(req *http.Request, body []byte) (*selection.Booking, error) {
 	info, err := ParseRequest(body)
@@ -305,6 +330,9 @@ func (r *Router) book(req *http.Request, body []byte) (*selection.Booking, error
 	tr, err := r.opts.Tokenizer.Tokenize(req.Context(), tokenize.Request{Path: req.URL.Path, Body: body, Model: r.opts.Model})
 	if err != nil {
 		return nil, err
+	}
+	if len(tr.Tokens) > r.opts.MaxPromptTokens {
+		return nil, fmt.Errorf("%w: %d tokens, the limit is %d (MaxPromptTokens)", tokenize.ErrPromptTooLong, len(tr.Tokens), r.opts.MaxPromptTokens)
 	}
 	sreq := selection.Request{
 		Model: model, Tokens: tr.Tokens, LoRAName: info.LoRA, CacheSalt: tr.CacheSalt,
@@ -330,11 +358,19 @@ func (r *Router) book(req *http.Request, body []byte) (*selection.Booking, error
 	return b, nil
 }
 
-// reject answers an error met before the upstream.
-func (r *Router) reject(w http.ResponseWriter, err error) {
+// reject answers an error met before the upstream. body is nil when the
+// request's body was not read to its end: the connection is then closed after
+// the answer (HTTP/1), so that net/http does not read the rest of the body
+// after ServeHTTP returns, with no deadline, before it can serve the next
+// request.
+func (r *Router) reject(w http.ResponseWriter, req *http.Request, body []byte, err error) {
 	status := HTTPStatus(err)
 	r.st.rejected.Add(1)
+	r.countRefusal(err, status)
 	r.log.Debug("httproute: request rejected", slog.Int("status", status), slog.String("error", err.Error()))
+	if body == nil && req.ContentLength != 0 && req.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+	}
 	writeError(w, status, clientMessage(err, status))
 }
 
@@ -405,6 +441,12 @@ type Stats struct {
 	// Requests counts requests received; Rejected those answered before any
 	// upstream (method, body, tokenizer, Prepare, selection).
 	Requests, Rejected uint64
+	// Overloaded, BodyTimeouts, BodiesTooLarge and PromptsTooLong split the
+	// refusals past a bound out of Rejected, under the reasons the log names:
+	// "overloaded" (MaxInflight, 503), "body_timeout" (BodyTimeout, 408),
+	// "body_too_large" (MaxBodyBytes, 413), "prompt_too_long"
+	// (MaxPromptTokens, or the Tokenizer's own bound, 413).
+	Overloaded, BodyTimeouts, BodiesTooLarge, PromptsTooLong uint64
 	// Booked counts bookings made; Done those settled.
 	Booked, Done uint64
 	// Ended, Canceled, Failed and Aborted split Done by how the exchange
@@ -427,7 +469,10 @@ type Stats struct {
 func (r *Router) Stats() Stats {
 	s := &r.st
 	return Stats{
-		Requests: s.requests.Load(), Rejected: s.rejected.Load(), Booked: s.booked.Load(), Done: s.done.Load(),
+		Requests: s.requests.Load(), Rejected: s.rejected.Load(),
+		Overloaded: s.refused[refusedOverloaded].Load(), BodyTimeouts: s.refused[refusedBodyTimeout].Load(),
+		BodiesTooLarge: s.refused[refusedBodyTooLarge].Load(), PromptsTooLong: s.refused[refusedPromptTooLong].Load(),
+		Booked: s.booked.Load(), Done: s.done.Load(),
 		Ended: s.ended.Load(), Canceled: s.canceled.Load(), Failed: s.failed.Load(), Aborted: s.aborted.Load(),
 		FirstBytes: s.firstBytes.Load(), Renewals: s.renewals.Load(), Stalls: s.stalls.Load(),
 		UpstreamErrors: s.upstreamErrors.Load(), FailureStatuses: s.failureStatuses.Load(), MarkedFailed: s.markedFailed.Load(),
@@ -439,4 +484,5 @@ type counters struct {
 	ended, canceled, failed, aborted              atomic.Uint64
 	firstBytes, renewals, stalls                  atomic.Uint64
 	upstreamErrors, failureStatuses, markedFailed atomic.Uint64
+	refused                                       [numRefusals]atomic.Uint64
 }

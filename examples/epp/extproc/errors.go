@@ -46,8 +46,8 @@ func clientBody(status int) []byte {
 	switch status {
 	case http.StatusBadRequest:
 		return []byte("bad request\n")
-	case http.StatusRequestEntityTooLarge:
-		return []byte("request body too large\n")
+	case http.StatusRequestEntityTooLarge: // the body, or the prompt's tokens
+		return []byte("request too large\n")
 	case http.StatusTooManyRequests:
 		return []byte("overloaded, retry later\n")
 	case http.StatusBadGateway:

@@ -1,0 +1,5 @@
+//go:build linux && !race
+
+package attacktest
+
+const raceBuild = false
