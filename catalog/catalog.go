@@ -36,11 +36,16 @@ func (r Record) Clone() Record {
 }
 
 // Options configure a Catalog. The zero value is valid: no KV events, no
-// queueing, the default EndpointPolicy, time.Now.
+// queueing, the default EndpointPolicy, DefaultMaxRanks, time.Now.
 type Options struct {
 	// Requirements decide when a worker is Schedulable. Fixed for the
 	// catalog's life.
 	Requirements Requirements
+	// MaxRanks bounds the data-parallel ranks of all the catalog's workers
+	// together (the sum of their DPSize, whatever their lifecycle): an Upsert
+	// that would pass it is refused with ErrTooManyRanks. 0 means
+	// DefaultMaxRanks; a negative value means no bound.
+	MaxRanks int
 	// Now is the clock that stamps Record.UpdatedAt. Default time.Now.
 	Now func() time.Time
 }
@@ -53,16 +58,29 @@ type Options struct {
 // in or gets back aliases the catalog's state. The zero value is ready to use
 // and behaves like New(Options{}).
 type Catalog struct {
-	req Requirements
-	now func() time.Time
+	req      Requirements
+	now      func() time.Time
+	maxRanks int // Options.MaxRanks as given: 0 is DefaultMaxRanks, negative none
 
-	mu   sync.RWMutex
-	recs map[string]*Record // id -> record; a stored record is replaced, never mutated
+	mu    sync.RWMutex
+	recs  map[string]*Record // id -> record; a stored record is replaced, never mutated
+	ranks int                // the stored workers' ranks together (Worker.rankCount)
 }
 
 // New returns an empty catalog. Every Options value is valid.
 func New(opts Options) *Catalog {
-	return &Catalog{req: opts.Requirements, now: opts.Now}
+	return &Catalog{req: opts.Requirements, now: opts.Now, maxRanks: opts.MaxRanks}
+}
+
+// rankBound is the most ranks the catalog holds; -1 for no bound.
+func (c *Catalog) rankBound() int {
+	switch {
+	case c.maxRanks == 0:
+		return DefaultMaxRanks
+	case c.maxRanks < 0:
+		return -1
+	}
+	return c.maxRanks
 }
 
 func (c *Catalog) clock() time.Time {
@@ -92,8 +110,10 @@ func (c *Catalog) store(rec *Record) {
 // Upsert adds w or replaces the record with the same ID, and returns the
 // resulting record. An upsert equal to the stored worker (see Worker.Equal)
 // changes nothing, not even UpdatedAt. A draining worker stays draining across
-// upserts. An invalid w (see Worker.Validate) is rejected with ErrInvalidWorker
-// and leaves the catalog untouched.
+// upserts. An invalid w (see Worker.Validate) is rejected with ErrInvalidWorker,
+// and one that would take the catalog's workers past Options.MaxRanks
+// data-parallel ranks with ErrTooManyRanks; either leaves the catalog
+// untouched. Upsert costs O(1) plus copying w.
 //
 // Upsert does not keep w's maps: later changes to them do not affect the
 // catalog.
@@ -108,9 +128,18 @@ func (c *Catalog) Upsert(w Worker) (Record, error) {
 	if exists && old.Worker.Equal(nw) {
 		return old.Clone(), nil
 	}
+	ranks := c.ranks + nw.rankCount()
+	if exists {
+		ranks -= old.Worker.rankCount()
+	}
+	if bound := c.rankBound(); bound >= 0 && ranks > bound && ranks > c.ranks {
+		return Record{}, fmt.Errorf("%w: worker %q has %d ranks, and the catalog's workers would have %d, above its bound of %d",
+			ErrTooManyRanks, nw.ID, nw.rankCount(), ranks, bound)
+	}
 	life, reasons := c.lifecycle(nw, exists && old.Lifecycle == Draining)
 	rec := &Record{Worker: nw, Lifecycle: life, Reasons: reasons, UpdatedAt: c.clock()}
 	c.store(rec)
+	c.ranks = ranks
 	return rec.Clone(), nil
 }
 
@@ -125,6 +154,7 @@ func (c *Catalog) Delete(id string) (Record, error) {
 		return Record{}, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
 	delete(c.recs, id)
+	c.ranks -= old.Worker.rankCount()
 	// No record left in the catalog refers to old.Worker, so the caller may
 	// have it.
 	return Record{Worker: old.Worker, Lifecycle: Unschedulable, Reasons: []Reason{ReasonDeleted}, UpdatedAt: c.clock()}, nil
@@ -160,6 +190,14 @@ func (c *Catalog) Get(id string) (Record, bool) {
 		return Record{}, false
 	}
 	return rec.Clone(), true
+}
+
+// Ranks returns the data-parallel ranks of all the catalog's workers
+// together, what Options.MaxRanks bounds.
+func (c *Catalog) Ranks() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.ranks
 }
 
 // List returns copies of all records, sorted by ID.

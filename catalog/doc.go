@@ -40,7 +40,9 @@
 // record, Unschedulable with ReasonDeleted; an Upsert of the same id later
 // starts a new record. Worker.Validate rejects plainly malformed workers (bad
 // endpoints, negative sizes, event endpoints for ranks the worker does not
-// have) before they reach any of these states.
+// have) before they reach any of these states, and an Upsert that would take
+// the catalog past Options.MaxRanks data-parallel ranks (DefaultMaxRanks,
+// 65,536) is refused with ErrTooManyRanks before it changes anything.
 //
 // # Concurrency
 //
@@ -55,6 +57,8 @@
 //   - Ids are unique: a catalog holds at most one record per Worker.ID.
 //   - Every stored worker passed Worker.Validate, and its Model is never empty
 //     (an empty one is stored as DefaultModel).
+//   - The stored workers' data-parallel ranks together (TotalRanks) never
+//     exceed the catalog's bound, Options.MaxRanks.
 //   - A record is Schedulable if and only if its worker meets the catalog's
 //     Requirements and it is not draining.
 //   - Nothing routable survives Delete: the id leaves every list at once, and

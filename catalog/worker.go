@@ -19,6 +19,16 @@ const DefaultModel = "default"
 // making Ranks or the catalog allocate without limit.
 const MaxDPSize = 4096
 
+// DefaultMaxRanks is a Catalog's default bound on the data-parallel ranks of
+// all its workers together (the sum of their DPSize, whatever their
+// lifecycle): 64 workers of 1,024 ranks, or 65,536 workers of one. Every rank
+// costs the selection service a candidate, a load entry and, with KV events,
+// an event source, so a handful of workers each within MaxDPSize (500 of 4,096
+// ranks in a 32 KB workers file) must not add up to millions of them. It is
+// kvindex.ReadOptions.MaxWorkerRanks's default too: a catalog at the bound
+// still loads a peer's index snapshot.
+const DefaultMaxRanks = 65_536
+
 // Sentinel errors. Functions wrap them with context; test with errors.Is.
 var (
 	// ErrInvalidWorker reports a Worker that is plainly malformed (see
@@ -28,6 +38,9 @@ var (
 	ErrNotFound = errors.New("catalog: worker not found")
 	// ErrDuplicateID reports a desired set that names one id more than once.
 	ErrDuplicateID = errors.New("catalog: duplicate worker id")
+	// ErrTooManyRanks reports an upsert that would take a catalog's workers
+	// past its bound on data-parallel ranks (Options.MaxRanks).
+	ErrTooManyRanks = errors.New("catalog: too many worker ranks")
 )
 
 // Worker describes one inference engine: where it serves requests, where it
@@ -100,6 +113,22 @@ func (w Worker) Ranks() []int {
 		ranks[i] = w.DPStart + i
 	}
 	return ranks
+}
+
+// rankCount is the number of data-parallel ranks w holds a place for: DPSize,
+// 0 when it is not positive, clamped to MaxDPSize like Ranks.
+func (w Worker) rankCount() int { return max(min(w.DPSize, MaxDPSize), 0) }
+
+// TotalRanks returns the data-parallel ranks of ws together: the sum of their
+// DPSize, each clamped to [0, MaxDPSize] as Ranks clamps it. It is what a
+// Catalog's Options.MaxRanks bounds, for checking a desired set as a whole
+// before any of it is applied.
+func TotalRanks(ws []Worker) int {
+	n := 0
+	for _, w := range ws {
+		n += w.rankCount()
+	}
+	return n
 }
 
 // hasRank reports whether rank is one of the worker's data-parallel ranks.

@@ -229,6 +229,12 @@ type Config struct {
 	// route to them; an Envoy original-destination cluster cannot, so the
 	// reference EPP refuses them).
 	Endpoints catalog.EndpointPolicy
+	// MaxWorkerRanks bounds the data-parallel ranks of all the service's
+	// workers together (the sum of their DPSize, every model and lifecycle):
+	// an UpsertWorker that would pass it is refused with ErrTooManyRanks
+	// (WorkerRefusals counts it under RefusedTooManyRanks) and changes
+	// nothing. >= 0; 0 means DefaultMaxWorkerRanks.
+	MaxWorkerRanks int
 	// FeedTrust decides when a worker rank's KV-event feed is not trusted
 	// (silent or mis-speaking, see FeedState) and its rank is routed on the
 	// service's own bookings instead, and runs the token-parity self-check.
@@ -275,6 +281,9 @@ const (
 	DefaultActiveRequestExpiry = 300 * time.Second
 	DefaultFailureEjection     = 10 * time.Second
 	DefaultRouterTTL           = 120 * time.Second
+	// DefaultMaxWorkerRanks is MaxWorkerRanks's default,
+	// catalog.DefaultMaxRanks (65,536; see there why).
+	DefaultMaxWorkerRanks = catalog.DefaultMaxRanks
 	// DefaultMaxNumBatchedTokens is the busy base of a worker that does not
 	// report max_num_batched_tokens: large enough that it is never busy.
 	DefaultMaxNumBatchedTokens = 10_000_000
@@ -395,6 +404,9 @@ func (c Config) Validate() error {
 	}
 	if c.ApproxMaxBlocks < 0 {
 		bad("ApproxMaxBlocks is %d, want >= 0", c.ApproxMaxBlocks)
+	}
+	if c.MaxWorkerRanks < 0 {
+		bad("MaxWorkerRanks is %d, want >= 0 (0 for the default)", c.MaxWorkerRanks)
 	}
 	if t := c.QueueThreshold; t != nil && (math.IsNaN(*t) || math.IsInf(*t, 0) || *t < 0) {
 		bad("QueueThreshold is %v, want a finite value >= 0", *t)

@@ -6,8 +6,9 @@
 //
 // SelectAndReserve hashes the prompt (kvindex.Hasher), asks the model's index how
 // many leading blocks each worker rank holds, reads every eligible rank's active
-// load from the reservation ledger (through handles resolved when the model's
-// ranks last changed, so no lookup by name), computes each rank's cost, picks
+// load from the reservation ledger (through handles resolved by the first
+// decision after the model's workers last changed, once for every change made
+// since, so no lookup by name), computes each rank's cost, picks
 // one and books it. Without queueing none of this holds a service or model
 // lock, and bookings on different ranks do not exclude each other in the
 // ledger either: the booking is reservation.Ledger.BookAt, which refuses it if

@@ -33,6 +33,10 @@ var (
 	ErrUnknownReservation = errors.New("selection: unknown reservation")
 	// ErrClosed: the service was closed (503).
 	ErrClosed = errors.New("selection: service closed")
+	// ErrTooManyRanks: UpsertWorker refused a worker that would take the
+	// service past Config.MaxWorkerRanks data-parallel ranks (400). It wraps
+	// catalog.ErrTooManyRanks.
+	ErrTooManyRanks = errors.New("selection: too many worker ranks")
 )
 
 // HTTPStatus returns the HTTP status code for an error returned by this package
@@ -45,7 +49,8 @@ func HTTPStatus(err error) int {
 	case err == nil:
 		return http.StatusOK
 	case errors.Is(err, ErrBadRequest), errors.Is(err, ErrInvalidConfig),
-		errors.Is(err, reservation.ErrInvalid), errors.Is(err, catalog.ErrInvalidWorker):
+		errors.Is(err, reservation.ErrInvalid), errors.Is(err, catalog.ErrInvalidWorker),
+		errors.Is(err, ErrTooManyRanks), errors.Is(err, catalog.ErrTooManyRanks):
 		return http.StatusBadRequest
 	case errors.Is(err, ErrNotFound), errors.Is(err, ErrUnknownReservation),
 		errors.Is(err, catalog.ErrNotFound), errors.Is(err, reservation.ErrUnknownReservation):

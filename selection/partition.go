@@ -5,6 +5,8 @@ import (
 	"maps"
 	"math"
 	mrand "math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +23,26 @@ type rankInfo struct {
 	blockSize  int
 	maxBatched int
 	health     *rankHealth // nil without feed checks
+}
+
+// member is a schedulable worker of a partition, as its rank snapshot needs
+// it. A stored member is replaced, never mutated.
+type member struct {
+	id         string
+	endpoint   string
+	blockSize  int
+	maxBatched int
+	dpStart    int
+	ranks      int
+	health     []*rankHealth // one per rank, in rank order; nil without feed checks
+}
+
+// equal reports whether m and o build the same ranks (the same feed states
+// included).
+func (m *member) equal(o *member) bool {
+	return m.id == o.id && m.endpoint == o.endpoint && m.blockSize == o.blockSize &&
+		m.maxBatched == o.maxBatched && m.dpStart == o.dpStart && m.ranks == o.ranks &&
+		slices.Equal(m.health, o.health)
 }
 
 // partition is everything one model needs. Without queueing a decision books
@@ -43,13 +65,32 @@ type partition struct {
 	// balance term's time scale (see promptMean).
 	promptTokens atomic.Uint64
 
-	// set is the schedulable ranks, replaced whole (under mu held for writing)
-	// when the catalog changes; lookups read it without mu and re-check it
+	// set is the schedulable ranks, an immutable snapshot built from members
+	// and replaced whole by build; lookups read it without mu and re-check it
 	// under mu before booking.
 	set atomic.Pointer[rankSet]
-	// mu is held for writing by rebuild and by the queueing path's
+	// members is the model's schedulable workers by id, what the next
+	// snapshot is built from: the service's worker changes keep it (under
+	// the service's mu), build reads it. ver counts its changes; while the
+	// published snapshot was built from an older version, ranksOf builds a
+	// new one first, so a change set costs one build, at the next decision,
+	// however many workers it upserted. memMu guards members and the
+	// changes of ver; it is a leaf lock.
+	memMu   sync.Mutex
+	members map[string]*member
+	ver     atomic.Uint64
+	// buildMu serialises builds, so snapshots are published in the order
+	// they read members. Lock order: mu (a queued decision builds under
+	// it), then buildMu, then memMu; a build takes no other lock of the
+	// service's.
+	buildMu sync.Mutex
+	// ledger resolves a snapshot's load handles; newOrder makes its empty
+	// cost order (nil with queueing, see sparse.go).
+	ledger   *reservation.Ledger
+	newOrder func() *costOrder
+	// mu is held for writing by settle and by the queueing path's
 	// pick-and-book, and for reading by a lock-free booking's re-check of set
-	// and its BookAt, so no booking lands on a rank a rebuild removed.
+	// and its BookAt, so no booking lands on a rank a change removed.
 	mu    sync.RWMutex
 	rng   lockedRand
 	queue waitQueue
@@ -72,57 +113,149 @@ type partition struct {
 	inflight atomic.Int64
 }
 
-// rebuild replaces the candidate list with the schedulable records of the model,
-// resolving their load entries in ledger and, when health is not nil, their
-// feed state.
-// order, when not nil, is the new snapshot's empty cost order: it is filled
-// from the ledger after the snapshot is published (see syncLoad).
-func (p *partition) rebuild(recs []catalog.Record, ledger *reservation.Ledger, health func(catalog.WorkerRank) *rankHealth, order *costOrder) {
-	var ranks []rankInfo
-	for _, r := range recs {
-		w := r.Worker
-		for _, rank := range w.Ranks() {
+// setMember makes m the member of its worker, replacing the one it had. It
+// reports whether the published snapshot may hold ranks the change takes
+// away or alters (the worker had another member): the caller must then
+// settle before it counts the change done. Setting an equal member changes
+// nothing. O(1).
+func (p *partition) setMember(m *member) (removes bool) {
+	p.memMu.Lock()
+	defer p.memMu.Unlock()
+	old := p.members[m.id]
+	if old != nil && old.equal(m) {
+		return false
+	}
+	if p.members == nil {
+		p.members = make(map[string]*member)
+	}
+	p.members[m.id] = m
+	p.ver.Add(1)
+	return old != nil
+}
+
+// dropMember removes worker id's member, if it has one, and reports whether
+// it had (the caller must then settle). O(1).
+func (p *partition) dropMember(id string) (removes bool) {
+	p.memMu.Lock()
+	defer p.memMu.Unlock()
+	if _, ok := p.members[id]; !ok {
+		return false
+	}
+	delete(p.members, id)
+	p.ver.Add(1)
+	return true
+}
+
+// settle makes a change of members that took ranks away binding: it waits for
+// the build in progress, which may have read the members before the change
+// (so no build resolves a load handle of a removed worker after settle), and
+// for the lock-free bookings in flight, which hold mu for reading from their
+// re-check of set to their BookAt. Any re-check after it builds a snapshot
+// with the change, or finds one built, and decides again: no booking lands on
+// a rank the change removed, and none on its old endpoint.
+func (p *partition) settle() {
+	// Empty critical sections: barriers.
+	p.buildMu.Lock()
+	p.buildMu.Unlock()
+	p.mu.Lock()
+	p.mu.Unlock()
+}
+
+// ranksOf returns the partition's current snapshot (never nil), built first
+// when members changed since the published one was.
+func (p *partition) ranksOf() *rankSet {
+	if rs := p.published(); rs.ver == p.ver.Load() {
+		return rs
+	}
+	return p.build()
+}
+
+// published returns the snapshot published last, whether or not members
+// changed since (never nil). For the ledger's hooks, which must not build.
+func (p *partition) published() *rankSet {
+	if rs := p.set.Load(); rs != nil {
+		return rs
+	}
+	return &emptyRanks
+}
+
+// build replaces the snapshot with one of the members as they are now,
+// sorted by worker id and rank, resolving their load entries in the ledger,
+// and returns it; when another build did that meanwhile, it returns that
+// one. O(r log r) for r ranks. The new snapshot's cost order is filled from
+// the ledger after it is published (see syncLoad).
+func (p *partition) build() *rankSet {
+	p.buildMu.Lock()
+	defer p.buildMu.Unlock()
+	if rs := p.published(); rs.ver == p.ver.Load() {
+		return rs
+	}
+	type byID struct {
+		id string
+		m  *member
+	}
+	p.memMu.Lock()
+	ver := p.ver.Load()
+	ms := make([]byID, 0, len(p.members))
+	n := 0
+	for id, m := range p.members {
+		ms = append(ms, byID{id, m})
+		n += m.ranks
+	}
+	p.memMu.Unlock()
+	// Sorted on the ids alone: the comparisons touch no member.
+	slices.SortFunc(ms, func(a, b byID) int { return strings.Compare(a.id, b.id) })
+
+	rs := &rankSet{
+		ver:      ver,
+		ranks:    make([]rankInfo, 0, n),
+		pos:      make(map[catalog.WorkerRank]int32, n),
+		byWorker: make(map[string][]int32, len(ms)),
+		template: make([]candidate, n),
+	}
+	if p.newOrder != nil {
+		rs.order = p.newOrder()
+	}
+	keys := make([]catalog.WorkerRank, n)
+	idx := make([]int32, n) // byWorker's slices, one backing array
+	for _, e := range ms {
+		m := e.m
+		first := len(rs.ranks)
+		for r := range m.ranks {
+			i := len(rs.ranks)
 			ri := rankInfo{
-				key:        catalog.WorkerRank{Worker: w.ID, Rank: rank},
-				endpoint:   w.Endpoint,
-				blockSize:  w.BlockSize,
-				maxBatched: w.MaxNumBatchedTokens,
+				key:        catalog.WorkerRank{Worker: m.id, Rank: m.dpStart + r},
+				endpoint:   m.endpoint,
+				blockSize:  m.blockSize,
+				maxBatched: m.maxBatched,
 			}
-			if health != nil {
-				ri.health = health(ri.key)
+			if m.health != nil {
+				ri.health = m.health[r]
 			}
-			ranks = append(ranks, ri)
+			rs.ranks = append(rs.ranks, ri)
+			rs.pos[ri.key] = int32(i)
+			keys[i] = ri.key
+			rs.template[i] = candidate{idx: i, maxBatched: ri.maxBatched}
+			idx[i] = int32(i)
+		}
+		if m.ranks > 0 {
+			rs.byWorker[m.id] = idx[first : first+m.ranks : first+m.ranks]
 		}
 	}
-	rs := &rankSet{
-		ranks:    ranks,
-		pos:      make(map[catalog.WorkerRank]int32, len(ranks)),
-		byWorker: make(map[string][]int32, len(recs)),
-		template: make([]candidate, len(ranks)),
-		order:    order,
-	}
-	keys := make([]catalog.WorkerRank, len(ranks))
-	for i, r := range ranks {
-		rs.pos[r.key] = int32(i)
-		rs.byWorker[r.key.Worker] = append(rs.byWorker[r.key.Worker], int32(i))
-		keys[i] = r.key
-		rs.template[i] = candidate{idx: i, maxBatched: r.maxBatched}
-	}
-	rs.refs = ledger.AppendRanks(make([]reservation.Rank, 0, len(ranks)), keys)
-	p.mu.Lock()
+	rs.refs = p.ledger.AppendRanks(make([]reservation.Rank, 0, n), keys)
 	p.set.Store(rs)
-	p.mu.Unlock()
-	if order != nil {
+	if rs.order != nil {
 		// After the publication: a load change the fill does not see is one
 		// whose hook finds this snapshot (syncLoad), so none is lost.
-		order.fill(ledger, rs.refs)
+		rs.order.fill(p.ledger, rs.refs)
 	}
+	return rs
 }
 
 // syncLoad moves worker rank w in the current snapshot's cost order to its
 // load in ledger now (a hook of the ledger: w's load changed).
 func (p *partition) syncLoad(w catalog.WorkerRank, ledger *reservation.Ledger) {
-	rs := p.ranksOf()
+	rs := p.published()
 	if rs.order == nil {
 		return
 	}
@@ -200,6 +333,7 @@ func (l *lockedRand) Float64() float64 {
 // what every evaluation needs prebuilt: a ledger handle and a candidate per
 // rank.
 type rankSet struct {
+	ver      uint64 // the version of the partition's members it was built from
 	ranks    []rankInfo
 	pos      map[catalog.WorkerRank]int32
 	byWorker map[string][]int32 // worker id -> its rank indices, ascending
@@ -208,14 +342,6 @@ type rankSet struct {
 	// order is the ranks ordered by what their load costs any request that
 	// none of them holds (sparse.go); nil with queueing.
 	order *costOrder
-}
-
-// ranksOf returns the partition's current snapshot (never nil).
-func (p *partition) ranksOf() *rankSet {
-	if rs := p.set.Load(); rs != nil {
-		return rs
-	}
-	return &emptyRanks
 }
 
 var emptyRanks rankSet

@@ -1,6 +1,7 @@
 package selection
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -92,6 +93,9 @@ type serviceCounters struct {
 	chosenOverlap, bestOverlap, requestBlocks                                                atomic.Uint64
 	sessionHits, sessionMoves, sessionsEvicted, sessionsExpired, moves                       atomic.Uint64
 	queueWaitNanos                                                                           atomic.Int64
+	// refusedRanks and refusedInvalid count UpsertWorker's refusals
+	// (WorkerRefusals).
+	refusedRanks, refusedInvalid atomic.Uint64
 }
 
 // newService builds the service o describes; o has every default filled in.
@@ -110,6 +114,7 @@ func newService(o *SelectionServiceBuilder) (*SelectionService, error) {
 	}
 	s.cat = catalog.New(catalog.Options{
 		Requirements: catalog.Requirements{KVEvents: cfg.UseKVEvents && !external && bind == "", Queueing: cfg.QueueThreshold != nil, Endpoints: cfg.Endpoints},
+		MaxRanks:     cmp.Or(cfg.MaxWorkerRanks, DefaultMaxWorkerRanks),
 		Now:          now,
 	})
 	var err error
@@ -275,6 +280,10 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 		rng:     lockedRand{r: mrand.New(mrand.NewPCG(s.seeds.Uint64(), s.seeds.Uint64()))},
 		changed: make(chan struct{}),
 		epoch:   s.now(),
+		ledger:  s.ledger,
+	}
+	if s.cfg.QueueThreshold == nil { // the sparse decision's order (sparse.go)
+		p.newOrder = func() *costOrder { return newCostOrder(s.base, s.cfg.BlockSize) }
 	}
 	p.sessions = newSessionTable(s.cfg.Sessions, &s.st)
 	if s.cfg.UseKVEvents {
@@ -303,8 +312,22 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 // workers and their reasons. A BlockSize of 0 means the service's. With KV events on, it starts the event sources of
 // the worker's ranks, and restarts (and clears) only those whose endpoints changed.
 // A worker whose model changed moves to the new model's partition with a clean
-// slate. Errors: ErrBadRequest (wrapping the catalog's validation error, or a block
-// size that is not a multiple of the service's), ErrClosed.
+// slate.
+//
+// UpsertWorker costs O(1) amortised (plus the worker's ranks, and its event
+// sources): it records the change, and the model's next decision rebuilds
+// the model's candidates once for every change made since, so registering n
+// workers one by one costs O(n) and one O(n log n) rebuild, not n of them. A
+// change that takes ranks away (a worker no longer schedulable, or its
+// endpoint, ranks or capacity changed) waits, before it returns, for the
+// bookings in flight that may have read the old candidates: none lands on a
+// rank it removed afterwards.
+//
+// Errors: ErrBadRequest (wrapping the catalog's validation error, or a block
+// size that is not a multiple of the service's), ErrTooManyRanks (the worker
+// would take the service past Config.MaxWorkerRanks data-parallel ranks; it
+// wraps catalog.ErrTooManyRanks), ErrClosed. A refused worker changes
+// nothing, and WorkerRefusals counts it.
 func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error) {
 	if s.closed.Load() {
 		return catalog.Record{}, ErrClosed
@@ -314,6 +337,7 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 		w.BlockSize = s.cfg.BlockSize
 	}
 	if w.BlockSize > 0 && w.BlockSize%s.cfg.BlockSize != 0 {
+		s.st.refusedInvalid.Add(1)
 		return catalog.Record{}, fmt.Errorf("%w: worker %q block size %d is not a multiple of the router block size %d", ErrBadRequest, w.ID, w.BlockSize, s.cfg.BlockSize)
 	}
 	s.mu.Lock()
@@ -321,6 +345,11 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 	rec, err := s.cat.Upsert(w)
 	if err != nil {
 		s.mu.Unlock()
+		if errors.Is(err, catalog.ErrTooManyRanks) {
+			s.st.refusedRanks.Add(1)
+			return catalog.Record{}, fmt.Errorf("%w: %w", ErrTooManyRanks, err)
+		}
+		s.st.refusedInvalid.Add(1)
 		return catalog.Record{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	var oldP *partition
@@ -365,18 +394,24 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 	if p.index != nil {
 		p.index.SetRankLimit(w.ID, rankLimitFactor*w.TotalKVBlocks)
 	}
-	if hadPrev {
-		s.unmapHostLocked(prevRec.Worker)
+	if s.bound != nil { // the bind listener attributes topics by host
+		if hadPrev {
+			s.unmapHostLocked(prevRec.Worker)
+		}
+		s.mapHostLocked(w)
 	}
-	s.mapHostLocked(w)
-	if hadPrev && oldP == p {
+	if hadPrev && oldP == p && s.healthOn() && !ranksWithin(prevRec.Worker, w) {
+		// Feed states exist only for ranks the worker had (and only with
+		// feed checks): forget those it no longer has.
 		keep := map[catalog.WorkerRank]bool{}
 		for _, wr := range ranksOf(w) {
 			keep[wr] = true
 		}
 		s.dropHealthLocked(p, w.ID, keep)
 	}
-	s.rebuildLocked(p)
+	if s.memberLocked(p, rec) {
+		p.settle()
+	}
 	var add []kvevents.SourceConfig
 	if s.feed != nil {
 		for wr, c := range sourcesOf(w) {
@@ -398,9 +433,10 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 			}
 		}
 	}
-	p.signal()
+	// Only a queued request waits for a worker to join.
+	p.signalIfWaiting()
 	if oldP != nil && oldP != p {
-		oldP.signal()
+		oldP.signalIfWaiting()
 	}
 	return rec, nil
 }
@@ -409,23 +445,47 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 // FeedTrust is not Off.
 func (s *SelectionService) healthOn() bool { return s.handler != nil && !s.trust.Off }
 
-// rebuildLocked rebuilds p's candidate list from the catalog. s.mu is held.
-func (s *SelectionService) rebuildLocked(p *partition) {
-	var order *costOrder
-	if s.cfg.QueueThreshold == nil { // the sparse decision's order (sparse.go)
-		order = newCostOrder(s.base, s.cfg.BlockSize)
+// memberLocked makes p's members agree with rec, the worker's record in the
+// catalog: a member when it is Schedulable, none otherwise; the feed states
+// of a member's ranks are resolved (created) here. It reports whether the
+// change may take ranks away from p's snapshot, which the caller settles
+// (partition.settle) before it reports the change done. s.mu is held for
+// writing.
+func (s *SelectionService) memberLocked(p *partition, rec catalog.Record) bool {
+	w := rec.Worker
+	if rec.Lifecycle != catalog.Schedulable {
+		return p.dropMember(w.ID)
 	}
-	p.rebuild(s.cat.Schedulable(p.model), s.ledger, s.rankHealthFn(), order)
+	m := &member{id: w.ID, endpoint: w.Endpoint, blockSize: w.BlockSize, maxBatched: w.MaxNumBatchedTokens,
+		dpStart: w.DPStart, ranks: len(w.Ranks())}
+	if s.healthOn() {
+		m.health = make([]*rankHealth, m.ranks)
+		for i := range m.health {
+			m.health[i] = s.healthFor(catalog.WorkerRank{Worker: w.ID, Rank: w.DPStart + i})
+		}
+	}
+	return p.setMember(m)
 }
 
-// rankHealthFn is what rebuild resolves feed states with (nil when feeds are
-// not judged).
-func (s *SelectionService) rankHealthFn() func(catalog.WorkerRank) *rankHealth {
-	if !s.healthOn() {
-		return nil
+// WorkerRefusals counts the workers UpsertWorker refused, by reason:
+// RefusedTooManyRanks (ErrTooManyRanks) and RefusedInvalid (ErrBadRequest).
+// Every reason is present, zero or not.
+func (s *SelectionService) WorkerRefusals() map[string]uint64 {
+	return map[string]uint64{
+		RefusedTooManyRanks: s.st.refusedRanks.Load(),
+		RefusedInvalid:      s.st.refusedInvalid.Load(),
 	}
-	return s.healthFor
 }
+
+// The reasons WorkerRefusals counts, fit for a metric label.
+const (
+	// RefusedTooManyRanks: the worker would have taken the service past
+	// Config.MaxWorkerRanks (ErrTooManyRanks).
+	RefusedTooManyRanks = "too_many_ranks"
+	// RefusedInvalid: the worker failed validation, or its block size is not
+	// a multiple of the service's (ErrBadRequest).
+	RefusedInvalid = "invalid"
+)
 
 // forgetWorkerLocked removes a worker's index state, bookings and candidacy from
 // p. s.mu is held.
@@ -439,10 +499,13 @@ func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
 	delete(s.workerPart, id)
 	delete(s.rankRange, id)
 	s.partOf.Delete(id)
-	// Rebuild before clearing the ledger: rebuild waits for lock-free bookings
+	// Settle before clearing the ledger: settle waits for lock-free bookings
 	// in flight, and none can pass its re-check afterwards, so no booking on
-	// this worker outlives RemoveWorker.
-	s.rebuildLocked(p)
+	// this worker outlives RemoveWorker. (A worker that was no member was
+	// settled when it stopped being one.)
+	if p.dropMember(id) {
+		p.settle()
+	}
 	s.ledger.RemoveWorker(id)
 }
 
@@ -458,7 +521,9 @@ func (s *SelectionService) DeleteWorker(id string) (catalog.Record, error) {
 		return catalog.Record{}, fmt.Errorf("%w: worker %q: %w", ErrNotFound, id, err)
 	}
 	p := s.workerPart[id]
-	s.unmapHostLocked(rec.Worker)
+	if s.bound != nil {
+		s.unmapHostLocked(rec.Worker)
+	}
 	if p != nil {
 		s.forgetWorkerLocked(p, id)
 	}
@@ -472,7 +537,7 @@ func (s *SelectionService) DeleteWorker(id string) (catalog.Record, error) {
 		// refused by the routing applier, so nothing of the worker is left.
 	}
 	if p != nil {
-		p.signal()
+		p.signalIfWaiting()
 	}
 	return rec, nil
 }
@@ -517,8 +582,8 @@ func (s *SelectionService) SetDraining(id string, draining bool) (catalog.Record
 		return catalog.Record{}, fmt.Errorf("%w: worker %q: %w", ErrNotFound, id, err)
 	}
 	p := s.workerPart[id]
-	if p != nil {
-		s.rebuildLocked(p)
+	if p != nil && s.memberLocked(p, rec) {
+		p.settle()
 	}
 	s.mu.Unlock()
 	if p != nil {
@@ -531,6 +596,12 @@ func (s *SelectionService) SetDraining(id string, draining bool) (catalog.Record
 func (s *SelectionService) Workers() []catalog.Record { return s.cat.List() }
 
 type sourceCfg struct{ endpoint, replay string }
+
+// ranksWithin reports whether every data-parallel rank of old is one of w's.
+func ranksWithin(old, w catalog.Worker) bool {
+	n, m := len(old.Ranks()), len(w.Ranks())
+	return n == 0 || (m > 0 && old.DPStart >= w.DPStart && old.DPStart+n <= w.DPStart+m)
+}
 
 func ranksOf(w catalog.Worker) []catalog.WorkerRank {
 	var out []catalog.WorkerRank

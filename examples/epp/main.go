@@ -488,6 +488,12 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if st, ok := src.(*discovery.Static); ok {
+		e.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kvselect_workers_file_rejected_total",
+			Help: "Reloads of the workers file refused (unreadable, invalid, past the bounds on workers or ranks); the last good set is kept.",
+		}, func() float64 { return float64(st.Rejections()) }))
+	}
 	var lc net.ListenConfig
 	extLis, err := lc.Listen(ctx, "tcp", cfg.ExtProcAddr)
 	if err != nil {

@@ -110,6 +110,7 @@ var (
 	dEvReconn   = prometheus.NewDesc("kvselect_kv_event_reconnects_total", "SUB reconnections after the first connection.", evLabels, nil)
 	dEvConn     = prometheus.NewDesc("kvselect_kv_event_source_connected", "1 while the source's SUB socket is connected (or its bind listener serves).", evLabels, nil)
 	dRefused    = prometheus.NewDesc("kvselect_kv_event_peers_refused_total", "ZMQ connections or messages the ZMTP guard refused, by reason (bad_greeting, frame_too_large, not_admitted, topic_refused, ...).", []string{"role", "reason"}, nil)
+	dWorkerRef  = prometheus.NewDesc("kvselect_workers_refused_total", "Workers discovery offered that the service refused, by reason (too_many_ranks: past the service's bound on data-parallel ranks; invalid).", []string{"role", "reason"}, nil)
 	dBindMsgs   = prometheus.NewDesc("kvselect_kv_bind_messages_total", "Messages reaching the bind listener, by result (received, frames_skipped, unattributed).", []string{"role", "endpoint", "result"}, nil)
 
 	dTokHits      = prometheus.NewDesc("kvselect_tokenizer_cache_hits_total", "Tokenizer cache hits.", nil, nil)
@@ -138,6 +139,9 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	for role, s := range c.services() {
 		st := s.Stats()
 		counter(dSelections, float64(st.Selections), role)
+		for reason, n := range s.WorkerRefusals() {
+			counter(dWorkerRef, float64(n), role, reason)
+		}
 		counter(dBookings, float64(st.Bookings), role)
 		counter(dFrees, float64(st.Frees), role)
 		counter(dExpired, float64(st.Expired), role)
@@ -328,7 +332,6 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(dRepClashes, st.IDClashes)
 	}
 }
-
 
 // routerMetrics counts what the router does after a pick: bookings moved to
 // the worker that served (or freed), lease renewals. A nil *routerMetrics

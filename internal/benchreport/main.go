@@ -68,6 +68,9 @@ var jobs = []job{
 	// Replication off and on, in one binary run (the publisher on the other core).
 	{pkg: "./replica", pattern: "^BenchmarkSelectAndReserveReplicated$", benchtime: "20000x", cpu: "2"},
 	{pkg: "./replica/natsbus", pattern: "^BenchmarkBookingReachesPeers$", benchtime: "500x", cpu: "2"},
+	// Registering 1,000 and 10,000 workers one by one (a service built per
+	// registration).
+	{pkg: "./selection", pattern: "^BenchmarkRegisterWorkers$", benchtime: "9x", cpu: "1"},
 }
 
 func le(limit float64) func(float64) bool { return func(v float64) bool { return v <= limit } }
@@ -124,6 +127,8 @@ var rows = []row{
 	{what: "the same in CPU time of the whole process (the publisher's encoding included)", bench: "BenchmarkSelectAndReserveReplicated/on", metric: "cpu-ns/op", baseline: "BenchmarkSelectAndReserveReplicated/off", asCost: true, jobIndex: 14},
 	{what: "a booking in both peers' loads, p50, three replicas over an embedded NATS server on loopback", bench: "BenchmarkBookingReachesPeers", metric: "p50-ns", jobIndex: 15},
 	{what: "the same, p99", bench: "BenchmarkBookingReachesPeers", metric: "p99-ns", jobIndex: 15},
+	{what: "10,000 workers upserted one by one until the service picks among them all (vs 1,000)", bench: "BenchmarkRegisterWorkers/workers=10000", metric: "ns/op", budget: "< 2 s", ok: le(2e9), baseline: "BenchmarkRegisterWorkers/workers=1000", asCost: true, jobIndex: 16},
+	{what: "the same: 10,000 workers over 1,000 (each 10,000-worker run over the last 1,000-worker run of the same binary run)", bench: "BenchmarkRegisterWorkers/workers=10000", metric: "x-workers1000", budget: "<= 12x", ok: le(12), jobIndex: 16},
 	{what: "RemoveWorker p50, a rank holding 8,192 blocks, 8M entries / 1,024 workers (vs the same rank size at 1M / 128)", bench: "BenchmarkScaleRemoveWorker/entries=8M", metric: "p50-ns", budget: "<= 3x the 1M figure (8x the entries)", baseline: "BenchmarkScaleRemoveWorker/entries=1M", maxOfBaseline: 3, jobIndex: 12},
 }
 

@@ -22,7 +22,13 @@
 //   - made-up data-parallel ranks and stores far beyond a worker's capacity
 //     (unknown_rank, rank_full, bounded RSS);
 //   - a tokenizer that accepts and never answers, under a small
-//     DYN_EPP_MAX_INFLIGHT_REQUESTS (503s, bounded goroutines and heap).
+//     DYN_EPP_MAX_INFLIGHT_REQUESTS (503s, bounded goroutines and heap);
+//   - a workers file of 500 workers x dp_size 4096, at start (a named
+//     configuration error) and hot-reloaded into a running EPP (refused, the
+//     last good set kept);
+//   - a rogue NATS server the EPP routes to (no replica secret) carrying a
+//     "replica" that books 20 MiB of valid bookings on the EPP's workers:
+//     held up to the per-peer bound (peer_full), RSS bounded.
 //
 // Under -race the EPP binary is built with -race too, and a race it reports
 // fails the test.

@@ -60,9 +60,14 @@
 //	    dp_start: 0                   # optional; default 0
 //	    dp_size: 1                    # optional; default 1; at least 1
 //
-// Every worker must also pass catalog.Worker.Validate. A file that cannot be
-// read or parsed at start makes NewStatic fail; later, a broken file is logged
-// and the last good set stays in force. StaticWorkers wraps a fixed set.
+// Every worker must also pass catalog.Worker.Validate. The file as a whole is
+// bounded (StaticOptions.Limits): at most DefaultMaxWorkers entries and
+// catalog.DefaultMaxRanks data-parallel ranks together (the sum of dp_size),
+// the selection service's own bound; past either it is refused whole, by name
+// (ErrTooManyWorkers, ErrTooManyRanks), before any worker of it is used. A
+// file that cannot be read or parsed, or is refused, at start makes NewStatic
+// fail; later, such a file is logged at ERROR with the reason and the last
+// good set stays in force. StaticWorkers wraps a fixed set.
 //
 // # Peers
 //

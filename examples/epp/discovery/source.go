@@ -21,6 +21,13 @@ var (
 	// ErrInvalidFile reports a workers file that cannot be parsed or whose
 	// content fails validation. The message lists every problem found.
 	ErrInvalidFile = errors.New("discovery: invalid workers file")
+	// ErrTooManyWorkers reports a workers file listing more workers than
+	// Limits.MaxWorkers. It comes wrapped with ErrInvalidFile.
+	ErrTooManyWorkers = errors.New("discovery: too many workers")
+	// ErrTooManyRanks reports a workers file whose workers have more
+	// data-parallel ranks together than Limits.MaxRanks. It comes wrapped
+	// with ErrInvalidFile.
+	ErrTooManyRanks = errors.New("discovery: too many worker ranks")
 	// ErrInvalidWorkers reports a fixed worker set (StaticWorkers) with a
 	// malformed worker or a duplicate id.
 	ErrInvalidWorkers = errors.New("discovery: invalid workers")

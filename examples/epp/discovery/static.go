@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -23,6 +24,38 @@ const DefaultPoll = 2 * time.Second
 
 // MaxFileSize bounds a workers file; a larger file is rejected.
 const MaxFileSize = 16 << 20
+
+// DefaultMaxWorkers is Limits.MaxWorkers's default: the most workers one
+// workers file may list.
+const DefaultMaxWorkers = 65_536
+
+// Limits bound a workers file as a whole: a file past one is refused whole
+// (ErrTooManyWorkers, ErrTooManyRanks), before any of its workers is used,
+// and on a reload the last good set stays in force. Each field's zero value
+// means its default.
+type Limits struct {
+	// MaxWorkers bounds the file's worker entries. 0 means DefaultMaxWorkers.
+	MaxWorkers int
+	// MaxRanks bounds the data-parallel ranks of all the file's workers
+	// together (the sum of their dp_size, see catalog.TotalRanks): every
+	// worker may be within catalog.MaxDPSize and the whole still too many
+	// (500 workers of 4,096 ranks fit in 32 KB). 0 means
+	// catalog.DefaultMaxRanks, the selection service's own default bound
+	// (selection.Config.MaxWorkerRanks), so a file the service would refuse
+	// part of is refused whole instead.
+	MaxRanks int
+}
+
+// bounds returns l with its defaults filled in.
+func (l Limits) bounds() Limits {
+	if l.MaxWorkers <= 0 {
+		l.MaxWorkers = DefaultMaxWorkers
+	}
+	if l.MaxRanks <= 0 {
+		l.MaxRanks = catalog.DefaultMaxRanks
+	}
+	return l
+}
 
 // racyWindow: a file modified this recently may change again without its
 // modification time or size changing (coarse timestamps), so the next poll
@@ -50,6 +83,9 @@ type StaticOptions struct {
 	Tick <-chan time.Time
 	// Defaults fill fields the entries leave zero. Negative values are invalid.
 	Defaults Defaults
+	// Limits bound the file as a whole. The zero value means the defaults;
+	// negative values are invalid.
+	Limits Limits
 	// RoleLabel groups the census log line by this label's value, as in
 	// KubeOptions. Empty means no grouping.
 	RoleLabel string
@@ -72,6 +108,7 @@ func (o StaticOptions) validate() error {
 	}{
 		{"Defaults.BlockSize", o.Defaults.BlockSize}, {"Defaults.TotalKVBlocks", o.Defaults.TotalKVBlocks},
 		{"Defaults.MaxNumBatchedTokens", o.Defaults.MaxNumBatchedTokens},
+		{"Limits.MaxWorkers", o.Limits.MaxWorkers}, {"Limits.MaxRanks", o.Limits.MaxRanks},
 	} {
 		if f.v < 0 {
 			problems = append(problems, fmt.Sprintf("%s %d is negative", f.name, f.v))
@@ -89,8 +126,9 @@ func (o StaticOptions) validate() error {
 // then, on every poll, re-reads the file when its modification time or size
 // changed (or it was modified very recently), and emits a new Snapshot when
 // the content hash and the parsed set changed. A file that has become
-// unreadable or invalid is logged (once per distinct content or error) and the
-// last good Snapshot stays in force; nothing is emitted for it.
+// unreadable or invalid, or passes its Limits, is logged at ERROR (once per
+// distinct content or error, with the error naming why) and the last good
+// Snapshot stays in force; nothing is emitted for it.
 //
 // Static is safe to share between goroutines; Run may be called once.
 type Static struct {
@@ -106,13 +144,20 @@ type Static struct {
 	racy    bool
 	hash    [sha256.Size]byte
 	lastErr string
+	// rejected counts the reads of a changed file that were refused.
+	rejected atomic.Uint64
 }
+
+// Rejections counts the times a changed workers file was refused on reload
+// (unreadable, invalid, past Limits): the last good set was kept each time.
+func (s *Static) Rejections() uint64 { return s.rejected.Load() }
 
 var _ Source = (*Static)(nil)
 
 // NewStatic validates o, then reads and parses the file. Errors: an error
 // wrapping ErrInvalidOptions, the file's read error (test with errors.Is, for
-// example fs.ErrNotExist), or an error wrapping ErrInvalidFile.
+// example fs.ErrNotExist), or an error wrapping ErrInvalidFile (and, for a
+// file past o.Limits, ErrTooManyWorkers or ErrTooManyRanks).
 func NewStatic(o StaticOptions) (*Static, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
@@ -130,7 +175,7 @@ func NewStatic(o StaticOptions) (*Static, error) {
 	if err != nil {
 		return nil, err
 	}
-	ws, err := ParseWorkers(data, o.Defaults)
+	ws, err := ParseWorkersWithin(data, o.Defaults, o.Limits)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", o.Path, err)
 	}
@@ -208,7 +253,7 @@ func (s *Static) poll() (Snapshot, bool) {
 	if s.hash == prev {
 		return Snapshot{}, false
 	}
-	ws, err := ParseWorkers(data, s.o.Defaults)
+	ws, err := ParseWorkersWithin(data, s.o.Defaults, s.o.Limits)
 	if err != nil {
 		s.fileError(fmt.Errorf("%s: %w", s.o.Path, err))
 		return Snapshot{}, false
@@ -224,6 +269,7 @@ func (s *Static) poll() (Snapshot, bool) {
 // one condition whichever call saw it first (the file can vanish between the
 // stat and the open), so it is logged once.
 func (s *Static) fileError(err error) {
+	s.rejected.Add(1)
 	if errors.Is(err, fs.ErrNotExist) {
 		err = fmt.Errorf("discovery: workers file %s: %w", s.o.Path, fs.ErrNotExist)
 	}
@@ -273,21 +319,41 @@ type fileWorker struct {
 	DPSize              *int              `json:"dp_size"`
 }
 
-// ParseWorkers decodes a workers file (JSON or YAML; schema in the package
-// documentation), fills zero fields from d, and validates the result. It
-// returns the workers sorted by ID, or an error wrapping ErrInvalidFile that
-// lists every problem found: a syntax error, an unknown or duplicate key, a
-// missing "workers" key, a worker without id or endpoint, both
-// kv_events_endpoint and kv_events_endpoints, a dp_size below 1, a worker that
-// fails catalog.Worker.Validate, or an id used twice. ParseWorkers is a pure
-// function, safe for concurrent use.
+// ParseWorkers is ParseWorkersWithin with the default Limits.
 func ParseWorkers(data []byte, d Defaults) ([]catalog.Worker, error) {
+	return ParseWorkersWithin(data, d, Limits{})
+}
+
+// ParseWorkersWithin decodes a workers file (JSON or YAML; schema in the
+// package documentation), fills zero fields from d, and validates the result.
+// It returns the workers sorted by ID, or an error wrapping ErrInvalidFile
+// that lists every problem found: a syntax error, an unknown or duplicate
+// key, a missing "workers" key, a worker without id or endpoint, both
+// kv_events_endpoint and kv_events_endpoints, a dp_size below 1, a worker that
+// fails catalog.Worker.Validate, or an id used twice. A file past lim (values
+// of 0 or below mean the defaults) is refused whole, before its workers are
+// looked at, with an error wrapping ErrInvalidFile and ErrTooManyWorkers or
+// ErrTooManyRanks. ParseWorkersWithin is a pure function, safe for concurrent
+// use.
+func ParseWorkersWithin(data []byte, d Defaults, lim Limits) ([]catalog.Worker, error) {
+	lim = lim.bounds()
 	var f fileSchema
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidFile, err)
 	}
 	if f.Workers == nil {
 		return nil, fmt.Errorf("%w: no \"workers\" list", ErrInvalidFile)
+	}
+	if n := len(*f.Workers); n > lim.MaxWorkers {
+		return nil, fmt.Errorf("%w: %w: %d workers, above the bound of %d", ErrInvalidFile, ErrTooManyWorkers, n, lim.MaxWorkers)
+	}
+	ranks := 0
+	for _, fw := range *f.Workers {
+		ranks += fw.rankCount()
+	}
+	if ranks > lim.MaxRanks {
+		return nil, fmt.Errorf("%w: %w: %d workers have %d data-parallel ranks together (the sum of their dp_size), above the bound of %d",
+			ErrInvalidFile, ErrTooManyRanks, len(*f.Workers), ranks, lim.MaxRanks)
 	}
 	var problems []string
 	ws := make([]catalog.Worker, 0, len(*f.Workers))
@@ -316,6 +382,16 @@ func ParseWorkers(data []byte, d Defaults) ([]catalog.Worker, error) {
 	}
 	sortWorkers(ws)
 	return ws, nil
+}
+
+// rankCount is the data-parallel ranks the entry asks for, as
+// catalog.TotalRanks counts them: dp_size (1 when absent) clamped to
+// [0, catalog.MaxDPSize].
+func (fw fileWorker) rankCount() int {
+	if fw.DPSize == nil {
+		return 1
+	}
+	return max(min(*fw.DPSize, catalog.MaxDPSize), 0)
 }
 
 func (fw fileWorker) worker(d Defaults) (catalog.Worker, []string) {
