@@ -136,15 +136,7 @@ func TestChangeHeldDecision(t *testing.T) {
 			_, err = s.SelectAndReserve(ctx, Request{ReservationID: "pre", Tokens: toks(8, 1), Allowed: []string{"b"}})
 			require.NoError(t, err)
 
-			var calls atomic.Int32
-			first, release := make(chan struct{}), make(chan struct{})
-			testHookBeforeBook = func() {
-				if calls.Add(1) == 1 {
-					close(first)
-					<-release
-				}
-			}
-			t.Cleanup(func() { testHookBeforeBook = nil })
+			first, release, calls := holdFirstBooking(t)
 			held := make(chan Result, 1)
 			go func() {
 				res, err := s.SelectAndReserve(ctx, Request{ReservationID: "held", Tokens: toks(64, 2)})

@@ -576,15 +576,7 @@ func TestStaleDecisionIsMadeAgain(t *testing.T) {
 	_, err := s.SelectAndReserve(ctx, Request{ReservationID: "pre", Tokens: toks(8, 1), Allowed: []string{"b"}})
 	require.NoError(t, err)
 
-	var calls atomic.Int32
-	first, release := make(chan struct{}), make(chan struct{})
-	testHookBeforeBook = func() {
-		if calls.Add(1) == 1 {
-			close(first)
-			<-release
-		}
-	}
-	t.Cleanup(func() { testHookBeforeBook = nil })
+	first, release, _ := holdFirstBooking(t)
 
 	held := make(chan Result, 1)
 	go func() {
@@ -809,4 +801,21 @@ func TestQueuedHeadThatFailsWakesTheNext(t *testing.T) {
 	got := <-nextRes
 	require.NoError(t, got.err)
 	require.Equal(t, "a", got.res.Worker)
+}
+
+// holdFirstBooking makes the first decision that reaches its booking wait
+// there: first is closed when it arrives, and it books once the test closes
+// release. Later decisions pass; calls counts every decision that reached
+// its booking.
+func holdFirstBooking(t *testing.T) (first, release chan struct{}, calls *atomic.Int32) {
+	calls = new(atomic.Int32)
+	first, release = make(chan struct{}), make(chan struct{})
+	testHookBeforeBook = func() {
+		if calls.Add(1) == 1 {
+			close(first)
+			<-release
+		}
+	}
+	t.Cleanup(func() { testHookBeforeBook = nil })
+	return first, release, calls
 }
