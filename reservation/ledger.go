@@ -331,7 +331,7 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 	}
 	r.head = bk
 	bk.order = l.order.Add(1)
-	r.leases.ReplaceOrInsert(bk)
+	r.leaseTree().ReplaceOrInsert(bk)
 	r.version.Add(1)
 	r.mu.Unlock()
 	l.booked.Add(1)
@@ -455,7 +455,7 @@ func (l *Ledger) Expire(now time.Time) int {
 	var done []*booking
 	for _, r := range l.rankList() {
 		r.mu.Lock()
-		for {
+		for r.leases != nil {
 			bk, ok := r.leases.Min()
 			if !ok || bk.deadline.After(now) {
 				break

@@ -29,8 +29,11 @@ type rankState struct {
 
 	clock prefillClock
 
-	mu       sync.Mutex
-	head     *booking // live bookings, doubly linked
+	mu   sync.Mutex
+	head *booking // live bookings, doubly linked
+	// leases orders the live bookings by deadline; made by the first Book
+	// (leaseTree), so a worker rank registered and never booked (most of a
+	// large fleet at start-up) holds none.
 	leases   *btree.BTreeG[*booking]
 	released bool // its slot has been given back
 }
@@ -54,6 +57,15 @@ func (s Stamp) current(r *rankState) bool {
 	return s.r == r && s.v == v
 }
 
+// leaseTree returns r's lease tree, making it on the first booking. r.mu is
+// held.
+func (r *rankState) leaseTree() *btree.BTreeG[*booking] {
+	if r.leases == nil {
+		r.leases = btree.NewG(16, leaseLess)
+	}
+	return r.leases
+}
+
 // rankFor returns the load entry of w, creating it if there is none.
 func (l *Ledger) rankFor(w catalog.WorkerRank) *rankState {
 	if r := l.lookup(w); r != nil {
@@ -64,7 +76,7 @@ func (l *Ledger) rankFor(w catalog.WorkerRank) *rankState {
 	if r := l.ranks[w]; r != nil {
 		return r
 	}
-	r := &rankState{key: w, leases: btree.NewG(16, leaseLess)}
+	r := &rankState{key: w}
 	if n := len(l.freeSlots); n > 0 {
 		r.slot = l.freeSlots[n-1]
 		l.freeSlots = l.freeSlots[:n-1]
