@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -75,8 +74,10 @@ func eppEnv(path, tokenizer string) map[string]string {
 }
 
 // TestWorkersFileTooManyRanksAtStart: issue 27's file at start-up is a
-// configuration error that names the bound; the EPP exits at once, having
-// used little memory (its peak RSS, from the kernel's accounting).
+// configuration error that names the bound, and the EPP exits at once. (Its
+// peak RSS is not asserted here: the kernel's ru_maxrss of a child started
+// with vfork carries the parent's high-water mark from before the exec,
+// here the test process's own; the reload test samples the running EPP.)
 func TestWorkersFileTooManyRanksAtStart(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "workers.json")
 	writeWideFile(t, path)
@@ -89,11 +90,6 @@ func TestWorkersFileTooManyRanksAtStart(t *testing.T) {
 	var exit *exec.ExitError
 	require.True(t, errors.As(p.Err(), &exit), "exit: %v", p.Err())
 	require.Equal(t, 1, exit.ExitCode())
-	ru, ok := exit.SysUsage().(*syscall.Rusage)
-	require.True(t, ok)
-	peak := ru.Maxrss << 10 // kB on Linux
-	t.Logf("refused at start: %q; peak RSS %d MiB", rec.Str("err"), peak>>20)
-	require.Less(t, peak, int64(rssCeiling))
 }
 
 // TestWorkersFileTooManyRanksReload: issue 27's file written over the
