@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/replica"
+	"github.com/kvselect/kvselect/selection"
 )
 
 // The attacks of this file are what a hostile publisher on the bus (a rogue
@@ -268,4 +269,22 @@ func TestMessageBoundFollowsBroker(t *testing.T) {
 	c.bus.setDown(true)
 	c.bus.setDown(false)
 	require.Equal(t, 64<<10, c.r.Stats().MaxMessageBytes, "and lowered to the broker's")
+}
+
+// Output growth counts against a peer's block bound: a forger that books
+// within it cannot grow its bookings past it one output block at a time.
+func TestPeerOutputGrowthBounded(t *testing.T) {
+	h := newHub()
+	b := newNode(t, h, "b", func(o *replica.Options) { o.MaxPeerBlocks = 10 })
+	forge(t, h, "x", replica.ForgeBatch("x", 7, 1, replica.ForgedBooking{ID: "g", Worker: catalog.WorkerRank{Worker: "w1"},
+		Hashes: []uint64{1, 2, 3, 4, 5, 6, 7, 8}, LeaseMS: 60000}))
+	for seq := uint64(2); seq < 12; seq++ {
+		forge(t, h, "x", replica.ForgeSettle("x", 7, seq, "g", selection.SettleOutputBlock))
+	}
+	eventually(t, func() bool { return b.r.Stats().Refused["peer_full"] == 8 }, "8 output blocks refused")
+	blocks := 0
+	for _, l := range b.svc.Loads("") {
+		blocks += l.ActiveBlocks
+	}
+	require.Equal(t, 10, blocks, "8 booked and 2 grown, no more")
 }

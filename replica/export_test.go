@@ -1,6 +1,9 @@
 package replica
 
-import "github.com/kvselect/kvselect/catalog"
+import (
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/selection"
+)
 
 // Forgery for the attack tests of package replica_test: messages as a
 // hostile peer on the bus would write them.
@@ -38,4 +41,9 @@ func ForgePage(origin string, epoch, seq uint64, more bool, bs ...ForgedBooking)
 		out = appendBooked(out, &b)
 	}
 	return out
+}
+
+// ForgeSettle encodes a batch of one settling call on id.
+func ForgeSettle(origin string, epoch, seq uint64, id string, how selection.Settlement) []byte {
+	return appendSettled(appendBatchHeader(nil, 0, origin, epoch, seq, 1), id, how)
 }

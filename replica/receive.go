@@ -255,6 +255,10 @@ func (r *Replicator) applyOpLocked(p *peer, o *wireOp, now int64) {
 		r.refuse(reasonUnknown)
 		return
 	}
+	if o.how == selection.SettleOutputBlock && p.blocks >= r.o.MaxPeerBlocks {
+		r.refuse(reasonPeerFull) // output growth counts against the bound too
+		return
+	}
 	err := r.svc.SettleRemote(p.origin, o.id, o.how)
 	switch {
 	case err == nil && o.how == selection.SettleFree:
