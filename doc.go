@@ -9,24 +9,32 @@
 //
 // # Packages
 //
-//   - selection: the SelectionService facade, built by SelectionServiceBuilder:
-//     per-model partitions, the cost function, picking, the admission queue,
-//     reservations, approximate mode, HTTPStatus.
+//   - selection: the SelectionService, built by SelectionServiceBuilder:
+//     per-model partitions, the cost functions, picking, the admission queue,
+//     bookings and their handle (Booking), approximate mode, HTTPStatus.
+//   - selection/httproute: the net/http adapter for a gateway written in Go.
 //   - kvindex: block hashing, and the radix-tree index of which worker rank holds
 //     which prefix; an approximate index for engines without KV events.
 //   - kvindex/kvevents: decoding of engine KV-event batches (vLLM, SGLang,
 //     TensorRT-LLM through a vLLM-compatible publisher) and the ZeroMQ feed that
 //     keeps an index true across gaps, replays, restarts and floods.
 //   - catalog: what a worker is, its lifecycle and reasons, reconciliation.
-//   - reservation: the active-load ledger (leases, ref-counted active blocks) and
-//     the prefill/decode plan ledger.
+//   - reservation: the active-load ledger (leases, ref-counted active blocks,
+//     per-rank prefill clocks).
 //   - roles: role labels, the prefill/decode split, per-role profiles and the
-//     pair booker for disaggregated serving.
+//     pair booker (with its plan ledger) for disaggregated serving.
 //   - tokenize: engine-native token ids from the backend's own tokenizer service,
 //     with an exact-match cache.
+//   - replica: several replicas of one router share their active load over a
+//     publish/subscribe Bus; replica/natsbus (a module of its own) is the Bus
+//     over NATS, and an embedded NATS server.
 //   - examples/epp: the reference Endpoint Picker (Envoy ext_proc, Kubernetes
-//     discovery, Prometheus metrics, --demo); examples/replay: the trace replay
-//     simulator's command line.
+//     discovery, Prometheus metrics, --demo), with examples/epp/extproc and
+//     examples/epp/discovery; examples/gateway: a plain-HTTP gateway on
+//     selection/httproute; examples/pdsidecar: the decode sidecar of
+//     prefill/decode serving (examples/pdsidecar/sidecar); examples/replay: the
+//     trace replay simulator's command line. docs/ARCHITECTURE.md maps every
+//     package, internal ones included.
 //
 // # Quick start
 //
