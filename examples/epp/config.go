@@ -467,6 +467,7 @@ func (c *config) settings() []envconf.Var {
 		{Env: "DYN_EPP_SESSION_TTL_SECS", Flag: "session-ttl-secs", Default: "600", Help: "a session's pin lives this long after its last request", Set: secondsIn(&c.Router.Sessions.IdleTTL, 1, 7*86400)},
 		{Env: "DYN_ROUTER_QUEUE_LIMIT", Flag: "queue-limit", Default: "1024", Help: "most requests waiting per model; more get 429", Set: intIn(&r.QueueLimit, 1, 1<<20)},
 		{Env: "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", Flag: "active-request-expiry-secs", Default: "300", Help: "lease of a booking never freed", Set: secondsIn(&c.Router.ActiveRequestExpiry, 1, 86400)},
+		{Env: "DYN_EPP_FAILURE_EJECTION_SECS", Flag: "failure-ejection-secs", Default: "10", Help: "how long a worker stays out of the picks once a response said it failed (a 5xx, or the gateway serving one of the pick's fallbacks)", Set: secondsIn(&c.Router.FailureEjection, 1, 3600)},
 	}
 }
 

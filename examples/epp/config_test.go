@@ -43,6 +43,7 @@ func TestConfigDefaults(t *testing.T) {
 	want.QueueLimit = 1024
 	want.RouterTTL = 120 * time.Second
 	want.ActiveRequestExpiry = 300 * time.Second
+	want.FailureEjection = selection.DefaultFailureEjection
 	want.Endpoints.AllowHostnames = false // Envoy's original destination needs an IP
 	want.Sessions.MaxSessions, want.Sessions.IdleTTL = selection.DefaultMaxSessions, selection.DefaultSessionIdleTTL
 	require.Equal(t, want, c.Router)

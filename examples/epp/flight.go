@@ -25,6 +25,15 @@ import (
 // stream grow its decode booking (with output growth on), and a response
 // served by another worker than the one picked moves the booking there.
 //
+// Failure feedback, as selection/httproute gives it: a response status that
+// describes the worker's health (httproute.DefaultFailureStatus: 5xx but 501
+// and 505, Envoy's own 503 for a refused or reset connection included)
+// marks the worker that carries the booking failed, and a response served
+// by one of the pick's fallbacks marks the pick failed (the gateway moves
+// to a fallback only when the pick could not answer). Either happens at most
+// once per request; the destination service then leaves the worker out of
+// its picks for its FailureEjection time.
+//
 // The extproc server calls FirstByte, Done and the Follower methods from the
 // request's goroutine; Done may also come from the signer's failure path in
 // Pick. The renewer reads progress and writes seen from its own goroutine;
@@ -41,6 +50,11 @@ type flight struct {
 	progress atomic.Uint64
 	seen     uint64
 	sse      *httproute.SSECounter // a 2xx event stream's data lines, with output growth; nil otherwise
+	// worker carries the booking: the pick, or the worker a served-elsewhere
+	// report moved it to; marked is set once a worker was reported failed.
+	// The request goroutine's alone.
+	worker string
+	marked bool
 }
 
 var (
@@ -51,7 +65,7 @@ var (
 // newFlight starts following plan; with renewal on, the renewer holds it
 // until Done.
 func (r *router) newFlight(plan roles.Plan) *flight {
-	f := &flight{r: r, plan: plan}
+	f := &flight{r: r, plan: plan, worker: plan.Decode.Worker}
 	if r.renew != nil {
 		r.renew.add(f)
 	}
@@ -74,9 +88,13 @@ func (f *flight) Done() {
 // Served moves the booking to the worker the gateway served the request on.
 func (f *flight) Served(endpoint string) { f.r.rebook(f, endpoint) }
 
-// ResponseHeaders starts counting SSE events for a 2xx event stream when
-// output growth is on.
+// ResponseHeaders reports a failed worker for a status that says so, and
+// starts counting SSE events for a 2xx event stream when output growth is
+// on.
 func (f *flight) ResponseHeaders(status int, contentType string) {
+	if httproute.DefaultFailureStatus(status) {
+		f.markFailed(f.worker, failedStatus, "status", status)
+	}
 	if !f.r.growth || status < 200 || status > 299 {
 		return
 	}
@@ -100,10 +118,14 @@ func (f *flight) ResponseBody(chunk []byte) {
 // destination role cannot book (not schedulable, another role), frees the
 // booking: its load would be charged to a worker that is not doing the work.
 func (r *router) rebook(f *flight, endpoint string) {
-	to, known := r.rankAt(endpoint, f.plan.Decode.Fallbacks)
+	to, known, fallback := r.rankAt(endpoint, f.plan.Decode.Fallbacks)
+	if fallback {
+		f.markFailed(f.plan.Decode.Worker, failedFallback, "served", endpoint)
+	}
 	var err error
 	if known {
 		if err = r.book.Move(f.plan.ID, to); err == nil {
+			f.worker = to.Worker
 			r.m.rebooked(rebookMoved)
 			r.log.Info("booking moved to the served worker", "plan", f.plan.ID,
 				"picked", f.plan.Decode.Worker, "served", to.Worker, "rank", to.Rank, "endpoint", endpoint)
@@ -122,20 +144,37 @@ func (r *router) rebook(f *flight, endpoint string) {
 	r.log.Warn("served by an endpoint that is no schedulable worker of the destination role; booking freed", attrs...)
 }
 
-// rankAt maps a served endpoint to a worker rank.
-func (r *router) rankAt(endpoint string, fallbacks []selection.Fallback) (catalog.WorkerRank, bool) {
+// rankAt maps a served endpoint to a worker rank; fallback tells that it is
+// one of the pick's fallbacks.
+func (r *router) rankAt(endpoint string, fallbacks []selection.Fallback) (wr catalog.WorkerRank, known, fallback bool) {
 	for _, fb := range fallbacks {
 		if ep, err := extproc.CanonicalEndpoint(fb.Endpoint); err == nil && ep == endpoint {
-			return fb.WorkerRank, true
+			return fb.WorkerRank, true, true
 		}
 	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	id, ok := r.byAddr[endpoint]
 	if !ok {
-		return catalog.WorkerRank{}, false
+		return catalog.WorkerRank{}, false, false
 	}
-	return r.firstRank[id], true
+	return r.firstRank[id], true, false
+}
+
+// markFailed reports worker failed to the destination service, once per
+// request (see flight).
+func (f *flight) markFailed(worker, cause string, attrs ...any) {
+	if f.marked || worker == "" {
+		return
+	}
+	f.marked = true
+	err := f.r.loads.MarkFailed(worker)
+	f.r.m.markedFailed(cause)
+	attrs = append([]any{"plan", f.plan.ID, "worker", worker, "cause", cause}, attrs...)
+	if err != nil {
+		attrs = append(attrs, "err", err)
+	}
+	f.r.log.Warn("worker marked failed: out of the picks for the failure ejection time", attrs...)
 }
 
 // renewer renews, every interval, the leases of the plans in flight that

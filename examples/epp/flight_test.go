@@ -390,3 +390,62 @@ func TestDebugHeaderExplainsTheDecision(t *testing.T) {
 	v = explain(catalog.WorkerRank{Worker: "a"}, []selection.Scored{{Cost: 0.01637}})
 	require.Contains(t, v, "cost=0.0164 ", v)
 }
+
+// Failure feedback: a 5xx answer takes the worker that gave it out of the
+// picks for DYN_EPP_FAILURE_EJECTION_SECS, and so does a request the gateway
+// had to serve on one of the pick's fallbacks; once the time has passed,
+// the worker is picked again.
+func TestFailedWorkersAreEjected(t *testing.T) {
+	rig := newFlightRig(t, map[string]string{"DYN_EPP_FALLBACKS": "1", "DYN_EPP_FAILURE_EJECTION_SECS": "30"}, eppExtras{})
+	workerAt := map[string]string{}
+	for _, w := range rigWorkers {
+		workerAt[w.Endpoint] = w.ID
+	}
+	// roundtrip sends one request (a prompt of its own) whose picked worker
+	// answers status, and returns that worker.
+	n := 0
+	roundtrip := func(status int) string {
+		n++
+		var picked string
+		forward := func(dest string, req *http.Request) (*http.Response, error) {
+			picked = workerAt[strings.Split(req.Header.Get(extproc.HeaderDestination), ",")[0]]
+			return &http.Response{StatusCode: status, Header: http.Header{"Content-Type": {"application/json"}},
+				Body: io.NopCloser(strings.NewReader(`{}`)), ContentLength: 2, Request: req}, nil
+		}
+		_, err := rig.client.Roundtrip(t.Context(), extproctest.HTTPRequest{Path: "/v1/chat/completions",
+			Body: []byte(strings.Repeat(fmt.Sprintf("%d.", n), 32)), Headers: http.Header{"Content-Type": {"application/json"}}}, forward)
+		require.NoError(t, err)
+		require.NotEmpty(t, picked)
+		return picked
+	}
+	failed := roundtrip(http.StatusBadGateway)
+	require.Equal(t, 1.0, counterValue(t, rig.e, "kvselect_epp_workers_marked_failed_total", map[string]string{"cause": "status"}))
+	for range 6 {
+		require.NotEqual(t, failed, roundtrip(http.StatusOK), "an ejected worker is not picked")
+	}
+	require.Equal(t, 1.0, counterValue(t, rig.e, "kvselect_epp_workers_marked_failed_total", map[string]string{"cause": "status"}),
+		"a 2xx marks nothing")
+	roundtrip(http.StatusNotImplemented) // the request's answer, not the worker's health
+	require.Equal(t, 1.0, counterValue(t, rig.e, "kvselect_epp_workers_marked_failed_total", map[string]string{"cause": "status"}))
+
+	// Served on the fallback: the pick could not answer.
+	var list []string
+	fr := rig.send(t, strings.Repeat("f", 64), "text/event-stream", func(l []string) string { list = l; return l[1] })
+	rig.write(t, fr, sseEvent, 1)
+	fr.end(t)
+	require.Len(t, list, 2)
+	require.Equal(t, 1.0, counterValue(t, rig.e, "kvselect_epp_workers_marked_failed_total", map[string]string{"cause": "fallback"}))
+	second := workerAt[list[0]]
+	require.NotEqual(t, failed, second)
+	for range 6 {
+		got := roundtrip(http.StatusOK)
+		require.NotContains(t, []string{failed, second}, got, "both ejected")
+	}
+
+	rig.clk.Advance(31 * time.Second)
+	seen := map[string]bool{}
+	for range 12 {
+		seen[roundtrip(http.StatusOK)] = true
+	}
+	require.True(t, seen[failed] || seen[second], "ejection ends: %v", seen)
+}

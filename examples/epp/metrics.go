@@ -338,9 +338,17 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 // records nothing.
 type routerMetrics struct {
 	rebookings *prometheus.CounterVec
+	failed     *prometheus.CounterVec
 	renewed    prometheus.Counter
 	stalled    prometheus.Counter
 }
+
+// Causes of a worker marked failed (kvselect_epp_workers_marked_failed_total's
+// cause label).
+const (
+	failedStatus   = "status"   // the response's status describes the worker's health (5xx)
+	failedFallback = "fallback" // the gateway served the request on one of the pick's fallbacks
+)
 
 // Results of a rebooking (kvselect_epp_rebookings_total's result label).
 const (
@@ -354,6 +362,10 @@ func newRouterMetrics(reg prometheus.Registerer) *routerMetrics {
 			Name: "kvselect_epp_rebookings_total",
 			Help: "Responses served by another endpoint than the one picked, by what became of their booking (moved to the served worker, or freed when that is no schedulable worker of the destination role).",
 		}, []string{"result"}),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvselect_epp_workers_marked_failed_total",
+			Help: "Workers reported failed to the selection service (left out of the picks for DYN_EPP_FAILURE_EJECTION_SECS): a 5xx response (status), or a response served by one of the pick's fallbacks (fallback).",
+		}, []string{"cause"}),
 		renewed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvselect_epp_lease_renewals_total", Help: "Plan leases renewed because their response was starting or flowing.",
 		}),
@@ -364,8 +376,17 @@ func newRouterMetrics(reg prometheus.Registerer) *routerMetrics {
 	for _, r := range []string{rebookMoved, rebookFreed} {
 		m.rebookings.WithLabelValues(r) // exported at 0 from the start
 	}
-	reg.MustRegister(m.rebookings, m.renewed, m.stalled)
+	for _, c := range []string{failedStatus, failedFallback} {
+		m.failed.WithLabelValues(c)
+	}
+	reg.MustRegister(m.rebookings, m.failed, m.renewed, m.stalled)
 	return m
+}
+
+func (m *routerMetrics) markedFailed(cause string) {
+	if m != nil {
+		m.failed.WithLabelValues(cause).Inc()
+	}
 }
 
 func (m *routerMetrics) rebooked(result string) {

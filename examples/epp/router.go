@@ -45,9 +45,11 @@ type booker interface {
 
 var _ booker = (*roles.PairBooker)(nil)
 
-// loadSource gives the loads of the destination role, for body-less requests.
-type loadSource interface {
+// destination is the destination role's service: its loads, for body-less
+// requests, and the failure feedback of the responses (see flight).
+type destination interface {
 	Loads(model string) []selection.WorkerLoad
+	MarkFailed(id string) error
 }
 
 // router is the extproc.Picker of the EPP: it tokenizes the request with the
@@ -58,7 +60,7 @@ type router struct {
 	model string
 	tok   tokenize.Tokenizer
 	book  booker
-	loads loadSource // the destination role's service
+	loads destination // the destination role's service
 	// signer signs prefill hints; nil leaves them unsigned. Set before the
 	// router serves, never after.
 	signer *hintSigner
@@ -96,7 +98,7 @@ type router struct {
 
 var _ extproc.Picker = (*router)(nil)
 
-func newRouter(model string, tok tokenize.Tokenizer, book booker, loads loadSource) *router {
+func newRouter(model string, tok tokenize.Tokenizer, book booker, loads destination) *router {
 	return &router{model: model, tok: tok, book: book, loads: loads, log: slog.New(slog.DiscardHandler)}
 }
 

@@ -40,6 +40,7 @@ type progressless struct{}
 func (progressless) Renew(string) error                    { return nil }
 func (progressless) Generated(string, int) error           { return nil }
 func (progressless) Move(string, catalog.WorkerRank) error { return nil }
+func (progressless) MarkFailed(string) error               { return nil }
 func (progressless) Scores(context.Context, selection.Request) ([]selection.Scored, error) {
 	return nil, nil
 }
