@@ -28,8 +28,13 @@ type config struct {
 	TokenizerTimeout  time.Duration
 	BlockSize         int
 	UseKVEvents       bool
-	MaxBodyBytes      int64
-	FailureEjection   time.Duration
+	// KVEventBind binds a SUB there for engines that dial out (the EPP's
+	// DYN_EPP_KV_EVENT_BIND), instead of dialing each engine's PUB;
+	// KVEventBindAny lets any address publish on it.
+	KVEventBind     string
+	KVEventBindAny  bool
+	MaxBodyBytes    int64
+	FailureEjection time.Duration
 	// Bounds of the HTTP side (docs/BOUNDS.md): the server's timeouts, the
 	// Router's body deadline, in-flight slots and prompt tokens.
 	ReadTimeout     time.Duration
@@ -101,6 +106,24 @@ func (c *config) settings() []envconf.Var {
 					return fmt.Errorf("%q is not a boolean", v)
 				}
 				c.UseKVEvents = b
+				return nil
+			}},
+		{Env: "DYN_EPP_KV_EVENT_BIND", Flag: "kv-event-bind", Help: "bind a SUB here (tcp://host:port) for engines that dial out (vLLM's kv-events-config with a connect endpoint), instead of dialing each worker's kv_events_endpoint; only workers' addresses may connect, each publishing its own topic (kv@<ip:port>@<model>)",
+			Set: func(v string) error {
+				u, err := url.Parse(v)
+				if err != nil || u.Scheme != "tcp" || u.Host == "" || u.Port() == "" {
+					return fmt.Errorf("%q is not tcp://host:port", v)
+				}
+				c.KVEventBind = v
+				return nil
+			}},
+		{Env: "DYN_EPP_KV_EVENT_BIND_ANY_PEER", Flag: "kv-event-bind-any-peer", Default: "false", Help: "let any address publish on the bind port (engines behind NAT); anyone reaching the port can then publish as any worker",
+			Set: func(v string) error {
+				b, err := strconv.ParseBool(v)
+				if err != nil {
+					return fmt.Errorf("%q is not a boolean", v)
+				}
+				c.KVEventBindAny = b
 				return nil
 			}},
 		{Env: "DYN_EPP_MAX_BODY_BYTES", Flag: "max-body-bytes", Default: "8388608", Help: "largest request body buffered (excess: 413)",
@@ -181,6 +204,9 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (co
 	}
 	if c.TokenizerURL == "" {
 		errs = append(errs, errors.New("--tokenizer-url / DYN_EPP_TOKENIZER_SERVICE_URL: required"))
+	}
+	if c.KVEventBind != "" && !c.UseKVEvents {
+		errs = append(errs, errors.New("--kv-event-bind / DYN_EPP_KV_EVENT_BIND: binds for KV events, which --use-kv-events=false turns off"))
 	}
 	if len(errs) > 0 {
 		return config{}, fmt.Errorf("%w:\n  %w", errConfig, errors.Join(errs...))

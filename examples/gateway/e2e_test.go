@@ -171,7 +171,13 @@ func quietServer(h http.Handler) *httptest.Server {
 	return s
 }
 
-func newE2EEnv(t *testing.T) *e2eEnv {
+func newE2EEnv(t *testing.T) *e2eEnv { return newE2EEnvWith(t, false) }
+
+// newE2EEnvWith is newE2EEnv; with bind, the gateway binds a SUB for the
+// engines' KV events (--kv-event-bind) and the engines dial out to it, each
+// publishing the topic kv@<its front's ip:port>@<model>, the address the
+// workers file lists.
+func newE2EEnvWith(t *testing.T, bind bool) *e2eEnv {
 	env := &e2eEnv{}
 	t.Cleanup(env.close)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -179,24 +185,41 @@ func newE2EEnv(t *testing.T) *e2eEnv {
 	type fileWorker struct {
 		ID       string `json:"id"`
 		Endpoint string `json:"endpoint"`
-		Events   string `json:"kv_events_endpoint"`
+		Events   string `json:"kv_events_endpoint,omitempty"`
 	}
+	// The fronts come first: an engine that dials out names its front in its
+	// topic, and the engines start last, once the bind port is known.
+	handlers := make([]atomic.Pointer[http.Handler], e2eEngines)
 	var workers []fileWorker
 	for i := range e2eEngines {
-		eng, err := fakeengine.New(fakeengine.Options{BlockSize: e2eBlock, CapacityBlocks: e2eCapacity, Model: e2eModel,
-			TokenInterval: 2 * time.Millisecond})
+		front := quietServer(faultFront(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			(*handlers[i].Load()).ServeHTTP(w, r)
+		})))
+		env.closers = append(env.closers, front.Close)
+		env.fronts = append(env.fronts, front.Listener.Addr().String())
+		workers = append(workers, fileWorker{ID: fmt.Sprintf("engine-%d", i), Endpoint: env.fronts[i]})
+	}
+	startEngine := func(i int, o fakeengine.Options) {
+		o.BlockSize, o.CapacityBlocks, o.Model, o.TokenInterval = e2eBlock, e2eCapacity, e2eModel, 2*time.Millisecond
+		eng, err := fakeengine.New(o)
 		require.NoError(t, err)
 		require.NoError(t, eng.Start(ctx))
 		env.closers = append(env.closers, func() { _ = eng.Close() })
 		env.engines = append(env.engines, eng)
-		front := quietServer(faultFront(eng.Handler()))
-		env.closers = append(env.closers, front.Close)
-		ep := front.Listener.Addr().String()
-		env.fronts = append(env.fronts, ep)
-		workers = append(workers, fileWorker{ID: fmt.Sprintf("engine-%d", i), Endpoint: ep, Events: eng.PubEndpoint()})
+		h := eng.Handler()
+		handlers[i].Store(&h)
+	}
+	if !bind {
+		for i := range e2eEngines {
+			startEngine(i, fakeengine.Options{})
+			workers[i].Events = env.engines[i].PubEndpoint()
+		}
 	}
 	// The engines' tokenizer (vLLM's render endpoint), without faults.
-	tok := quietServer(env.engines[0].Handler())
+	tokEngine, err := fakeengine.New(fakeengine.Options{BlockSize: e2eBlock, Model: e2eModel})
+	require.NoError(t, err)
+	env.closers = append(env.closers, func() { _ = tokEngine.Close() })
+	tok := quietServer(tokEngine.Handler())
 	env.closers = append(env.closers, tok.Close)
 	file, err := json.Marshal(map[string]any{"workers": workers})
 	require.NoError(t, err)
@@ -206,6 +229,9 @@ func newE2EEnv(t *testing.T) *e2eEnv {
 	cfg := config{Addr: "127.0.0.1:0", WorkersFile: path, Model: e2eModel, TokenizerURL: tok.URL,
 		TokenizerProtocol: tokenize.ProtocolVLLMRender, TokenizerTimeout: 5 * time.Second, BlockSize: e2eBlock,
 		UseKVEvents: true, MaxBodyBytes: 8 << 20, FailureEjection: e2eEjection}
+	if bind {
+		cfg.KVEventBind = "tcp://127.0.0.1:0"
+	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	env.g, err = newGateway(ctx, cfg, logger, func(b *selection.SelectionServiceBuilder) {
 		b.EventFeed(selection.FeedOptions{ReconnectMin: time.Millisecond, ReconnectMax: 50 * time.Millisecond})
@@ -226,6 +252,14 @@ func newE2EEnv(t *testing.T) *e2eEnv {
 	case <-env.g.synced:
 	case <-ctx.Done():
 		require.FailNow(t, "the workers file was never applied")
+	}
+	if bind {
+		addr := env.g.svc.EventBindAddr()
+		require.NotNil(t, addr, "the gateway bound no SUB")
+		for i := range e2eEngines {
+			startEngine(i, fakeengine.Options{PubMode: fakeengine.PubDial, PubEndpoint: "tcp://" + addr.String(),
+				Topic: "kv@" + env.fronts[i] + "@" + e2eModel})
+		}
 	}
 	for _, eng := range env.engines {
 		require.NoError(t, eng.WaitSubscribed(ctx))
@@ -350,6 +384,30 @@ func (env *e2eEnv) waitIdle(t *testing.T) {
 		require.False(t, time.Now().After(deadline), "still busy: router %+v, loads %+v", rs, env.g.svc.Loads(e2eModel))
 		<-tick.C
 	}
+}
+
+// Engines that dial out (vLLM with a connect endpoint in its
+// kv-events-config) reach a gateway that binds for them (--kv-event-bind):
+// their events are applied, each to the worker its topic names, and the
+// shared prefixes are served from cache as with engines the gateway dials.
+func TestGatewayBindsForEnginesThatDialOut(t *testing.T) {
+	env := newE2EEnvWith(t, true)
+	plan := e2ePlan(600, 3, false)
+	results := env.load(t, env.url, plan)
+	env.waitIdle(t)
+	hit := prefixHitRate(plan, results)
+	t.Logf("bind mode: shared-prefix hit rate %.3f over %d requests", hit, len(plan))
+	for _, s := range env.g.svc.EventStats() {
+		require.True(t, s.Bound, "%v: a source of the bind listener", s.Worker)
+		require.Positive(t, s.Handler.EventsApplied, "no event of %v was applied", s.Worker)
+	}
+	require.Len(t, env.g.svc.EventStats(), e2eEngines, "one source per engine, attributed by topic")
+	bs := env.g.svc.EventBindStats()
+	require.Len(t, bs, 1)
+	require.Zero(t, bs[0].Unattributed, "every message named a worker")
+	// Round-robin's share, one warm engine in three, is about a third; a
+	// gateway that routed on load alone (no events) stays near it.
+	require.Greater(t, hit, 0.75, "the engines' caches are routed to")
 }
 
 // TestGatewayEndToEnd drives 2,000 streamed chat requests through the real

@@ -129,12 +129,21 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 	scfg.FailureEjection = cfg.FailureEjection
 	scfg.Cost = cfg.Cost
 	b := selection.NewSelectionServiceBuilder(scfg).Logger(logger)
+	if cfg.UseKVEvents && cfg.KVEventBind != "" {
+		b.BindEvents(cfg.KVEventBind)
+		if cfg.KVEventBindAny {
+			b.BindEventsFromAnyPeer()
+		}
+	}
 	if configure != nil {
 		configure(b)
 	}
 	g.svc, err = b.Build(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if a := g.svc.EventBindAddr(); a != nil {
+		logger.Info("kv events: bound for engines that dial out", "addr", a.String())
 	}
 	g.router, err = httproute.New(httproute.Options{Service: g.svc, Tokenizer: g.cache, MaxBodyBytes: cfg.MaxBodyBytes,
 		BodyTimeout: cfg.BodyTimeout, MaxInflight: cfg.MaxInflight, MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger,
