@@ -51,6 +51,19 @@ func TestLoadConfig(t *testing.T) {
 		"--tokenizer-url / DYN_EPP_TOKENIZER_SERVICE_URL: required"} {
 		require.ErrorContains(t, err, want)
 	}
+
+	// The bind address for engines that dial out: tcp://host:port, with KV
+	// events on.
+	base := map[string]string{"DYN_EPP_WORKERS_FILE": "w.json", "DYN_EPP_TOKENIZER_SERVICE_URL": "http://10.0.0.1:8000"}
+	c, err = loadConfig(flag.NewFlagSet("t", flag.ContinueOnError), []string{"--kv-event-bind", "tcp://0.0.0.0:5557"}, env(base))
+	require.NoError(t, err)
+	require.Equal(t, "tcp://0.0.0.0:5557", c.KVEventBind)
+	for _, args := range [][]string{{"--kv-event-bind", "0.0.0.0:5557"}, {"--kv-event-bind", "tcp://0.0.0.0:5557", "--use-kv-events=false"}} {
+		fs = flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		_, err = loadConfig(fs, args, env(base))
+		require.ErrorContains(t, err, "--kv-event-bind", "%v", args)
+	}
 }
 
 // signalWriter collects the log and closes seen when a line contains want.
