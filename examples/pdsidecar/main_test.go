@@ -150,17 +150,8 @@ func TestServeAnswersStalledBody(t *testing.T) {
 	sc, err := sidecar.New(sidecar.Options{BodyReadTimeout: 200 * time.Millisecond})
 	require.NoError(t, err)
 	defer sc.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	mln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, sc, ln, mln, slog.New(slog.DiscardHandler)) }()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
+	ln, _, stop := startServe(t, sc)
+	defer stop()
 
 	conn, err := net.Dial("tcp", ln.Addr().String())
 	require.NoError(t, err)
@@ -206,13 +197,7 @@ func TestServeAndMetrics(t *testing.T) {
 	sc, err := sidecar.New(sidecar.Options{DecodeURL: dsrv.URL})
 	require.NoError(t, err)
 	defer sc.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	mln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, sc, ln, mln, slog.New(slog.DiscardHandler)) }()
+	ln, mln, stop := startServe(t, sc)
 
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
@@ -251,8 +236,24 @@ func TestServeAndMetrics(t *testing.T) {
 	} {
 		require.Contains(t, body, line+"\n")
 	}
-	cancel()
-	require.NoError(t, <-done)
+	stop()
 	_, err = c.Get("http://" + ln.Addr().String() + "/health")
 	require.Error(t, err, "the listener is closed")
+}
+
+// startServe runs the binary's serve for sc on two loopback listeners (the
+// API's and the metrics'); stop ends it and checks it returned cleanly.
+func startServe(t *testing.T, sc *sidecar.Sidecar) (api, metrics net.Listener, stop func()) {
+	t.Helper()
+	api, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	metrics, err = net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, sc, api, metrics, slog.New(slog.DiscardHandler)) }()
+	return api, metrics, func() {
+		cancel()
+		require.NoError(t, <-done)
+	}
 }
