@@ -14,7 +14,7 @@
 //		nats.PingInterval(5*time.Second),         // notice a dead link within a few pings
 //	)
 //	bus, err := natsbus.New(nc)
-//	r, err := replica.New(replica.Options{Bus: bus, ID: "epp-0", MaxMessageBytes: int(nc.MaxPayload())})
+//	r, err := replica.New(replica.Options{Bus: bus, ID: "epp-0"}) // the message bound follows nc's max_payload
 //	svc, err := selection.NewSelectionServiceBuilder(cfg).Observe(r).Build(ctx)
 //	err = r.Start(svc)
 //	defer nc.Close() // after r.Close
@@ -38,11 +38,19 @@
 // ServerOptions.RouteSecret every route must present the shared secret, and
 // a route without it is refused (logged by both servers); without one, any
 // host that reaches the route port may join, so keep it behind a network
-// policy:
+// policy. ServerOptions.ClientPermissions (ReplicaPermissions) limits what
+// the server's own clients may publish and subscribe to, so that a
+// replica's client publishes batches only on its own stream. Bus.Respond
+// answers a request only on an inbox reply subject, so a request naming
+// another subject as its reply cannot make a replica publish there.
+// Bus.MaxPayload is the server's max_payload as learnt on the last
+// connection; a Replicator re-reads it at Start and on every reconnection
+// (replica.PayloadLimiter), so MaxMessageBytes can be left 0:
 //
-//	srv, err := natsbus.StartServer(natsbus.ServerOptions{Name: "epp-0", ClusterAddr: podIP + ":9092", Routes: peers})
+//	srv, err := natsbus.StartServer(natsbus.ServerOptions{Name: "epp-0", ClusterAddr: podIP + ":9092", Routes: peers,
+//		ClientPermissions: natsbus.ReplicaPermissions("epp-0", replica.DefaultSubject)})
 //	cl, err := srv.Dial(natsbus.DialOptions{Name: "epp-0"})
-//	r, err := replica.New(replica.Options{Bus: cl.Bus(), ID: "epp-0", MaxMessageBytes: cl.MaxPayload()})
+//	r, err := replica.New(replica.Options{Bus: cl.Bus(), ID: "epp-0"})
 //	...
 //	err = srv.SetRoutes(newPeers) // discovery saw peers come and go
 //	...
