@@ -98,9 +98,10 @@ func (b *Bus) Request(ctx context.Context, subject string, data []byte) ([]byte,
 func (b *Bus) Respond(subject string, fn func(req []byte) []byte) (func(), error) {
 	return b.guarded(subject, func(m *nats.Msg) {
 		if !b.inbox(m.Reply) {
-			if b.refusedReplies.Add(1) == 1 || b.refusedReplies.Load()%1024 == 0 {
+			// The first refusal is logged, then one in 1,024.
+			if n := b.refusedReplies.Add(1); n%1024 == 1 {
 				b.log().Warn("natsbus: refused to answer a request whose reply subject is not an inbox",
-					"subject", m.Subject, "reply", m.Reply, "refused_total", b.refusedReplies.Load())
+					"subject", m.Subject, "reply", m.Reply, "refused_total", n)
 			}
 			return
 		}
