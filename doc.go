@@ -13,6 +13,8 @@
 //     per-model partitions, the cost functions, picking, the admission queue,
 //     bookings and their handle (Booking), approximate mode, HTTPStatus.
 //   - selection/httproute: the net/http adapter for a gateway written in Go.
+//   - lifecycle: one booked request's Handle (a Booking, a roles.Plan) and the
+//     Follower that settles it from the response, for every gateway.
 //   - kvindex: block hashing, and the radix-tree index of which worker rank holds
 //     which prefix; an approximate index for engines without KV events.
 //   - kvindex/kvevents: decoding of engine KV-event batches (vLLM, SGLang,

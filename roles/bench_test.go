@@ -121,6 +121,7 @@ func BenchmarkPairBook(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer pb.Close()
 	ctx := context.Background()
 	b.ReportAllocs()
 	i := 0
@@ -129,8 +130,8 @@ func BenchmarkPairBook(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		_ = pb.Handoff(plan.ID)
-		_ = pb.Complete(plan.ID)
+		_ = plan.PrefillComplete()
+		_ = plan.Done()
 		i++
 	}
 }
@@ -144,6 +145,7 @@ func BenchmarkAggregatedBook(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer pb.Close()
 	ctx := context.Background()
 	b.ReportAllocs()
 	i := 0
@@ -152,8 +154,8 @@ func BenchmarkAggregatedBook(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		_ = pb.Handoff(plan.ID)
-		_ = pb.Complete(plan.ID)
+		_ = plan.PrefillComplete()
+		_ = plan.Done()
 		i++
 	}
 }
@@ -171,6 +173,7 @@ func BenchmarkPairVsSingle(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer pb.Close()
 	ctx := context.Background()
 	var singleBook, singleSettle, pairBook, pairSettle time.Duration
 	b.ReportAllocs()
@@ -191,8 +194,8 @@ func BenchmarkPairVsSingle(b *testing.B) {
 			b.Fatal(err)
 		}
 		t3 := time.Now()
-		_ = pb.Handoff(plan.ID)
-		_ = pb.Complete(plan.ID)
+		_ = plan.PrefillComplete()
+		_ = plan.Done()
 		t4 := time.Now()
 		singleBook += t1.Sub(t0)
 		singleSettle += t2.Sub(t1)

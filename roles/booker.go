@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -71,6 +73,11 @@ type BookerOptions struct {
 	// means the destination role's Config.ActiveRequestExpiry (300 s by
 	// default), the lease of the reservations the plan holds.
 	PlanLease time.Duration
+	// ExpireEvery is how often the booker's own sweeper settles the plans
+	// whose lease passed (Expire), as the services sweep their
+	// reservations, until Close. 0 means every second; negative starts no
+	// sweeper (call Expire yourself, as with a fake clock).
+	ExpireEvery time.Duration
 	// DecodePrefixHashes sends the decode leg of a pair the whole prompt, so
 	// that the decode service's approximate index learns which prefixes each
 	// decode worker holds (it receives them from its prefill worker); only
@@ -95,8 +102,8 @@ type BookerOptions struct {
 // prefill worker computes its prompt. It is also the handle that settles the
 // request: PrefillComplete at the first response byte, Done at its end (on
 // every path), Renew while a long request makes progress. Copies of a Plan
-// settle the same plan; the calls are safe from any goroutine and idempotent
-// (PairBooker.Handoff and Complete are the same calls by id).
+// settle the same plan; the calls are safe from any goroutine and keep
+// lifecycle.Handle's repeat-call contract.
 type Plan struct {
 	// ID names the plan (the request's ReservationID, or a minted one).
 	ID string
@@ -113,51 +120,130 @@ type Plan struct {
 	// aggregated mode, or the PrefillDecodeOnly fallback.
 	LocalPrefill bool
 
-	b *PairBooker // nil in a Plan not returned by Book
+	b  *PairBooker // nil in a Plan not returned by Book
+	pl *plan       // its entry in b's plan table
 }
 
-// PrefillComplete is PairBooker.Handoff of this plan: the first response byte
-// arrived. Later calls do nothing.
+// PrefillComplete reports the first response byte: the prefill leg is
+// freed and the decode leg marked prefill-complete (for a LocalPrefill plan,
+// only the latter). Only the first call acts; later ones, and calls after
+// Done, return nil. A plan that expired is ErrUnknownPlan.
 func (p Plan) PrefillComplete() error {
 	if p.b == nil {
-		return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, p.ID)
+		return notBooked(p.ID)
 	}
-	return p.b.Handoff(p.ID)
+	s, err := p.b.plans.HandoffOf(p.pl)
+	if err != nil {
+		return err
+	}
+	p.b.settle(s)
+	return nil
 }
 
-// Done is PairBooker.Complete of this plan: the request ended (completion,
-// error or cancel). Later calls return ErrUnknownPlan and change nothing.
+// Done settles the plan at the end of its request (completion, error or
+// cancel): it frees the decode leg, and the prefill leg when the plan was
+// never handed off. Only the first call acts; later ones return nil. A first
+// call on a plan that expired is ErrUnknownPlan, which needs no action.
 func (p Plan) Done() error {
 	if p.b == nil {
-		return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, p.ID)
+		return notBooked(p.ID)
 	}
-	return p.b.Complete(p.ID)
+	s, err := p.b.plans.FinishOf(p.pl)
+	if err != nil {
+		return err
+	}
+	p.b.settle(s)
+	return nil
 }
 
-// Renew is PairBooker.Renew of this plan.
+// Renew extends the leases of the plan and of the reservations it still
+// holds (the decode leg, and the prefill leg until hand-off) from now: its
+// request is making progress, as a long stream does, and must not be
+// expired mid-flight. After Done, or once the plan expired, it is
+// ErrUnknownPlan; a leg already gone from its service is reported
+// (selection.ErrUnknownReservation) after the others were renewed.
 func (p Plan) Renew() error {
 	if p.b == nil {
-		return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, p.ID)
+		return notBooked(p.ID)
 	}
-	return p.b.Renew(p.ID)
+	legs, err := p.b.plans.Touch(p.ID)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if legs.Prefill != "" && p.b.prefill != nil {
+		errs = append(errs, p.b.prefill.RenewReservation(legs.Prefill))
+	}
+	errs = append(errs, p.b.dest.RenewReservation(legs.Decode))
+	return errors.Join(errs...)
 }
 
-// Generated is PairBooker.Generated of this plan.
+// Generated reports that the plan's request has generated tokens output
+// tokens so far (a running count: the SSE events of its stream, or the usage
+// of a finished answer) and grows its decode reservation, the one that holds
+// the output, by one block per block size of the decode worker booked
+// (Decode.BlockSize) not counted before
+// (selection.SelectionService.AddOutputBlocks), so that worker's decode cost
+// follows what it holds. A count not larger than before changes nothing.
+// After Done it is ErrUnknownPlan; a decode leg already gone from its service
+// is selection.ErrUnknownReservation.
 func (p Plan) Generated(tokens int) error {
 	if p.b == nil {
-		return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, p.ID)
+		return notBooked(p.ID)
 	}
-	return p.b.Generated(p.ID, tokens)
+	leg, n, err := p.b.plans.Grow(p.ID, tokens)
+	if err != nil || n == 0 {
+		return err
+	}
+	return p.b.dest.AddOutputBlocks(leg, n)
 }
 
-// Move is PairBooker.Move of this plan. The Plan's Decode still names the
-// worker booked first.
+// Move moves the plan's decode reservation (the destination) to worker rank
+// to of the destination role, with its load, its lease and its session's pin
+// (selection.SelectionService.MoveSessionReservation): the gateway served the
+// request on another endpoint than the one picked (a fallback of the list, a
+// retry). The prefill leg stays: it is where the prompt was computed. The
+// Plan's Decode still names the worker booked first; MarkFailed marks the one
+// moved to. Moving to the rank held does nothing. Errors: after Done,
+// ErrUnknownPlan; to not a schedulable rank of the destination role's model,
+// selection.ErrNotFound (the plan is unchanged: its owner decides whether to
+// keep it or end it); selection.ErrUnknownReservation when the leg is
+// already gone.
 func (p Plan) Move(to catalog.WorkerRank) error {
 	if p.b == nil {
-		return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, p.ID)
+		return notBooked(p.ID)
 	}
-	return p.b.Move(p.ID, to)
+	legs, err := p.b.plans.Legs(p.ID)
+	if err != nil {
+		return err
+	}
+	if err := p.b.dest.MoveSessionReservation(legs.Decode, to, legs.Session); err != nil {
+		return roleError(p.b.destRole, err)
+	}
+	p.b.plans.MovedOf(p.pl, to.Worker)
+	return nil
 }
+
+// MarkFailed reports that the worker carrying the plan's decode leg (the
+// destination booked, or the one it moved to) failed the request: the
+// destination role's service leaves it out of its picks for a while
+// (selection.SelectionService.MarkFailed). Only the first call marks; later
+// ones return nil. It may come after Done.
+func (p Plan) MarkFailed() error {
+	if p.b == nil {
+		return notBooked(p.ID)
+	}
+	w := p.b.plans.FailOf(p.pl)
+	if w == "" {
+		return nil
+	}
+	if err := p.b.dest.MarkFailed(w); err != nil {
+		return roleError(p.b.destRole, err)
+	}
+	return nil
+}
+
+func notBooked(id string) error { return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, id) }
 
 // Destination returns the endpoint the request is sent to.
 func (p Plan) Destination() string { return p.Decode.Endpoint }
@@ -196,6 +282,7 @@ type leg interface {
 	RenewReservation(id string) error
 	AddOutputBlocks(id string, n int) error
 	MoveSessionReservation(id string, to catalog.WorkerRank, session string) error
+	MarkFailed(workerID string) error
 	PotentialLoads(ctx context.Context, req selection.Request) ([]selection.Scored, error)
 }
 
@@ -208,9 +295,10 @@ var _ leg = (*selection.SelectionService)(nil)
 // A PairBooker is safe for concurrent use. Book runs the decode leg on an
 // errgroup goroutine and the prefill leg on the caller's, and waits for both
 // before it returns, so it leaves no goroutine behind; the rest is
-// synchronous. The plans live in a
-// the plan table (plans.go) with its own lock. A PairBooker does not own the
-// RoleSelectors it books on: close those after the last call.
+// synchronous but for the sweeper (BookerOptions.ExpireEvery), which Close
+// stops and waits for. The plans live in the plan table (plans.go), with its
+// own lock. A PairBooker does not own the RoleSelectors it books on: close
+// those after the last call.
 type PairBooker struct {
 	destRole   Role
 	prefill    leg // nil in aggregated mode
@@ -228,6 +316,11 @@ type PairBooker struct {
 
 	localBelow                                                 int // BookerOptions.LocalPrefillBelow
 	booked, local, fallbacks, conditional, failed, compensated atomic.Int64
+
+	log       *slog.Logger  // the RoleSelectors' (the sweeper's WARN); discard from newPairBooker
+	stop      chan struct{} // closed by Close; nil without a sweeper
+	closeOnce sync.Once
+	wg        sync.WaitGroup
 }
 
 // NewPairBooker returns a booker over rs. It validates opts (wrapped
@@ -252,6 +345,7 @@ func NewPairBooker(rs *RoleSelectors, opts BookerOptions) (*PairBooker, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.log = rs.logger
 	b.legsWait = false
 	for _, r := range rs.mode.Roles() {
 		if rs.profiles[r].Config.QueueThreshold != nil {
@@ -265,7 +359,44 @@ func NewPairBooker(rs *RoleSelectors, opts BookerOptions) (*PairBooker, error) {
 		}
 		return rs.mode == ModeAggregated || fallback == PrefillDecodeOnly || rs.roleReady(Prefill)
 	}
+	if every := opts.ExpireEvery; every >= 0 {
+		if every == 0 {
+			every = time.Second
+		}
+		b.stop = make(chan struct{})
+		b.wg.Add(1)
+		go b.sweep(every)
+	}
 	return b, nil
+}
+
+// sweep expires plans every interval until Close.
+func (b *PairBooker) sweep(every time.Duration) {
+	defer b.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+			if n := b.Expire(); n > 0 {
+				b.log.Warn("roles: plans expired: their requests never ended (a gateway that died mid-request, or a caller that never called Done)", "plans", n)
+			}
+		}
+	}
+}
+
+// Close stops the sweeper and waits for it. Plans still live stay booked
+// on their services until those expire them. It is idempotent; the booker
+// still books and settles after it, but nothing expires its plans.
+func (b *PairBooker) Close() {
+	b.closeOnce.Do(func() {
+		if b.stop != nil {
+			close(b.stop)
+		}
+	})
+	b.wg.Wait()
 }
 
 // newPairBooker builds a booker over any legs; pre is nil in aggregated mode.
@@ -299,6 +430,7 @@ func newPairBooker(destRole Role, pre, dest leg, destProfile profile, opts Booke
 		localBelow: opts.LocalPrefillBelow, blockSize: destProfile.Config.BlockSize,
 		legsWait: true, timeout: timeout, now: now, plans: plans,
 		readyCheck: func() bool { return true },
+		log:        slog.New(slog.DiscardHandler),
 	}, nil
 }
 
@@ -405,12 +537,13 @@ func (b *PairBooker) book(ctx context.Context, req selection.Request) (Plan, err
 	}
 	if perr == nil && derr == nil && ended == nil {
 		legs := planLegs{Prefill: preq.ReservationID, Decode: dreq.ReservationID, Session: req.SessionID, BlockSize: dres.BlockSize}
-		if err := b.plans.Register(id, legs); err != nil {
+		pl, err := b.plans.Register(id, legs, dres.Worker)
+		if err != nil {
 			b.compensate(b.prefill, preq.ReservationID)
 			b.compensate(b.dest, dreq.ReservationID)
 			return Plan{}, fmt.Errorf("roles: plan %q: %w", id, err)
 		}
-		return Plan{ID: id, Prefill: pres, Decode: dres}, nil
+		return Plan{ID: id, Prefill: pres, Decode: dres, pl: pl}, nil
 	}
 	if perr == nil {
 		b.compensate(b.prefill, preq.ReservationID)
@@ -524,11 +657,12 @@ func (b *PairBooker) bookLocal(ctx context.Context, id string, req selection.Req
 		b.compensate(b.dest, r.ReservationID)
 		return Plan{}, fmt.Errorf("roles: plan %q abandoned: %w", id, err)
 	}
-	if err := b.plans.Register(id, planLegs{Decode: r.ReservationID, Session: req.SessionID, BlockSize: res.BlockSize}); err != nil {
+	pl, err := b.plans.Register(id, planLegs{Decode: r.ReservationID, Session: req.SessionID, BlockSize: res.BlockSize}, res.Worker)
+	if err != nil {
 		b.compensate(b.dest, r.ReservationID)
 		return Plan{}, fmt.Errorf("roles: plan %q: %w", id, err)
 	}
-	return Plan{ID: id, Decode: res, LocalPrefill: true}, nil
+	return Plan{ID: id, Decode: res, LocalPrefill: true, pl: pl}, nil
 }
 
 // compensate frees a leg this booker booked and will not hand out. An unknown
@@ -537,89 +671,6 @@ func (b *PairBooker) compensate(l leg, id string) {
 	if l.FreeReservation(id) == nil {
 		b.compensated.Add(1)
 	}
-}
-
-// Handoff settles the prefill half of a plan (the first response byte
-// arrived): it frees the prefill reservation and marks the decode reservation
-// prefill-complete (for a LocalPrefill plan, only the latter). Calling it again
-// does nothing. An unknown plan (never booked, completed, expired) is
-// ErrUnknownPlan and changes nothing.
-func (b *PairBooker) Handoff(planID string) error {
-	s, err := b.plans.Handoff(planID)
-	if err != nil {
-		return err
-	}
-	b.settle(s)
-	return nil
-}
-
-// Complete settles a plan at the end of its request (completion, error or
-// cancellation): it frees the decode reservation, and the prefill one when the
-// plan was never handed off, and forgets the plan. A repeated call is
-// ErrUnknownPlan and changes nothing.
-func (b *PairBooker) Complete(planID string) error {
-	s, err := b.plans.Complete(planID)
-	if err != nil {
-		return err
-	}
-	b.settle(s)
-	return nil
-}
-
-// Renew extends the leases of a live plan and of the reservations it still
-// holds (the decode leg, and the prefill leg until hand-off) from now: its
-// request is making progress, as a long stream does, and must not be expired
-// mid-flight. An unknown plan is ErrUnknownPlan; a leg already gone from its
-// service is reported (selection.ErrUnknownReservation) after the others were
-// renewed.
-func (b *PairBooker) Renew(planID string) error {
-	legs, err := b.plans.Touch(planID)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	if legs.Prefill != "" && b.prefill != nil {
-		errs = append(errs, b.prefill.RenewReservation(legs.Prefill))
-	}
-	errs = append(errs, b.dest.RenewReservation(legs.Decode))
-	return errors.Join(errs...)
-}
-
-// Generated reports that a live plan's request has generated tokens output
-// tokens so far (a running count: the SSE events of its stream, or the usage
-// of a finished answer) and grows its decode reservation, the one that holds
-// the output, by one block per block size of the decode worker booked (Plan.Decode.BlockSize)
-// not counted before (selection.SelectionService.AddOutputBlocks), so that
-// worker's decode cost follows what it holds. A count not larger than before
-// changes nothing. An unknown plan is ErrUnknownPlan; a decode leg already
-// gone from its service is selection.ErrUnknownReservation.
-func (b *PairBooker) Generated(planID string, tokens int) error {
-	leg, n, err := b.plans.Grow(planID, tokens)
-	if err != nil || n == 0 {
-		return err
-	}
-	return b.dest.AddOutputBlocks(leg, n)
-}
-
-// Move moves a live plan's decode reservation (the destination) to worker
-// rank to of the destination role, with its load, its lease and its
-// session's pin (selection.SelectionService.MoveSessionReservation): the
-// gateway served the request on another endpoint than the one picked (a
-// fallback of the list, a retry). The prefill leg stays: it is where the
-// prompt was computed. Moving to the rank held does nothing. Errors: an
-// unknown plan is ErrUnknownPlan; to not a schedulable rank of the
-// destination role's model is selection.ErrNotFound (the plan is unchanged:
-// its owner decides whether to keep it or complete it);
-// selection.ErrUnknownReservation when the leg is already gone.
-func (b *PairBooker) Move(planID string, to catalog.WorkerRank) error {
-	legs, err := b.plans.Legs(planID)
-	if err != nil {
-		return err
-	}
-	if err := b.dest.MoveSessionReservation(legs.Decode, to, legs.Session); err != nil {
-		return roleError(b.destRole, err)
-	}
-	return nil
 }
 
 // Scores scores req on the destination role as Book would book it there
@@ -642,9 +693,9 @@ func (b *PairBooker) Scores(ctx context.Context, req selection.Request) ([]selec
 }
 
 // Expire settles every plan whose lease has passed by the clock (an owner
-// that died mid-request) and returns how many. The owner calls it
-// periodically (the reference EPP: every second); nothing in the booker runs
-// on its own.
+// that died mid-request) and returns how many. The sweeper calls it (see
+// BookerOptions.ExpireEvery); call it yourself with a fake clock or without
+// a sweeper.
 func (b *PairBooker) Expire() int {
 	ss := b.plans.Expire(b.now())
 	for _, s := range ss {

@@ -32,6 +32,7 @@ type fakeLeg struct {
 	requests []selection.Request
 	done     []string // prefill-complete calls
 	renewed  []string // renew calls
+	failed   []string // workers marked failed
 }
 
 func newFakeLeg(name string) *fakeLeg { return &fakeLeg{name: name, booked: map[string]bool{}} }
@@ -106,6 +107,13 @@ func (f *fakeLeg) MoveSessionReservation(id string, _ catalog.WorkerRank, _ stri
 	if !f.booked[id] {
 		return fmt.Errorf("%w: %q", selection.ErrUnknownReservation, id)
 	}
+	return nil
+}
+
+func (f *fakeLeg) MarkFailed(worker string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failed = append(f.failed, worker)
 	return nil
 }
 
@@ -293,9 +301,9 @@ func TestCompensationCancelledBeforeBook(t *testing.T) {
 func TestPlanIDConflicts(t *testing.T) {
 	b, pre, dec := fakeBooker(t, BookerOptions{PrefillFallback: PrefillDecodeOnly})
 	ctx := testCtx(t)
-	plan, err := b.Book(ctx, selection.Request{ReservationID: "dup", Tokens: toks(8, 1)})
+	dup, err := b.Book(ctx, selection.Request{ReservationID: "dup", Tokens: toks(8, 1)})
 	require.NoError(t, err)
-	require.Equal(t, "dup", plan.ID)
+	require.Equal(t, "dup", dup.ID)
 	_, err = b.Book(ctx, selection.Request{ReservationID: "dup", Tokens: toks(8, 1)})
 	require.ErrorIs(t, err, selection.ErrConflict)
 	require.Equal(t, http.StatusConflict, HTTPStatus(err))
@@ -305,21 +313,23 @@ func TestPlanIDConflicts(t *testing.T) {
 	// A live local-prefill plan "x" and a pair plan "x": the legs book (their
 	// ids are free) but the plan id is taken, so both legs are freed.
 	pre.before = failWith(selection.ErrNotReady)
-	plan, err = b.Book(ctx, selection.Request{ReservationID: "x", Tokens: toks(8, 1)})
+	x, err := b.Book(ctx, selection.Request{ReservationID: "x", Tokens: toks(8, 1)})
 	require.NoError(t, err)
-	require.True(t, plan.LocalPrefill)
+	require.True(t, x.LocalPrefill)
 	pre.before = nil
 	_, err = b.Book(ctx, selection.Request{ReservationID: "x", Tokens: toks(8, 1)})
 	require.ErrorIs(t, err, reservation.ErrConflict)
 	require.Equal(t, []string{"dup/prefill"}, pre.bookedIDs())
 	require.Equal(t, []string{"dup/decode", "x/aggregated"}, dec.bookedIDs())
 
-	require.NoError(t, b.Complete("dup"))
-	require.NoError(t, b.Complete("x"))
+	require.NoError(t, dup.Done())
+	require.NoError(t, x.Done())
 	requireNothingBooked(t, b, pre, dec)
-	require.ErrorIs(t, b.Complete("x"), ErrUnknownPlan)
-	require.ErrorIs(t, b.Handoff("never"), ErrUnknownPlan)
-	require.Equal(t, http.StatusNotFound, HTTPStatus(b.Handoff("never")))
+	require.NoError(t, x.Done(), "a repeated Done changes nothing")
+	require.ErrorIs(t, x.Renew(), ErrUnknownPlan, "a plan done is gone")
+	never := Plan{ID: "never"}
+	require.ErrorIs(t, never.PrefillComplete(), ErrUnknownPlan)
+	require.Equal(t, http.StatusNotFound, HTTPStatus(never.PrefillComplete()))
 }
 
 // TestDecodeOverrideOnEveryDecodeRequest: the decode leg always carries the
@@ -337,12 +347,12 @@ func TestDecodeOverrideOnEveryDecodeRequest(t *testing.T) {
 	require.False(t, *d.TrackPrefillTokens)
 	require.Equal(t, 0.7, *d.Temperature, "the caller's other fields stay")
 	require.Same(t, caller, pre.lastRequest().Override)
-	require.NoError(t, b.Complete(plan.ID))
+	require.NoError(t, plan.Done())
 
 	plan, err = b.Book(ctx, selection.Request{Tokens: toks(8, 1)})
 	require.NoError(t, err)
 	require.False(t, *dec.lastRequest().Override.TrackPrefillTokens)
-	require.NoError(t, b.Complete(plan.ID))
+	require.NoError(t, plan.Done())
 
 	pre.before = failWith(fmt.Errorf("%w: none", selection.ErrNotReady))
 	plan, err = b.Book(ctx, selection.Request{Tokens: toks(8, 1)})
@@ -354,9 +364,9 @@ func TestDecodeOverrideOnEveryDecodeRequest(t *testing.T) {
 	require.True(t, *l.Override.AssumeKVReuse)
 	require.Equal(t, selection.DefaultConfig(4).OverlapScoreCredit, *l.Override.OverlapScoreCredit, "the base credit is restored")
 	require.Equal(t, []string{plan.ID + suffixAggregated}, dec.bookedIDs(), "the decode-override leg was freed")
-	require.NoError(t, b.Handoff(plan.ID))
+	require.NoError(t, plan.PrefillComplete())
 	require.Equal(t, []string{plan.ID + suffixAggregated}, dec.done)
-	require.NoError(t, b.Complete(plan.ID))
+	require.NoError(t, plan.Done())
 	requireNothingBooked(t, b, pre, dec)
 	st := b.Stats()
 	require.Equal(t, int64(3), st.Booked)
@@ -413,13 +423,13 @@ func TestDecodeOverrideReadBackThroughLoads(t *testing.T) {
 	require.Equal(t, int64(40), load(t, rs, Decode, "d").ActivePrefillTokens)
 	require.NoError(t, rs.Service(Decode).FreeReservation(direct.ReservationID))
 
-	require.NoError(t, b.Handoff(p1.ID))
+	require.NoError(t, p1.PrefillComplete())
 	require.Equal(t, int64(40), load(t, rs, Prefill, "p").ActivePrefillTokens)
 	require.Equal(t, 1, load(t, rs, Prefill, "p").ActiveRequests)
 	require.Equal(t, 2, load(t, rs, Decode, "d").ActiveRequests, "hand-off keeps the decode leg")
-	require.NoError(t, b.Handoff(p1.ID), "hand-off is idempotent")
-	require.NoError(t, b.Complete(p1.ID))
-	require.NoError(t, b.Complete(p2.ID))
+	require.NoError(t, p1.PrefillComplete(), "hand-off is idempotent")
+	require.NoError(t, p1.Done())
+	require.NoError(t, p2.Done())
 	requireIdle(t, rs)
 }
 
@@ -444,9 +454,9 @@ func TestDecodeOnlyFallbackTracksPrefill(t *testing.T) {
 	dl := load(t, rs, Decode, "d")
 	require.Equal(t, int64(40), dl.ActivePrefillTokens, "a local prefill is tracked")
 	require.Equal(t, 1, dl.ActiveRequests)
-	require.NoError(t, b.Handoff(plan.ID))
+	require.NoError(t, plan.PrefillComplete())
 	require.Zero(t, load(t, rs, Decode, "d").ActivePrefillTokens)
-	require.NoError(t, b.Complete(plan.ID))
+	require.NoError(t, plan.Done())
 	requireIdle(t, rs)
 }
 
@@ -495,7 +505,7 @@ func TestCompensationQueuedPrefillTimesOut(t *testing.T) {
 	require.Equal(t, int64(1), b2.Stats().Fallbacks)
 	cancelQueued()
 	require.ErrorIs(t, <-queued, context.Canceled)
-	require.NoError(t, b2.Complete(plan.ID))
+	require.NoError(t, plan.Done())
 
 	require.NoError(t, rs.Service(Prefill).FreeReservation(hog.ReservationID))
 	require.NoError(t, rs2.Service(Prefill).FreeReservation(hog2.ReservationID))
@@ -515,7 +525,7 @@ func TestExpireSettlesPlans(t *testing.T) {
 	clk.Advance(30 * time.Second)
 	p2, err := b.Book(ctx, selection.Request{Tokens: toks(40, 2)})
 	require.NoError(t, err)
-	require.NoError(t, b.Handoff(p2.ID))
+	require.NoError(t, p2.PrefillComplete())
 	next, ok := b.plans.NextExpiry()
 	require.True(t, ok)
 	require.Equal(t, clk.Now().Add(30*time.Second), next)
@@ -524,7 +534,7 @@ func TestExpireSettlesPlans(t *testing.T) {
 	require.Equal(t, 1, b.Expire())
 	require.Equal(t, 1, load(t, rs, Decode, "d").ActiveRequests)
 	require.Zero(t, load(t, rs, Prefill, "p").ActiveRequests)
-	require.ErrorIs(t, b.Complete(p1.ID), ErrUnknownPlan)
+	require.ErrorIs(t, p1.Done(), ErrUnknownPlan)
 	clk.Advance(30 * time.Second)
 	require.Equal(t, 1, b.Expire())
 	require.Zero(t, b.plans.Len())
@@ -619,17 +629,17 @@ func runConcurrentPairBookings(t *testing.T, queueing bool, total int64) {
 				booked.Add(1)
 				switch mode % 4 {
 				case 1:
-					_ = b.Complete(plan.ID)
+					_ = plan.Done()
 				case 2:
-					_ = b.Handoff(plan.ID)
-					_ = b.Handoff(plan.ID)
-					_ = b.Complete(plan.ID)
-					if b.Complete(plan.ID) == nil {
-						t.Error("second Complete succeeded")
+					_ = plan.PrefillComplete()
+					_ = plan.PrefillComplete()
+					_ = plan.Done()
+					if err := plan.Done(); err != nil {
+						t.Errorf("a second Done: %v, want nil", err)
 					}
 				default:
-					_ = b.Handoff(plan.ID)
-					_ = b.Complete(plan.ID)
+					_ = plan.PrefillComplete()
+					_ = plan.Done()
 				}
 			}
 		}()
@@ -662,7 +672,7 @@ func TestDecodeLegWithoutPrefixPicksTheSame(t *testing.T) {
 	}
 	ctx := testCtx(t)
 	r := rand.New(rand.NewPCG(2, 3))
-	var live [][2]string
+	var live [][2]Plan
 	for i := range 200 {
 		req := selection.Request{Tokens: toks(1+r.IntN(120), r.IntN(10))}
 		if i%4 == 0 {
@@ -681,19 +691,19 @@ func TestDecodeLegWithoutPrefixPicksTheSame(t *testing.T) {
 		require.Equal(t, got[1].Decode.Worker, got[0].Decode.Worker, "request %d", i)
 		require.Equal(t, got[1].Decode.Cost, got[0].Decode.Cost, "request %d", i)
 		require.Equal(t, got[1].Decode.PotentialDecodeBlocks, got[0].Decode.PotentialDecodeBlocks)
-		live = append(live, [2]string{got[0].ID, got[1].ID})
+		live = append(live, got)
 		if r.IntN(3) == 0 && len(live) > 0 {
 			j := r.IntN(len(live))
 			for k := range 2 {
-				require.NoError(t, books[k].Complete(live[j][k]))
+				require.NoError(t, live[j][k].Done())
 			}
 			live = slices.Delete(live, j, j+1)
 		}
 	}
 	require.Equal(t, sels[1].Service(Decode).Loads(""), sels[0].Service(Decode).Loads(""))
-	for _, ids := range live {
+	for _, ps := range live {
 		for k := range 2 {
-			require.NoError(t, books[k].Complete(ids[k]))
+			require.NoError(t, ps[k].Done())
 		}
 	}
 	requireIdle(t, sels[0])
@@ -727,14 +737,56 @@ func TestPlanHandle(t *testing.T) {
 	require.Equal(t, []string{"h/prefill"}, pre.renewed, "a handed-off prefill leg is not renewed")
 	require.Equal(t, []string{"h/decode", "h/decode"}, dec.renewed)
 
+	require.NoError(t, p.Move(catalog.WorkerRank{Worker: "decode-9"}))
+	require.NoError(t, p.MarkFailed())
+	require.NoError(t, copyOf.MarkFailed(), "a second mark changes nothing")
+	require.Equal(t, []string{"decode-9"}, dec.failed, "the worker the plan moved to is marked, once")
+
 	require.NoError(t, p.Done())
 	require.Empty(t, dec.bookedIDs())
-	require.ErrorIs(t, p.Done(), ErrUnknownPlan)
+	require.NoError(t, p.Done(), "a repeated Done changes nothing")
+	require.NoError(t, copyOf.PrefillComplete(), "nor does a hand-off after Done")
 	require.ErrorIs(t, p.Renew(), ErrUnknownPlan)
+	require.ErrorIs(t, p.Generated(64), ErrUnknownPlan)
+	require.ErrorIs(t, p.Move(catalog.WorkerRank{Worker: "decode-0"}), ErrUnknownPlan)
 	require.ErrorIs(t, Plan{ID: "x"}.Done(), ErrUnknownPlan, "a Plan not from Book settles nothing")
 	st := b.Stats()
 	require.Equal(t, int64(1), st.Plans.Completed)
 	require.Zero(t, st.Plans.Active)
+}
+
+// A plan that expired answers its first Done with ErrUnknownPlan (nothing
+// to do) and the next with nil, as a booking whose lease passed does.
+func TestPlanDoneAfterExpiry(t *testing.T) {
+	clk := newFakeClock()
+	b, _, dec := fakeBooker(t, BookerOptions{Now: clk.Now, PlanLease: time.Minute})
+	p, err := b.Book(context.Background(), selection.Request{ReservationID: "e", Tokens: make([]uint32, 16)})
+	require.NoError(t, err)
+	clk.Advance(2 * time.Minute)
+	require.Equal(t, 1, b.Expire())
+	require.Empty(t, dec.bookedIDs())
+	require.ErrorIs(t, p.PrefillComplete(), ErrUnknownPlan)
+	require.ErrorIs(t, p.Done(), ErrUnknownPlan)
+	require.NoError(t, p.Done())
+	require.Equal(t, int64(1), b.Stats().Plans.Expired)
+	require.Zero(t, b.Stats().Plans.Completed)
+}
+
+// NewPairBooker's sweeper expires plans on its own, until Close.
+func TestPairBookerSweeps(t *testing.T) {
+	clk := newFakeClock()
+	rs := newRoles(t, testOptions(ModeAggregated, clk))
+	_, err := rs.Reconcile([]catalog.Worker{wk("a", noLabel)})
+	require.NoError(t, err)
+	b, err := NewPairBooker(rs, BookerOptions{Now: clk.Now, PlanLease: time.Minute, ExpireEvery: time.Millisecond})
+	require.NoError(t, err)
+	defer b.Close()
+	_, err = b.Book(testCtx(t), selection.Request{Tokens: toks(8, 1)})
+	require.NoError(t, err)
+	clk.Advance(2 * time.Minute)
+	require.Eventually(t, func() bool { return b.Stats().Plans.Expired == 1 }, 10*time.Second, time.Millisecond)
+	b.Close()
+	b.Close() // idempotent
 }
 
 // Renew moves a plan's lease: a renewed plan outlives its first deadline.
@@ -776,7 +828,7 @@ func TestPredictiveCostPairs(t *testing.T) {
 	require.Equal(t, 40, p3.Prefill.EffectivePrefillTokens)
 	require.Greater(t, p3.Prefill.Cost, p1.Prefill.Cost, "the third prefill waits behind the first's")
 	for _, p := range []Plan{p1, p2, p3} {
-		require.NoError(t, b.Complete(p.ID))
+		require.NoError(t, p.Done())
 	}
 	requireIdle(t, rs)
 }

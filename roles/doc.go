@@ -12,9 +12,9 @@
 //	RoleSelectors          owns one SelectionService per role, each configured from one base Config
 //	                       (below), and reconciles each from the split
 //	PairBooker             books both legs of a request concurrently, compensates failures,
-//	                       settles plans at hand-off and completion (the plan table, plans.go)
-//	Plan                   a booked request and its handle: PrefillComplete, Renew, Generated,
-//	                       Move, Done (the PairBooker's calls by plan id)
+//	                       keeps the plans (the plan table, plans.go) and expires the abandoned
+//	Plan                   a booked request and its handle (a lifecycle.Handle): PrefillComplete,
+//	                       Renew, Generated, Move, MarkFailed, Done
 //
 // In aggregated mode labels are never read: every worker is Aggregated, there is
 // one service, and a PairBooker books that service alone, so an EPP can use the
@@ -35,14 +35,17 @@
 //
 //	Book      plan p: "p/prefill" on the prefill service and "p/decode" on the decode
 //	          service, concurrently; both booked -> plan registered and returned
-//	Handoff   first response byte: free "p/prefill", mark "p/decode" prefill-complete
-//	Renew     while the response flows: extend the plan's lease and its legs' leases
-//	Generated output tokens so far: grow "p/decode" by one block per block size not yet counted
-//	Move      the gateway served another destination worker: move "p/decode" there (load,
-//	          lease, output blocks, session pin); "p/prefill" stays
-//	Complete  end of stream, error or cancel: free "p/decode" (and "p/prefill" if not
-//	          handed off); the plan is gone
-//	Expire    Complete for every plan whose lease ran out
+//	PrefillComplete  first response byte: free "p/prefill", mark "p/decode" prefill-complete
+//	Renew            while the response flows: extend the plan's lease and its legs' leases
+//	Generated        output tokens so far: grow "p/decode" by one block per block size not yet
+//	                 counted
+//	Move             the gateway served another destination worker: move "p/decode" there
+//	                 (load, lease, output blocks, session pin); "p/prefill" stays
+//	MarkFailed       the destination worker (or the one moved to) failed the request: the
+//	                 destination service leaves it out of its picks for a while
+//	Done             end of stream, error or cancel: free "p/decode" (and "p/prefill" if not
+//	                 handed off); the plan is gone
+//	Expire           Done for every plan whose lease ran out (the booker's sweeper)
 //
 // The EPP sends the request to Plan.Destination() and passes Plan.PrefillHint()
 // as x-prefiller-host-port; with Request.Fallbacks, Plan.Decode.Fallbacks are
@@ -61,8 +64,8 @@
 // decode leg on an errgroup goroutine and the prefill leg on its own, and
 // returns only after both have returned, so no leg outlives it. The services' own goroutines (KV-event feed,
 // expiry sweeper) belong to the RoleSelectors, whose Close stops and waits for
-// them; the PairBooker starts nothing that outlives a call, and its Expire is
-// driven by its owner.
+// them; the PairBooker's one goroutine is its plan sweeper
+// (BookerOptions.ExpireEvery), which its Close stops and waits for.
 //
 // # Invariants
 //
@@ -77,7 +80,7 @@
 //     cancellation of the other.
 //   - A worker is in at most one role catalog at any time; after a Reconcile it
 //     is in exactly the catalog its label names, or in none.
-//   - Every plan leg is freed exactly once through the plan (Complete, or
-//     Handoff for the prefill leg, or Expire); a leg already gone from its
-//     service (expired, or dropped with its worker) is treated as freed.
+//   - Every plan leg is freed exactly once through the plan (Done, or
+//     PrefillComplete for the prefill leg, or Expire); a leg already gone from
+//     its service (expired, or dropped with its worker) is treated as freed.
 package roles

@@ -46,6 +46,7 @@ func ExamplePlan() {
 	if err != nil {
 		panic(err)
 	}
+	defer booker.Close()
 	plan, err := booker.Book(context.Background(), selection.Request{ReservationID: "req-7", Tokens: []uint32{1, 2, 3, 4, 5, 6, 7, 8}})
 	if err != nil {
 		panic(err)
@@ -60,7 +61,7 @@ func ExamplePlan() {
 	// first response byte: <nil>
 	// still streaming: <nil>
 	// end of stream: <nil>
-	// again: roles: unknown plan: complete "req-7"
+	// again: <nil>
 }
 
 // With no prefill worker ready, a booker fails the request by default; with
@@ -77,6 +78,7 @@ func ExampleBookerOptions() {
 	if err != nil {
 		panic(err)
 	}
+	defer strict.Close()
 	_, err = strict.Book(context.Background(), req)
 	fmt.Println("fail: ready", strict.Ready(), "status", roles.HTTPStatus(err), errors.Is(err, roles.ErrRoleCatalogEmpty))
 
@@ -88,6 +90,7 @@ func ExampleBookerOptions() {
 	if err != nil {
 		panic(err)
 	}
+	defer lenient.Close()
 	plan, err := lenient.Book(context.Background(), req)
 	if err != nil {
 		panic(err)
@@ -119,6 +122,7 @@ func ExampleBookerOptions_localPrefillBelow() {
 	if err != nil {
 		panic(err)
 	}
+	defer b.Close()
 	for _, n := range []int{8, 64} {
 		plan, err := b.Book(context.Background(), selection.Request{Tokens: make([]uint32, n)})
 		if err != nil {

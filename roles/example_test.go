@@ -50,6 +50,7 @@ func ExamplePairBooker() {
 	if err != nil {
 		panic(err)
 	}
+	defer booker.Close()
 	prompt := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
 	plan, err := booker.Book(context.Background(), selection.Request{ReservationID: "req-1", Tokens: prompt})
 	if err != nil {
@@ -65,11 +66,11 @@ func ExamplePairBooker() {
 			step, p.ActiveRequests, p.ActivePrefillTokens, d.ActiveRequests, d.ActivePrefillTokens)
 	}
 	show("booked")
-	_ = booker.Handoff(plan.ID) // first response byte
+	_ = plan.PrefillComplete() // first response byte
 	show("handoff")
-	_ = booker.Complete(plan.ID) // end of stream
+	_ = plan.Done() // end of stream
 	show("complete")
-	fmt.Println(booker.Complete(plan.ID))
+	fmt.Println(plan.Done())
 	// Output:
 	// excluded: other-0 role_label_invalid
 	// prefill ready workers: 1
@@ -78,7 +79,7 @@ func ExamplePairBooker() {
 	// booked    prefill: 1 requests, 12 tokens; decode: 1 requests, 0 tokens
 	// handoff   prefill: 0 requests, 0 tokens; decode: 1 requests, 0 tokens
 	// complete  prefill: 0 requests, 0 tokens; decode: 0 requests, 0 tokens
-	// roles: unknown plan: complete "req-1"
+	// <nil>
 }
 
 // Split is a pure function: one desired set in, disjoint role sets out.

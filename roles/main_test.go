@@ -64,6 +64,7 @@ func newBooker(t testing.TB, rs *RoleSelectors, opts BookerOptions) *PairBooker 
 	t.Helper()
 	b, err := NewPairBooker(rs, opts)
 	require.NoError(t, err)
+	t.Cleanup(b.Close)
 	return b
 }
 

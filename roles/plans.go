@@ -82,9 +82,15 @@ type plan struct {
 	legs         planLegs
 	handedOff    bool
 	outputBlocks int // output blocks added to the decode leg (Grow)
-	at           time.Time
-	deadline     time.Time
-	order        uint64
+	// worker is the decode leg's worker: the one booked, or the one Moved
+	// to; what Plan.MarkFailed marks.
+	worker string
+	// finished and failMarked are the handle's repeat-call state (Plan.Done
+	// and Plan.MarkFailed called); they outlive the plan's removal.
+	finished, failMarked bool
+	at                   time.Time
+	deadline             time.Time
+	order                uint64
 }
 
 func planLess(a, b *plan) bool {
@@ -138,11 +144,13 @@ func newPlanTable(now func() time.Time, lease time.Duration) *planTable {
 	return &planTable{now: now, lease: lease, plans: make(map[string]*plan), leases: btree.NewG(16, planLess)}
 }
 
-// Register records a plan whose legs are booked, with a lease ending at the
-// clock's now plus the table's lease. It returns a wrapped reservation.ErrInvalid for an
-// empty plan id, an empty decode id or legs that share an id, and
-// reservation.ErrConflict when id is registered already; either way nothing changed.
-func (p *planTable) Register(id string, legs planLegs) error {
+// Register records a plan whose legs are booked, its decode leg on worker,
+// with a lease ending at the clock's now plus the table's lease, and returns
+// its entry (a Plan's handle on it). It returns a wrapped
+// reservation.ErrInvalid for an empty plan id, an empty decode id or legs
+// that share an id, and reservation.ErrConflict when id is registered
+// already; either way nothing changed.
+func (p *planTable) Register(id string, legs planLegs, worker string) (*plan, error) {
 	var errs []error
 	if id == "" {
 		errs = append(errs, errors.New("plan id is empty"))
@@ -154,14 +162,14 @@ func (p *planTable) Register(id string, legs planLegs) error {
 		errs = append(errs, fmt.Errorf("prefill and decode share the reservation id %q", legs.Decode))
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("%w: plan %q: %w", reservation.ErrInvalid, id, errors.Join(errs...))
+		return nil, fmt.Errorf("%w: plan %q: %w", reservation.ErrInvalid, id, errors.Join(errs...))
 	}
 	now := p.now()
-	pl := &plan{id: id, legs: legs, at: now, deadline: now.Add(p.lease)}
+	pl := &plan{id: id, legs: legs, worker: worker, at: now, deadline: now.Add(p.lease)}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.plans[id]; ok {
-		return fmt.Errorf("%w: plan %q is registered", reservation.ErrConflict, id)
+		return nil, fmt.Errorf("%w: plan %q is registered", reservation.ErrConflict, id)
 	}
 	p.order++
 	pl.order = p.order
@@ -169,7 +177,7 @@ func (p *planTable) Register(id string, legs planLegs) error {
 	p.leases.ReplaceOrInsert(pl)
 	p.registered.Add(1)
 	p.active.Add(1)
-	return nil
+	return pl, nil
 }
 
 // Handoff records that the plan's prefill is done. The first call returns the
@@ -179,7 +187,25 @@ func (p *planTable) Register(id string, legs planLegs) error {
 func (p *planTable) Handoff(id string) (settlement, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	pl := p.plans[id]
+	return p.handoffLocked(id, p.plans[id])
+}
+
+// HandoffOf is Handoff of a Plan's entry: after FinishOf it returns an
+// empty settlement and nil.
+func (p *planTable) HandoffOf(pl *plan) (settlement, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pl.finished {
+		return settlement{Plan: pl.id}, nil
+	}
+	id := pl.id
+	if p.plans[id] != pl {
+		pl = nil
+	}
+	return p.handoffLocked(id, pl)
+}
+
+func (p *planTable) handoffLocked(id string, pl *plan) (settlement, error) {
 	if pl == nil {
 		return settlement{}, fmt.Errorf("%w: hand-off of %q", ErrUnknownPlan, id)
 	}
@@ -206,6 +232,44 @@ func (p *planTable) Complete(id string) (settlement, error) {
 	p.removeLocked(pl)
 	p.completed.Add(1)
 	return pl.settle(), nil
+}
+
+// FinishOf is Complete of a Plan's entry, with the handle's repeat-call
+// contract: its first call completes the plan, or returns a wrapped
+// ErrUnknownPlan when it is no longer live (it expired); later calls return
+// an empty settlement and nil.
+func (p *planTable) FinishOf(pl *plan) (settlement, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pl.finished {
+		return settlement{Plan: pl.id}, nil
+	}
+	pl.finished = true
+	if p.plans[pl.id] != pl {
+		return settlement{}, fmt.Errorf("%w: complete %q", ErrUnknownPlan, pl.id)
+	}
+	p.removeLocked(pl)
+	p.completed.Add(1)
+	return pl.settle(), nil
+}
+
+// FailOf returns the worker a Plan's MarkFailed marks (its decode leg's), on
+// its first call only: later calls return "".
+func (p *planTable) FailOf(pl *plan) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pl.failMarked {
+		return ""
+	}
+	pl.failMarked = true
+	return pl.worker
+}
+
+// MovedOf records that a Plan's decode leg moved to worker.
+func (p *planTable) MovedOf(pl *plan, worker string) {
+	p.mu.Lock()
+	pl.worker = worker
+	p.mu.Unlock()
 }
 
 // Touch extends a live plan's lease to now plus the table's lease (its

@@ -44,7 +44,7 @@ func TestPlanLifecycle(t *testing.T) {
 	clk := newFakeClock()
 	p := newPlans(t, clk.Now, time.Minute)
 	legs := planLegs{Prefill: "p1/prefill", Decode: "p1/decode"}
-	require.NoError(t, p.Register("p1", legs))
+	require.NoError(t, register(p, "p1", legs))
 
 	info, ok := p.Get("p1")
 	require.True(t, ok)
@@ -81,7 +81,7 @@ func TestPlanLifecycle(t *testing.T) {
 
 func TestPlanCompleteWithoutHandoffFreesBothLegs(t *testing.T) {
 	p := newPlans(t, newFakeClock().Now, 0)
-	require.NoError(t, p.Register("p", planLegs{Prefill: "a", Decode: "b"}))
+	require.NoError(t, register(p, "p", planLegs{Prefill: "a", Decode: "b"}))
 	s, err := p.Complete("p")
 	require.NoError(t, err)
 	require.Equal(t, settlement{Plan: "p", FreePrefill: "a", FreeDecode: "b"}, s)
@@ -89,7 +89,7 @@ func TestPlanCompleteWithoutHandoffFreesBothLegs(t *testing.T) {
 
 func TestPlanDecodeOnly(t *testing.T) {
 	p := newPlans(t, newFakeClock().Now, 0)
-	require.NoError(t, p.Register("p", planLegs{Decode: "p/aggregated"}))
+	require.NoError(t, register(p, "p", planLegs{Decode: "p/aggregated"}))
 	s, err := p.Handoff("p")
 	require.NoError(t, err)
 	require.Equal(t, settlement{Plan: "p", DecodePrefillComplete: "p/aggregated"}, s)
@@ -100,14 +100,14 @@ func TestPlanDecodeOnly(t *testing.T) {
 
 func TestPlanRegisterRejects(t *testing.T) {
 	p := newPlans(t, newFakeClock().Now, 0)
-	err := p.Register("", planLegs{})
+	err := register(p, "", planLegs{})
 	require.ErrorIs(t, err, reservation.ErrInvalid)
 	require.ErrorContains(t, err, "plan id is empty")
 	require.ErrorContains(t, err, "decode reservation id is empty")
-	require.ErrorIs(t, p.Register("x", planLegs{Prefill: "same", Decode: "same"}), reservation.ErrInvalid)
+	require.ErrorIs(t, register(p, "x", planLegs{Prefill: "same", Decode: "same"}), reservation.ErrInvalid)
 
-	require.NoError(t, p.Register("x", planLegs{Decode: "d"}))
-	require.ErrorIs(t, p.Register("x", planLegs{Prefill: "p2", Decode: "d2"}), reservation.ErrConflict)
+	require.NoError(t, register(p, "x", planLegs{Decode: "d"}))
+	require.ErrorIs(t, register(p, "x", planLegs{Prefill: "p2", Decode: "d2"}), reservation.ErrConflict)
 	info, _ := p.Get("x")
 	require.Equal(t, planLegs{Decode: "d"}, info.Legs, "a rejected Register changed the plan")
 	require.Equal(t, int64(1), p.Stats().Registered)
@@ -117,10 +117,10 @@ func TestPlanRegisterRejects(t *testing.T) {
 func TestPlanExpire(t *testing.T) {
 	clk := newFakeClock()
 	p := newPlans(t, clk.Now, 10*time.Second)
-	require.NoError(t, p.Register("a", planLegs{Prefill: "a/p", Decode: "a/d"}))
+	require.NoError(t, register(p, "a", planLegs{Prefill: "a/p", Decode: "a/d"}))
 	clk.Advance(time.Second)
-	require.NoError(t, p.Register("b", planLegs{Prefill: "b/p", Decode: "b/d"}))
-	require.NoError(t, p.Register("c", planLegs{Prefill: "c/p", Decode: "c/d"}))
+	require.NoError(t, register(p, "b", planLegs{Prefill: "b/p", Decode: "b/d"}))
+	require.NoError(t, register(p, "c", planLegs{Prefill: "c/p", Decode: "c/d"}))
 	_, err := p.Handoff("b")
 	require.NoError(t, err)
 
@@ -178,7 +178,7 @@ func TestPlansModel(t *testing.T) {
 			if r.IntN(5) == 0 {
 				legs.Prefill = ""
 			}
-			require.NoError(t, p.Register(id, legs))
+			require.NoError(t, register(p, id, legs))
 			model[id] = &state{}
 		case op < 6 && n > 0:
 			id := fmt.Sprintf("plan-%d", r.IntN(n))
@@ -241,7 +241,7 @@ func TestPlansConcurrent(t *testing.T) {
 			defer wg.Done()
 			for i := range 500 {
 				id := fmt.Sprintf("g%d-%d", g, i)
-				if err := p.Register(id, planLegs{Prefill: id + "/p", Decode: id + "/d"}); err != nil {
+				if err := register(p, id, planLegs{Prefill: id + "/p", Decode: id + "/d"}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -274,7 +274,7 @@ func BenchmarkPlansRegisterComplete(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		id := ids[i%len(ids)]
-		if err := p.Register(id, legs); err != nil {
+		if err := register(p, id, legs); err != nil {
 			b.Fatal(err)
 		}
 		if _, err := p.Handoff(id); err != nil {
@@ -284,4 +284,11 @@ func BenchmarkPlansRegisterComplete(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// register is Register for the tests that need no entry: its decode leg on
+// worker "w".
+func register(p *planTable, id string, legs planLegs) error {
+	_, err := p.Register(id, legs, "w")
+	return err
 }

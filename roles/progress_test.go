@@ -35,14 +35,14 @@ func TestPlanGeneratedGrowsTheDecodeLeg(t *testing.T) {
 
 			require.NoError(t, p.Generated(3), "under one block (of 4)")
 			require.Equal(t, start, load(t, rs, dest, worker).ActiveBlocks)
-			require.NoError(t, b.Generated(p.ID, 41))
-			require.NoError(t, b.Generated(p.ID, 17), "a smaller count changes nothing")
+			require.NoError(t, p.Generated(41))
+			require.NoError(t, p.Generated(17), "a smaller count changes nothing")
 			require.Equal(t, start+10, load(t, rs, dest, worker).ActiveBlocks)
 			if mode == ModeDisaggregated {
 				require.Equal(t, 2, load(t, rs, Prefill, "p").ActiveBlocks, "the prompt only")
 			}
 			require.NoError(t, p.Done())
-			require.ErrorIs(t, b.Generated(p.ID, 100), ErrUnknownPlan)
+			require.ErrorIs(t, p.Generated(100), ErrUnknownPlan)
 			requireIdle(t, rs)
 		})
 	}
@@ -70,10 +70,10 @@ func TestPlanMoveToServedWorker(t *testing.T) {
 	picked := load(t, rs, Decode, "d1")
 
 	require.ErrorIs(t, p.Move(catalog.WorkerRank{Worker: "p"}), selection.ErrNotFound, "a prefill worker is no destination")
-	require.ErrorIs(t, b.Move(p.ID, catalog.WorkerRank{Worker: "nope"}), selection.ErrNotFound)
+	require.ErrorIs(t, p.Move(catalog.WorkerRank{Worker: "nope"}), selection.ErrNotFound)
 	require.Equal(t, picked, load(t, rs, Decode, "d1"), "a refused move changes nothing")
 
-	require.NoError(t, b.Move(p.ID, catalog.WorkerRank{Worker: "d2"}))
+	require.NoError(t, p.Move(catalog.WorkerRank{Worker: "d2"}))
 	served := load(t, rs, Decode, "d2")
 	require.Equal(t, picked.ActiveRequests, served.ActiveRequests)
 	require.Equal(t, picked.ActiveBlocks, served.ActiveBlocks, "output blocks included")
@@ -88,7 +88,7 @@ func TestPlanMoveToServedWorker(t *testing.T) {
 	require.NoError(t, p.PrefillComplete())
 	require.NoError(t, p.Done())
 	require.NoError(t, next.Done())
-	require.ErrorIs(t, b.Move(p.ID, catalog.WorkerRank{Worker: "d1"}), ErrUnknownPlan)
+	require.ErrorIs(t, p.Move(catalog.WorkerRank{Worker: "d1"}), ErrUnknownPlan)
 	requireIdle(t, rs)
 }
 

@@ -220,9 +220,9 @@ func TestRoutingInvariant(t *testing.T) {
 				require.Equal(t, len(plans), b.plans.Len())
 				for i, plan := range plans {
 					if i%2 == 0 {
-						require.NoError(t, b.Handoff(plan.ID))
+						require.NoError(t, plan.PrefillComplete())
 					}
-					require.NoError(t, b.Complete(plan.ID))
+					require.NoError(t, plan.Done())
 				}
 				require.Zero(t, b.plans.Len())
 				requireIdle(t, rs)
@@ -294,8 +294,8 @@ func TestLabelFlipsRemovalAndInvalidValues(t *testing.T) {
 	// Leaving the prefill catalog dropped a's prefill booking; the plan
 	// settles without error and nothing is left.
 	require.Zero(t, load(t, rs, Decode, "a").ActiveRequests)
-	require.NoError(t, b.Handoff(plan.ID))
-	require.NoError(t, b.Complete(plan.ID))
+	require.NoError(t, plan.PrefillComplete())
+	require.NoError(t, plan.Done())
 	requireIdle(t, rs)
 
 	// Another label changes: the worker is updated in place.
@@ -388,7 +388,7 @@ func TestEmptyRolesFromStart(t *testing.T) {
 	plan, err := b.Book(context.Background(), selection.Request{Tokens: toks(16, 1)})
 	require.NoError(t, err)
 	require.True(t, plan.LocalPrefill)
-	require.NoError(t, b.Complete(plan.ID))
+	require.NoError(t, plan.Done())
 
 	// The prefill role fills: logged as recovered; every role ready.
 	_, err = rs.Reconcile(append(pool("d", 2, "decode"), wk("p", "prefill")))
@@ -447,8 +447,8 @@ func TestAggregatedParity(t *testing.T) {
 	}
 	require.Equal(t, plain.Loads(""), rs.Service(Aggregated).Loads(""))
 	for _, plan := range plans {
-		require.NoError(t, b.Handoff(plan.ID))
-		require.NoError(t, b.Complete(plan.ID))
+		require.NoError(t, plan.PrefillComplete())
+		require.NoError(t, plan.Done())
 	}
 	requireIdle(t, rs)
 }

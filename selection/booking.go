@@ -10,10 +10,11 @@ import (
 // Result) and the calls that settle it, so a caller does not carry the
 // reservation id around. Book returns it.
 //
-// A Booking is safe for concurrent use, and each call is idempotent: the first
-// PrefillComplete marks the prefill done and later ones do nothing; the first
-// Done frees the booking and later ones (and PrefillComplete or Renew after
-// it) do nothing. Every path of a request must reach Done (end of stream,
+// A Booking is safe for concurrent use and keeps lifecycle.Handle's
+// repeat-call contract: the first PrefillComplete marks the prefill done and
+// later ones do nothing; the first MarkFailed marks the worker and later ones
+// do nothing; the first Done frees the booking and later ones (and
+// PrefillComplete after it) do nothing. Every path of a request must reach Done (end of stream,
 // upstream error, client cancel, panic); a booking never done is released
 // only when its lease passes.
 type Booking struct {
@@ -25,7 +26,8 @@ type Booking struct {
 	mu           sync.Mutex
 	prefilled    bool
 	done         bool
-	outputBlocks int // blocks added by Generated
+	failed       bool // MarkFailed called
+	outputBlocks int  // blocks added by Generated
 }
 
 // Book is SelectAndReserve returning a handle on the booking (errors as
@@ -64,6 +66,22 @@ func (b *Booking) Done() error {
 	}
 	b.done = true
 	return b.svc.FreeReservation(b.ReservationID)
+}
+
+// MarkFailed reports that the worker carrying the booking (the one booked,
+// or the one Move moved it to) failed the request (see
+// SelectionService.MarkFailed). Only the first call marks; later ones return
+// nil. It may come after Done.
+func (b *Booking) MarkFailed() error {
+	b.mu.Lock()
+	if b.failed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.failed = true
+	worker := b.Worker
+	b.mu.Unlock()
+	return b.svc.MarkFailed(worker)
 }
 
 // Renew extends the booking's lease from now (see

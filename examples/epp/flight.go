@@ -3,58 +3,45 @@ package main
 import (
 	"context"
 	"errors"
-	"mime"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
+	"github.com/kvselect/kvselect/lifecycle"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
-	"github.com/kvselect/kvselect/selection/httproute"
 )
 
 // flight is one booked request between its pick and its end: the Settler of
-// its pick and the Follower of its response. The first output byte hands
-// the plan off (the prefill leg is done, or the prefill of an aggregated
-// worker), the end completes it, each at most once; while the response
-// flows, the renewer renews the plan's leases, the SSE events of a 2xx event
-// stream grow its decode booking (with output growth on), and a response
-// served by another worker than the one picked moves the booking there.
-//
-// Failure feedback, as selection/httproute gives it: a response status that
-// describes the worker's health (httproute.DefaultFailureStatus: 5xx but 501
-// and 505, Envoy's own 503 for a refused or reset connection included)
-// marks the worker that carries the booking failed, and a response served
-// by one of the pick's fallbacks marks the pick failed (the gateway moves
-// to a fallback only when the pick could not answer). Either happens at most
-// once per request; the destination service then leaves the worker out of
-// its picks for its FailureEjection time.
+// its pick and the extproc Follower of its response, which it passes to the
+// library's lifecycle.Follower driving the plan (see package lifecycle: the
+// first output of a 2xx answer hands the plan off, body chunks are progress
+// for the renewer, the SSE events of a 2xx event stream grow the decode
+// booking with output growth on, a status that describes the worker's
+// health marks it failed, the end completes the plan, once). What the EPP
+// adds: the endpoint a served-elsewhere report names is mapped to a worker
+// rank (a fallback of the pick, which marks the pick failed, or any worker
+// discovery knows there), and a booking that cannot move there is ended, so
+// that its load is not charged to a worker that is not doing the work. Every
+// worker marked failed is counted (kvselect_epp_workers_marked_failed_total)
+// and logged; the destination service then leaves it out of its picks for
+// its FailureEjection time.
 //
 // The extproc server calls FirstByte, Done and the Follower methods from the
 // request's goroutine; Done may also come from the signer's failure path in
-// Pick. The renewer reads progress and writes seen from its own goroutine;
-// sse is the request goroutine's alone.
+// Pick. The renewer calls the follower's Renew from its own goroutine.
 type flight struct {
-	r    *router
-	plan roles.Plan // its ID, and the decode leg's fallbacks
-
-	first, end sync.Once
-	// progress counts the response body chunks seen; the renewer's tick
-	// (the only user of seen) renews when it is still 0 (the worker
-	// prefills, or computes an answer it does not stream) or when it moved
-	// since the tick before.
-	progress atomic.Uint64
-	seen     uint64
-	sse      *httproute.SSECounter // a 2xx event stream's data lines, with output growth; nil otherwise
+	r      *router
+	plan   roles.Plan // its ID, and the decode leg's fallbacks
+	follow *lifecycle.Follower
 	// worker carries the booking: the pick, or the worker a served-elsewhere
-	// report moved it to; marked is set once a worker was reported failed.
-	// The request goroutine's alone.
+	// report moved it to; status is the response's. Both for the log lines,
+	// the request goroutine's alone.
 	worker string
-	marked bool
+	status int
 }
 
 var (
@@ -65,79 +52,81 @@ var (
 // newFlight starts following plan; with renewal on, the renewer holds it
 // until Done.
 func (r *router) newFlight(plan roles.Plan) *flight {
-	f := &flight{r: r, plan: plan, worker: plan.Decode.Worker}
-	if r.renew != nil {
-		r.renew.add(f)
+	fl := &flight{r: r, plan: plan, worker: plan.Decode.Worker}
+	var h lifecycle.Handle = plan
+	if r.handleOf != nil {
+		h = r.handleOf(plan)
 	}
-	return f
+	fl.follow, _ = lifecycle.NewFollower(h, lifecycle.Options{OutputGrowth: r.growth, Marked: fl.marked}) // never a nil Handle
+	if r.renew != nil {
+		r.renew.add(fl)
+	}
+	return fl
 }
 
-// FirstByte hands the plan off, once.
-func (f *flight) FirstByte() { f.first.Do(func() { _ = f.r.book.Handoff(f.plan.ID) }) }
+// FirstByte does nothing: the follower reports the first output from the
+// first body chunk, which ResponseBody passes it.
+func (fl *flight) FirstByte() {}
 
 // Done completes the plan, once, and stops renewing it.
-func (f *flight) Done() {
-	f.end.Do(func() {
-		if f.r.renew != nil {
-			f.r.renew.remove(f)
-		}
-		_ = f.r.book.Complete(f.plan.ID) // an unknown plan expired already: nothing to free
-	})
+func (fl *flight) Done() {
+	if fl.r.renew != nil {
+		fl.r.renew.remove(fl)
+	}
+	_ = fl.follow.Done() // a plan that expired already has nothing to free
 }
 
 // Served moves the booking to the worker the gateway served the request on.
-func (f *flight) Served(endpoint string) { f.r.rebook(f, endpoint) }
+func (fl *flight) Served(endpoint string) { fl.r.rebook(fl, endpoint) }
 
-// ResponseHeaders reports a failed worker for a status that says so, and
-// starts counting SSE events for a 2xx event stream when output growth is
-// on.
-func (f *flight) ResponseHeaders(status int, contentType string) {
-	if httproute.DefaultFailureStatus(status) {
-		f.markFailed(f.worker, failedStatus, "status", status)
-	}
-	if !f.r.growth || status < 200 || status > 299 {
-		return
-	}
-	if mt, _, err := mime.ParseMediaType(contentType); err == nil && mt == "text/event-stream" {
-		f.sse = &httproute.SSECounter{}
-	}
+// ResponseHeaders passes the status and content type on.
+func (fl *flight) ResponseHeaders(status int, contentType string) {
+	fl.status = status
+	fl.follow.Response(status, contentType)
 }
 
-// ResponseBody records progress and, for a counted stream, grows the
-// booking by the events generated so far.
-func (f *flight) ResponseBody(chunk []byte) {
-	f.progress.Add(1)
-	if f.sse != nil && f.sse.Scan(chunk) {
-		_ = f.r.book.Generated(f.plan.ID, f.sse.Events()) // a plan already gone has nothing to grow
-	}
+// ResponseBody passes a chunk on, and counts it.
+func (fl *flight) ResponseBody(chunk []byte) {
+	fl.r.m.chunk()
+	fl.follow.Body(chunk)
 }
 
-// rebook moves f's booking to the worker that served endpoint: a fallback
+// marked counts and logs a worker the follower marked failed.
+func (fl *flight) marked(c lifecycle.Cause, err error) {
+	fl.r.m.markedFailed(c.String())
+	attrs := []any{"plan", fl.plan.ID, "worker", fl.worker, "cause", c.String()}
+	if c == lifecycle.CauseStatus {
+		attrs = append(attrs, "status", fl.status)
+	}
+	if err != nil {
+		attrs = append(attrs, "err", err)
+	}
+	fl.r.log.Warn("worker marked failed: out of the picks for the failure ejection time", attrs...)
+}
+
+// rebook moves fl's booking to the worker that served endpoint: a fallback
 // of the pick, else any worker discovery knows on that endpoint (its first
 // rank). A served endpoint that is no known worker, or a worker the
-// destination role cannot book (not schedulable, another role), frees the
+// destination role cannot book (not schedulable, another role), ends the
 // booking: its load would be charged to a worker that is not doing the work.
-func (r *router) rebook(f *flight, endpoint string) {
-	to, known, fallback := r.rankAt(endpoint, f.plan.Decode.Fallbacks)
-	if fallback {
-		f.markFailed(f.plan.Decode.Worker, failedFallback, "served", endpoint)
-	}
+func (r *router) rebook(fl *flight, endpoint string) {
+	to, known, fallback := r.rankAt(endpoint, fl.plan.Decode.Fallbacks)
 	var err error
 	if known {
-		if err = r.book.Move(f.plan.ID, to); err == nil {
-			f.worker = to.Worker
+		if err = fl.follow.Served(to, fallback); err == nil {
+			fl.worker = to.Worker
 			r.m.rebooked(rebookMoved)
-			r.log.Info("booking moved to the served worker", "plan", f.plan.ID,
-				"picked", f.plan.Decode.Worker, "served", to.Worker, "rank", to.Rank, "endpoint", endpoint)
+			r.log.Info("booking moved to the served worker", "plan", fl.plan.ID,
+				"picked", fl.plan.Decode.Worker, "served", to.Worker, "rank", to.Rank, "endpoint", endpoint)
 			return
 		}
 		if errors.Is(err, roles.ErrUnknownPlan) || errors.Is(err, selection.ErrUnknownReservation) {
 			return // settled already (expired): nothing to move
 		}
 	}
-	f.Done()
+	fl.Done()
 	r.m.rebooked(rebookFreed)
-	attrs := []any{"plan", f.plan.ID, "picked", f.plan.Decode.Worker, "served", endpoint}
+	attrs := []any{"plan", fl.plan.ID, "picked", fl.plan.Decode.Worker, "served", endpoint}
 	if err != nil {
 		attrs = append(attrs, "err", err)
 	}
@@ -161,39 +150,23 @@ func (r *router) rankAt(endpoint string, fallbacks []selection.Fallback) (wr cat
 	return r.firstRank[id], true, false
 }
 
-// markFailed reports worker failed to the destination service, once per
-// request (see flight).
-func (f *flight) markFailed(worker, cause string, attrs ...any) {
-	if f.marked || worker == "" {
-		return
-	}
-	f.marked = true
-	err := f.r.loads.MarkFailed(worker)
-	f.r.m.markedFailed(cause)
-	attrs = append([]any{"plan", f.plan.ID, "worker", worker, "cause", cause}, attrs...)
-	if err != nil {
-		attrs = append(attrs, "err", err)
-	}
-	f.r.log.Warn("worker marked failed: out of the picks for the failure ejection time", attrs...)
-}
-
-// renewer renews, every interval, the leases of the plans in flight that
-// make progress (see flight.progress), so that a stream longer than the
-// lease keeps its booking to its end while one that went silent expires:
-// it is renewed at most once after its last chunk, so it expires within an
-// interval past its lease. It is safe for concurrent use; tick is called by
-// one goroutine at a time (run's, or a test's).
+// renewer ticks, every interval, the followers of the plans in flight
+// (lifecycle.Follower.Renew): one that makes progress, or has not started
+// its body, is renewed, so that a stream longer than the lease keeps its
+// booking to its end while one that went silent expires: it is renewed at
+// most once after its last chunk, so it expires within an interval past its
+// lease. It is safe for concurrent use; tick is called by one goroutine at a
+// time (run's, or a test's), which makes it the followers' one Renew caller.
 type renewer struct {
-	book booker
-	m    *routerMetrics
+	m *routerMetrics
 
 	mu   sync.Mutex
 	live map[*flight]struct{}
 	buf  []*flight // tick's scratch
 }
 
-func newRenewer(book booker, m *routerMetrics) *renewer {
-	return &renewer{book: book, m: m, live: map[*flight]struct{}{}}
+func newRenewer(m *routerMetrics) *renewer {
+	return &renewer{m: m, live: map[*flight]struct{}{}}
 }
 
 func (w *renewer) add(f *flight) {
@@ -219,14 +192,11 @@ func (w *renewer) tick() (renewed, stalled int) {
 	}
 	w.mu.Unlock()
 	for _, f := range w.buf {
-		p := f.progress.Load()
-		if p != 0 && p == f.seen {
-			stalled++
-			continue
-		}
-		f.seen = p
-		if w.book.Renew(f.plan.ID) == nil {
+		switch r, s := f.follow.Renew(); {
+		case r:
 			renewed++
+		case s:
+			stalled++
 		}
 	}
 	clear(w.buf)

@@ -101,17 +101,9 @@ func (r *flightRig) busy() []string {
 // sweeper and the EPP's plan loop do.
 func (r *flightRig) expire() { r.svc().ExpireReservations(); r.e.pairs.Expire() }
 
-// chunks returns the response body chunks the EPP has seen of the requests
-// in flight.
-func (r *flightRig) chunks() uint64 {
-	w := r.e.router.renew
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var n uint64
-	for f := range w.live {
-		n += f.progress.Load()
-	}
-	return n
+// chunks returns the response body chunks the EPP has followed.
+func (r *flightRig) chunks(t *testing.T) uint64 {
+	return uint64(counterValue(t, r.e, "kvselect_epp_response_chunks_total", nil))
 }
 
 // flightReq is one request whose upstream answer the test writes itself:
@@ -174,7 +166,7 @@ func (r *flightRig) write(t *testing.T, fr *flightReq, s string, want uint64) {
 	t.Helper()
 	_, err := io.WriteString(fr.w, s)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return r.chunks() >= want }, 10*time.Second, time.Millisecond, "chunk %d seen", want)
+	require.Eventually(t, func() bool { return r.chunks(t) >= want }, 10*time.Second, time.Millisecond, "chunk %d seen", want)
 }
 
 // end ends the upstream answer and waits for the exchange to end.

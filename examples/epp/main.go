@@ -273,7 +273,7 @@ func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure f
 	e.router.tracer, e.router.log = tracer, logger
 	e.router.m = newRouterMetrics(e.reg)
 	if cfg.RenewInterval > 0 {
-		e.router.renew = newRenewer(e.pairs, e.router.m)
+		e.router.renew = newRenewer(e.router.m)
 	}
 	if cfg.PDHintKey != nil {
 		e.router.signer = &hintSigner{key: cfg.PDHintKey, ttl: cfg.PDHintTTL, now: time.Now}
@@ -305,6 +305,9 @@ func buildEPP(ctx context.Context, cfg *config, logger *slog.Logger, configure f
 func (e *epp) close() {
 	if e.rep != nil { // before the services: a Replicator frees its peers' bookings there
 		e.rep.closeReplicators()
+	}
+	if e.pairs != nil {
+		e.pairs.Close()
 	}
 	if e.rs != nil {
 		_ = e.rs.Close()
@@ -541,7 +544,6 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		return nil
 	})
 	g.Go(func() error { return src.Run(gctx, e.apply) })
-	g.Go(func() error { e.expirePlans(gctx, time.Second); return nil })
 	if e.router.renew != nil {
 		g.Go(func() error { tickEvery(gctx, cfg.RenewInterval, func() { e.router.renew.tick() }); return nil })
 	}
@@ -579,18 +581,6 @@ func (e *epp) metricsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{}))
 	return mux
-}
-
-// expirePlans settles, every interval until ctx is done, the plans whose
-// lease passed: requests whose stream never ended (an Envoy that died
-// mid-request), whose reservations would otherwise count as load until their
-// own leases ran out.
-func (e *epp) expirePlans(ctx context.Context, every time.Duration) {
-	tickEvery(ctx, every, func() {
-		if n := e.pairs.Expire(); n > 0 {
-			e.logger.Warn("plans expired: their requests never ended", "plans", n)
-		}
-	})
 }
 
 // selfSignedCert makes the certificate the ext_proc port serves with when secure

@@ -10,6 +10,7 @@ import (
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
 	"github.com/kvselect/kvselect/kvindex/kvevents"
+	"github.com/kvselect/kvselect/lifecycle"
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
@@ -341,14 +342,8 @@ type routerMetrics struct {
 	failed     *prometheus.CounterVec
 	renewed    prometheus.Counter
 	stalled    prometheus.Counter
+	chunks     prometheus.Counter
 }
-
-// Causes of a worker marked failed (kvselect_epp_workers_marked_failed_total's
-// cause label).
-const (
-	failedStatus   = "status"   // the response's status describes the worker's health (5xx)
-	failedFallback = "fallback" // the gateway served the request on one of the pick's fallbacks
-)
 
 // Results of a rebooking (kvselect_epp_rebookings_total's result label).
 const (
@@ -372,20 +367,29 @@ func newRouterMetrics(reg prometheus.Registerer) *routerMetrics {
 		stalled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvselect_epp_lease_renewal_stalls_total", Help: "Renewal ticks skipped because the plan's response sent nothing since the last tick (a stalled stream expires at its lease).",
 		}),
+		chunks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvselect_epp_response_chunks_total", Help: "Response body chunks the EPP followed (ext_proc response body messages with bytes): the progress lease renewal reads, and output growth's input.",
+		}),
 	}
 	for _, r := range []string{rebookMoved, rebookFreed} {
 		m.rebookings.WithLabelValues(r) // exported at 0 from the start
 	}
-	for _, c := range []string{failedStatus, failedFallback} {
-		m.failed.WithLabelValues(c)
+	for _, c := range []lifecycle.Cause{lifecycle.CauseStatus, lifecycle.CauseFallback} { // the EPP sees no upstream error: Envoy answers 503
+		m.failed.WithLabelValues(c.String())
 	}
-	reg.MustRegister(m.rebookings, m.failed, m.renewed, m.stalled)
+	reg.MustRegister(m.rebookings, m.failed, m.renewed, m.stalled, m.chunks)
 	return m
 }
 
 func (m *routerMetrics) markedFailed(cause string) {
 	if m != nil {
 		m.failed.WithLabelValues(cause).Inc()
+	}
+}
+
+func (m *routerMetrics) chunk() {
+	if m != nil {
+		m.chunks.Inc()
 	}
 }
 

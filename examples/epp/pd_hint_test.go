@@ -102,6 +102,7 @@ func TestRouterSignsPrefillHints(t *testing.T) {
 	pick := func(b *pairBooker, s *hintSigner) (extproc.Pick, error) {
 		b.complete = map[string]int{}
 		r := newRouter("m", fakeTok{}, b, &fakeSvc{})
+		r.handleOf = handlesOf(b)
 		r.signer = s
 		return r.Pick(context.Background(), extproc.PickRequest{Path: "/v1/completions?trace=1", Body: body})
 	}

@@ -170,8 +170,8 @@ func TestDisaggregatedReservationLifecycle(t *testing.T) {
 }
 
 // TestDisaggregatedPlanExpiry: a plan whose stream never ends (an Envoy that
-// died mid-request and never reset the stream) is settled by the EPP's expiry
-// loop once its lease has passed, and its reservations freed; when the stream
+// died mid-request and never reset the stream) is settled by the pair
+// booker's sweeper (every second) once its lease has passed, and its reservations freed; when the stream
 // ends after all, nothing is freed twice.
 func TestDisaggregatedPlanExpiry(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -185,10 +185,6 @@ func TestDisaggregatedPlanExpiry(t *testing.T) {
 	defer rig.close()
 	conn, client := rig.dial(t)
 	defer conn.Close()
-	loopCtx, stopLoop := context.WithCancel(ctx)
-	looped := make(chan struct{})
-	go func() { defer close(looped); rig.e.expirePlans(loopCtx, 10*time.Millisecond) }()
-	defer func() { stopLoop(); <-looped }()
 	_, workload := pdTestWorkload(2)
 
 	for i, handedOff := range []bool{false, true} {

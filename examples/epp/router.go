@@ -19,6 +19,7 @@ import (
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
+	"github.com/kvselect/kvselect/lifecycle"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
@@ -35,21 +36,15 @@ const (
 // topologies (in aggregated mode it books one aggregated worker per plan).
 type booker interface {
 	Book(ctx context.Context, req selection.Request) (roles.Plan, error)
-	Handoff(planID string) error
-	Complete(planID string) error
-	Renew(planID string) error
-	Generated(planID string, tokens int) error
-	Move(planID string, to catalog.WorkerRank) error
 	Scores(ctx context.Context, req selection.Request) ([]selection.Scored, error)
 }
 
 var _ booker = (*roles.PairBooker)(nil)
 
 // destination is the destination role's service: its loads, for body-less
-// requests, and the failure feedback of the responses (see flight).
+// requests.
 type destination interface {
 	Loads(model string) []selection.WorkerLoad
-	MarkFailed(id string) error
 }
 
 // router is the extproc.Picker of the EPP: it tokenizes the request with the
@@ -84,6 +79,10 @@ type router struct {
 	// tracer traces picks (tokenize, and the decisions through the
 	// services' Tracer); nil when tracing is off.
 	tracer trace.Tracer
+	// handleOf is the handle a booked plan is settled through: nil for the
+	// plan itself (a roles.Plan is a lifecycle.Handle); the tests' fake
+	// bookers give their own.
+	handleOf func(roles.Plan) lifecycle.Handle
 	// m counts rebookings and renewals; nil records nothing.
 	m *routerMetrics
 	// log reports rebookings. Default: discard.

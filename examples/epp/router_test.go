@@ -14,6 +14,7 @@ import (
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/discovery"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
+	"github.com/kvselect/kvselect/lifecycle"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
@@ -34,15 +35,34 @@ func (f fakeTok) Tokenize(_ context.Context, req tokenize.Request) (tokenize.Res
 	return tokenize.Result{Tokens: toks}, nil
 }
 
-// progressless gives a test booker the calls on a plan in flight, as no-ops.
+// progressless gives a test booker the advisory scores, as none.
 type progressless struct{}
 
-func (progressless) Renew(string) error                    { return nil }
-func (progressless) Generated(string, int) error           { return nil }
-func (progressless) Move(string, catalog.WorkerRank) error { return nil }
-func (progressless) MarkFailed(string) error               { return nil }
 func (progressless) Scores(context.Context, selection.Request) ([]selection.Scored, error) {
 	return nil, nil
+}
+
+// settles is a fake booker's record of its plans' settles, by plan id.
+type settles interface {
+	Handoff(id string) error
+	Complete(id string) error
+}
+
+// fakeHandle settles a fake booker's plan through its record; the calls on
+// a plan in flight are no-ops.
+type fakeHandle struct {
+	s  settles
+	id string
+}
+
+func (h fakeHandle) PrefillComplete() error      { return h.s.Handoff(h.id) }
+func (h fakeHandle) Done() error                 { return h.s.Complete(h.id) }
+func (fakeHandle) Renew() error                  { return nil }
+func (fakeHandle) Generated(int) error           { return nil }
+func (fakeHandle) Move(catalog.WorkerRank) error { return nil }
+func (fakeHandle) MarkFailed() error             { return nil }
+func handlesOf(s settles) func(roles.Plan) lifecycle.Handle {
+	return func(p roles.Plan) lifecycle.Handle { return fakeHandle{s: s, id: p.ID} }
 }
 
 type fakeSvc struct {
@@ -81,6 +101,7 @@ func (f *fakeSvc) Loads(string) []selection.WorkerLoad { return f.loads }
 
 func newTestRouter(svc *fakeSvc, tok tokenize.Tokenizer) *router {
 	r := newRouter("m", tok, svc, svc)
+	r.handleOf = handlesOf(svc)
 	r.setWorkers([]catalog.Worker{
 		{ID: "a", Endpoint: "10.0.0.1:8000"}, {ID: "b", Endpoint: "10.0.0.2:8000"}, {ID: "c", Endpoint: "10.0.0.2:9000"},
 		{ID: "v6", Endpoint: "[fd00::1]:8000"}, {ID: "named", Endpoint: "pod.example:8000"},
@@ -98,7 +119,9 @@ func TestRouterPickAndSettle(t *testing.T) {
 	require.Equal(t, selection.Priority{Tier: 1, Jump: 2.5}, svc.last.Priority)
 	require.Len(t, svc.last.Tokens, 5)
 	require.Nil(t, svc.last.Allowed)
-	// Settling is idempotent and concurrent-safe.
+	// The first chunk hands off; the end is once, from any goroutine.
+	p.Settle.(extproc.Follower).ResponseBody([]byte("x"))
+	p.Settle.(extproc.Follower).ResponseBody([]byte("y"))
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Add(1)
