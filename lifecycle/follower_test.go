@@ -107,8 +107,8 @@ func TestFollowCountsOnlyAStream(t *testing.T) {
 // first output. A 4xx, 501 and 505 are the request's answer, not the
 // worker's health.
 func TestFollowAFailureStatus(t *testing.T) {
-	for code, want := range map[int]bool{500: true, 502: true, 503: true, 504: true, 599: true,
-		501: false, 505: false, 400: false, 404: false, 429: false, 200: false, 0: false} {
+	for code, want := range map[int]bool{500: true, 502: true, 503: true, 504: true, 507: true, 599: true,
+		501: false, 505: false, 400: false, 404: false, 413: false, 429: false, 499: false, 200: false, 0: false, 600: false} {
 		require.Equal(t, want, lifecycle.FailureStatus(code), "status %d", code)
 	}
 	f, h, causes := follow(t, lifecycle.Options{})
@@ -194,4 +194,24 @@ func TestFollowDoneOnce(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, n)
+}
+
+// Data lines are counted wherever the chunks split them, and only at the
+// start of a line.
+func TestFollowCountsDataLinesAcrossChunks(t *testing.T) {
+	stream := "data: a\n\n: comment data: no\n\nevent: x\ndata: b\ndata:c\n\nid: 1 data:\ndata: [DONE]\n\n"
+	for split := 1; split < len(stream); split++ {
+		f, h, _ := follow(t, lifecycle.Options{OutputGrowth: true})
+		f.Response(200, "text/event-stream")
+		f.Body([]byte(stream[:split]))
+		f.Body([]byte(stream[split:]))
+		calls := h.take()
+		require.Equal(t, "generated ||||", calls[len(calls)-1], "split at %d", split)
+	}
+	f, h, _ := follow(t, lifecycle.Options{OutputGrowth: true})
+	f.Response(200, "text/event-stream")
+	f.Body([]byte("dat"))
+	f.Body([]byte("a: x"))
+	f.Body([]byte(" more data: not a line start\n"))
+	require.Equal(t, []string{"prefill", "generated |"}, h.take())
 }

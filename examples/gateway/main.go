@@ -145,7 +145,7 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 	if a := g.svc.EventBindAddr(); a != nil {
 		logger.Info("kv events: bound for engines that dial out", "addr", a.String())
 	}
-	g.router, err = httproute.New(httproute.Options{Service: g.svc, Tokenizer: g.cache, MaxBodyBytes: cfg.MaxBodyBytes,
+	g.router, err = httproute.New(httproute.Options{Service: httproute.Single(g.svc), Tokenizer: g.cache, MaxBodyBytes: cfg.MaxBodyBytes,
 		BodyTimeout: cfg.BodyTimeout, MaxInflight: cfg.MaxInflight, MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger,
 		OutputGrowth: cfg.Cost == selection.CostPredictive})
 	if err != nil {

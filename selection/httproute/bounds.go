@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
 )
 
@@ -28,15 +27,15 @@ func (r *Router) Inflight() int { return int(r.inflight.Load()) }
 // admit reads, tokenizes and books the request in one of the MaxInflight
 // slots, which it leaves when it returns, panicking or not. body is nil when
 // the body was not read to its end (the slot was refused, or the read failed).
-func (r *Router) admit(w http.ResponseWriter, req *http.Request) ([]byte, *selection.Booking, error) {
+func (r *Router) admit(w http.ResponseWriter, req *http.Request) ([]byte, Booked, error) {
 	if r.inflight.Add(1) > int64(r.opts.MaxInflight) {
 		r.inflight.Add(-1)
-		return nil, nil, fmt.Errorf("%w: %d requests are being read, tokenized or booked (MaxInflight)", ErrOverloaded, r.opts.MaxInflight)
+		return nil, Booked{}, fmt.Errorf("%w: %d requests are being read, tokenized or booked (MaxInflight)", ErrOverloaded, r.opts.MaxInflight)
 	}
 	defer r.inflight.Add(-1)
 	body, err := r.readBody(w, req)
 	if err != nil {
-		return nil, nil, err
+		return nil, Booked{}, err
 	}
 	b, err := r.book(req, body)
 	return body, b, err

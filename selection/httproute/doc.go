@@ -3,7 +3,7 @@
 // with the selection service and proxies the request there through
 // net/http/httputil.ReverseProxy, settling the booking as the answer streams.
 //
-//	router, err := httproute.New(httproute.Options{Service: svc, Tokenizer: cache})
+//	router, err := httproute.New(httproute.Options{Service: httproute.Single(svc), Tokenizer: cache})
 //	mux.Handle("POST /v1/chat/completions", router)
 //
 // # Request path
@@ -29,12 +29,19 @@
 //     given the same bound refuses them before it stores them).
 //  5. A selection.Request is built (Model: Options.Model, else the body's
 //     "model"; Tokens; CacheSalt; LoRAName; ExpectedOutputTokens), adjusted by
-//     Options.Prepare, and booked with Service.Book.
-//  6. The ReverseProxy's Rewrite points the request at the Booking's Endpoint
-//     (Options.Scheme), sets X-Forwarded-For/-Host/-Proto, and removes the
-//     hop-by-hop headers and the routing headers a client could forge
-//     (x-gateway-destination-endpoint and its subset, served and scores
-//     forms, x-prefiller-host-port, Dynamo's worker and rank headers, ...).
+//     Options.Prepare, and booked with Service.Book: Single books one worker
+//     of a selection service, Pairs a prefill/decode plan of a
+//     roles.PairBooker (one worker in aggregated mode).
+//  6. The ReverseProxy's Rewrite points the request at the booking's
+//     Endpoint (Options.Scheme), sets X-Forwarded-For/-Host/-Proto, and
+//     removes the hop-by-hop headers and the routing headers a client could
+//     forge (x-gateway-destination-endpoint and its subset, served and scores
+//     forms, x-prefiller-host-port, Dynamo's worker and rank headers, ...). A
+//     plan's prefill worker then goes to the destination as
+//     x-prefiller-host-port, for the decode sidecar in front of it
+//     (examples/pdsidecar), which runs the prefill leg there. The hint is not
+//     signed: a sidecar that requires signed hints takes them from the
+//     reference EPP only.
 //  7. The answer is streamed back; server-sent events and answers without a
 //     length are flushed chunk by chunk (the ReverseProxy's rule).
 //
@@ -52,8 +59,10 @@
 //
 // # Settling a booking
 //
-// The response body is wrapped when the upstream's headers arrive
-// (ModifyResponse), and the wrapper's reads settle the booking:
+// The booking's Handle is driven by a lifecycle.Follower, as the reference
+// EPP drives its plans. The response body is wrapped when the upstream's
+// headers arrive (ModifyResponse), and the wrapper's reads settle the
+// booking:
 //
 //   - PrefillComplete at the first Read that returns bytes, for a 2xx answer
 //     only (an error answer is no first output, and must not feed the
@@ -74,7 +83,7 @@
 //
 // With Options.OutputGrowth, a 2xx event stream (text/event-stream) grows its
 // booking as it runs: each data line is one generated token
-// (Booking.Generated), so the worker's active blocks, and its decode cost,
+// (Handle.Generated), so the worker's active blocks, and its decode cost,
 // follow a long generation.
 //
 // Done is also called when the client goes away (the request context's
@@ -93,8 +102,8 @@
 //
 // A transport error while the client is still there (the connection refused
 // or reset, the answer cut short) and an upstream status for which
-// Options.FailureStatus is true (DefaultFailureStatus: 5xx except 501 and
-// 505) call Service.MarkFailed for the worker, at most once per request: the
+// Options.FailureStatus is true (lifecycle.FailureStatus: 5xx except 501 and
+// 505) mark the worker failed (Handle.MarkFailed), at most once per request: the
 // service stops picking it for its FailureEjection time and forgets the
 // approximate affinity that would pull requests back to it. A client's cancel
 // or an expired deadline never marks a worker.
@@ -119,7 +128,7 @@
 // on: the ReverseProxy calls Rewrite, ModifyResponse, ErrorHandler and the
 // body's Read and Close there, so that state needs no lock. The settle (which
 // the AfterFunc may run) and the renewals are guarded by a sync.Once, an
-// atomic flag and a mutex; a selection.Booking is safe for concurrent use.
+// atomic flag and a mutex; a Handle is safe for concurrent use.
 // The transport the Router makes keeps idle connections, which
 // CloseIdleConnections releases. Options.Prepare and the Service are called
 // concurrently. The in-flight slots are an atomic count and the refusal log's

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/httproute"
 	"github.com/kvselect/kvselect/tokenize"
@@ -51,7 +52,7 @@ func Example() {
 	}
 	defer svc.Close()
 
-	router, err := httproute.New(httproute.Options{Service: svc, Tokenizer: promptBytes{}})
+	router, err := httproute.New(httproute.Options{Service: httproute.Single(svc), Tokenizer: promptBytes{}})
 	if err != nil {
 		panic(err)
 	}
@@ -86,4 +87,62 @@ func Example() {
 	// engine-a active requests: 0
 	// engine-b active requests: 0
 	// bookings: 2 freed: 2
+}
+
+// Prefill/decode serving: Pairs books each request on a prefill worker and
+// a decode worker of a roles.PairBooker. The request goes to the decode
+// worker, whose sidecar (examples/pdsidecar) reads the prefill worker from
+// x-prefiller-host-port and runs the prefill leg there; the end of the
+// answer settles both legs.
+func ExamplePairs() {
+	ctx := context.Background()
+	decode := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = fmt.Fprintf(w, `{"prefilled_on":%q}`, r.Header.Get("x-prefiller-host-port"))
+	}))
+	defer decode.Close()
+
+	rs, err := roles.New(ctx, roles.RoleOptions{
+		Mode: roles.ModeDisaggregated, Base: selection.DefaultConfig(4),
+		Configure: func(_ roles.Role, b *selection.SelectionServiceBuilder) { b.ExternalEvents() },
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer rs.Close()
+	role := func(r string) map[string]string { return map[string]string{roles.DefaultRoleLabel: r} }
+	if _, err := rs.Reconcile([]catalog.Worker{
+		{ID: "prefill-0", Endpoint: "10.0.0.1:8000", DPSize: 1, BlockSize: 4, Labels: role("prefill")},
+		{ID: "decode-0", Endpoint: decode.Listener.Addr().String(), DPSize: 1, BlockSize: 4, Labels: role("decode")},
+	}); err != nil {
+		panic(err)
+	}
+	pairs, err := roles.NewPairBooker(rs, roles.BookerOptions{})
+	if err != nil {
+		panic(err)
+	}
+	defer pairs.Close()
+
+	router, err := httproute.New(httproute.Options{Service: httproute.Pairs(pairs), Tokenizer: promptBytes{}})
+	if err != nil {
+		panic(err)
+	}
+	defer router.CloseIdleConnections()
+	gateway := httptest.NewServer(router)
+	defer gateway.Close()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+
+	resp, err := client.Post(gateway.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"default","prompt":"Hello there"}`))
+	if err != nil {
+		panic(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Println(resp.Status, string(answer))
+	st := pairs.Stats().Plans
+	fmt.Println("plans completed:", st.Completed, "active:", st.Active)
+	// Output:
+	// 200 OK {"prefilled_on":"10.0.0.1:8000"}
+	// plans completed: 1 active: 0
 }

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/lifecycle"
 )
 
 // outcome is how an exchange ended, for Stats.
@@ -27,25 +27,31 @@ func exchangeOf(ctx context.Context) *exchange {
 	return ctx.Value(exchangeKey{}).(*exchange) // set by ServeHTTP on every request the proxy sees
 }
 
-// exchange is one booked request on its way through the proxy. settle may run
-// on the context's AfterFunc goroutine and renewals on the renewal timer's;
-// everything else runs on the request's goroutine (the proxy calls Rewrite,
-// ModifyResponse, ErrorHandler and the body on it).
+// exchange is one booked request on its way through the proxy, its booking
+// driven by a lifecycle.Follower. settle may run on the context's AfterFunc
+// goroutine and renewals on the renewal timer's; everything else runs on the
+// request's goroutine (the proxy calls Rewrite, ModifyResponse, ErrorHandler
+// and the body on it).
 type exchange struct {
 	r   *Router
-	b   *selection.Booking
+	b   Booked
+	f   *lifecycle.Follower
 	ctx context.Context // the client's request context
+	why string          // the failure the follower is told of, for its log line; the request goroutine's
 
 	once    sync.Once
 	settled atomic.Bool
-	marked  atomic.Bool
 
 	mu    sync.Mutex  // guards renew against a concurrent Reset and Stop
 	renew *time.Timer // nil when renewal is off
-	// progress counts the body reads that returned bytes; renewTick (the only
-	// reader of seen) renews after the first one only when it moved.
-	progress atomic.Uint64
-	seen     uint64
+}
+
+func (r *Router) newExchange(ctx context.Context, b Booked) *exchange {
+	ex := &exchange{r: r, b: b, ctx: ctx}
+	ex.f, _ = lifecycle.NewFollower(b.Handle, lifecycle.Options{ // Book checked the Handle
+		OutputGrowth: r.opts.OutputGrowth, FailureStatus: r.opts.FailureStatus, Marked: ex.marked,
+	})
+	return ex
 }
 
 // startRenewal arms the renewal timer (RenewInterval > 0).
@@ -57,20 +63,18 @@ func (ex *exchange) startRenewal() {
 	}
 }
 
-// renewTick renews the lease, while no body byte has come (the worker
-// prefills, or computes an answer it does not stream) or when body bytes came
-// since the last tick, and re-arms the timer, until the exchange is settled.
-// A stream that went silent is not renewed: it expires at its lease.
+// renewTick renews the lease through the follower (while no body byte has
+// come, or when body bytes came since the last tick) and re-arms the timer,
+// until the exchange is settled. A stream that went silent is not renewed:
+// it expires at its lease.
 func (ex *exchange) renewTick() {
 	if ex.settled.Load() {
 		return
 	}
-	if p := ex.progress.Load(); p == 0 || p != ex.seen {
-		ex.seen = p
-		if ex.b.Renew() == nil {
-			ex.r.st.renewals.Add(1)
-		}
-	} else {
+	switch renewed, stalled := ex.f.Renew(); {
+	case renewed:
+		ex.r.st.renewals.Add(1)
+	case stalled:
 		ex.r.st.stalls.Add(1)
 	}
 	ex.mu.Lock()
@@ -80,7 +84,7 @@ func (ex *exchange) renewTick() {
 	ex.mu.Unlock()
 }
 
-// settle frees the booking, once, stops the renewals and counts how the
+// settle ends the booking, once, stops the renewals and counts how the
 // exchange ended.
 func (ex *exchange) settle(o outcome) {
 	ex.once.Do(func() {
@@ -90,7 +94,7 @@ func (ex *exchange) settle(o outcome) {
 			ex.renew.Stop()
 		}
 		ex.mu.Unlock()
-		_ = ex.b.Done() // an error means the booking was already gone (lease, worker deleted): nothing to do
+		_ = ex.f.Done() // an error means the booking was already gone (lease, worker deleted): nothing to do
 		st := &ex.r.st
 		st.done.Add(1)
 		switch o {
@@ -98,7 +102,7 @@ func (ex *exchange) settle(o outcome) {
 			st.ended.Add(1)
 		case outcomeCanceled:
 			st.canceled.Add(1)
-			ex.r.log.Debug("httproute: client left", slog.String("worker", ex.b.Worker), slog.String("reservation", ex.b.ReservationID))
+			ex.r.log.Debug("httproute: client left", slog.String("worker", ex.b.Worker), slog.String("booking", ex.b.ID))
 		case outcomeFailed:
 			st.failed.Add(1)
 		default:
@@ -116,25 +120,21 @@ func (ex *exchange) endOutcome() outcome {
 	return outcomeAborted
 }
 
-// markFailed reports the worker to the service, at most once per exchange.
-func (ex *exchange) markFailed(why string) {
-	if ex.marked.Swap(true) {
-		return
-	}
+// fail tells the follower the worker failed the request on the wire.
+func (ex *exchange) fail(why string) {
+	ex.why = why
+	ex.f.Fail()
+}
+
+// marked counts and logs a worker the follower marked failed (at most once
+// per exchange).
+func (ex *exchange) marked(_ lifecycle.Cause, err error) {
 	ex.r.st.markedFailed.Add(1)
-	err := ex.r.opts.Service.MarkFailed(ex.b.Worker)
-	attrs := []any{slog.String("worker", ex.b.Worker), slog.String("endpoint", ex.b.Endpoint), slog.String("cause", why)}
+	attrs := []any{slog.String("worker", ex.b.Worker), slog.String("endpoint", ex.b.Endpoint), slog.String("cause", ex.why)}
 	if err != nil {
 		attrs = append(attrs, slog.String("mark_error", err.Error()))
 	}
 	ex.r.log.Warn("httproute: worker failed a request; marked failed", attrs...)
-}
-
-// firstByte reports the first body byte of a successful answer.
-func (ex *exchange) firstByte() {
-	if ex.b.PrefillComplete() == nil {
-		ex.r.st.firstBytes.Add(1)
-	}
 }
 
 // settleBody is the upstream response body as the proxy reads it: its first
@@ -143,25 +143,15 @@ func (ex *exchange) firstByte() {
 // answer finds the booking done.
 type settleBody struct {
 	io.ReadCloser
-	ex      *exchange
-	left    int64 // bytes still expected; negative when the length is unknown
-	success bool  // a 2xx answer
-	started bool
-	sse     *SSECounter // a 2xx event stream's data lines; nil otherwise
+	ex   *exchange
+	left int64 // bytes still expected; negative when the length is unknown
 }
 
 func (b *settleBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 {
-		b.ex.progress.Add(1)
-		if !b.started {
-			b.started = true
-			if b.success {
-				b.ex.firstByte()
-			}
-		}
-		if b.sse != nil && b.sse.Scan(p[:n]) {
-			_ = b.ex.b.Generated(b.sse.Events()) // gone already: nothing to grow
+		if b.ex.f.Body(p[:n]) {
+			b.ex.r.st.firstBytes.Add(1)
 		}
 		if b.left >= 0 {
 			if b.left -= int64(n); b.left <= 0 {
@@ -177,7 +167,7 @@ func (b *settleBody) Read(p []byte) (int, error) {
 	case err != nil:
 		// The worker cut its answer short while the client was still there.
 		b.ex.r.st.upstreamErrors.Add(1)
-		b.ex.markFailed("response body: " + err.Error())
+		b.ex.fail("response body: " + err.Error())
 		b.ex.settle(outcomeFailed)
 	}
 	return n, err
@@ -190,39 +180,3 @@ func (b *settleBody) Close() error {
 	b.ex.settle(b.ex.endOutcome())
 	return err
 }
-
-// SSECounter counts the data lines of a server-sent event stream ("data:" at
-// the start of a line) across reads that may split a line anywhere. An
-// OpenAI-compatible engine streams one chunk per generated token (more with
-// speculative decoding, which the count then under-reports), so the count is
-// the tokens generated so far (the final "data: [DONE]" adds one, less than a
-// block): what Booking.Generated takes. The Router counts with it; the
-// reference EPP counts ext_proc response body chunks with it. The zero value
-// is ready; it is not safe for concurrent use.
-type SSECounter struct {
-	col     int // bytes into the current line
-	matched int // bytes of "data:" matched at its start
-	events  int
-}
-
-// Scan counts p's data lines and reports whether it found one.
-func (c *SSECounter) Scan(p []byte) bool {
-	const field = "data:"
-	before := c.events
-	for _, ch := range p {
-		if ch == '\n' {
-			c.col, c.matched = 0, 0
-			continue
-		}
-		if c.col == c.matched && c.matched < len(field) && ch == field[c.matched] {
-			if c.matched++; c.matched == len(field) {
-				c.events++
-			}
-		}
-		c.col++
-	}
-	return c.events != before
-}
-
-// Events is the data lines counted so far.
-func (c *SSECounter) Events() int { return c.events }

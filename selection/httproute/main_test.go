@@ -91,7 +91,7 @@ func newEnv(t *testing.T, o envOptions) *testEnv {
 	}
 	opts := o.router
 	if opts.Service == nil {
-		opts.Service = svc
+		opts.Service = httproute.Single(svc)
 	}
 	if opts.Tokenizer == nil {
 		opts.Tokenizer = byteTokens

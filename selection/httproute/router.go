@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvselect/kvselect/lifecycle"
+	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
 )
@@ -36,19 +38,65 @@ const (
 	DefaultMaxIdleConnsPerHost = 64
 )
 
-// Service is what a Router needs of the selection service. A
-// *selection.SelectionService implements it; a caller may wrap one (to count,
-// to log, to book on a role's service).
+// Service books the requests a Router routes. Single books one worker of a
+// selection service, Pairs a prefill/decode plan (or one worker) of a
+// roles.PairBooker; a caller may wrap either (to count, to log, to restrict).
+// It is called concurrently.
 type Service interface {
-	// Book picks a worker for the request and books it (see
-	// selection.SelectionService.Book).
-	Book(ctx context.Context, req selection.Request) (*selection.Booking, error)
-	// MarkFailed reports that a worker failed a request: the service stops
-	// picking it for a while (see selection.SelectionService.MarkFailed).
-	MarkFailed(workerID string) error
+	// Book picks where the request goes and books it.
+	Book(ctx context.Context, req selection.Request) (Booked, error)
 }
 
-var _ Service = (*selection.SelectionService)(nil)
+// Booked is a request a Service booked: where it goes, and the handle the
+// Router settles it through (with a lifecycle.Follower).
+type Booked struct {
+	// Handle settles the booking. Required.
+	Handle lifecycle.Handle
+	// Endpoint is the destination, host:port. Required.
+	Endpoint string
+	// Prefiller is the prefill worker's endpoint of a prefill/decode plan:
+	// the Router sends it to the destination's decode sidecar as
+	// x-prefiller-host-port. Empty when the destination prefills the prompt
+	// itself.
+	Prefiller string
+	// Worker and ID name the destination worker and the booking (a
+	// reservation or plan id), for the log.
+	Worker, ID string
+}
+
+// Single is the Service that books one worker of svc per request
+// (selection.SelectionService.Book).
+func Single(svc *selection.SelectionService) Service { return single{svc} }
+
+type single struct{ svc *selection.SelectionService }
+
+func (s single) Book(ctx context.Context, req selection.Request) (Booked, error) {
+	b, err := s.svc.Book(ctx, req)
+	if err != nil {
+		return Booked{}, err
+	}
+	return Booked{Handle: b, Endpoint: b.Endpoint, Worker: b.Worker, ID: b.ReservationID}, nil
+}
+
+// Pairs is the Service that books each request with pb: a prefill worker
+// and a decode worker in disaggregated mode (the request goes to the decode
+// worker, whose sidecar runs the prefill leg), one worker in aggregated
+// mode (roles.PairBooker.Book).
+func Pairs(pb *roles.PairBooker) Service { return pairs{pb} }
+
+type pairs struct{ pb *roles.PairBooker }
+
+func (p pairs) Book(ctx context.Context, req selection.Request) (Booked, error) {
+	plan, err := p.pb.Book(ctx, req)
+	if err != nil {
+		return Booked{}, err
+	}
+	b := Booked{Handle: plan, Endpoint: plan.Destination(), Worker: plan.Decode.Worker, ID: plan.ID}
+	if hint, ok := plan.PrefillHint(); ok {
+		b.Prefiller = hint
+	}
+	return b, nil
+}
 
 // Options configure a Router. The zero value of every field but Service and
 // Tokenizer means the documented default; New copies the struct and never
@@ -112,13 +160,14 @@ type Options struct {
 	// response-header timeout: a prefill can take minutes.
 	Transport http.RoundTripper
 	// FailureStatus reports whether an upstream status means the worker
-	// failed, in which case the Router calls Service.MarkFailed for it (the
-	// answer still goes to the client as it is). Transport errors (connection
-	// refused or reset, a response cut short) always mark the worker failed,
-	// unless the client left first. Default DefaultFailureStatus.
+	// failed, in which case the Router marks it failed (Handle.MarkFailed;
+	// the answer still goes to the client as it is). Transport errors
+	// (connection refused or reset, a response cut short) always mark the
+	// worker failed, unless the client left first. Default
+	// lifecycle.FailureStatus.
 	FailureStatus func(code int) bool
 	// RenewInterval is how often a request in flight renews its booking's
-	// lease (selection.Booking.Renew), from the booking until it is settled:
+	// lease (Handle.Renew), from the booking until it is settled:
 	// while the worker prefills, streams, or computes a long answer that is
 	// not streamed, so none of them outlives the service's
 	// ActiveRequestExpiry and is released as an orphan. The lease still
@@ -128,7 +177,7 @@ type Options struct {
 	RenewInterval time.Duration
 	// OutputGrowth grows each streamed request's booking as it generates:
 	// every data line of a 2xx event stream is one token, and each BlockSize
-	// of them one more active block on the worker (Booking.Generated). Off by
+	// of them one more active block on the worker (Handle.Generated). Off by
 	// default: on the replay simulator's long-output workload it moved
 	// requests away from their cached prefixes under Dynamo's cost (hit rate
 	// 0.825 to 0.748, TTFT p90 0.13 s to 0.92 s), while under the predictive
@@ -140,15 +189,6 @@ type Options struct {
 	// ones in between), and every rejection and cancel (DEBUG). Default:
 	// none.
 	Logger *slog.Logger
-}
-
-// DefaultFailureStatus is the default Options.FailureStatus: every 5xx except
-// 501 Not Implemented and 505 HTTP Version Not Supported, which answer the
-// request rather than describe the worker's health. 4xx never count: they are
-// the request's fault (429 is the engine's own back-pressure, which the
-// service's load already tracks).
-func DefaultFailureStatus(code int) bool {
-	return code >= 500 && code <= 599 && code != http.StatusNotImplemented && code != http.StatusHTTPVersionNotSupported
 }
 
 // Router is an http.Handler that routes OpenAI completion requests to the
@@ -214,7 +254,7 @@ func New(opts Options) (*Router, error) {
 		opts.RenewInterval = DefaultRenewInterval
 	}
 	if opts.FailureStatus == nil {
-		opts.FailureStatus = DefaultFailureStatus
+		opts.FailureStatus = lifecycle.FailureStatus
 	}
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
@@ -258,12 +298,16 @@ func (r *Router) CloseIdleConnections() {
 // reference EPP removes the same ones and never shows them to its picker.
 func ControlHeaders() []string { return slices.Clone(controlHeaders) }
 
+// headerPrefiller carries a plan's prefill worker to the destination's
+// decode sidecar (llm-d's and the reference EPP's name).
+const headerPrefiller = "x-prefiller-host-port"
+
 var controlHeaders = []string{
 	"x-gateway-destination-endpoint",
 	"x-gateway-destination-endpoint-subset",
 	"x-gateway-destination-endpoint-served",
 	"x-gateway-destination-endpoint-scores",
-	"x-prefiller-host-port",
+	headerPrefiller,
 	"x-kvselect-prefiller-signature",
 	"x-llm-d-request-dropped-reason",
 	"test-epp-endpoint-selection",
@@ -291,7 +335,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	r.st.booked.Add(1)
-	ex := &exchange{r: r, b: b, ctx: req.Context()}
+	ex := r.newExchange(req.Context(), b)
 	ex.startRenewal()
 	stop := context.AfterFunc(req.Context(), func() { ex.settle(outcomeCanceled) })
 	defer func() {
@@ -315,13 +359,13 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 }
 
 // book parses, tokenizes and books the request.
-func (r *Router) book(req *http.Request, body []byte) (*selection.Booking, error) {
+func (r *Router) book(req *http.Request, body []byte) (Booked, error) {
 	info, err := ParseRequest(body)
 	if err != nil {
-		return nil, err
+		return Booked{}, err
 	}
 	if info.SessionID, err = SessionID(req.Header, info); err != nil {
-		return nil, err
+		return Booked{}, err
 	}
 	model := r.opts.Model
 	if model == "" {
@@ -329,10 +373,10 @@ func (r *Router) book(req *http.Request, body []byte) (*selection.Booking, error
 	}
 	tr, err := r.opts.Tokenizer.Tokenize(req.Context(), tokenize.Request{Path: req.URL.Path, Body: body, Model: r.opts.Model})
 	if err != nil {
-		return nil, err
+		return Booked{}, err
 	}
 	if len(tr.Tokens) > r.opts.MaxPromptTokens {
-		return nil, fmt.Errorf("%w: %d tokens, the limit is %d (MaxPromptTokens)", tokenize.ErrPromptTooLong, len(tr.Tokens), r.opts.MaxPromptTokens)
+		return Booked{}, fmt.Errorf("%w: %d tokens, the limit is %d (MaxPromptTokens)", tokenize.ErrPromptTooLong, len(tr.Tokens), r.opts.MaxPromptTokens)
 	}
 	sreq := selection.Request{
 		Model: model, Tokens: tr.Tokens, LoRAName: info.LoRA, CacheSalt: tr.CacheSalt,
@@ -344,16 +388,19 @@ func (r *Router) book(req *http.Request, body []byte) (*selection.Booking, error
 	}
 	if r.opts.Prepare != nil {
 		if err := r.opts.Prepare(req, info, &sreq); err != nil {
-			return nil, err
+			return Booked{}, err
 		}
 	}
 	b, err := r.opts.Service.Book(req.Context(), sreq)
 	if err != nil {
-		return nil, err
+		return Booked{}, err
 	}
-	if b.Endpoint == "" { // a catalog never schedules one; a wrapping Service might
-		_ = b.Done()
-		return nil, fmt.Errorf("%w: worker %q has no endpoint", selection.ErrNoEndpoints, b.Worker)
+	switch {
+	case b.Handle == nil: // a wrapping Service's mistake: nothing to settle
+		return Booked{}, fmt.Errorf("%w: booking %q", lifecycle.ErrNoHandle, b.ID)
+	case b.Endpoint == "": // a catalog never schedules one; a wrapping Service might
+		_ = b.Handle.Done()
+		return Booked{}, fmt.Errorf("%w: worker %q has no endpoint", selection.ErrNoEndpoints, b.Worker)
 	}
 	return b, nil
 }
@@ -384,6 +431,9 @@ func (r *Router) rewrite(pr *httputil.ProxyRequest) {
 	for _, h := range controlHeaders {
 		pr.Out.Header.Del(h)
 	}
+	if ex.b.Prefiller != "" {
+		pr.Out.Header.Set(headerPrefiller, ex.b.Prefiller)
+	}
 }
 
 // modifyResponse runs when the upstream's headers arrive, before anything is
@@ -393,18 +443,14 @@ func (r *Router) modifyResponse(resp *http.Response) error {
 	ex := exchangeOf(resp.Request.Context())
 	if r.opts.FailureStatus(resp.StatusCode) {
 		r.st.failureStatuses.Add(1)
-		ex.markFailed(fmt.Sprintf("status %d", resp.StatusCode))
+		ex.why = fmt.Sprintf("status %d", resp.StatusCode)
 	}
+	ex.f.Response(resp.StatusCode, resp.Header.Get("Content-Type"))
 	if resp.ContentLength == 0 || resp.Body == nil || resp.Body == http.NoBody {
 		ex.settle(outcomeEnded) // no body will follow
 		return nil
 	}
-	sb := &settleBody{ReadCloser: resp.Body, ex: ex, left: resp.ContentLength,
-		success: resp.StatusCode >= 200 && resp.StatusCode < 300}
-	if r.opts.OutputGrowth && sb.success && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		sb.sse = &SSECounter{}
-	}
-	resp.Body = sb
+	resp.Body = &settleBody{ReadCloser: resp.Body, ex: ex, left: resp.ContentLength}
 	return nil
 }
 
@@ -421,7 +467,7 @@ func (r *Router) errorHandler(w http.ResponseWriter, req *http.Request, err erro
 		return
 	}
 	r.st.upstreamErrors.Add(1)
-	ex.markFailed(err.Error())
+	ex.fail(err.Error())
 	ex.settle(outcomeFailed)
 	status := http.StatusBadGateway
 	if isTimeout(err) {

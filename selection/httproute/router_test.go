@@ -32,21 +32,12 @@ func TestNewValidatesOptions(t *testing.T) {
 	svc, err := selection.NewSelectionServiceBuilder(selection.DefaultConfig(4)).ExternalEvents().Build(context.Background())
 	require.NoError(t, err)
 	defer svc.Close()
-	opts := httproute.Options{Service: svc, Tokenizer: byteTokens}
+	opts := httproute.Options{Service: httproute.Single(svc), Tokenizer: byteTokens}
 	r, err := httproute.New(opts)
 	require.NoError(t, err)
 	r.CloseIdleConnections()
 	require.Zero(t, opts.MaxBodyBytes, "New must not write defaults into the caller's options")
 	require.Empty(t, opts.Scheme)
-}
-
-func TestDefaultFailureStatus(t *testing.T) {
-	for code, want := range map[int]bool{
-		200: false, 400: false, 404: false, 413: false, 429: false, 499: false,
-		500: true, 501: false, 502: true, 503: true, 504: true, 505: false, 507: true, 599: true, 600: false,
-	} {
-		require.Equal(t, want, httproute.DefaultFailureStatus(code), "status %d", code)
-	}
 }
 
 // The first response body byte completes the prefill; the response headers,
@@ -522,7 +513,7 @@ func TestModelFromBodyAndPrepare(t *testing.T) {
 	// get sends body through a Router made with opts and returns the answer.
 	get := func(opts httproute.Options, body string) (string, int) {
 		t.Helper()
-		opts.Service, opts.Tokenizer = env.svc, tok
+		opts.Service, opts.Tokenizer = httproute.Single(env.svc), tok
 		r, err := httproute.New(opts)
 		require.NoError(t, err)
 		defer r.CloseIdleConnections()
