@@ -75,9 +75,29 @@
 // that only hashes the ids should set it. See BenchmarkCachedTokenize for the
 // cost of both.
 //
+// # Pools
+//
+// One tokenizer URL is a single point of failure. NewPool puts several
+// endpoints (typically the pool's own engine pods, each of which serves its
+// model's render or tokenize endpoint) behind one Tokenizer: calls go round
+// robin to the endpoints whose circuit is closed; an endpoint's failure
+// (ErrUnavailable, its own ErrTimeout, ErrUpstream) fails the call over to
+// the next one; PoolOptions.Failures failures in a row open its circuit for
+// PoolOptions.OpenFor, after which one call probes it; and a call slower than
+// the PoolOptions.HedgeQuantile of the recent ones (at least
+// PoolOptions.HedgeMin) is sent to a second endpoint too, the first answer
+// winning and the other canceled. The request's own faults (ErrBadRequest)
+// and the caller's (ErrCanceled, its deadline) are returned at once. When
+// every endpoint failed, the last error is returned wrapped: routing without
+// tokens is the caller's degraded mode. Pool.Stats counts failovers, hedges,
+// exhaustion and each endpoint's calls, failures and circuit. Wrap the Pool in
+// a Cache, not each endpoint: a hit then costs no endpoint at all.
+//
 // # Concurrency
 //
-// Client and Cache are safe for concurrent use. A Client starts no goroutine of
+// Client, Cache and Pool are safe for concurrent use. A Pool's hedged call
+// runs on a goroutine that the Tokenize call which started it cancels and
+// waits for before it returns. A Client starts no goroutine of
 // its own; the transport it owns keeps idle keep-alive connections, which Close
 // releases. NewCache starts ristretto's maintenance goroutine, and each upstream
 // call a miss starts runs on a goroutine the Cache tracks; Cache.Close cancels

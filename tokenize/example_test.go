@@ -87,3 +87,41 @@ func ExampleNew() {
 	// 400 tokenize: bad request: body of 2073 bytes exceeds the limit of 1024
 	// calls: 1
 }
+
+// A pool of two engines' render endpoints: the first is down, so its calls
+// fail over to the second, and after three failures in a row its circuit
+// opens and it is left out.
+func ExampleNewPool() {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, `{"request_id":"chatcmpl-1","token_ids":[1,2,3],"features":null}`)
+	}))
+	defer up.Close()
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close() // connection refused from now on
+
+	var eps []tokenize.Endpoint
+	for _, base := range []string{down.URL, up.URL} {
+		c, err := tokenize.New(tokenize.Options{Protocol: tokenize.ProtocolVLLMRender, BaseURL: base})
+		if err != nil {
+			panic(err)
+		}
+		defer c.Close()
+		eps = append(eps, tokenize.Endpoint{Name: base, Tokenizer: c})
+	}
+	pool, err := tokenize.NewPool(tokenize.PoolOptions{Endpoints: eps})
+	if err != nil {
+		panic(err)
+	}
+	req := tokenize.Request{Path: tokenize.PathChatCompletions, Body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)}
+	for range 8 {
+		res, err := pool.Tokenize(context.Background(), req)
+		if err != nil {
+			panic(err)
+		}
+		_ = res
+	}
+	st := pool.Stats()
+	fmt.Println("failovers:", st.Failovers, "first endpoint open:", st.Endpoints[0].Open, "calls:", st.Endpoints[0].Calls, st.Endpoints[1].Calls)
+	// Output:
+	// failovers: 3 first endpoint open: true calls: 3 8
+}

@@ -1,0 +1,361 @@
+package tokenize
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults of PoolOptions.
+const (
+	// DefaultPoolFailures is how many failures in a row open an endpoint's
+	// circuit.
+	DefaultPoolFailures = 3
+	// DefaultPoolOpenFor is how long an open circuit keeps its endpoint out
+	// before one probe may try it again.
+	DefaultPoolOpenFor = 5 * time.Second
+	// DefaultPoolHedgeQuantile is the latency quantile past which a call is
+	// hedged on a second endpoint.
+	DefaultPoolHedgeQuantile = 0.95
+	// DefaultPoolHedgeMin is the least a call waits before it is hedged.
+	DefaultPoolHedgeMin = 50 * time.Millisecond
+)
+
+// poolSamples is how many recent successful calls the hedge delay is read
+// from; it is recomputed every poolSamples/4 of them.
+const poolSamples = 256
+
+// Endpoint is one tokenizer of a Pool: a Client (or any Tokenizer) and the
+// name its counters go by (its base URL, say).
+type Endpoint struct {
+	Name      string
+	Tokenizer Tokenizer
+}
+
+// PoolOptions configure a Pool. Zero fields are the defaults.
+type PoolOptions struct {
+	// Endpoints are the tokenizers, tried in turn (at least one, names
+	// unique and not empty). Every vLLM and SGLang pod serves its model's
+	// render or tokenize endpoint, so a pool's own workers are its
+	// tokenizers; a TensorRT-LLM pool has a render service instead.
+	Endpoints []Endpoint
+	// Failures is how many failures in a row open an endpoint's circuit
+	// (DefaultPoolFailures); > 0.
+	Failures int
+	// OpenFor is how long an open circuit keeps its endpoint out; then one
+	// call probes it, which closes the circuit on success and opens it again
+	// on failure (DefaultPoolOpenFor); > 0.
+	OpenFor time.Duration
+	// HedgeQuantile is the quantile of the recent successful calls' latency
+	// after which a call not yet answered is sent to a second endpoint as
+	// well, the first answer winning (DefaultPoolHedgeQuantile); in (0, 1],
+	// or negative for no hedging.
+	HedgeQuantile float64
+	// HedgeMin is the least a call waits before it is hedged, also while
+	// fewer than 16 calls have been timed (DefaultPoolHedgeMin); > 0.
+	HedgeMin time.Duration
+	// Now is the clock of the circuits. Default time.Now.
+	Now func() time.Time
+}
+
+// Pool is a Tokenizer over several endpoints: each call goes to the next
+// endpoint whose circuit is closed (round robin), fails over to the next
+// one on an error that is the endpoint's (ErrUnavailable, ErrTimeout of the
+// call's own timeout, ErrUpstream), and is hedged on a second endpoint when
+// it takes longer than most recent calls. An error that is the request's
+// (ErrBadRequest, ErrPromptTooLong) or the caller's (ErrCanceled, its
+// deadline) is returned at once. When every endpoint failed the last error
+// is returned, wrapped; the caller decides whether to route without tokens
+// (the reference EPP and selection/httproute do, counted as degraded).
+//
+// A Pool is safe for concurrent use. A hedged call runs on a goroutine of
+// its own, which Tokenize cancels and waits for before it returns, so a
+// Pool leaves nothing behind and needs no Close.
+type Pool struct {
+	eps      []*poolEndpoint
+	failures int
+	openFor  time.Duration
+	quantile float64
+	hedgeMin time.Duration
+	now      func() time.Time
+
+	next atomic.Uint64 // round robin
+
+	mu      sync.Mutex // guards lat and n
+	lat     [poolSamples]time.Duration
+	n       int          // samples recorded
+	hedgeAt atomic.Int64 // the hedge delay in ns, recomputed from lat
+
+	failovers, hedges, hedgeWins, exhausted atomic.Uint64
+}
+
+type poolEndpoint struct {
+	Endpoint
+
+	mu        sync.Mutex
+	streak    int       // failures in a row
+	openUntil time.Time // zero: closed
+	probing   bool      // a probe of the open circuit is in flight
+
+	calls, failures, opened atomic.Uint64
+}
+
+// NewPool validates opts, reporting every problem at once (wrapped
+// ErrInvalidOptions), and returns a Pool.
+func NewPool(opts PoolOptions) (*Pool, error) {
+	var problems []string
+	if len(opts.Endpoints) == 0 {
+		problems = append(problems, "no Endpoints")
+	}
+	seen := map[string]bool{}
+	for i, e := range opts.Endpoints {
+		switch {
+		case e.Name == "":
+			problems = append(problems, fmt.Sprintf("Endpoints[%d] has no name", i))
+		case seen[e.Name]:
+			problems = append(problems, fmt.Sprintf("Endpoints[%d]: name %q repeated", i, e.Name))
+		}
+		seen[e.Name] = true
+		if e.Tokenizer == nil {
+			problems = append(problems, fmt.Sprintf("Endpoints[%d] has no Tokenizer", i))
+		}
+	}
+	if opts.Failures == 0 {
+		opts.Failures = DefaultPoolFailures
+	}
+	if opts.Failures < 0 {
+		problems = append(problems, fmt.Sprintf("Failures %d < 0", opts.Failures))
+	}
+	if opts.OpenFor == 0 {
+		opts.OpenFor = DefaultPoolOpenFor
+	}
+	if opts.OpenFor < 0 {
+		problems = append(problems, fmt.Sprintf("OpenFor %v < 0", opts.OpenFor))
+	}
+	switch q := opts.HedgeQuantile; {
+	case q == 0:
+		opts.HedgeQuantile = DefaultPoolHedgeQuantile
+	case q > 1 || q != q:
+		problems = append(problems, fmt.Sprintf("HedgeQuantile %v not in (0, 1]", q))
+	}
+	if opts.HedgeMin == 0 {
+		opts.HedgeMin = DefaultPoolHedgeMin
+	}
+	if opts.HedgeMin < 0 {
+		problems = append(problems, fmt.Sprintf("HedgeMin %v < 0", opts.HedgeMin))
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
+	}
+	p := &Pool{failures: opts.Failures, openFor: opts.OpenFor, quantile: opts.HedgeQuantile, hedgeMin: opts.HedgeMin, now: opts.Now}
+	if p.now == nil {
+		p.now = time.Now
+	}
+	for _, e := range opts.Endpoints {
+		p.eps = append(p.eps, &poolEndpoint{Endpoint: e})
+	}
+	p.hedgeAt.Store(int64(p.hedgeMin))
+	return p, nil
+}
+
+// endpointFault reports whether err says the endpoint failed, so another
+// may answer: not the request's fault nor the caller's.
+func endpointFault(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false // the caller left or its deadline passed: nobody can answer in time
+	}
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrTimeout) || errors.Is(err, ErrUpstream) || errors.Is(err, ErrClosed)
+}
+
+// pick returns the next endpoint to try in round-robin order, not one of
+// tried: one whose circuit is closed, or one whose open time passed (the
+// call is its probe, and no other call probes it meanwhile); nil when none
+// may be tried.
+func (p *Pool) pick(tried []*poolEndpoint) *poolEndpoint {
+	start := int(p.next.Add(1) - 1)
+	now := p.now()
+	for i := range p.eps {
+		e := p.eps[(start+i)%len(p.eps)]
+		if slices.Contains(tried, e) {
+			continue
+		}
+		e.mu.Lock()
+		ok := e.openUntil.IsZero()
+		if !ok && !e.probing && !now.Before(e.openUntil) {
+			e.probing, ok = true, true
+		}
+		e.mu.Unlock()
+		if ok {
+			return e
+		}
+	}
+	return nil
+}
+
+// record updates e's circuit with a call's outcome.
+func (p *Pool) record(e *poolEndpoint, failed bool) {
+	e.calls.Add(1)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.probing = false
+	if !failed {
+		e.streak, e.openUntil = 0, time.Time{}
+		return
+	}
+	e.failures.Add(1)
+	e.streak++
+	if !e.openUntil.IsZero() || e.streak >= p.failures {
+		if e.openUntil.IsZero() {
+			e.opened.Add(1)
+		}
+		e.openUntil = p.now().Add(p.openFor)
+	}
+}
+
+// observe records a successful call's latency for the hedge delay.
+func (p *Pool) observe(d time.Duration) {
+	if p.quantile <= 0 {
+		return // no hedging
+	}
+	p.mu.Lock()
+	p.lat[p.n%poolSamples] = d
+	p.n++
+	n := p.n
+	var sorted []time.Duration
+	if n >= 16 && (n < poolSamples || n%(poolSamples/4) == 0) {
+		sorted = slices.Clone(p.lat[:min(n, poolSamples)])
+	}
+	p.mu.Unlock()
+	if sorted != nil {
+		slices.Sort(sorted)
+		q := sorted[min(len(sorted)-1, int(p.quantile*float64(len(sorted))))]
+		p.hedgeAt.Store(int64(max(q, p.hedgeMin)))
+	}
+}
+
+type poolAnswer struct {
+	e   *poolEndpoint
+	res Result
+	err error
+}
+
+// Tokenize tokenizes req on the pool's endpoints (see Pool).
+func (p *Pool) Tokenize(ctx context.Context, req Request) (Result, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	answers := make(chan poolAnswer, len(p.eps))
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait() // a hedged call still out returns at its cancel
+	}()
+	call := func(e *poolEndpoint) {
+		wg.Go(func() {
+			start := time.Now()
+			res, err := e.Tokenizer.Tokenize(ctx, req)
+			if err == nil {
+				p.observe(time.Since(start))
+			}
+			answers <- poolAnswer{e: e, res: res, err: err}
+		})
+	}
+	var tried []*poolEndpoint
+	first := p.pick(nil)
+	if first == nil {
+		// Every circuit is open and none is due a probe: try the one due
+		// first rather than refuse outright.
+		first = p.eps[int(p.next.Add(1)-1)%len(p.eps)]
+	}
+	tried = append(tried, first)
+	call(first)
+	out, hedged := 1, false
+	var hedge <-chan time.Time
+	if p.quantile > 0 && len(p.eps) > 1 {
+		t := time.NewTimer(time.Duration(p.hedgeAt.Load()))
+		defer t.Stop()
+		hedge = t.C
+	}
+	var last error
+	for out > 0 {
+		select {
+		case <-hedge:
+			hedge = nil
+			if e := p.pick(tried); e != nil {
+				p.hedges.Add(1)
+				hedged = true
+				tried = append(tried, e)
+				call(e)
+				out++
+			}
+		case a := <-answers:
+			out--
+			if a.err == nil {
+				p.record(a.e, false)
+				if hedged && a.e != first {
+					p.hedgeWins.Add(1)
+				}
+				return a.res, nil
+			}
+			fault := endpointFault(ctx, a.err)
+			if fault {
+				p.record(a.e, true)
+			} else if ctx.Err() == nil {
+				p.record(a.e, false) // the endpoint answered: the request's fault
+			}
+			if !fault {
+				return Result{}, a.err
+			}
+			last = a.err
+			if out > 0 {
+				continue // the other call may still answer
+			}
+			if e := p.pick(tried); e != nil {
+				p.failovers.Add(1)
+				tried = append(tried, e)
+				call(e)
+				out++
+			}
+		}
+	}
+	p.exhausted.Add(1)
+	return Result{}, fmt.Errorf("tokenize: every tokenizer failed (%d tried): %w", len(tried), last)
+}
+
+// EndpointStats are one endpoint's counters and circuit.
+type EndpointStats struct {
+	Name string
+	// Calls counts the calls it answered or failed; Failures those that
+	// failed it (the endpoint's fault); Opened how often its circuit opened.
+	Calls, Failures, Opened uint64
+	// Open is set while its circuit is open.
+	Open bool
+}
+
+// PoolStats are a Pool's counters. Each is read atomically; the set is not
+// one snapshot while calls are in flight.
+type PoolStats struct {
+	// Failovers counts calls sent to another endpoint after one failed;
+	// Hedges second calls sent because the first was slow, HedgeWins those
+	// that answered first; Exhausted the Tokenize calls every endpoint failed.
+	Failovers, Hedges, HedgeWins, Exhausted uint64
+	// HedgeAfter is the current hedge delay.
+	HedgeAfter time.Duration
+	Endpoints  []EndpointStats
+}
+
+// Stats returns the counters.
+func (p *Pool) Stats() PoolStats {
+	st := PoolStats{Failovers: p.failovers.Load(), Hedges: p.hedges.Load(), HedgeWins: p.hedgeWins.Load(),
+		Exhausted: p.exhausted.Load(), HedgeAfter: time.Duration(p.hedgeAt.Load())}
+	for _, e := range p.eps {
+		e.mu.Lock()
+		open := !e.openUntil.IsZero()
+		e.mu.Unlock()
+		st.Endpoints = append(st.Endpoints, EndpointStats{Name: e.Name, Calls: e.calls.Load(), Failures: e.failures.Load(), Opened: e.opened.Load(), Open: open})
+	}
+	return st
+}

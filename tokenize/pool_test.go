@@ -1,0 +1,250 @@
+package tokenize_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/tokenize"
+)
+
+// scripted is a Tokenizer whose answers the test sets: after delay, err, or
+// the ids [id]. It counts its calls and the ones canceled under it.
+type scripted struct {
+	id    uint32
+	mu    sync.Mutex
+	delay time.Duration
+	err   error
+	calls int
+	gone  int // calls whose context ended before the delay
+}
+
+func (s *scripted) set(delay time.Duration, err error) {
+	s.mu.Lock()
+	s.delay, s.err = delay, err
+	s.mu.Unlock()
+}
+
+func (s *scripted) counts() (calls, gone int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls, s.gone
+}
+
+func (s *scripted) Tokenize(ctx context.Context, _ tokenize.Request) (tokenize.Result, error) {
+	s.mu.Lock()
+	s.calls++
+	delay, err := s.delay, s.err
+	s.mu.Unlock()
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			s.mu.Lock()
+			s.gone++
+			s.mu.Unlock()
+			return tokenize.Result{}, fmt.Errorf("%w: %w", tokenize.ErrCanceled, ctx.Err())
+		}
+	}
+	if err != nil {
+		return tokenize.Result{}, err
+	}
+	return tokenize.Result{Tokens: []uint32{s.id}, PromptCount: 1}, nil
+}
+
+func newPool(t *testing.T, opts tokenize.PoolOptions, toks ...*scripted) *tokenize.Pool {
+	t.Helper()
+	for i, s := range toks {
+		s.id = uint32(i)
+		opts.Endpoints = append(opts.Endpoints, tokenize.Endpoint{Name: fmt.Sprintf("t%d", i), Tokenizer: s})
+	}
+	p, err := tokenize.NewPool(opts)
+	require.NoError(t, err)
+	return p
+}
+
+var poolReq = tokenize.Request{Path: tokenize.PathChatCompletions, Body: []byte(`{"messages":[]}`)}
+
+func TestNewPoolValidates(t *testing.T) {
+	_, err := tokenize.NewPool(tokenize.PoolOptions{})
+	require.ErrorIs(t, err, tokenize.ErrInvalidOptions)
+	_, err = tokenize.NewPool(tokenize.PoolOptions{
+		Endpoints: []tokenize.Endpoint{{Name: "a", Tokenizer: &scripted{}}, {Name: "a"}, {Tokenizer: &scripted{}}},
+		Failures:  -1, OpenFor: -1, HedgeQuantile: 1.5, HedgeMin: -1,
+	})
+	require.ErrorIs(t, err, tokenize.ErrInvalidOptions)
+	for _, want := range []string{`name "a" repeated`, "Endpoints[1] has no Tokenizer", "Endpoints[2] has no name",
+		"Failures -1", "OpenFor -1ns", "HedgeQuantile 1.5", "HedgeMin -1ns"} {
+		require.ErrorContains(t, err, want)
+	}
+}
+
+// An endpoint that fails is failed over, and after Failures in a row its
+// circuit opens: it is left out for OpenFor, then one call probes it.
+func TestPoolFailsOverAndOpens(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := &scripted{}, &scripted{}
+		a.set(0, fmt.Errorf("%w: connection refused", tokenize.ErrUnavailable))
+		p := newPool(t, tokenize.PoolOptions{HedgeQuantile: -1}, a, b)
+		for range 6 {
+			res, err := p.Tokenize(context.Background(), poolReq)
+			require.NoError(t, err)
+			require.Equal(t, []uint32{1}, res.Tokens)
+		}
+		calls, _ := a.counts()
+		require.Equal(t, 3, calls, "open after 3 failures: no call since")
+		st := p.Stats()
+		require.EqualValues(t, 3, st.Failovers)
+		require.Equal(t, tokenize.EndpointStats{Name: "t0", Calls: 3, Failures: 3, Opened: 1, Open: true}, st.Endpoints[0])
+		require.Equal(t, tokenize.EndpointStats{Name: "t1", Calls: 6}, st.Endpoints[1])
+
+		time.Sleep(tokenize.DefaultPoolOpenFor)
+		a.set(0, nil)
+		for range 4 {
+			_, err := p.Tokenize(context.Background(), poolReq)
+			require.NoError(t, err)
+		}
+		calls, _ = a.counts()
+		require.Equal(t, 5, calls, "probed once, closed, then its turns again")
+		require.False(t, p.Stats().Endpoints[0].Open)
+
+		// A probe that fails opens the circuit again at once.
+		a.set(0, fmt.Errorf("%w: 500", tokenize.ErrUpstream))
+		for range 3 {
+			_, _ = p.Tokenize(context.Background(), poolReq)
+		}
+		time.Sleep(tokenize.DefaultPoolOpenFor)
+		for range 4 {
+			_, err := p.Tokenize(context.Background(), poolReq)
+			require.NoError(t, err)
+		}
+		st = p.Stats()
+		require.True(t, st.Endpoints[0].Open, "the probe failed")
+		require.EqualValues(t, 2, st.Endpoints[0].Opened)
+	})
+}
+
+// The request's fault and the caller's are returned at once: no other
+// endpoint could do better, and the endpoint's circuit does not count them.
+func TestPoolDoesNotFailOverTheRequestsFault(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := &scripted{}, &scripted{}
+		p := newPool(t, tokenize.PoolOptions{HedgeQuantile: -1}, a, b)
+		bad := fmt.Errorf("%w: 400 messages missing", tokenize.ErrBadRequest)
+		a.set(0, bad)
+		b.set(0, bad)
+		for range 5 {
+			_, err := p.Tokenize(context.Background(), poolReq)
+			require.ErrorIs(t, err, tokenize.ErrBadRequest)
+		}
+		st := p.Stats()
+		require.Zero(t, st.Failovers)
+		require.Zero(t, st.Endpoints[0].Failures+st.Endpoints[1].Failures)
+
+		a.set(time.Second, nil)
+		b.set(time.Second, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		_, err := p.Tokenize(ctx, poolReq)
+		require.ErrorIs(t, err, tokenize.ErrCanceled)
+		require.Equal(t, http.StatusGatewayTimeout, tokenize.HTTPStatus(context.DeadlineExceeded))
+		require.Zero(t, p.Stats().Failovers, "the caller's deadline is nobody's fault")
+	})
+}
+
+// A call slower than most is hedged on a second endpoint; the first answer
+// wins and the other call is canceled before Tokenize returns.
+func TestPoolHedges(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := &scripted{}, &scripted{}
+		p := newPool(t, tokenize.PoolOptions{}, a, b)
+		a.set(time.Second, nil)
+		b.set(time.Millisecond, nil)
+		start := time.Now()
+		var res tokenize.Result
+		var err error
+		for { // the round robin starts on a: make sure the slow one went first
+			res, err = p.Tokenize(context.Background(), poolReq)
+			require.NoError(t, err)
+			if calls, _ := a.counts(); calls > 0 {
+				break
+			}
+		}
+		require.Equal(t, []uint32{1}, res.Tokens)
+		require.Less(t, time.Since(start), 100*time.Millisecond, "answered by the hedge at 50 ms")
+		_, gone := a.counts()
+		require.Equal(t, 1, gone, "the slow call was canceled")
+		st := p.Stats()
+		require.EqualValues(t, 1, st.Hedges)
+		require.EqualValues(t, 1, st.HedgeWins)
+		require.Equal(t, tokenize.DefaultPoolHedgeMin, st.HedgeAfter)
+
+		// The hedge delay follows the latency: once calls take 200 ms, so
+		// does the delay, and a call of 150 ms is not hedged.
+		a.set(200*time.Millisecond, nil)
+		b.set(200*time.Millisecond, nil)
+		for range 20 {
+			_, err := p.Tokenize(context.Background(), poolReq)
+			require.NoError(t, err)
+		}
+		st = p.Stats()
+		require.Equal(t, 200*time.Millisecond, st.HedgeAfter)
+		hedges := st.Hedges
+		a.set(150*time.Millisecond, nil)
+		b.set(150*time.Millisecond, nil)
+		_, err = p.Tokenize(context.Background(), poolReq)
+		require.NoError(t, err)
+		require.Equal(t, hedges, p.Stats().Hedges)
+	})
+}
+
+// When every endpoint fails, the last error comes back wrapped and counted.
+func TestPoolExhausted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := &scripted{}, &scripted{}
+		a.set(0, fmt.Errorf("%w: connection refused", tokenize.ErrUnavailable))
+		b.set(0, fmt.Errorf("%w: 503", tokenize.ErrUnavailable))
+		p := newPool(t, tokenize.PoolOptions{}, a, b)
+		_, err := p.Tokenize(context.Background(), poolReq)
+		require.ErrorIs(t, err, tokenize.ErrUnavailable)
+		require.ErrorContains(t, err, "every tokenizer failed (2 tried)")
+		require.Equal(t, http.StatusServiceUnavailable, tokenize.HTTPStatus(err))
+		require.EqualValues(t, 1, p.Stats().Exhausted)
+	})
+}
+
+// Through real sockets: two vLLM render endpoints, one of them gone.
+func TestPoolOverClients(t *testing.T) {
+	up := newBackend(t, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"token_ids":[7,8,9]}`))
+	})
+	down := newBackend(t, func(http.ResponseWriter, *http.Request) {})
+	down.Close()
+	var eps []tokenize.Endpoint
+	for _, b := range []*backend{down, up} {
+		c, err := tokenize.New(tokenize.Options{Protocol: tokenize.ProtocolVLLMRender, BaseURL: b.URL})
+		require.NoError(t, err)
+		eps = append(eps, tokenize.Endpoint{Name: b.URL, Tokenizer: c})
+	}
+	p, err := tokenize.NewPool(tokenize.PoolOptions{Endpoints: eps})
+	require.NoError(t, err)
+	for range 4 {
+		res, err := p.Tokenize(context.Background(), poolReq)
+		require.NoError(t, err)
+		require.Equal(t, []uint32{7, 8, 9}, res.Tokens)
+	}
+	st := p.Stats()
+	require.Positive(t, st.Endpoints[0].Failures)
+	require.Equal(t, st.Endpoints[0].Failures, st.Failovers)
+	require.False(t, errors.Is(err, tokenize.ErrUnavailable))
+}
