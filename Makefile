@@ -4,8 +4,12 @@ PKGS ?= ./... ./examples/... ./replica/natsbus/...
 FUZZTIME ?= 10s
 BENCHCOUNT ?= 6
 SOAKTIME ?= 1m
+DOCKER ?= docker
+IMAGE_PREFIX ?= kvselect-
+IMAGE_TAG ?= dev
+BASE_IMAGE ?= scratch
 
-.PHONY: test race lint fuzz-smoke bench soak ci e2e-kube
+.PHONY: test race lint fuzz-smoke bench soak ci e2e-kube image
 
 test: ## unit tests, the README's test command
 	$(GO) test $(PKGS)
@@ -28,5 +32,11 @@ soak: ## churn soak of the KV index (workers leaving and joining, events flowing
 
 e2e-kube: ## end-to-end tests against a real kube-apiserver and etcd (docs/E2E.md)
 	./scripts/kube-e2e.sh
+
+image: ## build the images of the three binaries with Docker (docs/DEPLOY.md; not run in CI, which runs their go build)
+	@for b in epp gateway pdsidecar; do \
+		echo "== $(IMAGE_PREFIX)$$b:$(IMAGE_TAG)"; \
+		$(DOCKER) build -f examples/$$b/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE_PREFIX)$$b:$(IMAGE_TAG) . || exit 1; \
+	done
 
 ci: lint race fuzz-smoke

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # End-to-end tests of examples/epp against a real Kubernetes control plane:
 # etcd plus kube-apiserver on loopback, the InferencePool CRD from the Gateway
-# API Inference Extension module, fake engines standing in for pods.
+# API Inference Extension module (and the HTTPRoute and ServiceMonitor CRDs the
+# deploy/ manifests use), fake engines standing in for pods.
 #
 #   scripts/kube-e2e.sh [go test flags...]     e.g. scripts/kube-e2e.sh -run Disaggregated
-#   scripts/kube-e2e.sh --prepare              only install etcd, build the API server and fetch the CRD
+#   scripts/kube-e2e.sh --prepare              only install etcd, build the API server and fetch the CRDs
 #
 # It builds kube-apiserver once per version into the user cache (outside the
 # repository) and reuses it, installs etcd with apt when it is missing, starts
@@ -15,6 +16,11 @@
 #   KUBE_VERSION          kube-apiserver version to build (default v1.34.4)
 #   GAIE_VERSION          Gateway API Inference Extension module version whose
 #                         InferencePool CRD is applied (default v1.2.0)
+#   GATEWAY_API_VERSION   Gateway API module version whose HTTPRoute CRD the
+#                         deploy/ manifests are applied against (default v1.4.1)
+#   PROM_OPERATOR_VERSION Prometheus Operator module version whose ServiceMonitor
+#                         CRD they are applied against (default v0.85.0); when
+#                         either cannot be fetched, the tests skip that kind and say so
 #   KVSELECT_E2E_KEEP=1   keep the temporary directory (logs, kubeconfigs)
 #   KVSELECT_E2E_RACE=1   build the EPP with the race detector; a reported race fails the test
 #   READY_TIMEOUT         seconds to wait for etcd and the API server (default 90)
@@ -22,6 +28,8 @@ set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
 GAIE_VERSION="${GAIE_VERSION:-v1.2.0}"
+GATEWAY_API_VERSION="${GATEWAY_API_VERSION:-v1.4.1}"
+PROM_OPERATOR_VERSION="${PROM_OPERATOR_VERSION:-v0.85.0}"
 READY_TIMEOUT="${READY_TIMEOUT:-90}"
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/kvselect"
@@ -96,18 +104,39 @@ ensure_apiserver() {
 	"$apiserver" --version
 }
 
-# crd_path downloads the GAIE module through the module proxy and prints the
-# path of its InferencePool CRD (inference.networking.k8s.io, served as v1).
-crd_path() {
+# module_file MODULE@VERSION PATH downloads a Go module through the module
+# proxy (into the module cache, never the repository) and prints the path of
+# one of its files; nothing when the module or the file is not there.
+module_file() {
 	local mod dir
-	mod="$(mktemp -d "${TMPDIR:-/tmp}/kvselect-gaie.XXXXXX")"
-	dir="$(cd "$mod" && GOFLAGS=-mod=mod GOWORK=off go mod init gaie >/dev/null 2>&1 &&
-		GOFLAGS=-mod=mod GOWORK=off go mod download -json "sigs.k8s.io/gateway-api-inference-extension@$GAIE_VERSION" |
-		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
+	mod="$(mktemp -d "${TMPDIR:-/tmp}/kvselect-mod.XXXXXX")"
+	dir="$(cd "$mod" && GOFLAGS=-mod=mod GOWORK=off go mod init crds >/dev/null 2>&1 &&
+		GOFLAGS=-mod=mod GOWORK=off go mod download -json "$1" 2>/dev/null |
+		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p' || true)"
 	rm -rf "$mod"
-	local f="$dir/config/crd/bases/inference.networking.k8s.io_inferencepools.yaml"
-	[ -f "$f" ] || die "InferencePool CRD not found in sigs.k8s.io/gateway-api-inference-extension@$GAIE_VERSION"
+	if [ -n "$dir" ] && [ -f "$dir/$2" ]; then echo "$dir/$2"; fi
+}
+
+# crd_path prints the path of the GAIE module's InferencePool CRD
+# (inference.networking.k8s.io, served as v1).
+crd_path() {
+	local f
+	f="$(module_file "sigs.k8s.io/gateway-api-inference-extension@$GAIE_VERSION" \
+		config/crd/bases/inference.networking.k8s.io_inferencepools.yaml)"
+	[ -n "$f" ] || die "InferencePool CRD not found in sigs.k8s.io/gateway-api-inference-extension@$GAIE_VERSION"
 	echo "$f"
+}
+
+# optional_crds sets gateway_crd and servicemonitor_crd: the HTTPRoute and
+# ServiceMonitor CRDs the deploy/ manifests are applied against, each empty
+# (with a note) when it cannot be fetched.
+optional_crds() {
+	gateway_crd="$(module_file "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION" \
+		config/crd/standard/gateway.networking.k8s.io_httproutes.yaml)"
+	[ -n "$gateway_crd" ] || log "HTTPRoute CRD not fetched (sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION): HTTPRoutes are skipped"
+	servicemonitor_crd="$(module_file "github.com/prometheus-operator/prometheus-operator@$PROM_OPERATOR_VERSION" \
+		example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml)"
+	[ -n "$servicemonitor_crd" ] || log "ServiceMonitor CRD not fetched (prometheus-operator@$PROM_OPERATOR_VERSION): ServiceMonitors are skipped"
 }
 
 # --- ports -------------------------------------------------------------------
@@ -224,7 +253,9 @@ main() {
 	phase "kube-apiserver binary"
 	local crd
 	crd="$(crd_path)"
-	phase "InferencePool CRD"
+	local gateway_crd servicemonitor_crd
+	optional_crds
+	phase "CRDs"
 	if [ "${1:-}" = --prepare ]; then
 		log "prerequisites ready"
 		return 0
@@ -279,6 +310,8 @@ main() {
 	export KVSELECT_E2E_EPP_KUBECONFIG="$work/epp.kubeconfig"
 	export KVSELECT_E2E_EPP_USER=epp
 	export KVSELECT_E2E_CRD="$crd"
+	export KVSELECT_E2E_GATEWAY_CRD="$gateway_crd"
+	export KVSELECT_E2E_SERVICEMONITOR_CRD="$servicemonitor_crd"
 
 	# go test runs in a session of its own, in the background: a signal to
 	# this script interrupts the wait at once, and stop_all can end go test,

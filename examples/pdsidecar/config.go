@@ -16,24 +16,34 @@ import (
 	"github.com/kvselect/kvselect/examples/pdsidecar/sidecar"
 )
 
-// config is the sidecar binary's configuration: the DYN_PD_* environment of
-// Dynamo's decode sidecar, each variable also a flag (flags win).
+// config is the sidecar binary's configuration: the environment of Dynamo's
+// decode sidecar (its DYN_SIDECAR_* names, and the DYN_PD_* names of the
+// earlier contract), each setting also a flag (flags win).
 type config struct {
-	listenAddr  string
-	metricsAddr string
-	logLevel    slog.Level
-	sidecar     sidecar.Options
+	listenAddr   string
+	metricsAddr  string
+	logLevel     slog.Level
+	drainTimeout time.Duration
+	sidecar      sidecar.Options
+	// conflicts are the settings two variables gave different values
+	// (Dynamo's name won); run logs them once it has a logger.
+	conflicts []envconf.Conflict
 }
 
-// variables binds the contract to c, in the README table's order.
+// variables binds the contract to c, in docs/SIDECAR.md's table's order.
+// Dynamo's names are overrides: read first, they win over the DYN_PD_* ones.
 func (c *config) variables() []envconf.Var {
 	o := &c.sidecar
 	return []envconf.Var{
-		{Env: "DYN_PD_LISTEN_ADDR", Flag: "listen-addr", Default: "0.0.0.0:8000", Help: "address the sidecar serves the OpenAI API on", Set: hostPort(&c.listenAddr)},
-		{Env: "DYN_PD_DECODE_URL", Flag: "decode-url", Default: sidecar.DefaultDecodeURL, Help: "base URL of the local decode engine", Set: func(v string) error {
-			o.DecodeURL = v // New validates it
-			return nil
-		}},
+		{Env: "DYN_PD_LISTEN_ADDR", Flag: "listen-addr", Default: "0.0.0.0:8000", Help: "address the sidecar serves the OpenAI API on",
+			Overrides: []envconf.Override{{Env: "DYN_SIDECAR_PORT", Form: "a port, served on 0.0.0.0", Convert: portInto("0.0.0.0:%d")}},
+			Set:       hostPort(&c.listenAddr)},
+		{Env: "DYN_PD_DECODE_URL", Flag: "decode-url", Default: sidecar.DefaultDecodeURL, Help: "base URL of the local decode engine",
+			Overrides: []envconf.Override{{Env: "DYN_DECODE_ENGINE_PORT", Form: "a port, at http://127.0.0.1", Convert: portInto("http://127.0.0.1:%d")}},
+			Set: func(v string) error {
+				o.DecodeURL = v // New validates it
+				return nil
+			}},
 		{Env: "DYN_PD_PROTOCOL", Flag: "protocol", Default: string(sidecar.ProtocolVLLMNIXL), Help: "P/D protocol: `vllm-nixl`, `sglang` or `trtllm`", Set: func(v string) (err error) {
 			o.Protocol, err = sidecar.ParseProtocol(v)
 			return err
@@ -45,8 +55,11 @@ func (c *config) variables() []envconf.Var {
 		}},
 		{Env: "DYN_PD_PREFILL_TIMEOUT_MS", Flag: "prefill-timeout-ms", Default: "30000", Help: "deadline of the prefill leg, its whole answer included", Set: millis(&o.PrefillTimeout)},
 		{Env: "DYN_PD_DECODE_TIMEOUT_MS", Flag: "decode-timeout-ms", Default: "600000", Help: "deadline of a decode or pass-through leg, its whole stream included", Set: millis(&o.DecodeTimeout)},
+		{Env: "DYN_SIDECAR_READ_TIMEOUT_MS", Flag: "read-timeout-ms", Default: "300000", Help: "longest wait for the decode engine's next bytes on a decode or pass-through leg (its headers, then each read of its stream); past it the leg times out", Set: millis(&o.ReadIdleTimeout)},
 		{Env: "DYN_PD_BODY_READ_TIMEOUT_MS", Flag: "body-read-timeout-ms", Default: "30000", Help: "deadline for a P/D client's body to arrive (408 past it)", Set: millis(&o.BodyReadTimeout)},
-		{Env: "DYN_PD_DIAL_TIMEOUT_MS", Flag: "dial-timeout-ms", Default: "10000", Help: "deadline for connecting to an engine", Set: millis(&o.DialTimeout)},
+		{Env: "DYN_PD_DIAL_TIMEOUT_MS", Flag: "dial-timeout-ms", Default: "10000", Help: "deadline for connecting to an engine",
+			Overrides: []envconf.Override{{Env: "DYN_SIDECAR_CONNECT_TIMEOUT_MS"}}, Set: millis(&o.DialTimeout)},
+		{Env: "DYN_SIDECAR_DRAIN_TIMEOUT_MS", Flag: "drain-timeout-ms", Default: "30000", Help: "on SIGTERM, how long requests in flight may finish before their streams are cut", Set: millis(&c.drainTimeout)},
 		{Env: "DYN_PD_MAX_BODY_BYTES", Flag: "max-body-bytes", Default: "8388608", Help: "largest client request body (413 past it)", Set: bytesIn(&o.MaxRequestBytes)},
 		{Env: "DYN_PD_MAX_PREFILL_RESPONSE_BYTES", Flag: "max-prefill-response-bytes", Default: "1048576", Help: "largest prefill answer read (502 past it)", Set: bytesIn(&o.MaxPrefillResponseBytes)},
 		{Env: "DYN_PD_SGLANG_BOOTSTRAP_PORT", Flag: "sglang-bootstrap-port", Default: strconv.Itoa(sidecar.DefaultSGLangBootstrapPort), Help: "prefill engines' SGLang bootstrap port (their --disaggregation-bootstrap-port)", Set: func(v string) error {
@@ -106,6 +119,18 @@ func hostPort(dst *string) func(string) error {
 	}
 }
 
+// portInto converts a port (Dynamo's form of an address) into format's
+// address.
+func portInto(format string) func(string) (string, error) {
+	return func(v string) (string, error) {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 65535 {
+			return "", errors.New("not a port in [1, 65535]")
+		}
+		return fmt.Sprintf(format, n), nil
+	}
+}
+
 func millis(dst *time.Duration) func(string) error {
 	return func(v string) error {
 		ms, err := strconv.ParseInt(v, 10, 64)
@@ -131,17 +156,20 @@ func bytesIn(dst *int64) func(string) error {
 // errConfig wraps every startup configuration problem.
 var errConfig = errors.New("pdsidecar: invalid configuration")
 
-// loadConfig reads each variable from its flag, else the environment, else its
-// default, and returns one error naming every variable whose value is invalid.
+// loadConfig reads each setting from its flag, else the environment (Dynamo's
+// name first), else its default, and returns one error naming every variable
+// whose value is invalid.
 func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (*config, error) {
 	c := &config{}
 	var problems []error
-	if err := envconf.Load(fs, args, getenv, c.variables()); err != nil {
+	vars := c.variables()
+	if err := envconf.Load(fs, args, getenv, vars); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
 		}
 		problems = append(problems, err)
 	}
+	c.conflicts = envconf.Conflicts(fs, getenv, vars)
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w:\n  %w", errConfig, errors.Join(problems...))
 	}

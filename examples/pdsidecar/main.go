@@ -7,11 +7,16 @@
 //
 //	go run ./examples/pdsidecar                          # vLLM NIXL, 0.0.0.0:8000 -> http://127.0.0.1:8001
 //	DYN_PD_PROTOCOL=sglang go run ./examples/pdsidecar
-//	go run ./examples/pdsidecar --print-env-table        # the DYN_PD_* contract as Markdown
+//	DYN_SIDECAR_PORT=9000 DYN_DECODE_ENGINE_PORT=9001 go run ./examples/pdsidecar  # Dynamo's names
+//	go run ./examples/pdsidecar --print-env-table        # the environment contract as Markdown
 //
-// Every variable also has a flag, and flags win; invalid values are reported at
-// startup, all at once, each with its variable's name. Prometheus metrics are
-// on DYN_PD_METRICS_ADDR (/metrics). See docs/SIDECAR.md.
+// It reads Dynamo's sidecar variables (DYN_SIDECAR_PORT,
+// DYN_DECODE_ENGINE_PORT, DYN_SIDECAR_*_TIMEOUT_MS) and the DYN_PD_* names of
+// the earlier contract; where both name a setting, Dynamo's wins and a WARN
+// names the one ignored. Every setting also has a flag, and flags win; invalid
+// values are reported at startup, all at once, each with its variable's name.
+// Prometheus metrics are on DYN_PD_METRICS_ADDR (/metrics). See
+// docs/SIDECAR.md.
 package main
 
 import (
@@ -30,9 +35,6 @@ import (
 
 	"github.com/kvselect/kvselect/examples/pdsidecar/sidecar"
 )
-
-// shutdownGrace is how long a stopping sidecar lets requests in flight finish.
-const shutdownGrace = 30 * time.Second
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -58,6 +60,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return 0
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	for _, c := range cfg.conflicts {
+		log.Warn("pdsidecar: two variables set the same setting differently; the first one is used",
+			"used", c.Used, "ignored", c.Ignored)
+	}
 	cfg.sidecar.Logger = log
 	sc, err := sidecar.New(cfg.sidecar)
 	if err != nil {
@@ -79,7 +85,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	log.Info("pdsidecar: serving", "listen", ln.Addr().String(), "metrics", mln.Addr().String(),
 		"decode", cfg.sidecar.DecodeURL, "protocol", sc.Stats().Protocol, "signed_hints", cfg.sidecar.HintKey != nil)
-	if err := serve(ctx, sc, ln, mln, log); err != nil {
+	if err := serve(ctx, sc, ln, mln, cfg.drainTimeout, log); err != nil {
 		log.Error("pdsidecar: stopped", "error", err)
 		return 1
 	}
@@ -87,8 +93,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 }
 
 // serve runs the sidecar on ln and its metrics on mln until ctx ends or a
-// server fails, then shuts both down (shutdownGrace) and waits for them.
-func serve(ctx context.Context, sc *sidecar.Sidecar, ln, mln net.Listener, log *slog.Logger) error {
+// server fails, then shuts both down (requests in flight get drain to
+// finish) and waits for them.
+func serve(ctx context.Context, sc *sidecar.Sidecar, ln, mln net.Listener, drain time.Duration, log *slog.Logger) error {
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	api := &http.Server{Handler: sc, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: errLog}
 	mux := http.NewServeMux()
@@ -109,9 +116,9 @@ func serve(ctx context.Context, sc *sidecar.Sidecar, ln, mln net.Listener, log *
 	case failed = <-errc:
 		pending--
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
-	// Past the grace, streams still running are cut.
+	// Past the drain timeout, streams still running are cut.
 	shutdownErr := errors.Join(api.Shutdown(sctx), metrics.Shutdown(sctx))
 	if shutdownErr != nil {
 		_ = api.Close()

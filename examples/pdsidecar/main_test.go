@@ -251,7 +251,7 @@ func startServe(t *testing.T, sc *sidecar.Sidecar) (api, metrics net.Listener, s
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, sc, api, metrics, slog.New(slog.DiscardHandler)) }()
+	go func() { done <- serve(ctx, sc, api, metrics, 30*time.Second, slog.New(slog.DiscardHandler)) }()
 	return api, metrics, func() {
 		cancel()
 		require.NoError(t, <-done)

@@ -71,3 +71,94 @@ func ExampleTable() {
 	// | `APP_PORT` (alias `PORT`) | `--port` | 8080 | listen port |
 	// | `APP_TOKEN` | `--token` | (unset), required always | API token |
 }
+
+// An override wins over the variable and its aliases, converted first; a
+// value it cannot convert is reported with its name and sets nothing; a flag
+// still wins over all.
+func TestLoadOverrides(t *testing.T) {
+	var addr string
+	port := func(v string) (string, error) {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 65535 {
+			return "", errors.New("not a port")
+		}
+		return "0.0.0.0:" + v, nil
+	}
+	vars := []Var{{Env: "ADDR", Aliases: []string{"OLD_ADDR"}, Flag: "addr", Default: "0.0.0.0:80",
+		Overrides: []Override{{Env: "PORT", Form: "a port", Convert: port}},
+		Set:       func(v string) error { addr = v; return nil }}}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+		err  string
+	}{
+		{"default", nil, nil, "0.0.0.0:80", ""},
+		{"variable", map[string]string{"ADDR": "127.0.0.1:81"}, nil, "127.0.0.1:81", ""},
+		{"override converted", map[string]string{"PORT": " 82 "}, nil, "0.0.0.0:82", ""},
+		{"override wins", map[string]string{"PORT": "83", "ADDR": "127.0.0.1:81", "OLD_ADDR": "x"}, nil, "0.0.0.0:83", ""},
+		{"flag wins", map[string]string{"PORT": "83"}, []string{"--addr", "127.0.0.1:84"}, "127.0.0.1:84", ""},
+		{"bad override", map[string]string{"PORT": "http", "ADDR": "127.0.0.1:81"}, nil, "", "ADDR (from PORT): not a port"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr = ""
+			err := Load(newFlags(), tc.args, func(k string) string { return tc.env[k] }, vars)
+			if tc.err != "" {
+				require.EqualError(t, err, tc.err)
+			} else {
+				require.NoError(t, err)
+			}
+			require.Equal(t, tc.want, addr)
+		})
+	}
+}
+
+// Conflicts names the variables set besides the one used, to another value
+// in the setting's form, and says nothing when the values agree or a flag
+// decided.
+func TestConflicts(t *testing.T) {
+	port := func(v string) (string, error) { return "0.0.0.0:" + v, nil }
+	noop := func(string) error { return nil }
+	vars := []Var{
+		{Env: "ADDR", Aliases: []string{"OLD_ADDR"}, Flag: "addr", Overrides: []Override{{Env: "PORT", Convert: port}}, Set: noop},
+		{Env: "TIMEOUT_MS", Flag: "timeout-ms", Overrides: []Override{{Env: "DYN_TIMEOUT_MS"}}, Set: noop},
+		{Env: "KEY", Flag: "key", Set: noop},
+	}
+	conflicts := func(env map[string]string, args ...string) []Conflict {
+		fs := newFlags()
+		require.NoError(t, Load(fs, args, func(k string) string { return env[k] }, vars))
+		return Conflicts(fs, func(k string) string { return env[k] }, vars)
+	}
+	require.Empty(t, conflicts(map[string]string{"PORT": "80", "ADDR": "0.0.0.0:80", "TIMEOUT_MS": "5", "DYN_TIMEOUT_MS": " 5"}),
+		"the same value in both forms")
+	require.Equal(t, []Conflict{
+		{Env: "ADDR", Used: "PORT", Ignored: "ADDR"},
+		{Env: "ADDR", Used: "PORT", Ignored: "OLD_ADDR"},
+		{Env: "TIMEOUT_MS", Used: "DYN_TIMEOUT_MS", Ignored: "TIMEOUT_MS"},
+	}, conflicts(map[string]string{"PORT": "80", "ADDR": "127.0.0.1:80", "OLD_ADDR": "0.0.0.0:81", "TIMEOUT_MS": "5", "DYN_TIMEOUT_MS": "6", "KEY": "k"}))
+	require.Empty(t, conflicts(map[string]string{"PORT": "80", "ADDR": "127.0.0.1:80"}, "--addr", "127.0.0.1:82"), "the flag decided")
+}
+
+func ExampleConflicts() {
+	var addr string
+	vars := []Var{{Env: "APP_ADDR", Flag: "addr", Default: "0.0.0.0:8080", Help: "listen address",
+		Overrides: []Override{{Env: "PORT", Form: "a port, on 0.0.0.0", Convert: func(v string) (string, error) { return "0.0.0.0:" + v, nil }}},
+		Set:       func(v string) error { addr = v; return nil }}}
+	env := map[string]string{"PORT": "9000", "APP_ADDR": "127.0.0.1:9000"}
+	fs := flag.NewFlagSet("app", flag.ContinueOnError)
+	if err := Load(fs, nil, func(k string) string { return env[k] }, vars); err != nil {
+		fmt.Println(err)
+	}
+	fmt.Println(addr)
+	for _, c := range Conflicts(fs, func(k string) string { return env[k] }, vars) {
+		fmt.Printf("%s: %s used, %s ignored\n", c.Env, c.Used, c.Ignored)
+	}
+	fmt.Print(Table(vars))
+	// Output:
+	// 0.0.0.0:9000
+	// APP_ADDR: PORT used, APP_ADDR ignored
+	// | Variable | Flag | Default | Meaning |
+	// |---|---|---|---|
+	// | `PORT` (a port, on 0.0.0.0), else `APP_ADDR` | `--addr` | 0.0.0.0:8080 | listen address |
+}

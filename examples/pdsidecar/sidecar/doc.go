@@ -47,8 +47,10 @@
 // sidecar starts are SGLang's two legs, one each per request, which ServeHTTP
 // waits for before it returns. Every leg runs under a context derived from the
 // client's request, so a client that goes away cancels both legs, and under its
-// deadline (PrefillTimeout, DecodeTimeout). Close releases the idle connections
-// of the sidecar's own transport.
+// deadline (PrefillTimeout, DecodeTimeout); a decode or pass-through leg is
+// also canceled when its engine sends nothing for ReadIdleTimeout (a timer
+// per leg, reset by the relaying goroutine and stopped when the leg ends).
+// Close releases the idle connections of the sidecar's own transport.
 //
 // # Invariants
 //

@@ -77,6 +77,7 @@ const (
 	DefaultDecodeTimeout           = 10 * time.Minute
 	DefaultBodyReadTimeout         = 30 * time.Second
 	DefaultDialTimeout             = 10 * time.Second
+	DefaultReadIdleTimeout         = 5 * time.Minute // Dynamo's sidecar's read timeout
 	DefaultMaxRequestBytes         = 8 << 20
 	DefaultMaxPrefillResponseBytes = 1 << 20
 	// DefaultSGLangBootstrapPort is SGLang's --disaggregation-bootstrap-port
@@ -105,6 +106,14 @@ type Options struct {
 	// BodyReadTimeout bounds reading the client's body on the P/D path (408
 	// past it). Default 30s; must be >= 0 (0 means the default).
 	BodyReadTimeout time.Duration
+	// ReadIdleTimeout bounds how long a decode or pass-through leg waits for
+	// the engine's next bytes: its answer's headers, then each read of its
+	// body. Past it the leg ends as timed out (an answer already started is
+	// aborted, as past DecodeTimeout), so a stalled stream does not hold a
+	// slot until DecodeTimeout. With SGLang the decode answer waits unread
+	// until the prefill leg succeeds: keep it above PrefillTimeout. Default 5
+	// minutes; must be >= 0 (0 means the default).
+	ReadIdleTimeout time.Duration
 	// DialTimeout bounds connecting to an engine (with the default transport).
 	// Default 10s; must be >= 0 (0 means the default).
 	DialTimeout time.Duration
@@ -186,6 +195,7 @@ func (o Options) withDefaults() (Options, *url.URL, error) {
 	}{
 		{"PrefillTimeout", &o.PrefillTimeout, DefaultPrefillTimeout},
 		{"DecodeTimeout", &o.DecodeTimeout, DefaultDecodeTimeout},
+		{"ReadIdleTimeout", &o.ReadIdleTimeout, DefaultReadIdleTimeout},
 		{"BodyReadTimeout", &o.BodyReadTimeout, DefaultBodyReadTimeout},
 		{"DialTimeout", &o.DialTimeout, DefaultDialTimeout},
 		{"HintMaxLifetime", &o.HintMaxLifetime, pdhint.DefaultMaxLifetime},

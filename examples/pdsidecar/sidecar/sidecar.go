@@ -349,15 +349,32 @@ var prefillPhrases = map[Outcome]struct{ code, message string }{
 type decodeStart struct {
 	resp   *http.Response
 	err    error
-	ctx    context.Context // the leg's context: DecodeTimeout
+	ctx    context.Context // the leg's context: DecodeTimeout, ReadIdleTimeout
+	idle   *time.Timer     // cancels ctx after ReadIdleTimeout without bytes; relay resets it
 	cancel context.CancelFunc
+}
+
+// errReadIdle is the cause of a leg canceled by ReadIdleTimeout.
+var errReadIdle = errors.New("sidecar: the engine sent nothing within the read timeout")
+
+// legContext returns a decode or pass-through leg's context, canceled past
+// DecodeTimeout and when its idle timer (ReadIdleTimeout, started now) fires
+// first; cancel stops both.
+func (s *Sidecar) legContext(parent context.Context) decodeStart {
+	idleCtx, idleCancel := context.WithCancelCause(parent)
+	ctx, cancel := context.WithTimeout(idleCtx, s.opts.DecodeTimeout)
+	idle := time.AfterFunc(s.opts.ReadIdleTimeout, func() { idleCancel(errReadIdle) })
+	return decodeStart{ctx: ctx, idle: idle, cancel: func() {
+		idle.Stop()
+		cancel()
+		idleCancel(context.Canceled)
+	}}
 }
 
 // startDecode sends body to the decode engine; the leg lasts until cancel.
 func (s *Sidecar) startDecode(ctx context.Context, r *http.Request, header http.Header, body []byte) decodeStart {
-	legCtx, cancel := context.WithTimeout(ctx, s.opts.DecodeTimeout)
-	d := decodeStart{ctx: legCtx, cancel: cancel}
-	req, err := http.NewRequestWithContext(legCtx, http.MethodPost, s.decodeTarget(r.URL).String(), bytes.NewReader(body))
+	d := s.legContext(ctx)
+	req, err := http.NewRequestWithContext(d.ctx, http.MethodPost, s.decodeTarget(r.URL).String(), bytes.NewReader(body))
 	if err != nil {
 		d.err = err
 		return d
@@ -379,7 +396,7 @@ func (s *Sidecar) decode(w http.ResponseWriter, r *http.Request, header http.Hea
 // failure to start.
 func (s *Sidecar) finishDecode(w http.ResponseWriter, r *http.Request, d decodeStart, leg Leg) {
 	if d.err == nil {
-		s.relay(w, r, d.ctx, d.resp, leg)
+		s.relay(w, r, d, leg)
 		return
 	}
 	o := outcomeOf(r.Context(), d.ctx)
@@ -393,12 +410,13 @@ func (s *Sidecar) finishDecode(w http.ResponseWriter, r *http.Request, d decodeS
 }
 
 // outcomeOf says why a leg's call failed: the client left, its deadline
-// passed, the sidecar dropped it, or the engine failed.
+// passed or it idled past its read timeout, the sidecar dropped it, or the
+// engine failed.
 func outcomeOf(reqCtx, legCtx context.Context) Outcome {
 	switch {
 	case reqCtx.Err() != nil:
 		return OutcomeCanceled
-	case errors.Is(legCtx.Err(), context.DeadlineExceeded):
+	case errors.Is(legCtx.Err(), context.DeadlineExceeded), errors.Is(context.Cause(legCtx), errReadIdle):
 		return OutcomeTimeout
 	case legCtx.Err() != nil:
 		return OutcomeAbandoned
@@ -417,11 +435,13 @@ func (s *Sidecar) legDone(r *http.Request, leg Leg, o Outcome, err error) {
 }
 
 // relay writes an engine's answer to the client as it arrives, flushing the
-// headers and every chunk of an event stream at once, and counts the leg. When
-// the engine fails after the headers went out, relay aborts the client's
-// connection (panic(http.ErrAbortHandler), which net/http handles), so a
-// truncated answer never looks complete.
-func (s *Sidecar) relay(w http.ResponseWriter, r *http.Request, legCtx context.Context, resp *http.Response, leg Leg) {
+// headers and every chunk of an event stream at once, and counts the leg;
+// each read of the engine's answer restarts the leg's idle timer. When the engine
+// fails after the headers went out, relay aborts the client's connection
+// (panic(http.ErrAbortHandler), which net/http handles), so a truncated
+// answer never looks complete.
+func (s *Sidecar) relay(w http.ResponseWriter, r *http.Request, d decodeStart, leg Leg) {
+	resp, legCtx := d.resp, d.ctx
 	defer resp.Body.Close()
 	copyResponseHeader(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
@@ -436,6 +456,9 @@ func (s *Sidecar) relay(w http.ResponseWriter, r *http.Request, legCtx context.C
 	}
 	buf := make([]byte, 32<<10)
 	for {
+		// The idle timer runs while the engine is read from, not while a
+		// slow client is written to.
+		d.idle.Reset(s.opts.ReadIdleTimeout)
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
 			_, werr := w.Write(buf[:n])
@@ -480,22 +503,21 @@ func (s *Sidecar) passthrough(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, r, http.StatusRequestEntityTooLarge, RefusedBodyTooLarge, bodyPhrases[RefusedBodyTooLarge])
 		return
 	}
-	legCtx, cancel := context.WithTimeout(r.Context(), s.opts.DecodeTimeout)
-	defer cancel()
+	d := s.legContext(r.Context())
+	defer d.cancel()
 	var body io.Reader
 	var limited *limitedBody
 	if r.Body != nil && r.Body != http.NoBody {
 		limited = &limitedBody{r: http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes)}
 		body = limited
 	}
-	req, err := http.NewRequestWithContext(legCtx, r.Method, s.decodeTarget(r.URL).String(), body)
+	req, err := http.NewRequestWithContext(d.ctx, r.Method, s.decodeTarget(r.URL).String(), body)
 	if err != nil {
 		s.refuse(w, r, http.StatusInternalServerError, RefusedInternal, "the request could not be forwarded")
 		return
 	}
 	req.ContentLength = r.ContentLength
 	req.Header = outboundHeader(r.Header)
-	d := decodeStart{ctx: legCtx, cancel: cancel}
 	d.resp, d.err = s.client.Do(req)
 	if d.err != nil && limited != nil && limited.exceeded.Load() {
 		s.refuse(w, r, http.StatusRequestEntityTooLarge, RefusedBodyTooLarge, bodyPhrases[RefusedBodyTooLarge])

@@ -1,0 +1,5 @@
+//go:build !race
+
+package imagebuild_test
+
+const raceBuild = false
