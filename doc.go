@@ -30,13 +30,16 @@
 //   - replica: several replicas of one router share their active load over a
 //     publish/subscribe Bus; replica/natsbus (a module of its own) is the Bus
 //     over NATS, and an embedded NATS server.
-//   - examples/epp: the reference Endpoint Picker (Envoy ext_proc, Kubernetes
-//     discovery, Prometheus metrics, --demo), with examples/epp/extproc and
-//     examples/epp/discovery; examples/gateway: a plain-HTTP gateway on
-//     selection/httproute; examples/pdsidecar: the decode sidecar of
-//     prefill/decode serving (examples/pdsidecar/sidecar); examples/replay: the
-//     trace replay simulator's command line. docs/ARCHITECTURE.md maps every
-//     package, internal ones included.
+//   - examples/epp: the reference Endpoint Picker's command (Envoy ext_proc,
+//     Kubernetes discovery, Prometheus metrics), a thin main over
+//     examples/epp/eppserver (the EPP as a library), with examples/epp/extproc,
+//     examples/epp/discovery, examples/epp/prommetrics and
+//     examples/epp/oteltracing for custom EPPs; examples/demo: the demo (fake
+//     engines, a workload, the EPP in process); examples/gateway: a
+//     plain-HTTP gateway on selection/httproute; examples/pdsidecar: the
+//     decode sidecar of prefill/decode serving (examples/pdsidecar/sidecar);
+//     examples/replay: the trace replay simulator's command line.
+//     docs/ARCHITECTURE.md maps every package, internal ones included.
 //
 // # Quick start
 //
@@ -44,8 +47,8 @@
 //	defer svc.Close()
 //	svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.5:8000", DPSize: 1, BlockSize: 16,
 //		KVEventEndpoints: map[int]string{0: "tcp://10.0.0.5:5557"}})
-//	res, _ := svc.SelectAndReserve(ctx, selection.Request{ReservationID: id, Tokens: promptTokens})
-//	// send the request to res.Endpoint; then:
-//	svc.PrefillComplete(id) // first response bytes
-//	svc.FreeReservation(id) // end of stream, cancel or error
+//	b, _ := svc.Book(ctx, selection.Request{Tokens: promptTokens})
+//	// send the request to b.Endpoint; then, or let a lifecycle.Follower do it:
+//	b.PrefillComplete() // first response bytes
+//	b.Done()            // end of stream, cancel or error
 package kvselect

@@ -43,7 +43,7 @@ func benchService(b *testing.B, obs selection.BookingObserver) (*selection.Selec
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = s.Close() })
-	prompts, err := benchfleet.Warm(s, benchfleet.Fleet{Workers: 16, PerWorker: 16, Fresh: 16})
+	prompts, err := benchfleet.Warm(benchfleet.Service{UpsertWorker: s.UpsertWorker, ApplyEvent: s.Events().Apply}, benchfleet.Fleet{Workers: 16, PerWorker: 16, Fresh: 16})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func BenchmarkSelectAndReserveReplicated(b *testing.B) {
 		if _, err := s.SelectAndReserve(ctx, selection.Request{ReservationID: ids[k], Tokens: prompts[k]}); err != nil {
 			tb.Fatal(err)
 		}
-		if err := s.FreeReservation(ids[k]); err != nil {
+		if err := s.Reservations().Free(ids[k]); err != nil {
 			tb.Fatal(err)
 		}
 	}

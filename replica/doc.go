@@ -4,8 +4,8 @@
 // none of them sends a request to a worker the others have just filled.
 //
 // Only active load is shared: bookings and their settling calls
-// (PrefillComplete, RenewReservation, FreeReservation, AddOutputBlocks; a
-// MoveReservation travels as a free and a new booking), and with each
+// (PrefillComplete, Reservations.Renew, Reservations.Free, AddOutputBlocks; a
+// Reservations.Move travels as a free and a new booking), and with each
 // booking its session (selection.Request.SessionID), which pins the session
 // on every peer as on its origin. Each replica builds
 // its KV index from the workers' own event streams, and each has its own
@@ -59,7 +59,7 @@
 //
 // A receiver follows each peer (origin, epoch):
 //
-//   - the next batch (last+1) is applied: BookRemote and SettleRemote into the
+//   - the next batch (last+1) is applied: ReplicaPlane.Book and ReplicaPlane.Settle into the
 //     service, in order;
 //   - a heartbeat or batch at or below last changes nothing;
 //   - a gap (a batch beyond last+1, a heartbeat beyond last, an unknown peer
@@ -146,7 +146,7 @@
 // their index on <Subject>.index.<ID>. Only a replica
 // that is itself Synced answers (the others say so at once, so replicas that
 // all start together all start cold, waiting on nobody). The peer takes one
-// cut of its service (selection.SelectionService.WriteIndexSnapshot: every
+// cut of its service (selection.EventPlane.WriteSnapshot: every
 // model's index and each event source's last applied batch), encodes it
 // once per transfer (at most 2 at once, each at most MaxIndexBytes; dropped
 // after 4 x SnapshotTimeout + HeartbeatInterval without a request) and serves
@@ -158,7 +158,7 @@
 //
 // The joiner refuses and counts a chunk whose checksum, offset or transfer
 // does not match (asked again 3 times, then the next peer), checks the whole
-// transfer's checksum, and loads it (LoadIndexSnapshot): each source it also
+// transfer's checksum, and loads it (EventPlane.LoadSnapshot): each source it also
 // follows gets the peer's entries and resumes its feed from the recorded
 // batch, replaying the engine from there. Synced waits for that, or for
 // WarmTimeout, past which the replica starts cold with a WARN. Stats.Warm
@@ -178,7 +178,7 @@
 // bounded tail while it takes a snapshot. One peer holds at most
 // MaxPeerBookings bookings of at most MaxPeerBlocks blocks in all in the
 // service (beyond: "peer_full"), each with a lease of at most the service's
-// own (selection.SelectionService.LeaseLimit), so no peer, real or forged,
+// own (selection.ReplicaPlane.LeaseLimit), so no peer, real or forged,
 // can grow a replica's memory past that or pin a worker's load longer than
 // a local booking. Log lines of one kind are limited to 10 a minute,
 // whatever peer they name.

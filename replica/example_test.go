@@ -91,7 +91,7 @@ func Example() {
 		}
 	}
 
-	_ = a.FreeReservation(res.ReservationID)
+	_ = a.Reservations().Free(res.ReservationID)
 	_ = ra.Flush()
 	fmt.Println("epp-1 sees active requests:", b.Loads("")[0].ActiveRequests)
 	// Output:

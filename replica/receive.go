@@ -259,7 +259,7 @@ func (r *Replicator) applyOpLocked(p *peer, o *wireOp, now int64) {
 		r.refuse(reasonPeerFull) // output growth counts against the bound too
 		return
 	}
-	err := r.svc.SettleRemote(p.origin, o.id, o.how)
+	err := r.svc.Replicas().Settle(p.origin, o.id, o.how)
 	switch {
 	case err == nil && o.how == selection.SettleFree:
 		r.forgetLocked(p, o.id)
@@ -291,7 +291,7 @@ func (r *Replicator) forgetLocked(p *peer, id string) {
 
 // bookLocked books one of p's bookings (from the stream or a snapshot) with
 // its remaining lease, both at most the service's own lease
-// (selection.SelectionService.LeaseLimit), within the peer's bounds
+// (selection.ReplicaPlane.LeaseLimit), within the peer's bounds
 // (Options.MaxPeerBookings, MaxPeerBlocks).
 func (r *Replicator) bookLocked(p *peer, o *wireOp, now int64) {
 	remaining := time.Duration(o.remainingMS) * time.Millisecond
@@ -314,10 +314,10 @@ func (r *Replicator) bookLocked(p *peer, o *wireOp, now int64) {
 	// The copy lives what is left of the original's lease; a renewal extends
 	// it by the whole lease, as it does the original. Neither outlives a
 	// local booking's lease: a peer cannot pin load for longer.
-	limit := r.svc.LeaseLimit()
+	limit := r.svc.Replicas().LeaseLimit()
 	lease := min(max(time.Duration(o.leaseMS)*time.Millisecond, remaining), limit)
 	remaining = min(remaining, limit)
-	err := r.svc.BookRemote(p.origin, selection.BookingEvent{
+	err := r.svc.Replicas().Book(p.origin, selection.BookingEvent{
 		ID: o.id, Model: o.model, Worker: o.worker, SeqHashes: o.hashes, PrivateBlocks: o.private,
 		PrefillTokens: o.prefill, ExpectedOutputTokens: o.expected, Lease: lease, Remaining: remaining,
 		Session: o.session,
@@ -344,7 +344,7 @@ func (r *Replicator) bookLocked(p *peer, o *wireOp, now int64) {
 // dropViewLocked frees every booking of p held in the service.
 func (r *Replicator) dropViewLocked(p *peer) {
 	for id := range p.ids {
-		_ = r.svc.SettleRemote(p.origin, id, selection.SettleFree)
+		_ = r.svc.Replicas().Settle(p.origin, id, selection.SettleFree)
 	}
 	if len(p.ids) > 1024 {
 		p.ids = map[string]remote{} // a cleared map keeps its buckets
@@ -735,7 +735,7 @@ func (r *Replicator) checkPeers() {
 		}
 		for id, h := range p.ids {
 			if h.deadline <= now {
-				_ = r.svc.SettleRemote(p.origin, id, selection.SettleFree)
+				_ = r.svc.Replicas().Settle(p.origin, id, selection.SettleFree)
 				r.forgetLocked(p, id)
 			}
 		}

@@ -91,18 +91,18 @@ func TestReplicatesBookingsAndSettlements(t *testing.T) {
 		ids = append(ids, a.book(t, rng, 8))
 	}
 	ids = append(ids, b.book(t, rng, 3))
-	require.NoError(t, a.svc.PrefillComplete(ids[0]))
-	require.NoError(t, a.svc.RenewReservation(ids[1]))
-	require.NoError(t, a.svc.FreeReservation(ids[2]))
+	require.NoError(t, a.svc.Reservations().PrefillComplete(ids[0]))
+	require.NoError(t, a.svc.Reservations().Renew(ids[1]))
+	require.NoError(t, a.svc.Reservations().Free(ids[2]))
 	requireConverged(t, a, b, c)
 	require.Equal(t, 5, activeRequests(c))
 	require.Len(t, c.r.RemoteIDs("a"), 4)
 	require.Len(t, c.r.RemoteIDs("b"), 1)
 
 	for _, id := range append(ids[:2:2], ids[3:5]...) {
-		require.NoError(t, a.svc.FreeReservation(id))
+		require.NoError(t, a.svc.Reservations().Free(id))
 	}
-	require.NoError(t, b.svc.FreeReservation(ids[5]))
+	require.NoError(t, b.svc.Reservations().Free(ids[5]))
 	requireConverged(t, a, b, c)
 	for _, n := range []*node{a, b, c} {
 		require.Zero(t, activeRequests(n))
@@ -136,7 +136,7 @@ func TestGapTakesSnapshot(t *testing.T) {
 	missed := a.book(t, rng, 4)
 	require.NoError(t, a.r.Flush())
 	require.NotContains(t, b.r.RemoteIDs("a"), missed, "the batch was lost")
-	require.NoError(t, a.svc.FreeReservation(keep))
+	require.NoError(t, a.svc.Reservations().Free(keep))
 	requireConverged(t, a, b)
 	require.Equal(t, []string{missed}, b.r.RemoteIDs("a"))
 	st := b.r.Stats()
@@ -184,7 +184,7 @@ func TestOverflowAsksResync(t *testing.T) {
 		ids = append(ids, a.book(t, rng, 2))
 	}
 	for _, id := range ids[:10] {
-		require.NoError(t, a.svc.FreeReservation(id))
+		require.NoError(t, a.svc.Reservations().Free(id))
 	}
 	require.Positive(t, a.r.Stats().Overflow)
 	release()
@@ -259,8 +259,8 @@ func TestPartitionHeals(t *testing.T) {
 	c.bus.setDown(true)
 	require.True(t, c.r.Stats().Degraded)
 	for i := range 6 { // both sides go on booking and freeing
-		require.NoError(t, a.svc.FreeReservation(live[2*i]))
-		require.NoError(t, c.svc.FreeReservation(live[2*i+1]))
+		require.NoError(t, a.svc.Reservations().Free(live[2*i]))
+		require.NoError(t, c.svc.Reservations().Free(live[2*i+1]))
 		a.book(t, rng, 2)
 		b.book(t, rng, 2)
 		c.book(t, rng, 2)
@@ -282,7 +282,7 @@ func TestRefusesUnknownWorker(t *testing.T) {
 	require.NoError(t, err)
 	res, err := a.svc.SelectAndReserve(context.Background(), selection.Request{Tokens: make([]uint32, 64), Allowed: []string{"w4"}})
 	require.NoError(t, err)
-	require.NoError(t, a.svc.FreeReservation(res.ReservationID))
+	require.NoError(t, a.svc.Reservations().Free(res.ReservationID))
 	require.NoError(t, a.r.Flush())
 	st := b.r.Stats()
 	require.Equal(t, map[string]uint64{"not_found": 1, "unknown_id": 1}, st.Refused)
@@ -341,12 +341,12 @@ func TestConcurrentLossyStream(t *testing.T) {
 				held = append(held, n.book(t, rng, 1+rng.IntN(8)))
 				if len(held) > 8 || rng.IntN(2) == 0 {
 					k := rng.IntN(len(held))
-					require.NoError(t, n.svc.FreeReservation(held[k]))
+					require.NoError(t, n.svc.Reservations().Free(held[k]))
 					held = append(held[:k], held[k+1:]...)
 				}
 			}
 			for _, id := range held {
-				require.NoError(t, n.svc.FreeReservation(id))
+				require.NoError(t, n.svc.Reservations().Free(id))
 			}
 		})
 	}
@@ -373,10 +373,10 @@ func TestPublisherWakesFromIdle(t *testing.T) {
 		require.Eventually(t, func() bool { return activeRequests(b) == 1 }, time.Second, 100*time.Microsecond, "booking %d", i)
 		if i%4 == 0 { // sometimes a burst: the publisher stays awake between its batches
 			for range 5 {
-				require.NoError(t, a.svc.FreeReservation(a.book(t, rng, 1)))
+				require.NoError(t, a.svc.Reservations().Free(a.book(t, rng, 1)))
 			}
 		}
-		require.NoError(t, a.svc.FreeReservation(id))
+		require.NoError(t, a.svc.Reservations().Free(id))
 		require.Eventually(t, func() bool { return activeRequests(b) == 0 }, time.Second, 100*time.Microsecond, "free %d", i)
 	}
 	require.Zero(t, a.r.Stats().Heartbeats, "every batch went without a heartbeat's help")

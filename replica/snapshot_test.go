@@ -120,7 +120,7 @@ func TestSnapshotDoesNotRebookOverflowedFree(t *testing.T) {
 		a.book(t, rng, 2)
 	}
 	x := a.book(t, rng, 2) // the eighth pending op: the batch seq0+3
-	require.NoError(t, a.svc.FreeReservation(x))
+	require.NoError(t, a.svc.Reservations().Free(x))
 	require.Equal(t, uint64(1), a.r.Stats().Overflow, "x's free was dropped")
 
 	// The publisher stops right after the flagged batch seq0+2 reached b.
@@ -161,7 +161,7 @@ func TestSnapshotDoesNotRebookPendingFree(t *testing.T) {
 		ys = append(ys, a.book(t, rng, 2))
 	}
 	x := a.book(t, rng, 2) // ys and x: the batch seq0+2
-	require.NoError(t, a.svc.FreeReservation(x))
+	require.NoError(t, a.svc.Reservations().Free(x))
 	held := newGate(t) // x's free: the batch seq0+3
 	blockBatch(a, seq0+3, held)
 
@@ -212,7 +212,7 @@ func TestPagedSnapshotDoesNotRebookFreeBetweenPages(t *testing.T) {
 	seq := a.r.Stats().Seq
 	held := newGate(t)
 	blockBatch(a, seq+1, held)
-	require.NoError(t, a.svc.FreeReservation(x))
+	require.NoError(t, a.svc.Reservations().Free(x))
 	eventually(t, func() bool { return a.r.Stats().Seq == seq+1 }, "x's free has its batch")
 	resume.open()
 
@@ -262,7 +262,7 @@ func TestResyncDuringSnapshotTakesAnother(t *testing.T) {
 	for range 8 {
 		a.book(t, rng, 2)
 	}
-	require.NoError(t, a.svc.FreeReservation(x))
+	require.NoError(t, a.svc.Reservations().Free(x))
 	require.Equal(t, uint64(1), a.r.Stats().Overflow, "x's free was dropped")
 	release()
 	require.NoError(t, a.r.Flush()) // the flagged batches reach c

@@ -150,7 +150,7 @@ func (r *Replicator) warmLoop() {
 // none, or once WarmTimeout has passed, the replica starts cold.
 func (r *Replicator) warmStart() {
 	defer r.warm.done.Store(true)
-	if r.svc.EventStats() == nil {
+	if r.svc.Events().Sources() == nil {
 		return // no event feed, no index to warm
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, r.o.WarmTimeout)
@@ -249,7 +249,7 @@ func (r *Replicator) takeIndex(ctx context.Context, peer string) error {
 	}
 	release()
 	started = false
-	rep, err := r.svc.LoadIndexSnapshot(ctx, bytes.NewReader(buf))
+	rep, err := r.svc.Events().LoadSnapshot(ctx, bytes.NewReader(buf))
 	if err != nil {
 		return fmt.Errorf("%w: %s: %w", errIndexTransfer, peer, err)
 	}
@@ -367,7 +367,7 @@ func (r *Replicator) newTransfer(now time.Time) (*transfer, uint64, byte) {
 	r.warm.preparing++
 	r.warm.mu.Unlock()
 	lw := &limitedBuffer{max: r.o.MaxIndexBytes}
-	err := r.svc.WriteIndexSnapshot(lw)
+	err := r.svc.Events().WriteSnapshot(lw)
 	r.warm.mu.Lock()
 	defer r.warm.mu.Unlock()
 	r.warm.preparing--

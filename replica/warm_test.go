@@ -83,7 +83,7 @@ func (g *engines) service(r *replica.Replicator) *selection.SelectionService {
 	// tell its subscribers apart: publish until svc has heard every engine
 	// (what it missed meanwhile it replays).
 	require.Eventually(g.t, func() bool {
-		st := svc.EventStats()
+		st := svc.Events().Sources()
 		heard := len(st) == len(g.es)
 		for i, e := range g.es {
 			if !heard || st[i].Received == 0 {
@@ -110,7 +110,7 @@ func (g *engines) route(svc *selection.SelectionService, n int) {
 		require.NoError(g.t, err)
 		_, err = g.es[i].Serve(fakeengine.Request{Tokens: p})
 		require.NoError(g.t, err)
-		require.NoError(g.t, svc.FreeReservation(res.ReservationID))
+		require.NoError(g.t, svc.Reservations().Free(res.ReservationID))
 	}
 }
 
@@ -118,7 +118,7 @@ func (g *engines) route(svc *selection.SelectionService, n int) {
 func (g *engines) converge(svc *selection.SelectionService) {
 	g.t.Helper()
 	require.Eventually(g.t, func() bool {
-		st := svc.EventStats()
+		st := svc.Events().Sources()
 		if len(st) != len(g.es) {
 			return false
 		}
@@ -134,7 +134,7 @@ func (g *engines) converge(svc *selection.SelectionService) {
 func indexOf(t testing.TB, svc *selection.SelectionService) []byte {
 	t.Helper()
 	var buf bytes.Buffer
-	require.NoError(t, svc.WriteIndexSnapshot(&buf))
+	require.NoError(t, svc.Events().WriteSnapshot(&buf))
 	return buf.Bytes()
 }
 
@@ -208,7 +208,7 @@ func TestWarmStartJoinerEqualsPeer(t *testing.T) {
 	as := a.r.Stats().Warm
 	require.EqualValues(t, 1, as.Served)
 	require.GreaterOrEqual(t, as.ChunksServed, uint64(w.Bytes/replica.MinMessageBytes))
-	for _, st := range b.svc.EventStats() {
+	for _, st := range b.svc.Events().Sources() {
 		require.EqualValues(t, 1, st.Resumes, "%v", st.Worker)
 		require.False(t, st.Degraded, "%v", st.Worker)
 	}
@@ -236,7 +236,7 @@ func TestWarmStartAllCold(t *testing.T) {
 	for _, n := range ns {
 		res, err := n.svc.SelectAndReserve(context.Background(), selection.Request{Tokens: make([]uint32, 32)})
 		require.NoError(t, err)
-		t.Cleanup(func() { _ = n.svc.FreeReservation(res.ReservationID) })
+		t.Cleanup(func() { _ = n.svc.Reservations().Free(res.ReservationID) })
 		require.NoError(t, n.r.Flush())
 	}
 	waitSynced(t, ns...)

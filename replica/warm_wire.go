@@ -16,7 +16,7 @@ import (
 //	               data: length uv, bytes | data CRC-32C u32
 //
 // A transfer is one encoding of the serving replica's index snapshot
-// (selection.SelectionService.WriteIndexSnapshot), total bytes long, served
+// (selection.EventPlane.WriteSnapshot), total bytes long, served
 // in chunks by offset; every chunk carries the transfer's length and
 // checksum and its own data's checksum, so a torn or damaged chunk, or a
 // transfer that changed under the reader, is detected. A chunk with a status

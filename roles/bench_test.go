@@ -82,7 +82,7 @@ func benchRoles(b *testing.B, mode TopologyMode, prompts [][]uint32) *RoleSelect
 					hs[j] = uint64(i*4+k)<<20 | uint64(j) + 1
 				}
 				ev := kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: p}
-				if err := svc.ApplyEvent(catalog.WorkerRank{Worker: rec.Worker.ID}, ev); err != nil {
+				if err := svc.Events().Apply(catalog.WorkerRank{Worker: rec.Worker.ID}, ev); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -92,7 +92,7 @@ func benchRoles(b *testing.B, mode TopologyMode, prompts [][]uint32) *RoleSelect
 }
 
 // BenchmarkSingleSelectAndReserve is one aggregated request's routing life on
-// one service: SelectAndReserve, PrefillComplete, FreeReservation.
+// one service: SelectAndReserve, PrefillComplete, Reservations.Free.
 func BenchmarkSingleSelectAndReserve(b *testing.B) {
 	prompts := benchPrompts()
 	rs := benchRoles(b, ModeAggregated, prompts)
@@ -105,8 +105,8 @@ func BenchmarkSingleSelectAndReserve(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		_ = svc.PrefillComplete(res.ReservationID)
-		_ = svc.FreeReservation(res.ReservationID)
+		_ = svc.Reservations().PrefillComplete(res.ReservationID)
+		_ = svc.Reservations().Free(res.ReservationID)
 		i++
 	}
 }
@@ -163,7 +163,7 @@ func BenchmarkAggregatedBook(b *testing.B) {
 // BenchmarkPairVsSingle interleaves a single booking and a pair booking per
 // iteration, so that both see the same load from whatever else shares the
 // machine, and reports the mean cost of each booking (SelectAndReserve; Book)
-// and of each settlement (PrefillComplete and FreeReservation; Handoff and
+// and of each settlement (PrefillComplete and Reservations.Free; Handoff and
 // Complete), with the ratios. The acceptance bound applies to book-ratio:
 // a pair booking costs at most twice a single SelectAndReserve.
 func BenchmarkPairVsSingle(b *testing.B) {
@@ -186,8 +186,8 @@ func BenchmarkPairVsSingle(b *testing.B) {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
-		_ = svc.PrefillComplete(res.ReservationID)
-		_ = svc.FreeReservation(res.ReservationID)
+		_ = svc.Reservations().PrefillComplete(res.ReservationID)
+		_ = svc.Reservations().Free(res.ReservationID)
 		t2 := time.Now()
 		plan, err := pb.Book(ctx, req)
 		if err != nil {

@@ -183,7 +183,7 @@ func (p Plan) Renew() error {
 // of a finished answer) and grows its decode reservation, the one that holds
 // the output, by one block per block size of the decode worker booked
 // (Decode.BlockSize) not counted before
-// (selection.SelectionService.AddOutputBlocks), so that worker's decode cost
+// (selection.Reservations.AddOutputBlocks), so that worker's decode cost
 // follows what it holds. A count not larger than before changes nothing.
 // After Done it is ErrUnknownPlan; a decode leg already gone from its service
 // is selection.ErrUnknownReservation.
@@ -200,7 +200,7 @@ func (p Plan) Generated(tokens int) error {
 
 // Move moves the plan's decode reservation (the destination) to worker rank
 // to of the destination role, with its load, its lease and its session's pin
-// (selection.SelectionService.MoveSessionReservation): the gateway served the
+// (selection.Reservations.Move): the gateway served the
 // request on another endpoint than the one picked (a fallback of the list, a
 // retry). The prefill leg stays: it is where the prompt was computed. The
 // Plan's Decode still names the worker booked first; MarkFailed marks the one
@@ -286,7 +286,21 @@ type leg interface {
 	PotentialLoads(ctx context.Context, req selection.Request) ([]selection.Scored, error)
 }
 
-var _ leg = (*selection.SelectionService)(nil)
+// serviceLeg is a role's selection service as a leg: its by-id calls go
+// through the service's Reservations.
+type serviceLeg struct{ *selection.SelectionService }
+
+func (l serviceLeg) FreeReservation(id string) error  { return l.Reservations().Free(id) }
+func (l serviceLeg) PrefillComplete(id string) error  { return l.Reservations().PrefillComplete(id) }
+func (l serviceLeg) RenewReservation(id string) error { return l.Reservations().Renew(id) }
+func (l serviceLeg) AddOutputBlocks(id string, n int) error {
+	return l.Reservations().AddOutputBlocks(id, n)
+}
+func (l serviceLeg) MoveSessionReservation(id string, to catalog.WorkerRank, session string) error {
+	return l.Reservations().Move(id, to, session)
+}
+
+var _ leg = serviceLeg{}
 
 // PairBooker books requests across the role selectors: in disaggregated mode a
 // (prefill, decode) pair per request, in aggregated mode one aggregated worker,
@@ -333,7 +347,7 @@ func NewPairBooker(rs *RoleSelectors, opts BookerOptions) (*PairBooker, error) {
 	dp := rs.profiles[dr]
 	var pre leg
 	if rs.mode == ModeDisaggregated {
-		pre = rs.services[Prefill]
+		pre = serviceLeg{rs.services[Prefill]}
 	}
 	if opts.PlanLease == 0 {
 		opts.PlanLease = dp.Config.ActiveRequestExpiry
@@ -341,7 +355,7 @@ func NewPairBooker(rs *RoleSelectors, opts BookerOptions) (*PairBooker, error) {
 			opts.PlanLease = selection.DefaultActiveRequestExpiry
 		}
 	}
-	b, err := newPairBooker(dr, pre, rs.services[dr], dp, opts)
+	b, err := newPairBooker(dr, pre, serviceLeg{rs.services[dr]}, dp, opts)
 	if err != nil {
 		return nil, err
 	}

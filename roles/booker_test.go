@@ -421,7 +421,7 @@ func TestDecodeOverrideReadBackThroughLoads(t *testing.T) {
 	direct, err := rs.Service(Decode).SelectAndReserve(ctx, selection.Request{Tokens: toks(40, 2), Override: caller})
 	require.NoError(t, err)
 	require.Equal(t, int64(40), load(t, rs, Decode, "d").ActivePrefillTokens)
-	require.NoError(t, rs.Service(Decode).FreeReservation(direct.ReservationID))
+	require.NoError(t, rs.Service(Decode).Reservations().Free(direct.ReservationID))
 
 	require.NoError(t, p1.PrefillComplete())
 	require.Equal(t, int64(40), load(t, rs, Prefill, "p").ActivePrefillTokens)
@@ -507,8 +507,8 @@ func TestCompensationQueuedPrefillTimesOut(t *testing.T) {
 	require.ErrorIs(t, <-queued, context.Canceled)
 	require.NoError(t, plan.Done())
 
-	require.NoError(t, rs.Service(Prefill).FreeReservation(hog.ReservationID))
-	require.NoError(t, rs2.Service(Prefill).FreeReservation(hog2.ReservationID))
+	require.NoError(t, rs.Service(Prefill).Reservations().Free(hog.ReservationID))
+	require.NoError(t, rs2.Service(Prefill).Reservations().Free(hog2.ReservationID))
 	requireIdle(t, rs)
 	requireIdle(t, rs2)
 }

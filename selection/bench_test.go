@@ -45,7 +45,7 @@ func benchServiceFeed(b *testing.B, n int, mod func(*Config), feed bool, tracer 
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = s.Close() })
-	prompts, err := benchfleet.Warm(s, benchfleet.Fleet{Workers: n, PerWorker: 32, Fresh: 64})
+	prompts, err := benchfleet.Warm(benchfleet.Service{UpsertWorker: s.UpsertWorker, ApplyEvent: s.Events().Apply}, benchfleet.Fleet{Workers: n, PerWorker: 32, Fresh: 64})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func BenchmarkSelectAndReserve(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if err := s.FreeReservation(res.ReservationID); err != nil {
+				if err := s.Reservations().Free(res.ReservationID); err != nil {
 					b.Fatal(err)
 				}
 				durs = append(durs, time.Since(start))
@@ -133,7 +133,7 @@ func bookFree(ctx context.Context, b *testing.B, s *SelectionService, id string,
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := s.FreeReservation(res.ReservationID); err != nil {
+	if err := s.Reservations().Free(res.ReservationID); err != nil {
 		b.Fatal(err)
 	}
 	return time.Since(start)
@@ -217,7 +217,7 @@ func BenchmarkSelectAndReserveScaling(b *testing.B) {
 						b.Error(err)
 						return
 					}
-					_ = v.s.FreeReservation(res.ReservationID)
+					_ = v.s.Reservations().Free(res.ReservationID)
 				}
 			}
 			const ops = 2000
@@ -258,7 +258,7 @@ func runParallelBookings(b *testing.B, s *SelectionService, prompts [][]uint32) 
 				b.Error(err)
 				return
 			}
-			_ = s.FreeReservation(res.ReservationID)
+			_ = s.Reservations().Free(res.ReservationID)
 		}
 	})
 }
@@ -324,7 +324,7 @@ func benchFleet(b *testing.B, n int) *fleetBench {
 			engine++
 			hs[j] = engine
 		}
-		if err := s.ApplyEvent(wr, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: p}); err != nil {
+		if err := s.Events().Apply(wr, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: p}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -369,7 +369,7 @@ func BenchmarkSelectAndReserveFleet(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					if err := f.s.FreeReservation(res.ReservationID); err != nil {
+					if err := f.s.Reservations().Free(res.ReservationID); err != nil {
 						b.Fatal(err)
 					}
 					durs = append(durs, time.Since(start))

@@ -41,7 +41,7 @@ func (r *bindRig) worker(id, endpoint string) {
 func (r *bindRig) engine(topic string) (e *fakeengine.Engine, started bool) {
 	r.t.Helper()
 	e, err := fakeengine.New(fakeengine.Options{BlockSize: rigBlock, CapacityBlocks: 4096, DialAttempts: 5,
-		PubMode: fakeengine.PubDial, PubEndpoint: "tcp://" + r.s.EventBindAddr().String(), Topic: topic})
+		PubMode: fakeengine.PubDial, PubEndpoint: "tcp://" + r.s.Events().BindAddr().String(), Topic: topic})
 	require.NoError(r.t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -68,7 +68,7 @@ func (r *bindRig) serveUntil(e *fakeengine.Engine, cond func() bool) []uint32 {
 
 func (r *bindRig) overlap(id string, tokens []uint32) int {
 	r.t.Helper()
-	ov, err := r.s.OverlapScores(context.Background(), Request{Tokens: tokens})
+	ov, err := overlapScores(r.s, context.Background(), Request{Tokens: tokens})
 	require.NoError(r.t, err)
 	return ov[catalog.WorkerRank{Worker: id}].Device
 }
@@ -77,12 +77,12 @@ func TestBindRefusesPeersAtNoWorkersAddress(t *testing.T) {
 	r := newBindRig(t, false)
 	r.worker("w", "127.0.0.2:8000") // the engine dials from 127.0.0.1
 	e, _ := r.engine("kv@127.0.0.2@m")
-	require.Eventually(t, func() bool { return r.s.EventRefusals()["not_admitted"] > 0 }, 20*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return r.s.Events().Refusals()["not_admitted"] > 0 }, 20*time.Second, 5*time.Millisecond)
 	for i := range 20 {
 		_, err := e.Serve(fakeengine.Request{Tokens: toks(4*rigBlock, i+1)})
 		require.NoError(t, err)
 	}
-	require.Empty(t, r.s.EventStats(), "nothing attributed")
+	require.Empty(t, r.s.Events().Sources(), "nothing attributed")
 	require.Zero(t, r.overlap("w", toks(4*rigBlock, 1)))
 }
 
@@ -97,10 +97,10 @@ func TestBindTakesOnlyTheSendersOwnTopic(t *testing.T) {
 	require.True(t, ok)
 	own, ok := r.engine("kv@127.0.0.1:8000@m")
 	require.True(t, ok)
-	r.serveUntil(forged, func() bool { return r.s.EventRefusals()["topic_refused"] >= 2 })
-	r.serveUntil(ambiguous, func() bool { return r.s.EventRefusals()["topic_refused"] >= 4 })
-	p := r.serveUntil(own, func() bool { return len(r.s.EventStats()) == 1 })
-	st := r.s.EventStats()
+	r.serveUntil(forged, func() bool { return r.s.Events().Refusals()["topic_refused"] >= 2 })
+	r.serveUntil(ambiguous, func() bool { return r.s.Events().Refusals()["topic_refused"] >= 4 })
+	p := r.serveUntil(own, func() bool { return len(r.s.Events().Sources()) == 1 })
+	st := r.s.Events().Sources()
 	require.Len(t, st, 1)
 	require.Equal(t, "a", st[0].Worker.Worker)
 	require.Eventually(t, func() bool { return r.overlap("a", p) == 4 }, 20*time.Second, 5*time.Millisecond)
@@ -111,7 +111,7 @@ func TestBindTakesOnlyTheSendersOwnTopic(t *testing.T) {
 	_, err := r.s.UpsertWorker(catalog.Worker{ID: "a", Endpoint: "127.0.0.1:8001", DPSize: 1, BlockSize: rigBlock})
 	require.NoError(t, err)
 	require.Zero(t, r.overlap("a", p))
-	require.Empty(t, r.s.EventStats())
+	require.Empty(t, r.s.Events().Sources())
 }
 
 func TestBindFromAnyPeerAdmitsEveryAddress(t *testing.T) {
@@ -119,7 +119,7 @@ func TestBindFromAnyPeerAdmitsEveryAddress(t *testing.T) {
 	r.worker("w", "127.0.0.2:8000")
 	e, ok := r.engine("kv@127.0.0.2@m")
 	require.True(t, ok)
-	p := r.serveUntil(e, func() bool { return len(r.s.EventStats()) == 1 })
+	p := r.serveUntil(e, func() bool { return len(r.s.Events().Sources()) == 1 })
 	require.Eventually(t, func() bool { return r.overlap("w", p) == 4 }, 20*time.Second, 5*time.Millisecond)
-	require.Empty(t, r.s.EventRefusals())
+	require.Empty(t, r.s.Events().Refusals())
 }

@@ -41,7 +41,7 @@ func (s *SelectionService) Book(ctx context.Context, req Request) (*Booking, err
 }
 
 // PrefillComplete reports the request's first output byte (see
-// SelectionService.PrefillComplete). Only the first call counts. It returns
+// Reservations.PrefillComplete). Only the first call counts. It returns
 // ErrUnknownReservation when the booking is already gone from the service
 // (its lease passed or its worker was deleted), nil otherwise.
 func (b *Booking) PrefillComplete() error {
@@ -51,10 +51,10 @@ func (b *Booking) PrefillComplete() error {
 		return nil
 	}
 	b.prefilled = true
-	return b.svc.PrefillComplete(b.ReservationID)
+	return b.svc.Reservations().PrefillComplete(b.ReservationID)
 }
 
-// Done releases the booking (see SelectionService.FreeReservation). Only the
+// Done releases the booking (see Reservations.Free). Only the
 // first call frees; it returns ErrUnknownReservation when the booking was
 // already gone (its lease passed or its worker was deleted), which needs no
 // action.
@@ -65,7 +65,7 @@ func (b *Booking) Done() error {
 		return nil
 	}
 	b.done = true
-	return b.svc.FreeReservation(b.ReservationID)
+	return b.svc.Reservations().Free(b.ReservationID)
 }
 
 // MarkFailed reports that the worker carrying the booking (the one booked,
@@ -85,7 +85,7 @@ func (b *Booking) MarkFailed() error {
 }
 
 // Renew extends the booking's lease from now (see
-// SelectionService.RenewReservation): a request that is still making progress,
+// Reservations.Renew): a request that is still making progress,
 // such as a long stream, is not an orphan. After Done, or once the booking is
 // gone, it returns ErrUnknownReservation.
 func (b *Booking) Renew() error {
@@ -94,5 +94,5 @@ func (b *Booking) Renew() error {
 	if b.done {
 		return fmt.Errorf("%w: %q is done", ErrUnknownReservation, b.ReservationID)
 	}
-	return b.svc.RenewReservation(b.ReservationID)
+	return b.svc.Reservations().Renew(b.ReservationID)
 }

@@ -50,12 +50,12 @@ func TestBookingRenewExtendsLease(t *testing.T) {
 	clk.Advance(50 * time.Second)
 	require.NoError(t, long.Renew())
 	clk.Advance(20 * time.Second)
-	require.Equal(t, 1, s.ExpireReservations(), "only the booking that was not renewed")
+	require.Equal(t, 1, s.Reservations().Expire(), "only the booking that was not renewed")
 	require.Equal(t, 1, s.Loads("")[0].ActiveRequests)
 	require.ErrorIs(t, short.Done(), ErrUnknownReservation, "expired before its end")
 	require.NoError(t, long.Done())
 	requireIdle(t, s)
-	require.ErrorIs(t, s.RenewReservation("nope"), ErrUnknownReservation)
+	require.ErrorIs(t, s.Reservations().Renew("nope"), ErrUnknownReservation)
 }
 
 // A worker registered without what it needs is named, with its reasons, by
@@ -97,11 +97,11 @@ func TestMarkFailedEjectsAndForgetsAffinity(t *testing.T) {
 	require.Equal(t, warm, again.Worker)
 	require.NoError(t, again.Done())
 
-	ov, err := s.OverlapScores(context.Background(), Request{Tokens: prompt})
+	ov, err := overlapScores(s, context.Background(), Request{Tokens: prompt})
 	require.NoError(t, err)
 	require.Positive(t, ov[catalog.WorkerRank{Worker: warm}].Device)
 	require.NoError(t, s.MarkFailed(warm))
-	ov, err = s.OverlapScores(context.Background(), Request{Tokens: prompt})
+	ov, err = overlapScores(s, context.Background(), Request{Tokens: prompt})
 	require.NoError(t, err)
 	require.Zero(t, ov[catalog.WorkerRank{Worker: warm}].Device, "its affinity is forgotten")
 	for range 20 {

@@ -22,7 +22,7 @@ func TestEventsOfMadeUpRanksAndOverfullRanksAreRefused(t *testing.T) {
 		for i, h := range hs {
 			toks[i] = uint32(h)
 		}
-		return s.ApplyEvent(catalog.WorkerRank{Worker: "w", Rank: rank}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: toks})
+		return s.Events().Apply(catalog.WorkerRank{Worker: "w", Rank: rank}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: toks})
 	}
 	for _, r := range []int{0, 1, 4, 30000} {
 		require.ErrorIs(t, store(r, 1), kvevents.ErrUnknownRank, "rank %d", r)
@@ -50,5 +50,5 @@ func TestCancelledCallerBooksNothing(t *testing.T) {
 	cancel()
 	_, err = s.SelectAndReserve(ctx, Request{ReservationID: "r", Tokens: []uint32{1, 2}})
 	require.ErrorIs(t, err, context.Canceled)
-	require.ErrorIs(t, s.FreeReservation("r"), ErrUnknownReservation, "nothing was booked")
+	require.ErrorIs(t, s.Reservations().Free("r"), ErrUnknownReservation, "nothing was booked")
 }

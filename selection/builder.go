@@ -113,7 +113,7 @@ func (b *SelectionServiceBuilder) Recorder(r Recorder) *SelectionServiceBuilder 
 
 // SweepInterval sets how often expired reservations are released by the
 // service's own sweeper goroutine (default 1 s; negative disables it, leaving
-// ExpireReservations to the caller).
+// Expire to the caller).
 func (b *SelectionServiceBuilder) SweepInterval(d time.Duration) *SelectionServiceBuilder {
 	b.sweep = d
 	return b
@@ -126,7 +126,7 @@ func (b *SelectionServiceBuilder) EventFeed(o FeedOptions) *SelectionServiceBuil
 }
 
 // ExternalEvents makes the service take KV events from the caller
-// (SelectionService.ApplyEvent) instead of running its own ZeroMQ feed: for
+// (EventPlane.Apply) instead of running its own ZeroMQ feed: for
 // embedders with their own event transport, simulators and tests. Workers then
 // need no KV-event endpoints to be schedulable. Meaningful only with
 // Config.UseKVEvents.
@@ -139,13 +139,13 @@ func (b *SelectionServiceBuilder) ExternalEvents() *SelectionServiceBuilder {
 // (tcp://host:port) for engines that dial in instead of binding their PUB.
 // Messages are attributed by topic (kv@<host>[:port]@<model>) to the worker whose
 // endpoint has that host (and port, when the topic names one); workers then need
-// no per-rank event endpoint to be schedulable. SelectionService.EventBindAddr
+// no per-rank event endpoint to be schedulable. EventPlane.BindAddr
 // returns the bound address.
 //
 // Only peers at the IP address of a known worker's endpoint may connect, and a
 // message is taken only when its topic names the worker at the sending address;
 // a host-only topic that several workers share is refused as ambiguous (name
-// the port in the topic). Every refusal is counted (EventRefusals, and the
+// the port in the topic). Every refusal is counted (EventPlane.Refusals, and the
 // feed's BindStats).
 func (b *SelectionServiceBuilder) BindEvents(endpoint string) *SelectionServiceBuilder {
 	b.bindAddr = endpoint

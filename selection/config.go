@@ -133,7 +133,7 @@ type PredictiveCost struct {
 	DecodeWeight float64
 	// BalanceWeight prices a rank's share of the recent requests: a rank
 	// whose recent bookings (reservation.PrefillClock's Arrivals: this
-	// service's and, through BookRemote, its peers') are (1 + BalanceSlack
+	// service's and, through ReplicaPlane.Book, its peers') are (1 + BalanceSlack
 	// + x) times the candidates' mean costs x times BalanceWeight times P
 	// more, where P is the candidates' mean time to prefill the model's mean
 	// prompt (over its last few hundred decisions): the price scales with

@@ -2,6 +2,23 @@
 // that an Endpoint Picker or a gateway builds once and calls for every request to
 // pick the worker that should serve it and book that decision.
 //
+// # The caller's duties
+//
+// Build the service once (SelectionServiceBuilder), register the workers
+// (UpsertWorker, DeleteWorker, SetDraining), book every request (Book) and
+// settle its Booking as the response passes: a lifecycle.Follower does that
+// from the response, as selection/httproute and the reference EPP do
+// (package lifecycle names the calls and their repeat-call contract).
+// MarkFailed a worker that failed a request; Close at the end. The rest of
+// the surface is reached through three views, so that the per-request core
+// stays small:
+//
+//	Reservations()  the same settles by reservation id, for a caller that carries ids
+//	                (roles' pair booker) and tests with a fake clock (Expire)
+//	Events()        the KV-event plane: events applied by hand, the feed's sources,
+//	                bind listener, refusals and health, the index snapshot
+//	Replicas()      what package replica needs: peers' bookings booked and settled here
+//
 // # Request path
 //
 // SelectAndReserve hashes the prompt (kvindex.Hasher), asks the model's index how
@@ -17,7 +34,8 @@
 // that an accepted decision is a serial one. With queueing the whole decision runs under
 // the model's lock, since admission needs a consistent view of the queue. The
 // response tells the caller where to send the request; the caller reports the
-// first output (PrefillComplete) and the end of the request (FreeReservation).
+// first output (Booking.PrefillComplete) and the end of the request
+// (Booking.Done).
 // Bookings carry a lease: one never freed (a gateway that died mid-request)
 // expires and releases its load.
 //
@@ -113,7 +131,7 @@
 // costs more than the best rank by SoftSlack cold costs of the request); a
 // request booked elsewhere moves the pin. Each model holds at most
 // MaxSessions pins, least recently used dropped first, each living IdleTTL
-// after its last booking. A peer's booking (BookRemote) pins its session too,
+// after its last booking. A peer's booking (ReplicaPlane.Book) pins its session too,
 // so replicas share pins. A request without a SessionID never touches the
 // table; one with it takes the model's table lock twice (read, then pin).
 //
@@ -168,11 +186,11 @@
 //
 // # Index snapshots
 //
-// WriteIndexSnapshot writes every model's index with each event source's
+// WriteSnapshot writes every model's index with each event source's
 // last applied batch, read at one cut: the feed hands every batch and reset
 // to the handler through a gate, under its read lock, and the cut takes it
 // for writing while it copies the indexes, so no batch is half applied and
-// the numbers match the entries exactly. LoadIndexSnapshot, on a joining
+// the numbers match the entries exactly. EventPlane.LoadSnapshot, on a joining
 // replica, replaces each recorded source's entries by the snapshot's on the
 // source's own feed goroutine and resumes its feed from the recorded batch
 // (kvevents.Feed.ResumeSource): the engine's replay brings the rest, applied
@@ -189,7 +207,7 @@
 // load reads of concurrent decisions. Build starts the KV-event feed, the feed
 // checker and the expiry sweeper; Close stops them and waits. The booking path
 // touches a rank's feed state through atomics only (and never the cut gate,
-// which only event batches and WriteIndexSnapshot take) (and a mutex for one
+// which only event batches and EventPlane.WriteSnapshot take) (and a mutex for one
 // booking in FeedTrust.ParityEvery). The ledger's hooks (a load dropped, a load raised) never take a
 // lock a ledger caller may hold: only the model's cost-order mutex, a leaf
 // lock held for one rank's move between groups (sparse.go).

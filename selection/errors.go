@@ -28,7 +28,7 @@ var (
 	// ErrOverloaded: every eligible worker is busy and the admission queue is full,
 	// or queueing is off (429).
 	ErrOverloaded = errors.New("selection: overloaded")
-	// ErrUnknownReservation: PrefillComplete or FreeReservation of an id that is
+	// ErrUnknownReservation: PrefillComplete or Reservations.Free of an id that is
 	// not booked (never booked, already freed, expired). Harmless (404).
 	ErrUnknownReservation = errors.New("selection: unknown reservation")
 	// ErrClosed: the service was closed (503).

@@ -52,10 +52,10 @@ func TestRoutesToTheEngineHoldingThePrefix(t *testing.T) {
 	require.NoError(t, err)
 	h, _ := kvindex.NewHasher(4, kvindex.HashOptions{})
 	require.Eventually(t, func() bool {
-		ov, err := s.OverlapScores(context.Background(), Request{Tokens: prompt})
+		ov, err := overlapScores(s, context.Background(), Request{Tokens: prompt})
 		return err == nil && ov[catalog.WorkerRank{Worker: "e1"}].Device == len(h.SeqHashes(prompt))
 	}, 20*time.Second, 2*time.Millisecond)
-	require.NotEmpty(t, s.EventStats())
+	require.NotEmpty(t, s.Events().Sources())
 
 	res, err := s.SelectAndReserve(context.Background(), Request{ReservationID: "hit", Tokens: prompt})
 	require.NoError(t, err)
@@ -71,13 +71,13 @@ func TestRoutesToTheEngineHoldingThePrefix(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, "e1", res2.Worker)
 	for _, id := range []string{"hit", "load", "miss"} {
-		require.NoError(t, s.FreeReservation(id))
+		require.NoError(t, s.Reservations().Free(id))
 	}
 
 	// Deleting the worker removes its index state; its late events are refused.
 	_, err = s.DeleteWorker("e1")
 	require.NoError(t, err)
-	ov, err := s.OverlapScores(context.Background(), Request{Tokens: prompt})
+	ov, err := overlapScores(s, context.Background(), Request{Tokens: prompt})
 	require.NoError(t, err)
 	require.Zero(t, ov[catalog.WorkerRank{Worker: "e1"}].Device)
 	_, err = engines[1].Serve(fakeengine.Request{Tokens: toks(16, 9)})

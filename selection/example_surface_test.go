@@ -22,7 +22,7 @@ func exampleService(prompt []uint32) *selection.SelectionService {
 			panic(err)
 		}
 	}
-	_ = svc.ApplyEvent(catalog.WorkerRank{Worker: "pod-b"}, kvindex.Event{
+	_ = svc.Events().Apply(catalog.WorkerRank{Worker: "pod-b"}, kvindex.Event{
 		Kind: kvindex.EventStored, BlockHashes: []uint64{901, 902}, Tokens: prompt[:8],
 	})
 	return svc
@@ -50,9 +50,9 @@ func ExampleSelectionService_SelectAndReserve() {
 	id := selection.NewReservationID()
 	res, _ := svc.SelectAndReserve(context.Background(), selection.Request{ReservationID: id, Tokens: examplePrompt})
 	fmt.Println(res.Worker, "prefill load:", svc.Loads("")[1].ActivePrefillTokens) // the 4 uncached tokens
-	_ = svc.PrefillComplete(id)                                                    // first response byte
+	_ = svc.Reservations().PrefillComplete(id)                                     // first response byte
 	fmt.Println("after first byte:", svc.Loads("")[1].ActivePrefillTokens, "requests:", svc.Loads("")[1].ActiveRequests)
-	_ = svc.FreeReservation(id) // end of stream, cancel or error
+	_ = svc.Reservations().Free(id) // end of stream, cancel or error
 	fmt.Println("after free:", svc.Loads("")[1].ActiveRequests, len(id))
 	// Output:
 	// pod-b prefill load: 4
@@ -83,17 +83,6 @@ func ExampleSelectionService_PotentialLoads() {
 	// pod-b active: 0
 }
 
-// OverlapScores is the index's view alone: how many leading blocks each rank
-// holds.
-func ExampleSelectionService_OverlapScores() {
-	svc := exampleService(examplePrompt)
-	defer svc.Close()
-	ov, _ := svc.OverlapScores(context.Background(), selection.Request{Tokens: examplePrompt})
-	fmt.Println(ov[catalog.WorkerRank{Worker: "pod-a"}].Device, ov[catalog.WorkerRank{Worker: "pod-b"}].Device)
-	// Output:
-	// 0 2
-}
-
 // UpsertWorker's record says whether the worker can be routed, and why not;
 // Ready and Workers report the catalog; DeleteWorker removes a worker.
 func ExampleSelectionService_UpsertWorker() {
@@ -111,6 +100,36 @@ func ExampleSelectionService_UpsertWorker() {
 	// incomplete [kv_event_endpoint_missing:rank=0] false
 	// schedulable 16 true 1
 	// unschedulable {Ready:false Schedulable:0 Workers:0}
+}
+
+// A gateway drains a worker before it stops it (a pod being deleted): the
+// worker leaves the picks at once, its bookings in flight run to their end,
+// and undraining judges it afresh.
+func ExampleSelectionService_SetDraining() {
+	cfg := selection.DefaultConfig(16)
+	cfg.UseKVEvents = false
+	svc, _ := selection.NewSelectionServiceBuilder(cfg).Build(context.Background())
+	defer svc.Close()
+	for i, id := range []string{"pod-a", "pod-b"} {
+		_, _ = svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
+	}
+	b, _ := svc.Book(context.Background(), selection.Request{Tokens: make([]uint32, 32), Allowed: []string{"pod-a"}})
+	rec, _ := svc.SetDraining("pod-a", true)
+	fmt.Println(rec.Lifecycle, rec.Reasons)
+	for range 3 {
+		res, _ := svc.Select(context.Background(), selection.Request{Tokens: make([]uint32, 32)})
+		fmt.Println("picked", res.Worker)
+	}
+	fmt.Println("done:", b.Done())
+	rec, _ = svc.SetDraining("pod-a", false)
+	fmt.Println(rec.Lifecycle)
+	// Output:
+	// draining [draining]
+	// picked pod-b
+	// picked pod-b
+	// picked pod-b
+	// done: <nil>
+	// schedulable
 }
 
 // Without KV events the service remembers the prefixes it routed (for
@@ -150,7 +169,7 @@ func ExampleSelectionService_MarkFailed() {
 
 // With the sweeper off (SweepInterval(-1)) and a clock of its own, a caller
 // expires orphaned bookings itself, at the time it chooses.
-func ExampleSelectionService_ExpireReservations() {
+func ExampleReservations_Expire() {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	cfg := selection.DefaultConfig(16)
 	cfg.ActiveRequestExpiry = time.Minute
@@ -159,9 +178,9 @@ func ExampleSelectionService_ExpireReservations() {
 	defer svc.Close()
 	_, _ = svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1})
 	_, _ = svc.Book(context.Background(), selection.Request{Tokens: make([]uint32, 32)}) // never settled
-	fmt.Println("expired at once:", svc.ExpireReservations())
+	fmt.Println("expired at once:", svc.Reservations().Expire())
 	now = now.Add(time.Minute)
-	fmt.Println("expired after the lease:", svc.ExpireReservations(), "active:", svc.Loads("")[0].ActiveRequests)
+	fmt.Println("expired after the lease:", svc.Reservations().Expire(), "active:", svc.Loads("")[0].ActiveRequests)
 	// Output:
 	// expired at once: 0
 	// expired after the lease: 1 active: 0
@@ -247,7 +266,7 @@ func ExampleTracer() {
 	for i, id := range []string{"pod-a", "pod-b"} {
 		_, _ = svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
 	}
-	_ = svc.ApplyEvent(catalog.WorkerRank{Worker: "pod-b"}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{1, 2}, Tokens: examplePrompt[:8]})
+	_ = svc.Events().Apply(catalog.WorkerRank{Worker: "pod-b"}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{1, 2}, Tokens: examplePrompt[:8]})
 	b, _ := svc.Book(context.Background(), selection.Request{Tokens: examplePrompt})
 	_ = b.Done()
 	_, _ = svc.Select(context.Background(), selection.Request{Tokens: examplePrompt, Model: "other"})

@@ -31,7 +31,7 @@ func ExampleSelectionServiceBuilder() {
 	}
 	prompt := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
 	// pod-b's engine reports it cached the first two blocks of the prompt.
-	_ = svc.ApplyEvent(catalog.WorkerRank{Worker: "pod-b"}, kvindex.Event{
+	_ = svc.Events().Apply(catalog.WorkerRank{Worker: "pod-b"}, kvindex.Event{
 		Kind: kvindex.EventStored, BlockHashes: []uint64{901, 902}, Tokens: prompt[:8],
 	})
 
@@ -41,9 +41,9 @@ func ExampleSelectionServiceBuilder() {
 	}
 	fmt.Println(res.Endpoint, "cached blocks:", res.Overlap.Device, "to prefill:", res.EffectivePrefillTokens)
 
-	_ = svc.PrefillComplete("req-1") // first response bytes
-	_ = svc.FreeReservation("req-1") // end of stream
-	fmt.Println(svc.FreeReservation("req-1") != nil, selection.HTTPStatus(svc.FreeReservation("req-1")))
+	_ = svc.Reservations().PrefillComplete("req-1") // first response bytes
+	_ = svc.Reservations().Free("req-1")            // end of stream
+	fmt.Println(svc.Reservations().Free("req-1") != nil, selection.HTTPStatus(svc.Reservations().Free("req-1")))
 	// Output:
 	// pod-a schedulable
 	// pod-b schedulable

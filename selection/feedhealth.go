@@ -138,9 +138,15 @@ const (
 	// block size, token count, undecodable...): the engine speaks a dialect or
 	// configuration the index cannot use.
 	FeedMisSpeaking
+	// FeedNeverHeard: silent as FeedSilent, and the feed never delivered a
+	// batch at all since the rank was registered: nothing ever connected (an
+	// engine that dials out to a bind address the service does not listen on,
+	// a wrong port, events off in the engine, a firewall), rather than a feed
+	// that stopped.
+	FeedNeverHeard
 )
 
-// String returns "healthy", "silent" or "mis-speaking".
+// String returns "healthy", "silent", "mis-speaking" or "never-heard".
 func (f FeedState) String() string {
 	switch f {
 	case FeedHealthy:
@@ -149,12 +155,14 @@ func (f FeedState) String() string {
 		return "silent"
 	case FeedMisSpeaking:
 		return "mis-speaking"
+	case FeedNeverHeard:
+		return "never-heard"
 	default:
 		return fmt.Sprintf("FeedState(%d)", uint8(f))
 	}
 }
 
-// FeedHealth is what the service knows of one worker rank's KV-event feed.
+// Health is what the service knows of one worker rank's KV-event feed.
 type FeedHealth struct {
 	Worker catalog.WorkerRank
 	State  FeedState
@@ -417,6 +425,9 @@ func (s *SelectionService) checkRank(h *rankHealth, now time.Time) {
 	pending := h.expect.Load()
 	if since := h.expectSince.Load(); pending >= int64(t.SilentBookings) && since != 0 && now.Sub(time.Unix(0, since)) >= t.SilentAfter {
 		state = FeedSilent
+		if st.Batches == 0 {
+			state = FeedNeverHeard
+		}
 	}
 	prev := h.state
 	switch total := applied + lostW; {
@@ -436,16 +447,16 @@ func (s *SelectionService) checkRank(h *rankHealth, now time.Time) {
 		} else {
 			h.lastWarnState = now
 			s.logger.Warn("kv event feed not trusted; routing this worker on its own bookings (approximate) until it heals",
-				"worker", h.key.String(), "state", state.String(), "pending_stores", pending,
+				"worker", h.key.String(), "state", state.String(), "cause", s.feedCause(state), "pending_stores", pending,
 				"stores_applied", applied, "stores_lost", lostW, "skipped", skippedByReason(st))
 		}
 	} else if state != FeedHealthy && now.Sub(h.lastWarnState) >= feedWarnInterval {
 		h.lastWarnState = now
-		s.logger.Warn("kv event feed still not trusted", "worker", h.key.String(), "state", state.String(),
+		s.logger.Warn("kv event feed still not trusted", "worker", h.key.String(), "state", state.String(), "cause", s.feedCause(state),
 			"since", h.since, "stores_applied", applied, "stores_lost", lostW, "skipped", skippedByReason(st))
 	}
 
-	s.judgeParity(h, now)
+	s.judgeParity(h, now, st.Batches > 0)
 	mean := math.NaN()
 	if h.nRatios > 0 {
 		sum := 0.0
@@ -467,6 +478,25 @@ func (s *SelectionService) checkRank(h *rankHealth, now time.Time) {
 		Parity: mean, ParitySamples: h.paritySamples, LowParity: low,
 	}
 	h.mu.Unlock()
+}
+
+// feedCause is the likely cause of an untrusted state, and what to check,
+// for the WARN.
+func (s *SelectionService) feedCause(state FeedState) string {
+	switch state {
+	case FeedNeverHeard:
+		if s.bound != nil {
+			return "no event ever reached the bind listener from this worker: check that the engine publishes to " +
+				s.bound.String() + " (the address as the engine reaches it), with the topic kv@<its ip:port>@<model>, and that no firewall or NetworkPolicy is in the way"
+		}
+		return "nothing was ever received from the worker's event endpoint: check the port, that the engine publishes KV events " +
+			"(vLLM --kv-events-config), and whether the engine dials out (then the service needs a bind address, DYN_EPP_KV_EVENT_BIND)"
+	case FeedSilent:
+		return "the feed delivered events before and stopped: the engine restarted with events off, or the connection is stuck"
+	case FeedMisSpeaking:
+		return "most stored events cannot be applied: block size, hash or encoding differ (see skipped)"
+	}
+	return ""
 }
 
 // skippedByReason lists a source's non-zero skip counters, for log lines.
@@ -510,7 +540,7 @@ func (s *SelectionService) setTrusted(h *rankHealth, trusted bool) {
 // now. Reports since the booking make evictions harmless; the index at booking
 // and now covers blocks the engine already had. Samples freed before their
 // prefill, or never settled within the booking lease, are dropped.
-func (s *SelectionService) judgeParity(h *rankHealth, now time.Time) {
+func (s *SelectionService) judgeParity(h *rankHealth, now time.Time, heard bool) {
 	type ready struct {
 		ps   *paritySample
 		seen int // positions seen or cached at booking
@@ -542,8 +572,8 @@ func (s *SelectionService) judgeParity(h *rankHealth, now time.Time) {
 	h.pending = keep
 	h.sampling.Store(int32(len(keep)))
 	h.mu.Unlock()
-	if len(judged) == 0 {
-		return
+	if len(judged) == 0 || !heard {
+		return // a feed that never spoke says nothing of parity
 	}
 	s.mu.RLock()
 	p := s.workerPart[h.key.Worker]
@@ -571,10 +601,11 @@ func (s *SelectionService) judgeParity(h *rankHealth, now time.Time) {
 	}
 }
 
-// FeedHealth returns the judgement of every worker rank's KV-event feed as of
+// Health returns the judgement of every worker rank's KV-event feed as of
 // the last check, sorted by worker rank. It is empty without the built-in event
 // feed or with FeedTrust.Off.
-func (s *SelectionService) FeedHealth() []FeedHealth {
+func (view EventPlane) Health() []FeedHealth {
+	s := view.s
 	if s.handler == nil || s.trust.Off {
 		return nil
 	}

@@ -98,7 +98,7 @@ func (r *feedRig) settle(id string) {
 	r.t.Helper()
 	want := r.engines[id].NextSeq()
 	require.Eventually(r.t, func() bool {
-		for _, st := range r.s.EventStats() {
+		for _, st := range r.s.Events().Sources() {
 			if st.Worker.Worker == id {
 				return st.Handler.Batches == want && st.Applied == want
 			}
@@ -109,7 +109,7 @@ func (r *feedRig) settle(id string) {
 
 func (r *feedRig) health(id string) FeedHealth {
 	r.t.Helper()
-	for _, h := range r.s.FeedHealth() {
+	for _, h := range r.s.Events().Health() {
 		if h.Worker.Worker == id {
 			return h
 		}
@@ -124,13 +124,13 @@ func (r *feedRig) book(id string, tokens []uint32) Result {
 	res, err := r.s.SelectAndReserve(context.Background(), Request{Tokens: tokens, Allowed: []string{id}})
 	require.NoError(r.t, err)
 	require.Equal(r.t, id, res.Worker)
-	require.NoError(r.t, r.s.FreeReservation(res.ReservationID))
+	require.NoError(r.t, r.s.Reservations().Free(res.ReservationID))
 	return res
 }
 
 func (r *feedRig) overlap(id string, tokens []uint32) int {
 	r.t.Helper()
-	ov, err := r.s.OverlapScores(context.Background(), Request{Tokens: tokens})
+	ov, err := overlapScores(r.s, context.Background(), Request{Tokens: tokens})
 	require.NoError(r.t, err)
 	return ov[catalog.WorkerRank{Worker: id}].Device
 }
@@ -216,10 +216,11 @@ func TestSilentFeedFallsBackUntilItPublishes(t *testing.T) {
 	r.clk.Advance(DefaultFeedSilentAfter)
 	r.s.checkFeeds(r.clk.Now())
 	h := r.health("quiet")
-	require.Equal(t, FeedSilent, h.State)
+	require.Equal(t, FeedNeverHeard, h.State, "its feed never delivered a batch: nothing ever connected")
 	require.Equal(t, DefaultFeedSilentBookings, h.PendingStores)
 	require.False(t, h.Trusted)
-	require.Contains(t, r.logs.String(), "state=silent")
+	require.Contains(t, r.logs.String(), "state=never-heard")
+	require.Contains(t, r.logs.String(), "DYN_EPP_KV_EVENT_BIND", "the WARN names the likely cause and the fix")
 
 	// A booking that is all cache hits expects nothing: it does not count.
 	_, err := r.engines["quiet"].Serve(fakeengine.Request{Tokens: toks(4*rigBlock, 10)})
@@ -230,6 +231,16 @@ func TestSilentFeedFallsBackUntilItPublishes(t *testing.T) {
 	require.Equal(t, FeedHealthy, h.State)
 	require.True(t, h.Trusted)
 	require.Zero(t, h.PendingStores)
+
+	// Once it has spoken, the same silence is FeedSilent: the feed stopped.
+	for i := range DefaultFeedSilentBookings {
+		r.book("quiet", toks(4*rigBlock, 1000*(i+1)))
+	}
+	r.clk.Advance(DefaultFeedSilentAfter)
+	r.s.checkFeeds(r.clk.Now())
+	require.Equal(t, FeedSilent, r.health("quiet").State)
+	require.Contains(t, r.logs.String(), "state=silent")
+	require.Equal(t, "never-heard", FeedNeverHeard.String())
 }
 
 func TestFeedChecksCanBeTurnedOff(t *testing.T) {
@@ -239,7 +250,7 @@ func TestFeedChecksCanBeTurnedOff(t *testing.T) {
 	}
 	r.clk.Advance(time.Hour)
 	r.s.checkFeeds(r.clk.Now())
-	require.Empty(t, r.s.FeedHealth())
+	require.Empty(t, r.s.Events().Health())
 	require.Zero(t, r.s.partitions[DefaultModel].untrusted.Load())
 }
 
@@ -253,8 +264,8 @@ func (r *feedRig) serveBooked(id string, tokens, engineTokens []uint32) {
 	_, err = r.engines[id].Serve(fakeengine.Request{Tokens: engineTokens})
 	require.NoError(r.t, err)
 	r.settle(id)
-	require.NoError(r.t, r.s.PrefillComplete(res.ReservationID))
-	require.NoError(r.t, r.s.FreeReservation(res.ReservationID))
+	require.NoError(r.t, r.s.Reservations().PrefillComplete(res.ReservationID))
+	require.NoError(r.t, r.s.Reservations().Free(res.ReservationID))
 }
 
 func TestTokenParity(t *testing.T) {
@@ -312,7 +323,7 @@ func TestTokenParityIgnoresEvictionsAndCachedPrefixes(t *testing.T) {
 	r.settle("w")
 	res, err = r.s.SelectAndReserve(context.Background(), Request{Tokens: toks(8*rigBlock, 70), Allowed: []string{"w"}})
 	require.NoError(t, err)
-	require.NoError(t, r.s.FreeReservation(res.ReservationID)) // cancelled before any output
+	require.NoError(t, r.s.Reservations().Free(res.ReservationID)) // cancelled before any output
 	r.clk.Advance(DefaultParityDelay)
 	r.s.checkFeeds(r.clk.Now())
 	h := r.health("w")
@@ -340,7 +351,7 @@ func TestBoundEngineReplaysGapsFromItsWorkerRecord(t *testing.T) {
 	defer s.Close()
 	e, err := fakeengine.New(fakeengine.Dialect(fakeengine.DialectExternal).Apply(fakeengine.Options{
 		BlockSize: rigBlock, CapacityBlocks: 4096, EnableReplay: true,
-		PubMode: fakeengine.PubDial, PubEndpoint: "tcp://" + s.EventBindAddr().String(), Topic: "kv@127.0.0.1@m",
+		PubMode: fakeengine.PubDial, PubEndpoint: "tcp://" + s.Events().BindAddr().String(), Topic: "kv@127.0.0.1@m",
 	}))
 	require.NoError(t, err)
 	// Only a known worker's address may connect: register it first.
@@ -365,22 +376,41 @@ func TestBoundEngineReplaysGapsFromItsWorkerRecord(t *testing.T) {
 	// dials in drops what it sends before the connection is up: keep serving).
 	require.Eventually(t, func() bool {
 		serve(len(prompts) + 1)
-		return len(s.EventStats()) == 1
+		return len(s.Events().Sources()) == 1
 	}, 20*time.Second, 5*time.Millisecond)
 	e.DropNext(3)
 	for range 5 {
 		serve(len(prompts) + 1)
 	}
 	require.Eventually(t, func() bool {
-		st := s.EventStats()
+		st := s.Events().Sources()
 		return len(st) == 1 && st[0].Watermark+1 == e.NextSeq()
 	}, 20*time.Second, 5*time.Millisecond)
-	st := s.EventStats()[0]
+	st := s.Events().Sources()[0]
 	require.True(t, st.Bound)
 	require.Positive(t, st.ReplaysOK, "the gap was replayed")
 	require.False(t, st.Degraded)
 	last := prompts[len(prompts)-1]
-	ov, err := s.OverlapScores(context.Background(), Request{Tokens: last})
+	ov, err := overlapScores(s, context.Background(), Request{Tokens: last})
 	require.NoError(t, err)
 	require.Equal(t, 4, ov[catalog.WorkerRank{Worker: "w"}].Device)
+}
+
+// A feed that never delivered a batch says nothing of parity: its samples
+// are dropped, not judged (a parity read off a silent feed misleads).
+func TestNoParityWithoutEvents(t *testing.T) {
+	r := newFeedRig(t, FeedTrust{ParityEvery: 1}, "w")
+	for i := range DefaultParityMinSamples {
+		res, err := r.s.SelectAndReserve(context.Background(), Request{Tokens: toks(6*rigBlock+1, 20+i), Allowed: []string{"w"}})
+		require.NoError(t, err)
+		require.NoError(t, r.s.Reservations().PrefillComplete(res.ReservationID))
+		require.NoError(t, r.s.Reservations().Free(res.ReservationID))
+	}
+	r.clk.Advance(DefaultParityDelay)
+	r.s.checkFeeds(r.clk.Now())
+	h := r.health("w")
+	require.Zero(t, h.ParitySamples)
+	require.True(t, math.IsNaN(h.Parity))
+	require.False(t, h.LowParity)
+	require.NotContains(t, r.logs.String(), "token parity low")
 }

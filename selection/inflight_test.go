@@ -55,7 +55,7 @@ func TestOverlapCreditDecay(t *testing.T) {
 		h, _ := kvindex.NewHasher(4, kvindex.HashOptions{})
 		hashes := h.AppendSeqHashes(nil, prompt)
 		for _, w := range []string{"a", "b"} {
-			require.NoError(t, s.ApplyEvent(catalog.WorkerRank{Worker: w}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hashes, Tokens: prompt}))
+			require.NoError(t, s.Events().Apply(catalog.WorkerRank{Worker: w}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hashes, Tokens: prompt}))
 		}
 		_, err = s.SelectAndReserve(context.Background(), Request{Tokens: toks(40, 9), Allowed: []string{"a"}})
 		require.NoError(t, err)

@@ -118,20 +118,6 @@ func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Sco
 	return out, nil
 }
 
-// OverlapScores returns the overlap of req with every eligible rank (a row for
-// each, zero when it holds nothing). It is PotentialLoads reduced to overlap.
-func (s *SelectionService) OverlapScores(ctx context.Context, req Request) (map[catalog.WorkerRank]Overlap, error) {
-	sc, err := s.PotentialLoads(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[catalog.WorkerRank]Overlap, len(sc))
-	for _, x := range sc {
-		out[x.WorkerRank] = x.Overlap
-	}
-	return out, nil
-}
-
 // ReadyStatus tells whether the service can route.
 type ReadyStatus struct {
 	// Ready is true when at least one worker is schedulable.
@@ -156,8 +142,8 @@ func (s *SelectionService) Ready() ReadyStatus {
 // Stats is a snapshot of the service's counters.
 type Stats struct {
 	Selections, Bookings, PrefillCompleted, Frees uint64
-	// UnknownReservations counts PrefillComplete, FreeReservation and
-	// RenewReservation calls for ids that were not booked.
+	// UnknownReservations counts PrefillComplete, Reservations.Free and
+	// Reservations.Renew calls for ids that were not booked.
 	UnknownReservations uint64
 	// Rejected counts failed Select and SelectAndReserve calls; Conflicts the
 	// duplicate reservation ids among them.
@@ -184,7 +170,7 @@ type Stats struct {
 	Expired, Dropped uint64
 	// Failures counts MarkFailed calls.
 	Failures uint64
-	// RemoteBookings counts peers' bookings accepted by BookRemote. Expired,
+	// RemoteBookings counts peers' bookings accepted by ReplicaPlane.Book. Expired,
 	// Dropped and the Ledger figures count them too (Bookings, Frees and
 	// PrefillCompleted do not).
 	RemoteBookings uint64
@@ -196,8 +182,12 @@ type Stats struct {
 	Sessions                                                    int
 	SessionHits, SessionMoves, SessionsEvicted, SessionsExpired uint64
 	// Moves counts bookings moved to the rank that served them
-	// (MoveReservation, Booking.Move).
+	// (Reservations.Move, Booking.Move).
 	Moves uint64
+	// WorkerRefusals counts the workers UpsertWorker refused, by reason:
+	// RefusedTooManyRanks (ErrTooManyRanks) and RefusedInvalid
+	// (ErrBadRequest). Every reason is present, zero or not.
+	WorkerRefusals map[string]uint64
 	// Ledger is the reservation ledger's own snapshot.
 	Ledger reservation.Stats
 }
@@ -227,5 +217,9 @@ func (s *SelectionService) Stats() Stats {
 		Sessions: sessions, SessionHits: s.st.sessionHits.Load(), SessionMoves: s.st.sessionMoves.Load(),
 		SessionsEvicted: s.st.sessionsEvicted.Load(), SessionsExpired: s.st.sessionsExpired.Load(),
 		Moves: s.st.moves.Load(),
+		WorkerRefusals: map[string]uint64{
+			RefusedTooManyRanks: s.st.refusedRanks.Load(),
+			RefusedInvalid:      s.st.refusedInvalid.Load(),
+		},
 	}
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // A booking moved by id with its session moves the session's pin too, as
-// Booking.Move does; MoveReservation, which knows no session, leaves the pin.
+// Booking.Move does; Reservations.Move, which knows no session, leaves the pin.
 func TestMoveSessionReservationMovesThePin(t *testing.T) {
 	cfg := DefaultConfig(4)
 	cfg.UseKVEvents = false
@@ -22,23 +22,23 @@ func TestMoveSessionReservationMovesThePin(t *testing.T) {
 
 	first, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(8, 1), SessionID: "s1", Allowed: []string{"a"}})
 	require.NoError(t, err)
-	require.NoError(t, s.MoveReservation(first.ReservationID, catalog.WorkerRank{Worker: "c"}))
+	require.NoError(t, s.Reservations().Move(first.ReservationID, catalog.WorkerRank{Worker: "c"}, ""))
 	require.Equal(t, 1, loadOf(t, s, "c").ActiveRequests)
 	again, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(4, 2), SessionID: "s1"})
 	require.NoError(t, err)
 	require.Equal(t, "a", again.Worker, "MoveReservation leaves the pin where it was booked")
 
-	require.NoError(t, s.MoveSessionReservation(again.ReservationID, catalog.WorkerRank{Worker: "b"}, "s1"))
+	require.NoError(t, s.Reservations().Move(again.ReservationID, catalog.WorkerRank{Worker: "b"}, "s1"))
 	require.Equal(t, 1, loadOf(t, s, "b").ActiveRequests)
 	require.Zero(t, loadOf(t, s, "a").ActiveRequests)
 	next, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(4, 3), SessionID: "s1"})
 	require.NoError(t, err)
 	require.Equal(t, "b", next.Worker, "the pin followed the move")
 
-	require.ErrorIs(t, s.MoveSessionReservation("gone", catalog.WorkerRank{Worker: "b"}, "s1"), ErrUnknownReservation)
-	require.ErrorIs(t, s.MoveSessionReservation(next.ReservationID, catalog.WorkerRank{Worker: "nope"}, "s1"), ErrNotFound)
+	require.ErrorIs(t, s.Reservations().Move("gone", catalog.WorkerRank{Worker: "b"}, "s1"), ErrUnknownReservation)
+	require.ErrorIs(t, s.Reservations().Move(next.ReservationID, catalog.WorkerRank{Worker: "nope"}, "s1"), ErrNotFound)
 	for _, id := range []string{first.ReservationID, again.ReservationID, next.ReservationID} {
-		require.NoError(t, s.FreeReservation(id))
+		require.NoError(t, s.Reservations().Free(id))
 	}
 	requireIdle(t, s)
 }

@@ -68,7 +68,7 @@ func TestPredictiveCostWaitsOrMoves(t *testing.T) {
 			addWorkers(t, s, "a", "b")
 			h, err := kvindex.NewHasher(4, kvindex.HashOptions{})
 			require.NoError(t, err)
-			require.NoError(t, s.ApplyEvent(catalog.WorkerRank{Worker: "a"},
+			require.NoError(t, s.Events().Apply(catalog.WorkerRank{Worker: "a"},
 				kvindex.Event{Kind: kvindex.EventStored, BlockHashes: h.AppendSeqHashes(nil, prompt[:60]), Tokens: prompt[:60]}))
 			// 100 ms of prefill queued on a (100 tokens at 1,000 a second).
 			_, err = s.SelectAndReserve(context.Background(), Request{Tokens: toks(100, 7), Allowed: []string{"a"}})
@@ -103,8 +103,8 @@ func TestPredictiveLearnsRates(t *testing.T) {
 				r, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(200, 10*i+len(w.id)), Allowed: []string{w.id}})
 				require.NoError(t, err)
 				clk.Advance(w.d)
-				require.NoError(t, s.PrefillComplete(r.ReservationID))
-				require.NoError(t, s.FreeReservation(r.ReservationID))
+				require.NoError(t, s.Reservations().PrefillComplete(r.ReservationID))
+				require.NoError(t, s.Reservations().Free(r.ReservationID))
 			}
 		}
 		rates := map[string]float64{}
@@ -203,13 +203,13 @@ func TestPredictiveBalance(t *testing.T) {
 		addWorkers(t, s, "a", "b", "c")
 		h, err := kvindex.NewHasher(4, kvindex.HashOptions{})
 		require.NoError(t, err)
-		require.NoError(t, s.ApplyEvent(catalog.WorkerRank{Worker: "a"},
+		require.NoError(t, s.Events().Apply(catalog.WorkerRank{Worker: "a"},
 			kvindex.Event{Kind: kvindex.EventStored, BlockHashes: h.AppendSeqHashes(nil, prompt[:60]), Tokens: prompt[:60]}))
 		book := func(w string, n int) { // n requests to w, finished at once: arrivals, no load
 			for i := range n {
 				r, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(64, 100*len(w)+i+n), Allowed: []string{w}})
 				require.NoError(t, err)
-				require.NoError(t, s.FreeReservation(r.ReservationID))
+				require.NoError(t, s.Reservations().Free(r.ReservationID))
 			}
 		}
 		costs := func() map[string]float64 { return costsOf(t, s, Request{Tokens: prompt}) }

@@ -14,7 +14,8 @@ import (
 // answer runs (Dynamo's add_output_block). Booking.Generated counts them for
 // a caller that knows the tokens generated so far. Unknown id:
 // ErrUnknownReservation; n < 0: ErrBadRequest.
-func (s *SelectionService) AddOutputBlocks(id string, n int) error {
+func (view Reservations) AddOutputBlocks(id string, n int) error {
+	s := view.s
 	if n < 0 {
 		return fmt.Errorf("%w: %d output blocks", ErrBadRequest, n)
 	}
@@ -27,25 +28,19 @@ func (s *SelectionService) AddOutputBlocks(id string, n int) error {
 	return nil
 }
 
-// MoveReservation moves booking id to worker rank to: the gateway served the
-// request on another endpoint than the one picked (a retry, a fallback), so
-// its load, lease and prefix belong there. to must be a schedulable rank of
-// the booking's model. Moving to the rank that holds it does nothing.
-// Booking.Move also moves the session's pin. The caller must not settle id
-// while it moves (a Booking handle serialises its calls). Errors:
+// Move moves booking id to worker rank to: the gateway served the request on
+// another endpoint than the one picked (a retry, a fallback), so its load,
+// lease and prefix belong there. to must be a schedulable rank of the
+// booking's model. Moving to the rank that holds it does nothing. session is
+// the booking's Request.SessionID: the session's pin moves with it, as
+// Booking.Move does for its own session (a caller that books by id, such as
+// a plan over several services, keeps the session and passes it here; empty,
+// or sessions off, moves no pin). The caller must not settle id while it
+// moves (a Booking handle serialises its calls). Errors:
 // ErrUnknownReservation, ErrNotFound (to is not a rank of the model),
 // ErrClosed.
-func (s *SelectionService) MoveReservation(id string, to catalog.WorkerRank) error {
-	_, _, err := s.moveReservation(id, to, "")
-	return err
-}
-
-// MoveSessionReservation is MoveReservation for a booking made with
-// Request.SessionID session: the session's pin moves to to with the booking,
-// as Booking.Move does for its own session. A caller that books by id (a
-// plan over several services) keeps the session and passes it here. An empty
-// session, or sessions off, moves no pin. Errors as MoveReservation.
-func (s *SelectionService) MoveSessionReservation(id string, to catalog.WorkerRank, session string) error {
+func (view Reservations) Move(id string, to catalog.WorkerRank, session string) error {
+	s := view.s
 	_, _, err := s.moveReservation(id, to, session)
 	return err
 }
@@ -65,7 +60,7 @@ func (s *SelectionService) moveReservation(id string, to catalog.WorkerRank, ses
 		return false, "", nil
 	}
 	// Held for reading so that the rank cannot be deleted between the check
-	// and the move (as in BookRemote).
+	// and the move (as in ReplicaPlane.Book).
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	p := s.workerPart[to.Worker]
@@ -109,7 +104,7 @@ func (s *SelectionService) moveReservation(id string, to catalog.WorkerRank, ses
 // Generated reports that the request has generated tokens output tokens so
 // far (a running count: SSE events, or the usage of a finished answer) and
 // grows the booking by one block per BlockSize of them not yet counted (see
-// SelectionService.AddOutputBlocks). A smaller count than before changes
+// Reservations.AddOutputBlocks). A smaller count than before changes
 // nothing; after Done it returns ErrUnknownReservation.
 func (b *Booking) Generated(tokens int) error {
 	b.mu.Lock()
@@ -123,11 +118,11 @@ func (b *Booking) Generated(tokens int) error {
 	}
 	n := blocks - b.outputBlocks
 	b.outputBlocks = blocks
-	return b.svc.AddOutputBlocks(b.ReservationID, n)
+	return b.svc.Reservations().AddOutputBlocks(b.ReservationID, n)
 }
 
 // Move moves the booking to worker rank to, the one that served the request,
-// with its session's pin (see SelectionService.MoveReservation); the Result's
+// with its session's pin (see Reservations.Move); the Result's
 // WorkerRank and Endpoint then name to (read them on the goroutine that
 // calls Move). Moving to the rank held does nothing.
 func (b *Booking) Move(to catalog.WorkerRank) error {

@@ -63,8 +63,8 @@ func TestGeneratedGrowsTheBooking(t *testing.T) {
 	require.NoError(t, b.Done())
 	require.Zero(t, loadOf(t, s, "a").ActiveBlocks)
 	require.ErrorIs(t, b.Generated(100), ErrUnknownReservation)
-	require.ErrorIs(t, s.AddOutputBlocks("gone", 1), ErrUnknownReservation)
-	require.ErrorIs(t, s.AddOutputBlocks("gone", -1), ErrBadRequest)
+	require.ErrorIs(t, s.Reservations().AddOutputBlocks("gone", 1), ErrUnknownReservation)
+	require.ErrorIs(t, s.Reservations().AddOutputBlocks("gone", -1), ErrBadRequest)
 }
 
 // A request served by another worker than the one booked moves its whole
@@ -119,6 +119,6 @@ func TestMoveToServedWorker(t *testing.T) {
 	st := s.Stats()
 	require.EqualValues(t, 1, st.Moves)
 	require.EqualValues(t, 1, st.Ledger.Moved)
-	require.ErrorIs(t, s.MoveReservation(b.ReservationID, catalog.WorkerRank{Worker: "a"}), ErrUnknownReservation)
+	require.ErrorIs(t, s.Reservations().Move(b.ReservationID, catalog.WorkerRank{Worker: "a"}, ""), ErrUnknownReservation)
 	requireIdle(t, s)
 }

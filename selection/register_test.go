@@ -36,7 +36,7 @@ func TestMaxWorkerRanks(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, HTTPStatus(err))
 	_, err = s.UpsertWorker(wide("b", 5)) // growing a worker counts too
 	require.ErrorIs(t, err, ErrTooManyRanks)
-	require.Equal(t, map[string]uint64{RefusedTooManyRanks: 2, RefusedInvalid: 0}, s.WorkerRefusals())
+	require.Equal(t, map[string]uint64{RefusedTooManyRanks: 2, RefusedInvalid: 0}, s.Stats().WorkerRefusals)
 	require.Len(t, s.Workers(), 2)
 	require.Len(t, s.Loads(""), 8, "b keeps its 4 ranks")
 
@@ -48,7 +48,7 @@ func TestMaxWorkerRanks(t *testing.T) {
 
 	_, err = s.UpsertWorker(worker("bad", func(w *catalog.Worker) { w.DPSize = -1 }))
 	require.ErrorIs(t, err, ErrBadRequest)
-	require.Equal(t, uint64(1), s.WorkerRefusals()[RefusedInvalid])
+	require.Equal(t, uint64(1), s.Stats().WorkerRefusals[RefusedInvalid])
 }
 
 // TestMaxWorkerRanksDefault: without the knob a service holds
@@ -232,7 +232,7 @@ func TestChurnWhileDeciding(t *testing.T) {
 						mu.Unlock()
 						assert.True(t, ok, "booked %s at %s, taken away before the decision began", res.Worker, res.Endpoint)
 						// Deleting the worker may have dropped it already.
-						if err := s.FreeReservation(res.ReservationID); !errors.Is(err, ErrUnknownReservation) {
+						if err := s.Reservations().Free(res.ReservationID); !errors.Is(err, ErrUnknownReservation) {
 							assert.NoError(t, err)
 						}
 					}

@@ -24,13 +24,13 @@ type BookingEvent struct {
 	ExpectedOutputTokens int
 	// Lease is the booking's lease (Config.ActiveRequestExpiry).
 	Lease time.Duration
-	// Remaining, for BookRemote, is what is left of Lease when the copy is
+	// Remaining, for ReplicaPlane.Book, is what is left of Lease when the copy is
 	// made (a booking a peer made a while ago, received in a snapshot): the
 	// copy's first deadline; renewals extend it by the whole Lease, as they
 	// do the original. 0 means all of Lease. Booked calls leave it 0.
 	Remaining time.Duration
 	// Session is the request's SessionID ("" for none, or when sessions are
-	// off): BookRemote pins the session to Worker, as the booking did on its
+	// off): ReplicaPlane.Book pins the session to Worker, as the booking did on its
 	// origin, so the session's next request finds the same worker through any
 	// replica.
 	Session string
@@ -42,8 +42,8 @@ type Settlement uint8
 // Settlements.
 const (
 	SettlePrefill     Settlement = iota + 1 // PrefillComplete
-	SettleRenew                             // RenewReservation
-	SettleFree                              // FreeReservation
+	SettleRenew                             // Reservations.Renew
+	SettleFree                              // Reservations.Free
 	SettleOutputBlock                       // one block of AddOutputBlocks
 )
 
@@ -63,8 +63,8 @@ func (k Settlement) String() string {
 }
 
 // BookingObserver hears of every booking the service makes and of every
-// successful settling call on one (PrefillComplete, RenewReservation,
-// FreeReservation, and each block of AddOutputBlocks; a MoveReservation is
+// successful settling call on one (PrefillComplete, Reservations.Renew,
+// Reservations.Free, and each block of AddOutputBlocks; a Reservations.Move is
 // told as a free and a booking on the new rank), but not of remote bookings or of expiries: a peer's copy
 // carries the lease and expires by itself. Calls run on the request path,
 // after the ledger accepted the change and in its order for one id: they must
@@ -81,24 +81,25 @@ func (b *SelectionServiceBuilder) Observe(o BookingObserver) *SelectionServiceBu
 	return b
 }
 
-// LeaseLimit is the longest lease a booking holds in this service without a
-// renewal (Config.ActiveRequestExpiry): BookRemote clamps a peer's lease to
+// ReplicaPlane.LeaseLimit is the longest lease a booking holds in this service without a
+// renewal (Config.ActiveRequestExpiry): ReplicaPlane.Book clamps a peer's lease to
 // it.
-func (s *SelectionService) LeaseLimit() time.Duration { return s.cfg.ActiveRequestExpiry }
+func (view ReplicaPlane) LeaseLimit() time.Duration { return view.s.cfg.ActiveRequestExpiry }
 
 // remoteID is the ledger id of a peer's booking: ids of different origins, and
 // of the service's own bookings, never collide.
 func remoteID(origin, id string) string { return "\x00" + origin + "\x00" + id }
 
-// BookRemote books a peer service's booking (ev, from origin's observer) in
+// Book books a peer service's booking (ev, from origin's observer) in
 // this service's ledger: it counts as load exactly as a local booking does,
 // and with the approximate index it is remembered as a prefix of its worker.
 // Its first deadline is ev.Remaining (or ev.Lease) from now, and each
-// SettleRenew extends it by ev.Lease; both are at most LeaseLimit, so that a
+// SettleRenew extends it by ev.Lease; both are at most ReplicaPlane.LeaseLimit, so that a
 // peer cannot pin load longer than a local booking is held. A booking on a worker or rank this service
 // does not route to (discovery not yet caught up, another model) is refused
 // with ErrNotFound; a repeated id with ErrConflict.
-func (s *SelectionService) BookRemote(origin string, ev BookingEvent) error {
+func (view ReplicaPlane) Book(origin string, ev BookingEvent) error {
+	s := view.s
 	if s.closed.Load() {
 		return ErrClosed
 	}
@@ -110,7 +111,7 @@ func (s *SelectionService) BookRemote(origin string, ev BookingEvent) error {
 	if p == nil || p.model != modelOf(ev.Model) || !s.rankKnownLocked(ev.Worker) {
 		return fmt.Errorf("%w: remote booking on %v of model %q", ErrNotFound, ev.Worker, modelOf(ev.Model))
 	}
-	limit := s.LeaseLimit()
+	limit := s.Replicas().LeaseLimit()
 	if ev.Lease <= 0 || ev.Lease > limit {
 		ev.Lease = limit
 	}
@@ -136,10 +137,11 @@ func (s *SelectionService) BookRemote(origin string, ev BookingEvent) error {
 	return nil
 }
 
-// SettleRemote applies a peer's settling call to its booking id (see
-// BookRemote). An id that is not booked here (expired, dropped with its
+// Settle applies a peer's settling call to its booking id (see
+// ReplicaPlane.Book). An id that is not booked here (expired, dropped with its
 // worker, never accepted) is ErrUnknownReservation.
-func (s *SelectionService) SettleRemote(origin, id string, how Settlement) error {
+func (view ReplicaPlane) Settle(origin, id string, how Settlement) error {
+	s := view.s
 	rid := remoteID(origin, id)
 	var err error
 	switch how {

@@ -30,8 +30,8 @@ func (o *recordingObserver) Settled(id string, how Settlement) {
 	o.settled = append(o.settled, id+":"+how.String())
 }
 
-// What one service books and settles, replayed into another with BookRemote
-// and SettleRemote, is the same load there.
+// What one service books and settles, replayed into another with ReplicaPlane.Book
+// and ReplicaPlane.Settle, is the same load there.
 func TestObserverAndRemoteBookings(t *testing.T) {
 	obs := &recordingObserver{}
 	a, _ := newTestService(t, nil)
@@ -46,36 +46,36 @@ func TestObserverAndRemoteBookings(t *testing.T) {
 	ev := obs.booked[0]
 	require.Equal(t, bk.ReservationID, ev.ID)
 	require.Equal(t, bk.Worker, ev.Worker.Worker)
-	require.NoError(t, b.BookRemote("replica-a", ev))
+	require.NoError(t, b.Replicas().Book("replica-a", ev))
 	require.Equal(t, a.Loads(""), b.Loads(""), "the peer carries the same load")
-	require.ErrorIs(t, b.BookRemote("replica-a", ev), ErrConflict)
+	require.ErrorIs(t, b.Replicas().Book("replica-a", ev), ErrConflict)
 
 	require.NoError(t, bk.PrefillComplete())
 	require.NoError(t, bk.Renew())
-	require.NoError(t, b.SettleRemote("replica-a", ev.ID, SettlePrefill))
-	require.NoError(t, b.SettleRemote("replica-a", ev.ID, SettleRenew))
+	require.NoError(t, b.Replicas().Settle("replica-a", ev.ID, SettlePrefill))
+	require.NoError(t, b.Replicas().Settle("replica-a", ev.ID, SettleRenew))
 	require.Equal(t, a.Loads(""), b.Loads(""))
 	require.NoError(t, bk.Done())
 	require.Equal(t, []string{ev.ID + ":prefill", ev.ID + ":renew", ev.ID + ":free"}, obs.settled)
-	require.NoError(t, b.SettleRemote("replica-a", ev.ID, SettleFree))
+	require.NoError(t, b.Replicas().Settle("replica-a", ev.ID, SettleFree))
 	requireIdle(t, b)
-	require.ErrorIs(t, b.SettleRemote("replica-a", ev.ID, SettleFree), ErrUnknownReservation)
+	require.ErrorIs(t, b.Replicas().Settle("replica-a", ev.ID, SettleFree), ErrUnknownReservation)
 	require.Equal(t, uint64(1), b.Stats().RemoteBookings)
 	require.Zero(t, b.Stats().Bookings, "remote bookings are not the service's own")
 
 	// A booking on a worker or rank the peer does not know is refused.
 	ev.Worker = catalog.WorkerRank{Worker: "w3"}
-	require.ErrorIs(t, b.BookRemote("replica-a", ev), ErrNotFound)
+	require.ErrorIs(t, b.Replicas().Book("replica-a", ev), ErrNotFound)
 	ev.Worker = catalog.WorkerRank{Worker: "w1", Rank: 5}
-	require.ErrorIs(t, b.BookRemote("replica-a", ev), ErrNotFound)
+	require.ErrorIs(t, b.Replicas().Book("replica-a", ev), ErrNotFound)
 	// A remote id never collides with a local one.
 	ev.Worker = catalog.WorkerRank{Worker: "w1"}
 	ev.ID = "same"
-	require.NoError(t, b.BookRemote("replica-a", ev))
+	require.NoError(t, b.Replicas().Book("replica-a", ev))
 	_, err = b.SelectAndReserve(context.Background(), Request{ReservationID: "same", Tokens: toks(8, 2)})
 	require.NoError(t, err)
-	require.NoError(t, b.FreeReservation("same"))
-	require.NoError(t, b.SettleRemote("replica-a", "same", SettleFree))
+	require.NoError(t, b.Reservations().Free("same"))
+	require.NoError(t, b.Replicas().Settle("replica-a", "same", SettleFree))
 	requireIdle(t, b)
 }
 
@@ -85,17 +85,17 @@ func TestBookRemoteRemainingLease(t *testing.T) {
 	b, clk := newTestService(t, func(c *Config) { c.ActiveRequestExpiry = time.Minute })
 	addWorkers(t, b, "w1")
 	ev := BookingEvent{ID: "x", Worker: catalog.WorkerRank{Worker: "w1"}, SeqHashes: []uint64{1, 2}, Lease: time.Minute, Remaining: 10 * time.Second}
-	require.NoError(t, b.BookRemote("peer", ev))
+	require.NoError(t, b.Replicas().Book("peer", ev))
 	ev.ID = "y"
-	require.NoError(t, b.BookRemote("peer", ev))
+	require.NoError(t, b.Replicas().Book("peer", ev))
 	clk.Advance(5 * time.Second)
-	require.NoError(t, b.SettleRemote("peer", "y", SettleRenew))
+	require.NoError(t, b.Replicas().Settle("peer", "y", SettleRenew))
 	clk.Advance(5 * time.Second)
-	require.Equal(t, 1, b.ExpireReservations(), "x lived its remaining 10 s")
+	require.Equal(t, 1, b.Reservations().Expire(), "x lived its remaining 10 s")
 	clk.Advance(50 * time.Second)
-	require.Zero(t, b.ExpireReservations(), "y was renewed by the whole minute at 5 s")
+	require.Zero(t, b.Reservations().Expire(), "y was renewed by the whole minute at 5 s")
 	clk.Advance(5 * time.Second)
-	require.Equal(t, 1, b.ExpireReservations())
+	require.Equal(t, 1, b.Reservations().Expire())
 	requireIdle(t, b)
 }
 
@@ -105,16 +105,16 @@ func TestBookRemoteRemainingLease(t *testing.T) {
 func TestBookRemoteLeaseClamped(t *testing.T) {
 	b, clk := newTestService(t, func(c *Config) { c.ActiveRequestExpiry = time.Minute })
 	addWorkers(t, b, "w1")
-	require.Equal(t, time.Minute, b.LeaseLimit())
+	require.Equal(t, time.Minute, b.Replicas().LeaseLimit())
 	huge := time.Duration(1<<31-1) * time.Millisecond
 	ev := BookingEvent{ID: "x", Worker: catalog.WorkerRank{Worker: "w1"}, SeqHashes: []uint64{1}, PrivateBlocks: 1 << 30,
 		Lease: huge, Remaining: huge}
-	require.NoError(t, b.BookRemote("peer", ev))
+	require.NoError(t, b.Replicas().Book("peer", ev))
 	clk.Advance(30 * time.Second)
-	require.NoError(t, b.SettleRemote("peer", "x", SettleRenew))
+	require.NoError(t, b.Replicas().Settle("peer", "x", SettleRenew))
 	clk.Advance(time.Minute - time.Second)
-	require.Zero(t, b.ExpireReservations(), "renewed at 30 s by a minute")
+	require.Zero(t, b.Reservations().Expire(), "renewed at 30 s by a minute")
 	clk.Advance(time.Second)
-	require.Equal(t, 1, b.ExpireReservations(), "and no longer")
+	require.Equal(t, 1, b.Reservations().Expire(), "and no longer")
 	requireIdle(t, b)
 }

@@ -38,7 +38,12 @@ type Request struct {
 	// request's LoRA name and salt), used when Tokens is empty; ISL is then the
 	// prompt length in tokens and must be > 0 and cover every hash.
 	SeqHashes []uint64
-	ISL       int
+	// ISL alone (no Tokens, no SeqHashes) asks for a load-only decision: a
+	// prompt of about ISL tokens whose prefix is unknown, so no rank is
+	// credited a cached prefix and the pick follows the loads (and the
+	// session). A gateway whose tokenizer cannot answer routes that way
+	// rather than fail the request (its degraded mode).
+	ISL int
 	// LoRAName and CacheSalt isolate adapters and tenants.
 	LoRAName, CacheSalt string
 	// Allowed, when non-nil, restricts the pick to these worker ids (the
@@ -178,9 +183,12 @@ func (s *SelectionService) prepare(req *Request) (*prepared, error) {
 		}
 		pr.seqs = append((*buf)[:0], req.SeqHashes...)
 		pr.isl = req.ISL
+	case req.ISL > 0:
+		pr.seqs = (*buf)[:0]
+		pr.isl = req.ISL
 	default:
 		pr.release()
-		return nil, fmt.Errorf("%w: request has neither tokens nor sequence hashes", ErrBadRequest)
+		return nil, fmt.Errorf("%w: request has neither tokens, sequence hashes nor a length", ErrBadRequest)
 	}
 	if req.Allowed != nil {
 		pr.allowed = make(map[string]struct{}, len(req.Allowed))
@@ -476,8 +484,57 @@ func (s *SelectionService) queueScore(p *partition, pr *prepared, ev *evaluation
 	}
 }
 
+// Refusal reasons of the requests the service cannot route, as
+// RefusalReason names them: stable strings, fit for a metric label and an
+// answer's body.
+const (
+	// RefusedUnknownModel: no worker at all is registered for the request's
+	// model (a typo in the model, or discovery has found none yet).
+	RefusedUnknownModel = "unknown_model"
+	// RefusedNoSchedulable: the model has workers, none of them schedulable;
+	// RefusalReason appends the first worker's first reason code
+	// ("no_schedulable_worker:kv_event_endpoint_missing").
+	RefusedNoSchedulable = "no_schedulable_worker"
+	// RefusedNoneEligible: the request's allowed subset names none of the
+	// model's schedulable workers.
+	RefusedNoneEligible = "none_eligible"
+	// RefusedOverloaded: the admission queue is full.
+	RefusedOverloaded = "overloaded"
+	// RefusedClosed: the service is closed.
+	RefusedClosed = "closed"
+)
+
+// refusal is a routing refusal with its reason (RefusalReason).
+type refusal struct {
+	reason string
+	err    error
+}
+
+func (r *refusal) Error() string { return r.err.Error() }
+func (r *refusal) Unwrap() error { return r.err }
+
+// RefusalReason names why err refused a request that could not be routed
+// (the Refused constants: unknown model, no schedulable worker and the first
+// reason why, none of the allowed workers, a full queue, a closed service);
+// "" for any other error and for nil. A gateway puts it in its answer's body
+// and its metric label, so that a 503 says which of these it is.
+func RefusalReason(err error) string {
+	var r *refusal
+	switch {
+	case errors.As(err, &r):
+		return r.reason
+	case errors.Is(err, ErrNoEndpoints):
+		return RefusedNoneEligible
+	case errors.Is(err, ErrOverloaded):
+		return RefusedOverloaded
+	case errors.Is(err, ErrClosed):
+		return RefusedClosed
+	}
+	return ""
+}
+
 func errNoModel(model string) error {
-	return fmt.Errorf("%w: no worker serves model %q", ErrNotReady, model)
+	return &refusal{RefusedUnknownModel, fmt.Errorf("%w: no worker serves model %q", ErrNotReady, model)}
 }
 
 // errNotReady is ErrNotReady for a model whose partition has no schedulable
@@ -487,7 +544,7 @@ func errNoModel(model string) error {
 func (s *SelectionService) errNotReady(model string) error {
 	const show = 3
 	var why []string
-	n := 0
+	n, first := 0, ""
 	for _, rec := range s.cat.List() {
 		if modelOf(rec.Worker.Model) != model || rec.Lifecycle == catalog.Schedulable {
 			continue
@@ -495,12 +552,19 @@ func (s *SelectionService) errNotReady(model string) error {
 		if n++; n <= show {
 			why = append(why, fmt.Sprintf("%s is %s (%v)", rec.Worker.ID, rec.Lifecycle, rec.Reasons))
 		}
+		if first == "" && len(rec.Reasons) > 0 {
+			first, _, _ = strings.Cut(string(rec.Reasons[0]), ":")
+		}
 	}
 	switch {
 	case n == 0:
-		return fmt.Errorf("%w: model %q has no schedulable worker", ErrNotReady, model)
+		return &refusal{RefusedNoSchedulable, fmt.Errorf("%w: model %q has no schedulable worker", ErrNotReady, model)}
 	case n > show:
 		why = append(why, fmt.Sprintf("and %d more", n-show))
 	}
-	return fmt.Errorf("%w: model %q has no schedulable worker: %s", ErrNotReady, model, strings.Join(why, "; "))
+	reason := RefusedNoSchedulable
+	if first != "" {
+		reason += ":" + first
+	}
+	return &refusal{reason, fmt.Errorf("%w: model %q has no schedulable worker: %s", ErrNotReady, model, strings.Join(why, "; "))}
 }

@@ -11,7 +11,7 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"slices"
-	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,8 +22,9 @@ import (
 	"github.com/kvselect/kvselect/reservation"
 )
 
-// DefaultModel is the partition of workers and requests that name no model.
-const DefaultModel = "default"
+// DefaultModel is the partition of workers and requests that name no model:
+// catalog.DefaultModel, so a worker and a request without one meet.
+const DefaultModel = catalog.DefaultModel
 
 // SelectionService picks and books workers for requests. It is safe for concurrent
 // use. Build it with SelectionServiceBuilder; Close it to stop its goroutines.
@@ -59,10 +60,12 @@ type SelectionService struct {
 	handler *kvevents.IndexHandler
 	gate    *cutGate // between feed and handler, for index snapshots (warm.go)
 	bound   net.Addr // the bind listener's address, when BindEvents was used
-	// byHost maps a worker endpoint's host, and its host:port, to the workers
-	// there, for attributing topics of engines that dial in (bindpeers.go).
-	// Guarded by mu.
-	byHost map[string]map[string]struct{}
+	// warnedReasons holds the reason codes warnUnroutable logged.
+	warnedReasons sync.Map
+	// peers attributes the topics and peers of engines that dial in to the
+	// bind listener: the workers by their endpoints' hosts, kept in step
+	// with the catalog under mu (it has its own lock too).
+	peers kvevents.Peers
 	// anyPeer lets the bind listener take events from any address.
 	anyPeer bool
 	// rankRange is each worker's first data-parallel rank and rank count, so
@@ -106,7 +109,6 @@ func newService(o *SelectionServiceBuilder) (*SelectionService, error) {
 		detail:     o.tracer != nil || o.recorderSet,
 		partitions: make(map[string]*partition),
 		workerPart: make(map[string]*partition),
-		byHost:     make(map[string]map[string]struct{}),
 		rankRange:  make(map[string][2]int),
 		seeds:      mrand.New(o.rng),
 		trust:      cfg.FeedTrust.normalized(),
@@ -142,9 +144,9 @@ func newService(o *SelectionServiceBuilder) (*SelectionService, error) {
 			return nil, fmt.Errorf("%w: event feed: %w", ErrInvalidConfig, err)
 		}
 		if bind != "" {
-			bc := kvevents.BindConfig{Endpoint: bind, Attribute: s.attributeTopic, ReplayEndpoint: s.replayOf}
+			bc := kvevents.BindConfig{Endpoint: bind, Attribute: s.peers.Attribute, ReplayEndpoint: s.replayOf}
 			if !anyPeer {
-				bc.Admit, bc.Peer = s.admitPeer, s.peerTopic
+				bc.Admit, bc.Peer = s.peers.Admit, s.peers.Peer
 			}
 			s.anyPeer = anyPeer
 			s.bound, err = s.feed.Bind(bc)
@@ -189,7 +191,7 @@ func newService(o *SelectionServiceBuilder) (*SelectionService, error) {
 				case <-ctx.Done():
 					return
 				case <-t.C:
-					s.ExpireReservations()
+					s.Reservations().Expire()
 				}
 			}
 		}()
@@ -239,12 +241,13 @@ func (r routingApplier) Apply(w catalog.WorkerRank, ev kvindex.Event) error {
 // leaves room for removals that lag behind stores.
 const rankLimitFactor = 4
 
-// ApplyEvent applies one KV event of a worker rank to its model's index, for
+// Apply applies one KV event of a worker rank to its model's index, for
 // services built with ExternalEvents (it works with the built-in feed too, but
 // then competes with it). Events of workers not in the catalog are refused
 // (ErrNotFound); the index's own errors (kvindex.ErrUnknownParent, ...) are
 // returned as they are. Without KV events it returns ErrBadRequest.
-func (s *SelectionService) ApplyEvent(w catalog.WorkerRank, ev kvindex.Event) error {
+func (view EventPlane) Apply(w catalog.WorkerRank, ev kvindex.Event) error {
+	s := view.s
 	if !s.cfg.UseKVEvents {
 		return fmt.Errorf("%w: KV events are off (approximate mode)", ErrBadRequest)
 	}
@@ -329,6 +332,29 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 // wraps catalog.ErrTooManyRanks), ErrClosed. A refused worker changes
 // nothing, and WorkerRefusals counts it.
 func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error) {
+	rec, err := s.upsertWorker(w)
+	if err == nil && rec.Lifecycle == catalog.Incomplete {
+		s.warnUnroutable(rec)
+	}
+	return rec, err
+}
+
+// warnUnroutable logs, at WARN, a worker registered without what it needs
+// to be routed, once per reason code for the service's life: the first
+// worker of a misconfigured fleet is named, the rest are in Workers and in
+// the errors of the requests to their model.
+func (s *SelectionService) warnUnroutable(rec catalog.Record) {
+	for _, r := range rec.Reasons {
+		code, _, _ := strings.Cut(string(r), ":")
+		if _, seen := s.warnedReasons.LoadOrStore(code, struct{}{}); seen {
+			continue
+		}
+		s.logger.Warn("worker registered but not routable (logged once per reason; Record.Reasons says it for each worker)",
+			"worker", rec.Worker.ID, "model", rec.Worker.Model, "reason", code, "reasons", fmt.Sprint(rec.Reasons))
+	}
+}
+
+func (s *SelectionService) upsertWorker(w catalog.Worker) (catalog.Record, error) {
 	if s.closed.Load() {
 		return catalog.Record{}, ErrClosed
 	}
@@ -395,10 +421,7 @@ func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error
 		p.index.SetRankLimit(w.ID, rankLimitFactor*w.TotalKVBlocks)
 	}
 	if s.bound != nil { // the bind listener attributes topics by host
-		if hadPrev {
-			s.unmapHostLocked(prevRec.Worker)
-		}
-		s.mapHostLocked(w)
+		s.peers.Add(w.ID, w.Endpoint)
 	}
 	if hadPrev && oldP == p && s.healthOn() && !ranksWithin(prevRec.Worker, w) {
 		// Feed states exist only for ranks the worker had (and only with
@@ -467,17 +490,7 @@ func (s *SelectionService) memberLocked(p *partition, rec catalog.Record) bool {
 	return p.setMember(m)
 }
 
-// WorkerRefusals counts the workers UpsertWorker refused, by reason:
-// RefusedTooManyRanks (ErrTooManyRanks) and RefusedInvalid (ErrBadRequest).
-// Every reason is present, zero or not.
-func (s *SelectionService) WorkerRefusals() map[string]uint64 {
-	return map[string]uint64{
-		RefusedTooManyRanks: s.st.refusedRanks.Load(),
-		RefusedInvalid:      s.st.refusedInvalid.Load(),
-	}
-}
-
-// The reasons WorkerRefusals counts, fit for a metric label.
+// The reasons Stats.WorkerRefusals counts, fit for a metric label.
 const (
 	// RefusedTooManyRanks: the worker would have taken the service past
 	// Config.MaxWorkerRanks (ErrTooManyRanks).
@@ -522,7 +535,7 @@ func (s *SelectionService) DeleteWorker(id string) (catalog.Record, error) {
 	}
 	p := s.workerPart[id]
 	if s.bound != nil {
-		s.unmapHostLocked(rec.Worker)
+		s.peers.Remove(rec.Worker.ID)
 	}
 	if p != nil {
 		s.forgetWorkerLocked(p, id)
@@ -621,30 +634,9 @@ func sourcesOf(w catalog.Worker) map[catalog.WorkerRank]sourceCfg {
 		if !ok || ep == "" {
 			continue
 		}
-		out[catalog.WorkerRank{Worker: w.ID, Rank: r}] = sourceCfg{endpoint: ep, replay: offsetPort(w.ReplayEndpoint, r-w.DPStart)}
+		out[catalog.WorkerRank{Worker: w.ID, Rank: r}] = sourceCfg{endpoint: ep, replay: kvevents.OffsetPort(w.ReplayEndpoint, r-w.DPStart)}
 	}
 	return out
-}
-
-// offsetPort adds off to the port of a tcp://host:port endpoint; other endpoints
-// are returned unchanged for offset 0 and dropped otherwise.
-func offsetPort(ep string, off int) string {
-	if ep == "" || off == 0 {
-		return ep
-	}
-	const scheme = "tcp://"
-	if len(ep) <= len(scheme) || ep[:len(scheme)] != scheme {
-		return ""
-	}
-	host, port, err := net.SplitHostPort(ep[len(scheme):])
-	if err != nil {
-		return ""
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil || n+off > 65535 {
-		return ""
-	}
-	return scheme + net.JoinHostPort(host, strconv.Itoa(n+off))
 }
 
 // NewReservationID returns a fresh random id (128 bits in hex), the kind
@@ -664,22 +656,23 @@ func (s *SelectionService) replayOf(wr catalog.WorkerRank) (string, bool) {
 	if !ok || rec.Worker.ReplayEndpoint == "" {
 		return "", false
 	}
-	ep := offsetPort(rec.Worker.ReplayEndpoint, wr.Rank-rec.Worker.DPStart)
+	ep := kvevents.OffsetPort(rec.Worker.ReplayEndpoint, wr.Rank-rec.Worker.DPStart)
 	return ep, ep != ""
 }
 
-// EventBindStats returns the counters of the bound event listener
+// BindStats returns the counters of the bound event listener
 // (BindEvents); nil without one.
-func (s *SelectionService) EventBindStats() []kvevents.BindStats {
+func (view EventPlane) BindStats() []kvevents.BindStats {
+	s := view.s
 	if s.feed == nil || s.bound == nil {
 		return nil
 	}
 	return s.feed.BindStats()
 }
 
-// EventBindAddr returns the address of the bound event listener (BindEvents), or
+// BindAddr returns the address of the bound event listener (BindEvents), or
 // nil.
-func (s *SelectionService) EventBindAddr() net.Addr { return s.bound }
+func (view EventPlane) BindAddr() net.Addr { return view.s.bound }
 
 // EventSourceStats is one KV-event source's transport and decoding counters.
 type EventSourceStats struct {
@@ -687,9 +680,10 @@ type EventSourceStats struct {
 	Handler kvevents.HandlerStats
 }
 
-// EventStats returns the counters of every KV-event source, sorted by worker
+// Sources returns the counters of every KV-event source, sorted by worker
 // rank (nil without the built-in feed).
-func (s *SelectionService) EventStats() []EventSourceStats {
+func (view EventPlane) Sources() []EventSourceStats {
+	s := view.s
 	if s.feed == nil {
 		return nil
 	}

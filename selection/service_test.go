@@ -141,20 +141,20 @@ func TestRequestLifecycle(t *testing.T) {
 	// the approximate index remembers where it went and the shared active blocks
 	// cost nothing more. (While r1 still prefills, its prefill load cancels the
 	// cache credit and the two workers tie.)
-	require.NoError(t, s.PrefillComplete("r1"))
+	require.NoError(t, s.Reservations().PrefillComplete("r1"))
 	res2, err := s.SelectAndReserve(ctx, Request{ReservationID: "r2", Tokens: prompt})
 	require.NoError(t, err)
 	require.Equal(t, first, res2.Worker)
 	require.Equal(t, 10, res2.Overlap.Device)
 	require.Zero(t, res2.EffectivePrefillTokens)
 
-	require.NoError(t, s.PrefillComplete("r1")) // idempotent
-	require.NoError(t, s.FreeReservation("r1"))
-	require.NoError(t, s.FreeReservation("r2"))
-	err = s.FreeReservation("r2")
+	require.NoError(t, s.Reservations().PrefillComplete("r1")) // idempotent
+	require.NoError(t, s.Reservations().Free("r1"))
+	require.NoError(t, s.Reservations().Free("r2"))
+	err = s.Reservations().Free("r2")
 	require.ErrorIs(t, err, ErrUnknownReservation)
 	require.Equal(t, http.StatusNotFound, HTTPStatus(err))
-	require.ErrorIs(t, s.PrefillComplete("nope"), ErrUnknownReservation)
+	require.ErrorIs(t, s.Reservations().PrefillComplete("nope"), ErrUnknownReservation)
 	requireIdle(t, s)
 
 	st := s.Stats()
@@ -194,7 +194,7 @@ func TestBadRequestsAndPartitions(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "m1-a", res.Worker)
 	require.NotEmpty(t, res.ReservationID)
-	require.NoError(t, s.FreeReservation(res.ReservationID))
+	require.NoError(t, s.Reservations().Free(res.ReservationID))
 
 	_, err = s.SelectAndReserve(ctx, Request{Model: "m1", Tokens: toks(8, 1), Allowed: []string{"elsewhere"}})
 	require.ErrorIs(t, err, ErrNoEndpoints)
@@ -217,7 +217,7 @@ func TestBadRequestsAndPartitions(t *testing.T) {
 	res, err = s.SelectAndReserve(ctx, Request{Model: "m1", SeqHashes: h.SeqHashes(toks(8, 1)), ISL: 9})
 	require.NoError(t, err)
 	require.Equal(t, 9, res.EffectivePrefillTokens+res.Overlap.Device*4)
-	require.NoError(t, s.FreeReservation(res.ReservationID))
+	require.NoError(t, s.Reservations().Free(res.ReservationID))
 
 	// Bad workers.
 	_, err = s.UpsertWorker(worker("", nil))
@@ -239,7 +239,7 @@ func TestDuplicateReservationIsConflict(t *testing.T) {
 	_, err = s.SelectAndReserve(ctx, Request{ReservationID: "x", Tokens: toks(8, 2)})
 	require.ErrorIs(t, err, ErrConflict)
 	require.Equal(t, http.StatusConflict, HTTPStatus(err))
-	require.NoError(t, s.FreeReservation("x"))
+	require.NoError(t, s.Reservations().Free("x"))
 	requireIdle(t, s)
 }
 
@@ -257,7 +257,7 @@ func TestIncompleteWorkersAreNotRouted(t *testing.T) {
 	require.Equal(t, catalog.Schedulable, rec.Lifecycle)
 	res, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(8, 1)})
 	require.NoError(t, err)
-	require.NoError(t, s.FreeReservation(res.ReservationID))
+	require.NoError(t, s.Reservations().Free(res.ReservationID))
 }
 
 func TestLoadSpreadsAcrossWorkers(t *testing.T) {
@@ -275,7 +275,7 @@ func TestLoadSpreadsAcrossWorkers(t *testing.T) {
 		require.Equal(t, 10, count[w], count)
 	}
 	for _, id := range ids {
-		require.NoError(t, s.FreeReservation(id))
+		require.NoError(t, s.Reservations().Free(id))
 	}
 	requireIdle(t, s)
 }
@@ -297,7 +297,7 @@ func TestDeleteWorkerDropsItsLoad(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, catalog.Unschedulable, rec.Lifecycle)
 	for _, id := range onA {
-		require.ErrorIs(t, s.FreeReservation(id), ErrUnknownReservation)
+		require.ErrorIs(t, s.Reservations().Free(id), ErrUnknownReservation)
 	}
 	for range 5 {
 		res, err := s.SelectAndReserve(ctx, Request{Tokens: toks(16, 1)})
@@ -312,10 +312,10 @@ func TestExpiryFreesOrphans(t *testing.T) {
 	addWorkers(t, s, "a")
 	_, err := s.SelectAndReserve(context.Background(), Request{ReservationID: "orphan", Tokens: toks(16, 1)})
 	require.NoError(t, err)
-	require.Zero(t, s.ExpireReservations())
+	require.Zero(t, s.Reservations().Expire())
 	clk.Advance(61 * time.Second)
-	require.Equal(t, 1, s.ExpireReservations())
-	require.ErrorIs(t, s.FreeReservation("orphan"), ErrUnknownReservation)
+	require.Equal(t, 1, s.Reservations().Expire())
+	require.ErrorIs(t, s.Reservations().Free("orphan"), ErrUnknownReservation)
 	require.EqualValues(t, 1, s.Stats().Expired)
 	requireIdle(t, s)
 }
@@ -380,7 +380,7 @@ func TestAdmissionQueue(t *testing.T) {
 
 	// Prefill completes: capacity frees; the higher tier goes first. Each
 	// admitted 8-token request keeps the worker below the busy line, so both go.
-	require.NoError(t, s.PrefillComplete("big"))
+	require.NoError(t, s.Reservations().PrefillComplete("big"))
 	// done gives the order in which the two goroutines got back, not the order
 	// of admission (the first admitted wakes the next before it returns): each
 	// request, evaluated under the partition lock, sees the active blocks of
@@ -399,7 +399,7 @@ func TestAdmissionQueue(t *testing.T) {
 	require.EqualValues(t, 2, st.Queued)
 	require.EqualValues(t, 1, st.QueueRejected)
 	for _, id := range []string{"big", "high", "low"} {
-		require.NoError(t, s.FreeReservation(id))
+		require.NoError(t, s.Reservations().Free(id))
 	}
 	requireIdle(t, s)
 }
@@ -420,7 +420,7 @@ func TestQueuedRequestIsWithdrawnOnCancel(t *testing.T) {
 	o := <-done
 	require.ErrorIs(t, o.err, context.Canceled)
 	queued(t, s, "", 0)
-	require.ErrorIs(t, s.FreeReservation("w"), ErrUnknownReservation)
+	require.ErrorIs(t, s.Reservations().Free("w"), ErrUnknownReservation)
 	require.EqualValues(t, 1, s.Stats().QueueCanceled)
 
 	// A deadline works the same way, and expiry of the blocker admits waiters.
@@ -429,7 +429,7 @@ func TestQueuedRequestIsWithdrawnOnCancel(t *testing.T) {
 	_, err = s.SelectAndReserve(dctx, Request{ReservationID: "d", Tokens: toks(8, 3)})
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Equal(t, http.StatusGatewayTimeout, HTTPStatus(err))
-	require.NoError(t, s.FreeReservation("big"))
+	require.NoError(t, s.Reservations().Free("big"))
 	requireIdle(t, s)
 }
 
@@ -507,9 +507,9 @@ func concurrentChurn(t *testing.T, mod func(*Config)) {
 					continue
 				}
 				if r.IntN(2) == 0 {
-					_ = s.PrefillComplete(id)
+					_ = s.Reservations().PrefillComplete(id)
 				}
-				_ = s.FreeReservation(id) // may be gone with a deleted worker
+				_ = s.Reservations().Free(id) // may be gone with a deleted worker
 			}
 		}()
 	}
@@ -640,10 +640,10 @@ func TestPotentialLoadsAndOverlap(t *testing.T) {
 			require.Equal(t, 5, x.PotentialDecodeBlock)
 		}
 	}
-	ov, err := s.OverlapScores(ctx, Request{Tokens: prompt})
+	ov, err := overlapScores(s, ctx, Request{Tokens: prompt})
 	require.NoError(t, err)
 	require.Equal(t, 5, ov[catalog.WorkerRank{Worker: res.Worker}].Device)
-	require.NoError(t, s.FreeReservation("r"))
+	require.NoError(t, s.Reservations().Free("r"))
 }
 
 func TestActiveBlockTracking(t *testing.T) {
@@ -666,8 +666,8 @@ func TestActiveBlockTracking(t *testing.T) {
 				require.NoError(t, err)
 			}
 			require.Equal(t, c.want, s.Loads("")[0].ActiveBlocks)
-			require.NoError(t, s.FreeReservation("x"))
-			require.NoError(t, s.FreeReservation("y"))
+			require.NoError(t, s.Reservations().Free("x"))
+			require.NoError(t, s.Reservations().Free("y"))
 			requireIdle(t, s)
 		})
 	}
@@ -725,8 +725,8 @@ func TestPrivateBlocksAreCounted(t *testing.T) {
 				require.Equal(t, want, s.Loads("")[0].ActiveBlocks, "the potential became the load")
 				require.Equal(t, want, s.ledger.Load(catalog.WorkerRank{Worker: "a"}).ActiveBlocks)
 			}
-			require.NoError(t, s.FreeReservation("x"))
-			require.NoError(t, s.FreeReservation("y"))
+			require.NoError(t, s.Reservations().Free("x"))
+			require.NoError(t, s.Reservations().Free("y"))
 			requireIdle(t, s)
 			require.Zero(t, s.ledger.Load(catalog.WorkerRank{Worker: "a"}), "nothing left on the rank")
 		})
@@ -760,7 +760,7 @@ func TestQueuedRequestThatFailsLeavesTheQueue(t *testing.T) {
 	_, err = s.SelectAndReserve(ctx, Request{Model: "m2", ReservationID: "dup", Tokens: toks(8, 3)})
 	require.NoError(t, err)
 
-	require.NoError(t, s.PrefillComplete("big"))
+	require.NoError(t, s.Reservations().PrefillComplete("big"))
 	require.ErrorIs(t, <-failed, ErrConflict)
 	require.Zero(t, s.Stats().Waiting, "the failed request left the queue")
 	next, err := s.SelectAndReserve(ctx, Request{Model: "m1", ReservationID: "next", Tokens: toks(8, 4)})
@@ -794,7 +794,7 @@ func TestQueuedHeadThatFailsWakesTheNext(t *testing.T) {
 	// a frees up, but the queue is strict: "next" stays behind the head, which
 	// may only use b. Then b goes away: the head fails, and nothing else will
 	// signal the partition.
-	require.NoError(t, s.PrefillComplete("big-a"))
+	require.NoError(t, s.Reservations().PrefillComplete("big-a"))
 	_, err := s.DeleteWorker("b")
 	require.NoError(t, err)
 	require.ErrorIs(t, <-headErr, ErrNoEndpoints)

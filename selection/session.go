@@ -108,7 +108,7 @@ func (c SessionConfig) validate(bad func(string, ...any)) {
 }
 
 // sessionTable is one model's pins, most recently used first. Its mutex is
-// taken only by requests that carry a session id (and by BookRemote).
+// taken only by requests that carry a session id (and by ReplicaPlane.Book).
 type sessionTable struct {
 	mu    sync.Mutex
 	max   int

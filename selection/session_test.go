@@ -172,7 +172,7 @@ func TestSessionIDBoundAndOff(t *testing.T) {
 func TestSessionPinFromRemoteBooking(t *testing.T) {
 	s, _ := newTestService(t, func(c *Config) { c.Sessions.Mode = SessionHard })
 	addWorkers(t, s, "a", "b", "c")
-	require.NoError(t, s.BookRemote("peer", BookingEvent{
+	require.NoError(t, s.Replicas().Book("peer", BookingEvent{
 		ID: "r1", Worker: catalog.WorkerRank{Worker: "c"}, PrivateBlocks: 1, Lease: time.Minute, Session: "conv",
 	}))
 	for i := range 5 {

@@ -11,7 +11,8 @@ import (
 // PrefillComplete marks the end of a booking's prefill (its first output): the
 // prompt tokens stop counting as prefill load; its blocks stay active. Calling it
 // again is a no-op. Unknown id: ErrUnknownReservation (harmless).
-func (s *SelectionService) PrefillComplete(id string) error {
+func (view Reservations) PrefillComplete(id string) error {
+	s := view.s
 	if err := s.ledger.PrefillComplete(id); err != nil {
 		return s.settleError(err)
 	}
@@ -23,10 +24,11 @@ func (s *SelectionService) PrefillComplete(id string) error {
 	return nil
 }
 
-// FreeReservation releases everything a booking added (end of stream, cancel,
+// Free releases everything a booking added (end of stream, cancel,
 // error). Freeing twice, or an unknown or expired id, is ErrUnknownReservation and
 // changes nothing.
-func (s *SelectionService) FreeReservation(id string) error {
+func (view Reservations) Free(id string) error {
+	s := view.s
 	if err := s.ledger.Free(id); err != nil {
 		return s.settleError(err)
 	}
@@ -38,11 +40,12 @@ func (s *SelectionService) FreeReservation(id string) error {
 	return nil
 }
 
-// RenewReservation extends a booking's lease to the clock's now plus its lease
+// Renew extends a booking's lease to the clock's now plus its lease
 // (Config.ActiveRequestExpiry): call it while a long request makes progress so
 // that its load is not released mid-flight. It never shortens a lease. Unknown,
 // freed or expired id: ErrUnknownReservation, and nothing changes.
-func (s *SelectionService) RenewReservation(id string) error {
+func (view Reservations) Renew(id string) error {
+	s := view.s
 	if err := s.ledger.Touch(id); err != nil {
 		return s.settleError(err)
 	}
@@ -60,10 +63,11 @@ func (s *SelectionService) settleError(err error) error {
 	return err
 }
 
-// ExpireReservations frees every booking whose lease has passed by the clock and
+// Expire frees every booking whose lease has passed by the clock and
 // returns how many. The service's sweeper calls it periodically; call it yourself
 // with a fake clock or a disabled sweeper.
-func (s *SelectionService) ExpireReservations() int {
+func (view Reservations) Expire() int {
+	s := view.s
 	return s.ledger.Expire(s.now())
 }
 

@@ -104,7 +104,7 @@ func checkSparseModel(t *testing.T, seed uint64, steps int) {
 			engine++
 			hs[i] = engine
 		}
-		require.NoError(t, s.ApplyEvent(wr, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: toks[:n*bs]}))
+		require.NoError(t, s.Events().Apply(wr, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: toks[:n*bs]}))
 	}
 	for range r.IntN(2 * len(ranks)) {
 		store(ranks[r.IntN(len(ranks))], prompt())
@@ -307,15 +307,15 @@ func TestSparseConcurrent(t *testing.T) {
 				}
 				held = append(held, res.ReservationID)
 				if r.IntN(3) == 0 {
-					assert.NoError(t, s.AddOutputBlocks(res.ReservationID, 1))
+					assert.NoError(t, s.Reservations().AddOutputBlocks(res.ReservationID, 1))
 				}
 				for len(held) > r.IntN(4) {
-					assert.NoError(t, s.FreeReservation(held[0]))
+					assert.NoError(t, s.Reservations().Free(held[0]))
 					held = held[1:]
 				}
 			}
 			for _, id := range held {
-				assert.NoError(t, s.FreeReservation(id))
+				assert.NoError(t, s.Reservations().Free(id))
 			}
 		})
 	}

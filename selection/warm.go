@@ -19,9 +19,9 @@ import (
 )
 
 // Warm start: a service writes a consistent cut of every model's index with
-// the last batch it applied from each event source (WriteIndexSnapshot), and
+// the last batch it applied from each event source (EventPlane.WriteSnapshot), and
 // a joining service loads it and resumes each source's feed from there
-// (LoadIndexSnapshot).
+// (EventPlane.LoadSnapshot).
 //
 // The format, version 1, integers little-endian:
 //
@@ -97,17 +97,18 @@ type indexCut struct {
 	sources map[catalog.WorkerRank]uint64
 }
 
-// WriteIndexSnapshot writes a snapshot of every model's KV index to w, with
+// WriteSnapshot writes a snapshot of every model's KV index to w, with
 // the last batch applied from each event source, read at the same cut: while
 // the index is copied no batch is half applied (every source's next batch
 // waits for the copy, tens of milliseconds per million blocks; requests do
 // not). A source is recorded when it applied a batch since its last reset.
-// A joining service loads it with LoadIndexSnapshot. The encoding is built
+// A joining service loads it with EventPlane.LoadSnapshot. The encoding is built
 // in memory, one model at a time (its size is about 10 bytes per block held
 // and 9 per prefix); an error is w's, wrapped. Without KV events, or with
 // ExternalEvents (no feed, hence no sequence numbers), it returns
 // ErrBadRequest.
-func (s *SelectionService) WriteIndexSnapshot(w io.Writer) error {
+func (view EventPlane) WriteSnapshot(w io.Writer) error {
+	s := view.s
 	if s.feed == nil {
 		return fmt.Errorf("%w: index snapshots need the built-in KV-event feed", ErrBadRequest)
 	}
@@ -179,7 +180,7 @@ func (s *SelectionService) cutIndexes() []indexCut {
 	return out
 }
 
-// IndexLoad reports what LoadIndexSnapshot did.
+// IndexLoad reports what EventPlane.LoadSnapshot did.
 type IndexLoad struct {
 	// Models is the number of models in the snapshot; Sources the event
 	// sources it recorded.
@@ -193,7 +194,7 @@ type IndexLoad struct {
 	Skipped int
 }
 
-// LoadIndexSnapshot reads a snapshot written by WriteIndexSnapshot (a serving
+// LoadSnapshot reads a snapshot written by EventPlane.WriteSnapshot (a serving
 // peer's) and makes this service's index equal to it, source by source: for
 // every recorded source this service also runs, of a worker of the same
 // model, the source's entries are replaced by the snapshot's and its feed
@@ -208,13 +209,14 @@ type IndexLoad struct {
 // the workers are known.
 //
 // The whole snapshot is read and checked before anything changes; then
-// LoadIndexSnapshot waits until every resumed source has installed its
+// LoadSnapshot waits until every resumed source has installed its
 // entries and replayed, or ctx ends (the resumes then still complete on their
 // own). Errors: ErrBadRequest without the built-in feed; a malformed, damaged
 // or oversized snapshot wraps ErrBadRequest and kvindex.ErrSnapshotCorrupt,
 // ErrSnapshotVersion, ErrSnapshotLimit or ErrBlockSize (another block size
 // than the service's); r's errors, wrapped; ctx.Err().
-func (s *SelectionService) LoadIndexSnapshot(ctx context.Context, r io.Reader) (IndexLoad, error) {
+func (view EventPlane) LoadSnapshot(ctx context.Context, r io.Reader) (IndexLoad, error) {
+	s := view.s
 	var rep IndexLoad
 	if s.feed == nil {
 		return rep, fmt.Errorf("%w: index snapshots need the built-in KV-event feed", ErrBadRequest)

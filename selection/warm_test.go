@@ -61,7 +61,7 @@ func (r *warmRig) service() *SelectionService {
 	// engine cannot tell its subscribers apart: publish until s has heard
 	// every engine live (what it missed meanwhile it replays).
 	require.Eventually(r.t, func() bool {
-		st := s.EventStats()
+		st := s.Events().Sources()
 		heard := len(st) == len(r.engines)
 		for i, e := range r.engines {
 			if !heard || st[i].Received == 0 {
@@ -100,7 +100,7 @@ func (r *warmRig) serve(n int) {
 func (r *warmRig) converge(s *SelectionService) {
 	r.t.Helper()
 	require.Eventually(r.t, func() bool {
-		st := s.EventStats()
+		st := s.Events().Sources()
 		if len(st) != len(r.engines) {
 			return false
 		}
@@ -116,7 +116,7 @@ func (r *warmRig) converge(s *SelectionService) {
 func indexBytes(t *testing.T, s *SelectionService) []byte {
 	t.Helper()
 	var buf bytes.Buffer
-	require.NoError(t, s.WriteIndexSnapshot(&buf))
+	require.NoError(t, s.Events().WriteSnapshot(&buf))
 	return buf.Bytes()
 }
 
@@ -138,16 +138,16 @@ func TestIndexSnapshotWarmStart(t *testing.T) {
 	require.NotEqual(t, indexBytes(t, peer), indexBytes(t, joiner), "the joiner rebuilt the history cold: the test proves nothing")
 
 	var snap bytes.Buffer
-	require.NoError(t, peer.WriteIndexSnapshot(&snap))
+	require.NoError(t, peer.Events().WriteSnapshot(&snap))
 	r.serve(30) // after the cut: the joiner's resume replays them
-	rep, err := joiner.LoadIndexSnapshot(context.Background(), &snap)
+	rep, err := joiner.Events().LoadSnapshot(context.Background(), &snap)
 	require.NoError(t, err)
 	require.Equal(t, IndexLoad{Models: 2, Sources: 3, Resumed: 3}, rep)
 	r.serve(30)
 	r.converge(peer)
 	r.converge(joiner)
 	require.Equal(t, indexBytes(t, peer), indexBytes(t, joiner))
-	for _, st := range joiner.EventStats() {
+	for _, st := range joiner.Events().Sources() {
 		require.False(t, st.Degraded, "%v", st.Worker)
 		require.EqualValues(t, 1, st.Resumes, "%v", st.Worker)
 	}
@@ -169,7 +169,7 @@ func TestIndexSnapshotSkipsUnknownWorkers(t *testing.T) {
 	moved.Model = "m3"
 	_, err = joiner.UpsertWorker(moved)
 	require.NoError(t, err)
-	rep, err := joiner.LoadIndexSnapshot(context.Background(), bytes.NewReader(snap))
+	rep, err := joiner.Events().LoadSnapshot(context.Background(), bytes.NewReader(snap))
 	require.NoError(t, err)
 	require.Equal(t, IndexLoad{Models: 2, Sources: 3, Resumed: 1, Skipped: 2}, rep)
 }
@@ -208,7 +208,7 @@ func TestIndexSnapshotRefused(t *testing.T) {
 		"trailing":  {append(bytes.Clone(snap[:len(snap)-4]), 1, 2, 3, 4), kvindex.ErrSnapshotCorrupt},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := joiner.LoadIndexSnapshot(context.Background(), bytes.NewReader(c.in))
+			_, err := joiner.Events().LoadSnapshot(context.Background(), bytes.NewReader(c.in))
 			require.ErrorIs(t, err, c.want)
 			require.ErrorIs(t, err, ErrBadRequest)
 		})
@@ -218,7 +218,7 @@ func TestIndexSnapshotRefused(t *testing.T) {
 	other, err := NewSelectionServiceBuilder(DefaultConfig(8)).SweepInterval(-1).Build(context.Background())
 	require.NoError(t, err)
 	defer other.Close()
-	_, err = other.LoadIndexSnapshot(context.Background(), bytes.NewReader(snap))
+	_, err = other.Events().LoadSnapshot(context.Background(), bytes.NewReader(snap))
 	require.ErrorIs(t, err, kvindex.ErrBlockSize)
 
 	cfg := DefaultConfig(4)
@@ -226,8 +226,8 @@ func TestIndexSnapshotRefused(t *testing.T) {
 	approx, err := NewSelectionServiceBuilder(cfg).SweepInterval(-1).Build(context.Background())
 	require.NoError(t, err)
 	defer approx.Close()
-	require.ErrorIs(t, approx.WriteIndexSnapshot(&bytes.Buffer{}), ErrBadRequest)
-	_, err = approx.LoadIndexSnapshot(context.Background(), bytes.NewReader(snap))
+	require.ErrorIs(t, approx.Events().WriteSnapshot(&bytes.Buffer{}), ErrBadRequest)
+	_, err = approx.Events().LoadSnapshot(context.Background(), bytes.NewReader(snap))
 	require.ErrorIs(t, err, ErrBadRequest)
 }
 
@@ -277,7 +277,7 @@ func cutsOf(parts []loadedPart) []indexCut {
 	return cuts
 }
 
-// encodeWarm is WriteIndexSnapshot's encoding of cuts.
+// encodeWarm is EventPlane.WriteSnapshot's encoding of cuts.
 func encodeWarm(t testing.TB, cuts []indexCut) []byte {
 	var buf bytes.Buffer
 	require.NoError(t, writeIndexCuts(&buf, cuts))

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvselect/kvselect/examples/epp/internal/eppproc"
+	"github.com/kvselect/kvselect/examples/internal/demofleet"
 	"github.com/kvselect/kvselect/examples/internal/extproctest"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/replica"
@@ -87,7 +88,7 @@ func newProcRig(t *testing.T) *procRig {
 	var ws []worker
 	for i := range procEngines {
 		e, err := fakeengine.New(fakeengine.Options{BlockSize: 16, CapacityBlocks: 1024 / 16, EnableReplay: true, EnableHTTP: true,
-			Model: demoModel, SleepTTFT: true, TokenInterval: 2 * time.Millisecond})
+			Model: demofleet.Model, SleepTTFT: true, TokenInterval: 2 * time.Millisecond})
 		require.NoError(t, err)
 		ctx, cancel := context.WithTimeout(context.Background(), procWait)
 		err = e.Start(ctx)
@@ -111,13 +112,13 @@ func (rig *procRig) hitRate() float64 {
 	for _, e := range rig.engines {
 		sts = append(sts, e.HTTPStats())
 	}
-	return hitRateOf(sts)
+	return demofleet.HitRate(sts)
 }
 
 func (rig *procRig) env(name string) map[string]string {
 	return map[string]string{
 		eppChildEnv:                     "1",
-		"DYN_MODEL_NAME":                demoModel,
+		"DYN_MODEL_NAME":                demofleet.Model,
 		"DYN_KV_CACHE_BLOCK_SIZE":       "16",
 		"DYN_EPP_TOKENIZER_SERVICE_URL": rig.tokenizer,
 		"DYN_EPP_TOKENIZER_PROTOCOL":    "vllm-render",
@@ -315,7 +316,7 @@ func startReplicas(t *testing.T, rig *procRig, n int) []*procEPP {
 // next one alive when that one is not), procConcurrency at a time. after,
 // when set, is called once with the number of requests done so far, after
 // each request. It returns the requests that failed through each EPP.
-func procDrive(ctx context.Context, t *testing.T, eps []*procEPP, alive func(int) bool, workload []demoRequest, after func(done int)) map[string]int {
+func procDrive(ctx context.Context, t *testing.T, eps []*procEPP, alive func(int) bool, workload []demofleet.Request, after func(done int)) map[string]int {
 	t.Helper()
 	httpc := &http.Client{Timeout: procWait}
 	defer httpc.CloseIdleConnections()
@@ -339,7 +340,7 @@ func procDrive(ctx context.Context, t *testing.T, eps []*procEPP, alive func(int
 				}
 				p := eps[k]
 				resp, err := p.client.Roundtrip(ctx, extproctest.HTTPRequest{Path: "/v1/chat/completions",
-					Headers: http.Header{"Content-Type": {"application/json"}}, Body: workload[i].body}, extproctest.HTTPForward(httpc))
+					Headers: http.Header{"Content-Type": {"application/json"}}, Body: workload[i].Body}, extproctest.HTTPForward(httpc))
 				if err == nil && resp.StatusCode != http.StatusOK {
 					err = fmt.Errorf("status %d: %.200q", resp.StatusCode, resp.Body)
 				}
@@ -364,10 +365,13 @@ func procDrive(ctx context.Context, t *testing.T, eps []*procEPP, alive func(int
 	return failed
 }
 
-func procWorkload(run int) []demoRequest {
-	o := demoOptions{engines: procEngines, requests: procRequests, concurrency: procConcurrency, seed: 17}
-	o.defaults()
-	return demoWorkload(o, run)
+// procWorkload is the demo's workload of run number run: three shared
+// system prompts per engine.
+func procWorkload(t *testing.T, run int) []demofleet.Request {
+	t.Helper()
+	w, err := demofleet.Workload(demofleet.WorkloadOptions{Requests: procRequests, Groups: 3 * procEngines, Seed: 17}, run)
+	require.NoError(t, err)
+	return w
 }
 
 // TestThreeEPPProcesses is the process acceptance of replicas: three EPP
@@ -385,7 +389,7 @@ func TestThreeEPPProcesses(t *testing.T) {
 	started := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	workload := procWorkload(0)
+	workload := procWorkload(t, 0)
 	all := func(int) bool { return true }
 
 	// One EPP, alone.
@@ -426,7 +430,7 @@ func TestThreeEPPProcesses(t *testing.T) {
 	held := make(chan error, 1)
 	go func() {
 		_, err := victim.client.Roundtrip(ctx, extproctest.HTTPRequest{Path: "/v1/chat/completions",
-			Headers: http.Header{"Content-Type": {"application/json"}}, Body: workload[0].body},
+			Headers: http.Header{"Content-Type": {"application/json"}}, Body: workload[0].Body},
 			func(string, *http.Request) (*http.Response, error) {
 				close(decided) // booked: the decision is made before forwarding
 				<-release
@@ -455,7 +459,7 @@ func TestThreeEPPProcesses(t *testing.T) {
 		killProblem error
 	)
 	alive := func(i int) bool { return !(i == 1 && dead.Load()) }
-	failed := procDrive(ctx, t, eps, alive, procWorkload(1), func(done int) {
+	failed := procDrive(ctx, t, eps, alive, procWorkload(t, 1), func(done int) {
 		if done != procRequests/3 {
 			return
 		}

@@ -254,7 +254,7 @@ func newE2EEnvWith(t *testing.T, bind bool) *e2eEnv {
 		require.FailNow(t, "the workers file was never applied")
 	}
 	if bind {
-		addr := env.g.svc.EventBindAddr()
+		addr := env.g.svc.Events().BindAddr()
 		require.NotNil(t, addr, "the gateway bound no SUB")
 		for i := range e2eEngines {
 			startEngine(i, fakeengine.Options{PubMode: fakeengine.PubDial, PubEndpoint: "tcp://" + addr.String(),
@@ -397,12 +397,12 @@ func TestGatewayBindsForEnginesThatDialOut(t *testing.T) {
 	env.waitIdle(t)
 	hit := prefixHitRate(plan, results)
 	t.Logf("bind mode: shared-prefix hit rate %.3f over %d requests", hit, len(plan))
-	for _, s := range env.g.svc.EventStats() {
+	for _, s := range env.g.svc.Events().Sources() {
 		require.True(t, s.Bound, "%v: a source of the bind listener", s.Worker)
 		require.Positive(t, s.Handler.EventsApplied, "no event of %v was applied", s.Worker)
 	}
-	require.Len(t, env.g.svc.EventStats(), e2eEngines, "one source per engine, attributed by topic")
-	bs := env.g.svc.EventBindStats()
+	require.Len(t, env.g.svc.Events().Sources(), e2eEngines, "one source per engine, attributed by topic")
+	bs := env.g.svc.Events().BindStats()
 	require.Len(t, bs, 1)
 	require.Zero(t, bs[0].Unattributed, "every message named a worker")
 	// Round-robin's share, one warm engine in three, is about a third; a

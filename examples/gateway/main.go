@@ -142,7 +142,7 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 	if err != nil {
 		return nil, err
 	}
-	if a := g.svc.EventBindAddr(); a != nil {
+	if a := g.svc.Events().BindAddr(); a != nil {
 		logger.Info("kv events: bound for engines that dial out", "addr", a.String())
 	}
 	g.router, err = httproute.New(httproute.Options{Service: httproute.Single(g.svc), Tokenizer: g.cache, MaxBodyBytes: cfg.MaxBodyBytes,

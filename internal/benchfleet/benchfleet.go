@@ -19,10 +19,12 @@ const (
 	SystemPrompts = 8
 )
 
-// Service is what Warm calls: selection.SelectionService has both.
-type Service interface {
-	UpsertWorker(catalog.Worker) (catalog.Record, error)
-	ApplyEvent(catalog.WorkerRank, kvindex.Event) error
+// Service is what Warm calls: a selection.SelectionService's UpsertWorker,
+// and its Events().Apply. (Functions, not an interface over the service:
+// the selection package's own tests use Warm.)
+type Service struct {
+	UpsertWorker func(catalog.Worker) (catalog.Record, error)
+	ApplyEvent   func(catalog.WorkerRank, kvindex.Event) error
 }
 
 // Fleet sizes a warmed fleet.

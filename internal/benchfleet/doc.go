@@ -5,7 +5,7 @@
 //
 // One job: Warm registers the workers of a Fleet on a Service (the two
 // methods of selection.SelectionService it calls) and stores their prompts
-// through ApplyEvent, then returns prompts to route: each worker's first
+// through Events().Apply, then returns prompts to route: each worker's first
 // cached prompt and Fleet.Fresh new ones on the known system prompts.
 //
 // Concurrency: Warm calls the Service from the calling goroutine only; it

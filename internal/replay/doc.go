@@ -45,7 +45,7 @@
 // included) comes when the prefill ends, which is also when the blocks are
 // stored and the router hears PrefillComplete; decoding then takes
 // (OutputTokens-1) x DecodeTokenTime, with no interference between requests,
-// after which the slot frees and the router hears FreeReservation. Events at
+// after which the slot frees and the router hears Reservations.Free. Events at
 // equal times run in the order they were scheduled, so replays are
 // deterministic for a seed.
 //
@@ -54,7 +54,7 @@
 // prefix cache is what running requests leave free, as in vLLM): the
 // evictions it forces reach the router as BlockRemoved events. With
 // Options.OutputGrowth the kvselect policies hear each such block as
-// SelectionService.AddOutputBlocks, so the booking grows. Decode does not
+// Reservations.AddOutputBlocks, so the booking grows. Decode does not
 // slow prefill in this model, so growth can only move requests; on the
 // command's synthetic workload with 4,096 output tokens (8 workers, 500
 // blocks each, decode holding KV, 2 req/s; medians of seeds 1-5) it lowered
@@ -83,10 +83,10 @@
 // balancer spreads requests over the Endpoint Pickers behind it; round-robin
 // rather than random also makes consecutive requests always land on different
 // replicas, the hardest case for replicas that do not share their load. The
-// replica that booked a request hears its PrefillComplete and FreeReservation.
+// replica that booked a request hears its PrefillComplete and Reservations.Free.
 // Each service's selection.BookingObserver puts every booking and settling call
 // in the simulator's event queue, and SyncDelay of simulated time later the
-// other replicas apply it (BookRemote, SettleRemote), as package replica would
+// other replicas apply it (ReplicaPlane.Book, ReplicaPlane.Settle), as package replica would
 // deliver it; one delay for all, so a booking always reaches a peer before its
 // settling calls. NoSync delivers nothing: each replica carries only its own
 // bookings. With R = 1 nothing changes: no observer, no extra event.

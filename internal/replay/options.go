@@ -109,8 +109,8 @@ type Options struct {
 	// is invalid.
 	Replicas int
 	// SyncDelay is how long, in simulated time, a replica's booking or
-	// settling call takes to reach the other replicas (BookRemote,
-	// SettleRemote). 0 means DefaultSyncDelay; negative means no delay (the
+	// settling call takes to reach the other replicas (ReplicaPlane.Book,
+	// ReplicaPlane.Settle). 0 means DefaultSyncDelay; negative means no delay (the
 	// delivery still runs after the event that made it).
 	SyncDelay time.Duration
 	// NoSync cuts the replicas off from each other: each carries only its own
@@ -142,7 +142,7 @@ type Options struct {
 	DecodeHoldsKV bool
 	// OutputGrowth makes the kvselect policies grow each booking by one
 	// block per BlockSize output tokens as its decode runs
-	// (SelectionService.AddOutputBlocks), so a long generation weighs on its
+	// (Reservations.AddOutputBlocks), so a long generation weighs on its
 	// worker's decode cost while it runs.
 	OutputGrowth bool
 	// Now is the wall clock used only to measure Result.Wall. Nil means

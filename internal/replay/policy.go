@@ -175,11 +175,11 @@ func (k *kvRouter) deliver(slot int) error {
 		}
 		var err error
 		if op.book {
-			if err = svc.BookRemote(origin, op.ev); err == nil {
+			if err = svc.Replicas().Book(origin, op.ev); err == nil {
 				k.remote++
 			}
 		} else {
-			err = svc.SettleRemote(origin, op.ev.ID, op.how)
+			err = svc.Replicas().Settle(origin, op.ev.ID, op.how)
 		}
 		if err != nil {
 			return fmt.Errorf("replay: delivering %s's booking %s to %s: %w", origin, op.ev.ID, replicaName(i), err)
@@ -315,11 +315,13 @@ func (k *kvRouter) explainDecision(scored []selection.Scored, chosenID string) {
 	e.ActiveRequests += reqs
 }
 
-func (k *kvRouter) prefillDone(r *simRequest) error { return k.svcs[r.replica].PrefillComplete(r.id) }
-func (k *kvRouter) finished(r *simRequest) error    { return k.svcs[r.replica].FreeReservation(r.id) }
+func (k *kvRouter) prefillDone(r *simRequest) error {
+	return k.svcs[r.replica].Reservations().PrefillComplete(r.id)
+}
+func (k *kvRouter) finished(r *simRequest) error { return k.svcs[r.replica].Reservations().Free(r.id) }
 func (k *kvRouter) grew(r *simRequest) error {
 	k.grown++
-	return k.svcs[r.replica].AddOutputBlocks(r.id, 1)
+	return k.svcs[r.replica].Reservations().AddOutputBlocks(r.id, 1)
 }
 
 // apply gives a worker's event to every replica: each subscribes to every
@@ -327,7 +329,7 @@ func (k *kvRouter) grew(r *simRequest) error {
 func (k *kvRouter) apply(worker int, ev kvindex.Event) error {
 	k.ev++
 	for _, svc := range k.svcs {
-		if err := svc.ApplyEvent(k.ranks[worker], ev); err != nil {
+		if err := svc.Events().Apply(k.ranks[worker], ev); err != nil {
 			return fmt.Errorf("replay: applying a %v event of %s: %w", ev.Kind, k.ids[worker], err)
 		}
 	}

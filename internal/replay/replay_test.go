@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/internal/trace"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -118,8 +119,12 @@ func indexMatchesCaches(t *testing.T, decodeKV bool) {
 	}
 	k := s.router.(*kvRouter)
 	for i := range s.reqs {
-		scores, err := k.svcs[0].OverlapScores(ctx, selection.Request{Tokens: s.reqs[i].tokens})
+		scored, err := k.svcs[0].PotentialLoads(ctx, selection.Request{Tokens: s.reqs[i].tokens})
 		require.NoError(t, err)
+		scores := make(map[catalog.WorkerRank]selection.Overlap, len(scored))
+		for _, x := range scored {
+			scores[x.WorkerRank] = x.Overlap
+		}
 		for w, rank := range k.ranks {
 			require.Equal(t, s.workers[w].cache.Prefix(s.reqs[i].keys), scores[rank].Device, "request %d worker %d", i, w)
 		}

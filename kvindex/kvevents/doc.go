@@ -138,7 +138,13 @@
 // connections per listener, a deadline on every write. A violation closes that connection;
 // Feed.Refused counts them by reason and the Logger gets one line per reason a
 // minute. A bind listener also asks BindConfig.Admit whether a peer may speak at
-// all and BindConfig.Peer whether a message's topic may come from it.
+// all and BindConfig.Peer whether a message's topic may come from it. Peers
+// gives all three (Attribute, Admit, Peer) from the known workers' endpoints:
+// a topic names the one worker at its host (or host:port), a peer is admitted
+// only from a worker's address, and a topic only from its own worker's; the
+// selection service keeps one in step with its catalog. OffsetPort gives the
+// endpoint of a data-parallel rank from its first rank's, as vLLM numbers
+// them.
 //
 // # Ownership and concurrency
 //

@@ -115,7 +115,7 @@ func (n *node) book(t testing.TB, rng *rand.Rand, blocks int) string {
 }
 
 func (n *node) free(t testing.TB, id string) {
-	if err := n.svc.FreeReservation(id); err != nil {
+	if err := n.svc.Reservations().Free(id); err != nil {
 		t.Errorf("free on %s: %v", n.r.ID(), err)
 	}
 }

@@ -116,7 +116,7 @@ func TestTenThousandBookings(t *testing.T) {
 				held = append(held, n.book(t, rng, 1+rng.IntN(16)))
 				booked.Add(1)
 				if rng.IntN(4) == 0 {
-					_ = n.svc.PrefillComplete(held[len(held)-1])
+					_ = n.svc.Reservations().PrefillComplete(held[len(held)-1])
 				}
 				for len(held) > 16 || (len(held) > 0 && rng.IntN(2) == 0) {
 					k := rng.IntN(len(held))

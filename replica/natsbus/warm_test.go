@@ -71,7 +71,7 @@ func TestWarmStartOverNATS(t *testing.T) {
 			require.NoError(t, err)
 		}
 		require.Eventually(t, func() bool {
-			st := svc.EventStats()
+			st := svc.Events().Sources()
 			heard := len(st) == len(engines)
 			for i, e := range engines {
 				if !heard || st[i].Received == 0 {
@@ -86,7 +86,7 @@ func TestWarmStartOverNATS(t *testing.T) {
 	}
 	converge := func(svc *selection.SelectionService) {
 		require.Eventually(t, func() bool {
-			for i, st := range svc.EventStats() {
+			for i, st := range svc.Events().Sources() {
 				if st.Applied == 0 || st.Watermark != engines[i].NextSeq()-1 || st.Queued > 0 {
 					return false
 				}
@@ -96,7 +96,7 @@ func TestWarmStartOverNATS(t *testing.T) {
 	}
 	index := func(svc *selection.SelectionService) []byte {
 		var buf bytes.Buffer
-		require.NoError(t, svc.WriteIndexSnapshot(&buf))
+		require.NoError(t, svc.Events().WriteSnapshot(&buf))
 		return buf.Bytes()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -114,7 +114,7 @@ func TestWarmStartOverNATS(t *testing.T) {
 		require.NoError(t, err)
 		_, err = engines[i].Serve(fakeengine.Request{Tokens: p})
 		require.NoError(t, err)
-		require.NoError(t, a.FreeReservation(res.ReservationID))
+		require.NoError(t, a.Reservations().Free(res.ReservationID))
 	}
 	converge(a)
 

@@ -109,10 +109,13 @@ const (
 	refusedBodyTimeout
 	refusedBodyTooLarge
 	refusedPromptTooLong
+	// degraded is no refusal: a request routed without tokens because the
+	// tokenizer failed (Options.NoDegrade off). It shares the rate limit.
+	degraded
 	numRefusals
 )
 
-var refusalNames = [numRefusals]string{"overloaded", "body_timeout", "body_too_large", "prompt_too_long"}
+var refusalNames = [numRefusals]string{"overloaded", "body_timeout", "body_too_large", "prompt_too_long", "tokenizer_degraded"}
 
 // refusalOf returns the bound err refused a request by; false for any other
 // error.

@@ -27,6 +27,12 @@
 //     (tokenize.Request{Path, Body, Model}), at most Options.MaxPromptTokens
 //     of them (413 past it, tokenize.ErrPromptTooLong; a tokenize.Client
 //     given the same bound refuses them before it stores them).
+//     When the Tokenizer fails (unreachable, a timeout, an upstream error),
+//     the request is routed on load alone instead (the degraded mode:
+//     selection.Request.ISL estimated from the body, no prefix reuse;
+//     Stats.Degraded, a WARN at most every 10 s); Options.NoDegrade answers
+//     503/504 instead. Give it a tokenize.Pool of several endpoints so that
+//     one tokenizer down costs nothing.
 //  5. A selection.Request is built (Model: Options.Model, else the body's
 //     "model"; Tokens; CacheSalt; LoRAName; ExpectedOutputTokens), adjusted by
 //     Options.Prepare, and booked with Service.Book: Single books one worker
@@ -50,7 +56,9 @@
 // as the reference EPP does (HTTPStatus: the tokenizer's classes first, then
 // selection's). A 4xx message says what is wrong with the request; a 5xx one
 // is a fixed phrase, the details (worker names, reasons, the tokenizer's
-// answer) going to the Logger. A refusal past a bound (MaxInflight,
+// answer) going to the Logger; a 503 for want of a worker names its reason
+// (selection.RefusalReason: unknown_model, no_schedulable_worker:<code>,
+// none_eligible, overloaded, closed). A refusal past a bound (MaxInflight,
 // BodyTimeout, MaxBodyBytes, MaxPromptTokens) is counted in Stats under its
 // reason and logged at WARN, at most once per reason every 10 s with the count
 // in between. An upstream answer is passed through as it is, error statuses

@@ -118,6 +118,9 @@ func clientMessage(err error, status int) string {
 	case tokenizer:
 		return "the tokenizer service failed"
 	case status == http.StatusServiceUnavailable:
+		if r := selection.RefusalReason(err); r != "" {
+			return "no worker is available for this model (" + r + ")"
+		}
 		return "no worker is available for this model"
 	case status == http.StatusBadGateway:
 		return "the worker failed to answer"

@@ -175,6 +175,14 @@ type Options struct {
 	// it. Keep it well below ActiveRequestExpiry. Default
 	// DefaultRenewInterval (10 s); negative disables renewal.
 	RenewInterval time.Duration
+	// NoDegrade answers 503 or 504 (HTTPStatus) when the Tokenizer fails
+	// (unreachable, a timeout, an upstream error: not the request's fault).
+	// By default such a request is routed on load alone instead (a
+	// selection.Request with ISL and no tokens: no prefix reuse, the prompt
+	// estimated at a token per 4 body bytes), counted in Stats.Degraded and
+	// logged at WARN (at most once every 10 s): a tokenizer outage costs
+	// cache hits, not requests.
+	NoDegrade bool
 	// OutputGrowth grows each streamed request's booking as it generates:
 	// every data line of a 2xx event stream is one token, and each BlockSize
 	// of them one more active block on the worker (Handle.Generated). Off by
@@ -372,14 +380,25 @@ func (r *Router) book(req *http.Request, body []byte) (Booked, error) {
 		model = info.Model
 	}
 	tr, err := r.opts.Tokenizer.Tokenize(req.Context(), tokenize.Request{Path: req.URL.Path, Body: body, Model: r.opts.Model})
+	isl := 0
 	if err != nil {
-		return Booked{}, err
+		if r.opts.NoDegrade || !tokenizerDown(req.Context(), err) {
+			return Booked{}, err
+		}
+		// Degraded: route on load alone, the prompt's length estimated from
+		// the body, rather than fail a request a worker can serve.
+		r.st.refused[degraded].Add(1)
+		if n, log := r.refusals.note(degraded, time.Now()); log {
+			r.log.Warn("httproute: the tokenizer failed; routing on load alone (degraded: no prefix reuse) until it answers",
+				slog.String("error", err.Error()), slog.Uint64("count_since_last_line", n))
+		}
+		tr, isl = tokenize.Result{}, max(len(body)/bytesPerToken, 1)
 	}
 	if len(tr.Tokens) > r.opts.MaxPromptTokens {
 		return Booked{}, fmt.Errorf("%w: %d tokens, the limit is %d (MaxPromptTokens)", tokenize.ErrPromptTooLong, len(tr.Tokens), r.opts.MaxPromptTokens)
 	}
 	sreq := selection.Request{
-		Model: model, Tokens: tr.Tokens, LoRAName: info.LoRA, CacheSalt: tr.CacheSalt,
+		Model: model, Tokens: tr.Tokens, ISL: isl, LoRAName: info.LoRA, CacheSalt: tr.CacheSalt,
 		ExpectedOutputTokens: int(min(max(tr.MaxTokens, 0), math.MaxInt32)),
 		SessionID:            info.SessionID,
 	}
@@ -403,6 +422,17 @@ func (r *Router) book(req *http.Request, body []byte) (Booked, error) {
 		return Booked{}, fmt.Errorf("%w: worker %q has no endpoint", selection.ErrNoEndpoints, b.Worker)
 	}
 	return b, nil
+}
+
+// bytesPerToken estimates a prompt's tokens from its body's bytes in the
+// degraded mode (English text and JSON run about four bytes a token).
+const bytesPerToken = 4
+
+// tokenizerDown reports whether err is the tokenizer's failure, not the
+// request's fault nor the client's: the requests the degraded mode routes.
+func tokenizerDown(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && (errors.Is(err, tokenize.ErrUnavailable) || errors.Is(err, tokenize.ErrTimeout) ||
+		errors.Is(err, tokenize.ErrUpstream) || errors.Is(err, tokenize.ErrClosed))
 }
 
 // reject answers an error met before the upstream. body is nil when the
@@ -493,6 +523,9 @@ type Stats struct {
 	// "body_too_large" (MaxBodyBytes, 413), "prompt_too_long"
 	// (MaxPromptTokens, or the Tokenizer's own bound, 413).
 	Overloaded, BodyTimeouts, BodiesTooLarge, PromptsTooLong uint64
+	// Degraded counts requests routed on load alone because the Tokenizer
+	// failed ("tokenizer_degraded"; see Options.NoDegrade).
+	Degraded uint64
 	// Booked counts bookings made; Done those settled.
 	Booked, Done uint64
 	// Ended, Canceled, Failed and Aborted split Done by how the exchange
@@ -518,7 +551,8 @@ func (r *Router) Stats() Stats {
 		Requests: s.requests.Load(), Rejected: s.rejected.Load(),
 		Overloaded: s.refused[refusedOverloaded].Load(), BodyTimeouts: s.refused[refusedBodyTimeout].Load(),
 		BodiesTooLarge: s.refused[refusedBodyTooLarge].Load(), PromptsTooLong: s.refused[refusedPromptTooLong].Load(),
-		Booked: s.booked.Load(), Done: s.done.Load(),
+		Degraded: s.refused[degraded].Load(),
+		Booked:   s.booked.Load(), Done: s.done.Load(),
 		Ended: s.ended.Load(), Canceled: s.canceled.Load(), Failed: s.failed.Load(), Aborted: s.aborted.Load(),
 		FirstBytes: s.firstBytes.Load(), Renewals: s.renewals.Load(), Stalls: s.stalls.Load(),
 		UpstreamErrors: s.upstreamErrors.Load(), FailureStatuses: s.failureStatuses.Load(), MarkedFailed: s.markedFailed.Load(),

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -351,6 +352,45 @@ func TestBodyTooLarge(t *testing.T) {
 	require.EqualValues(t, 3, env.router.Stats().Rejected)
 }
 
+// When the tokenizer fails (not the request's fault), the request is routed
+// on load alone and served: counted, logged, settled like any other; the
+// request's own faults are still refused.
+func TestDegradedWithoutTokenizer(t *testing.T) {
+	var calls atomic.Int64
+	down := tokenizerFunc(func(_ context.Context, req tokenize.Request) (tokenize.Result, error) {
+		calls.Add(1)
+		if strings.Contains(string(req.Body), "bad") {
+			return tokenize.Result{}, fmt.Errorf("%w: no messages", tokenize.ErrBadRequest)
+		}
+		return tokenize.Result{}, fmt.Errorf("%w: connection refused", tokenize.ErrUnavailable)
+	})
+	var logs logBuffer
+	env := newEnv(t, envOptions{workers: []string{okUpstream(t)}, router: httproute.Options{Tokenizer: down, Logger: logs.logger()}})
+	for range 3 {
+		resp, err := env.post(context.Background(), t, chatBody("", "a prompt the tokenizer cannot see"))
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, resp.Body.Close())
+		env.waitServed(t, 1)
+	}
+	resp, err := env.post(context.Background(), t, chatBody("", "bad"))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	readError(t, resp)
+	env.waitServed(t, 1)
+	st := env.router.Stats()
+	require.EqualValues(t, 3, st.Degraded)
+	require.EqualValues(t, 3, st.Booked)
+	require.EqualValues(t, 1, st.Rejected)
+	require.EqualValues(t, 4, calls.Load())
+	logs.mu.Lock()
+	text := logs.buf.String()
+	logs.mu.Unlock()
+	require.Equal(t, 1, strings.Count(text, "tokenizer failed; routing on load alone"), "one line per 10 s:\n%s", text)
+	env.requireIdle(t, "")
+}
+
 // Errors before the upstream are OpenAI error objects with the reference
 // EPP's status mapping: the tokenizer's classes first, then selection's.
 func TestErrorsBeforeUpstream(t *testing.T) {
@@ -370,13 +410,13 @@ func TestErrorsBeforeUpstream(t *testing.T) {
 		{"tokenizer unavailable", failWith(fmt.Errorf("%w: connection refused 10.1.2.3", tokenize.ErrUnavailable)), "", "", 503, "service_unavailable_error", "tokenizer"},
 		{"tokenizer timeout", failWith(fmt.Errorf("%w: %w", tokenize.ErrTimeout, context.DeadlineExceeded)), "", "", 504, "upstream_error", "timed out"},
 		{"tokenizer upstream", failWith(fmt.Errorf("%w: status 500", tokenize.ErrUpstream)), "", "", 502, "upstream_error", "tokenizer"},
-		{"no worker of the model", nil, "", chatBody("other-model", "hi"), 503, "service_unavailable_error", "no worker"},
+		{"no worker of the model", nil, "", chatBody("other-model", "hi"), 503, "service_unavailable_error", "no worker is available for this model (unknown_model)"},
 		{"not JSON", nil, "", "[1,2]", 400, "invalid_request_error", "not a JSON object"},
 		{"model not a string", nil, "", `{"model":7}`, 400, "invalid_request_error", `"model" must be a string`},
 		{"GET", nil, http.MethodGet, "", 405, "invalid_request_error", "GET"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			env := newEnv(t, envOptions{workers: []string{"127.0.0.1:9"}, router: httproute.Options{Tokenizer: tc.tok}})
+			env := newEnv(t, envOptions{workers: []string{"127.0.0.1:9"}, router: httproute.Options{Tokenizer: tc.tok, NoDegrade: true}})
 			body, method := tc.body, tc.method
 			if body == "" {
 				body = chatBody("", "hi")
@@ -470,11 +510,11 @@ func TestRenewKeepsLongRequestBooked(t *testing.T) {
 				env.clock.Advance(50 * time.Second)
 				renewals(2) // the lease now ends 110 s after the booking, or later
 				env.clock.Advance(50 * time.Second)
-				require.Zero(t, env.svc.ExpireReservations())
+				require.Zero(t, env.svc.Reservations().Expire())
 				require.Equal(t, 1, env.load(t, "", "w0").ActiveRequests)
 			} else {
 				env.clock.Advance(100 * time.Second)
-				require.Equal(t, 1, env.svc.ExpireReservations(), "without renewal the lease passes mid-flight")
+				require.Equal(t, 1, env.svc.Reservations().Expire(), "without renewal the lease passes mid-flight")
 				require.Zero(t, env.router.Stats().Renewals)
 			}
 			close(release)
@@ -779,7 +819,7 @@ func TestStreamRenewsOnProgressGrowsAndExpiresWhenStalled(t *testing.T) {
 		event()
 		waitStat(stalls) // the event's progress has been renewed, at the clock's now
 		env.clock.Advance(40 * time.Second)
-		require.Zero(t, env.svc.ExpireReservations(), "a stream that sends was expired")
+		require.Zero(t, env.svc.Reservations().Expire(), "a stream that sends was expired")
 	}
 	for range 3 { // 8 tokens in all, two blocks of 4
 		event()
@@ -791,7 +831,7 @@ func TestStreamRenewsOnProgressGrowsAndExpiresWhenStalled(t *testing.T) {
 	waitStat(stalls)
 	require.Equal(t, renewed, env.router.Stats().Renewals, "a silent stream was renewed")
 	env.clock.Advance(61 * time.Second)
-	require.Equal(t, 1, env.svc.ExpireReservations(), "a stalled stream expires at its lease")
+	require.Equal(t, 1, env.svc.Reservations().Expire(), "a stalled stream expires at its lease")
 	close(end)
 	_, _ = io.ReadAll(br)
 	resp.Body.Close()

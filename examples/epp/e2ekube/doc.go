@@ -11,6 +11,8 @@
 //	KVSELECT_E2E_EPP_KUBECONFIG    kubeconfig of the EPP's identity, which has no rights until a test grants them
 //	KVSELECT_E2E_EPP_USER          that identity's user name
 //	KVSELECT_E2E_CRD               path of the InferencePool CRD (from the Gateway API Inference Extension module)
+//	KVSELECT_E2E_GATEWAY_CRD       path of the HTTPRoute CRD (Gateway API module); empty: HTTPRoutes skipped
+//	KVSELECT_E2E_SERVICEMONITOR_CRD  path of the ServiceMonitor CRD (Prometheus Operator module); empty: skipped
 //
 // and runs `go test -tags e2e ./examples/epp/e2ekube/`. Without these
 // variables every test skips and says so.
@@ -26,5 +28,8 @@
 // the least-privilege identity (a Role that can only get, list and watch pods
 // and inferencepools in the test's namespace); the tests play Envoy with
 // internal/extproctest against its ext_proc port and read its JSON logs and
-// Prometheus metrics. docs/E2E.md lists the cases and what each one shows.
+// Prometheus metrics. TestDeployManifests applies the deploy/ overlays and
+// runs the EPP, built as its Dockerfile builds it, from the rendered
+// Deployment under the rendered Roles. docs/E2E.md lists the cases and what
+// each one shows.
 package e2ekube

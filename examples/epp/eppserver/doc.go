@@ -1,0 +1,61 @@
+// Package eppserver is kvselect's reference Endpoint Picker as a library: the
+// ext_proc server an Envoy-based Gateway (Gateway API Inference Extension)
+// calls for every request. It discovers workers (Kubernetes InferencePool +
+// Pods, or a static file), tokenizes each request with the engines' own
+// tokenizer, books the best worker with kvselect, and tells Envoy where to send
+// the request. The command examples/epp parses flags and calls it;
+// examples/demo runs it in process over fake engines.
+//
+// The pieces:
+//
+//   - LoadConfig reads the environment contract of Dynamo's standalone EPP
+//     into a Config (every variable also has a flag, and flags win; EnvTable
+//     renders the contract as the README's table).
+//   - Serve runs the whole EPP until its context ends: replicas, tracing,
+//     discovery, and the ext_proc, health and Prometheus listeners.
+//   - New builds an EPP that listens nowhere: a caller in process applies
+//     discovery snapshots itself (Apply) and serves ExtProc on a gRPC server
+//     of its own.
+//
+// After the pick the EPP follows each response through ext_proc
+// (docs/OBSERVABILITY.md): it renews the request's leases while the response
+// starts or flows (DYN_EPP_RENEW_INTERVAL_MS; a stream gone silent expires at
+// its lease), grows its decode booking with the SSE events of its stream
+// (DYN_EPP_OUTPUT_GROWTH), returns fallback endpoints after the pick in the
+// GAIE destination list (DYN_EPP_FALLBACKS), marks failed the workers a
+// response says failed, and moves the booking to the worker the gateway
+// reports as served (or frees it when that is no worker it can book). It
+// exports per-rank load, decision quality, rebookings and renewals on
+// /metrics (package prommetrics; a Grafana dashboard is in docs/grafana),
+// OpenTelemetry spans for pick, tokenize and book when DYN_EPP_OTLP_ENDPOINT
+// names a collector (package oteltracing), and with DYN_EPP_DEBUG_HEADER the
+// cost terms of the cheapest candidates in an x-kvselect-debug response
+// header.
+//
+// Several replicas of the EPP share their active load (docs/REPLICAS.md) when
+// DYN_EPP_PEER_SERVICE is set (each embeds a NATS server routed to the ready
+// endpoints of that headless Service, on DYN_EPP_REPLICA_SYNC_PORT; RBAC
+// services get and endpointslices list, watch), or DYN_EPP_PEERS (the same
+// with static routes), or DYN_EPP_NATS_URL (an existing NATS cluster). One
+// Replicator per role (both roles in disaggregated mode) rides the one
+// connection; the Replicators start once discovery has registered the
+// workers, and the EPP reports ready once each has made its initial sync.
+//
+// # Concurrency
+//
+// Serve owns every goroutine it starts (the three servers, discovery, the
+// lease renewer, the replicas' readiness and peer discovery) and returns once
+// they have all stopped. An EPP's ExtProc server and its router are safe for
+// concurrent use; Apply is called by one goroutine at a time (the discovery
+// loop's). The selection services, the pair booker's sweeper and the
+// Replicators run goroutines the EPP owns: Close stops them and waits for
+// them. LoadConfig, EnvTable and New start nothing of their own beyond that.
+//
+// # Invariants
+//
+// The EPP routes only once discovery has synced (and, with replicas, once
+// each Replicator has made its initial sync). Every request it books is
+// settled exactly once, through the library's lifecycle.Follower, whatever
+// ends it. A Config is never changed once New has taken it. Flags, variables
+// and metric names are a contract: the README's table is EnvTable's output.
+package eppserver
