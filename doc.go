@@ -13,6 +13,8 @@
 //     per-model partitions, the cost functions, picking, the admission queue,
 //     bookings and their handle (Booking), approximate mode, HTTPStatus.
 //   - selection/httproute: the net/http adapter for a gateway written in Go.
+//   - gaie: the names of the gateway protocols (GAIE's Endpoint Picker
+//     protocol, the prefill/decode hint, Dynamo's headers), defined once.
 //   - lifecycle: one booked request's Handle (a Booking, a roles.Plan) and the
 //     Follower that settles it from the response, for every gateway.
 //   - kvindex: block hashing, and the radix-tree index of which worker rank holds

@@ -15,7 +15,7 @@ const module = "github.com/kvselect/kvselect"
 
 // corePackages are the library's core: they may import only the standard
 // library, the modules in allowedModules and each other (the design's dependency rule).
-var corePackages = []string{"selection", "kvindex", "catalog", "roles", "reservation", "tokenize", "replica", "lifecycle"}
+var corePackages = []string{"selection", "kvindex", "catalog", "roles", "reservation", "tokenize", "replica", "lifecycle", "gaie"}
 
 var allowedModules = []string{
 	"github.com/cespare/xxhash/v2",

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/gaie"
 	"github.com/kvselect/kvselect/reservation"
 )
 
@@ -64,7 +65,7 @@ func HTTPStatus(err error) int {
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout
 	case errors.Is(err, context.Canceled):
-		return 499 // client closed request (nginx convention); the caller is gone
+		return gaie.StatusClientClosedRequest // the caller is gone
 	default:
 		return http.StatusInternalServerError
 	}

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/kvselect/kvselect/gaie"
 )
 
 // Errors returned by this package. Every error returned by Tokenize wraps exactly
@@ -49,9 +51,10 @@ var (
 	ErrInvalidOptions = errors.New("tokenize: invalid options")
 )
 
-// StatusClientClosedRequest is the status HTTPStatus gives ErrCanceled (the
-// nginx convention for a client that went away before the answer).
-const StatusClientClosedRequest = 499
+// StatusClientClosedRequest is the status HTTPStatus gives ErrCanceled
+// (gaie.StatusClientClosedRequest: the nginx convention for a client that
+// went away before the answer).
+const StatusClientClosedRequest = gaie.StatusClientClosedRequest
 
 // HTTPStatus returns the HTTP status a front end should answer with for an error
 // returned by this package: 413 ErrPromptTooLong, 400 ErrBadRequest (any other),

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/kvselect/kvselect/gaie"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -17,8 +18,8 @@ const MaxFieldBytes = 4096
 // Session headers, read by SessionID in this order before the body's
 // prompt_cache_key.
 const (
-	HeaderSessionID       = "x-session-id"
-	HeaderDynamoSessionID = "x-dynamo-session-id"
+	HeaderSessionID       = gaie.HeaderSessionID
+	HeaderDynamoSessionID = gaie.HeaderDynamoSessionID
 )
 
 // RequestInfo is what ParseRequest reads from an OpenAI chat or completions

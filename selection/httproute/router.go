@@ -10,11 +10,11 @@ import (
 	"math"
 	"net/http"
 	"net/http/httputil"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvselect/kvselect/gaie"
 	"github.com/kvselect/kvselect/lifecycle"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
@@ -300,31 +300,13 @@ func (r *Router) CloseIdleConnections() {
 }
 
 // ControlHeaders returns the request headers a client could use to steer
-// routing downstream (choose the destination, the prefill worker or the
-// candidate set of a sidecar or another gateway) or to fake a gateway's
-// report, lower case. The Router removes them from every upstream request; the
+// routing downstream or to fake a gateway's report (gaie.ControlHeaders),
+// lower case. The Router removes them from every upstream request; the
 // reference EPP removes the same ones and never shows them to its picker.
-func ControlHeaders() []string { return slices.Clone(controlHeaders) }
+func ControlHeaders() []string { return gaie.ControlHeaders() }
 
-// headerPrefiller carries a plan's prefill worker to the destination's
-// decode sidecar (llm-d's and the reference EPP's name).
-const headerPrefiller = "x-prefiller-host-port"
-
-var controlHeaders = []string{
-	"x-gateway-destination-endpoint",
-	"x-gateway-destination-endpoint-subset",
-	"x-gateway-destination-endpoint-served",
-	"x-gateway-destination-endpoint-scores",
-	headerPrefiller,
-	"x-kvselect-prefiller-signature",
-	"x-llm-d-request-dropped-reason",
-	"test-epp-endpoint-selection",
-	"x-dynamo-worker-instance-id",
-	"x-dynamo-prefill-instance-id",
-	"x-dynamo-dp-rank",
-	"x-dynamo-prefill-dp-rank",
-	"x-dynamo-routing-mode",
-}
+// controlHeaders is ControlHeaders, copied once.
+var controlHeaders = gaie.ControlHeaders()
 
 // ServeHTTP reads and bounds the body, tokenizes it, books a worker, and
 // proxies the request there. Errors before the upstream are answered with an
@@ -462,7 +444,7 @@ func (r *Router) rewrite(pr *httputil.ProxyRequest) {
 		pr.Out.Header.Del(h)
 	}
 	if ex.b.Prefiller != "" {
-		pr.Out.Header.Set(headerPrefiller, ex.b.Prefiller)
+		pr.Out.Header.Set(gaie.HeaderPrefiller, ex.b.Prefiller)
 	}
 }
 

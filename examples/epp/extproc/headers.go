@@ -9,33 +9,33 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/kvselect/kvselect/examples/internal/pdhint"
+	"github.com/kvselect/kvselect/gaie"
 	"github.com/kvselect/kvselect/selection/httproute"
 )
 
 // Names of the GAIE Endpoint Picker protocol and the disaggregated-serving
-// contract.
+// contract, as package gaie defines them.
 const (
 	// HeaderDestination carries the chosen host:port to the gateway; it is
 	// also the key of the destination in the MetadataNamespace.
-	HeaderDestination = "x-gateway-destination-endpoint"
+	HeaderDestination = gaie.HeaderDestination
 	// HeaderPrefiller carries the prefill worker's host:port to the decode
 	// worker's sidecar in disaggregated mode.
-	HeaderPrefiller = "x-prefiller-host-port"
+	HeaderPrefiller = gaie.HeaderPrefiller
 	// HeaderPrefillerSignature carries the EPP's signature of the prefiller
 	// hint (package pdhint) when hints are signed; the sidecar checks it.
-	HeaderPrefillerSignature = pdhint.Header
+	HeaderPrefillerSignature = gaie.HeaderPrefillerSignature
 	// MetadataNamespace is the dynamic-metadata namespace of the destination
 	// (EPP to gateway) and of the served endpoint (gateway to EPP).
-	MetadataNamespace = "envoy.lb"
+	MetadataNamespace = gaie.MetadataNamespace
 	// SubsetNamespace is the request filter-metadata namespace of the subset
 	// hint.
-	SubsetNamespace = "envoy.lb.subset_hint"
+	SubsetNamespace = gaie.SubsetNamespace
 	// SubsetKey is the key of the subset hint in SubsetNamespace.
-	SubsetKey = "x-gateway-destination-endpoint-subset"
+	SubsetKey = gaie.HeaderDestinationSubset
 	// ServedKey is the key, in MetadataNamespace of the response metadata,
 	// of the endpoint that really served the request.
-	ServedKey = "x-gateway-destination-endpoint-served"
+	ServedKey = gaie.HeaderDestinationServed
 	// HeaderDebug is the response header of Pick.Debug.
 	HeaderDebug = "x-kvselect-debug"
 )

@@ -15,16 +15,18 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvselect/kvselect/gaie"
 )
 
 // Protocol names used by the driver (GAIE Endpoint Picker protocol).
 const (
-	HeaderDestination = "x-gateway-destination-endpoint"
-	HeaderPrefiller   = "x-prefiller-host-port"
-	MetadataNamespace = "envoy.lb"
+	HeaderDestination = gaie.HeaderDestination
+	HeaderPrefiller   = gaie.HeaderPrefiller
+	MetadataNamespace = gaie.MetadataNamespace
 	SubsetNamespace   = "envoy.lb.subset_hint"
-	SubsetKey         = "x-gateway-destination-endpoint-subset"
-	ServedKey         = "x-gateway-destination-endpoint-served"
+	SubsetKey         = gaie.HeaderDestinationSubset
+	ServedKey         = gaie.HeaderDestinationServed
 )
 
 // Defaults.

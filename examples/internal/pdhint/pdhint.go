@@ -14,10 +14,12 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvselect/kvselect/gaie"
 )
 
 // Header is the request header that carries the signature.
-const Header = "x-kvselect-prefiller-signature"
+const Header = gaie.HeaderPrefillerSignature
 
 // Version is the only version this package writes and reads. v1 signatures,
 // which bound neither the destination, the path nor the issue time, are

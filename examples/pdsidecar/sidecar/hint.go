@@ -11,20 +11,21 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
+	"github.com/kvselect/kvselect/gaie"
 )
 
 // Request headers the EPP sets for the sidecar.
 const (
 	// HeaderPrefiller carries the prefill endpoint, host:port with an IP
 	// literal (IPv6 in brackets).
-	HeaderPrefiller = "x-prefiller-host-port"
+	HeaderPrefiller = gaie.HeaderPrefiller
 	// HeaderSignature carries the hint's signature (see pdhint).
-	HeaderSignature = pdhint.Header
+	HeaderSignature = gaie.HeaderPrefillerSignature
 	// HeaderDestination carries the decode endpoints the EPP routed the
 	// request to (GAIE's destination list: the chosen one, then its
 	// fallbacks). A signature covers it; without it a signed hint must have
 	// been signed for this sidecar alone.
-	HeaderDestination = "x-gateway-destination-endpoint"
+	HeaderDestination = gaie.HeaderDestination
 )
 
 // Reasons a hint is refused (Stats.BadHints, the log line's reason). Each one
@@ -218,26 +219,10 @@ var hopByHop = []string{
 }
 
 // isOrchestration reports whether a request header is the gateway's or the
-// EPP's business, never an engine's: the hint and its signature, the EPP's
-// other routing headers (x-gateway-destination-endpoint*, x-gateway-inference-*,
-// the model rewrite, Dynamo's routing headers) and anything x-kvselect-*.
-func isOrchestration(name string) bool {
-	n := strings.ToLower(name)
-	switch {
-	case n == HeaderPrefiller, n == "x-gateway-model-name-rewrite":
-		return true
-	case strings.HasPrefix(n, "x-kvselect-"),
-		strings.HasPrefix(n, "x-gateway-destination-endpoint"),
-		strings.HasPrefix(n, "x-gateway-inference-"):
-		return true
-	}
-	switch n {
-	case "x-dynamo-worker-instance-id", "x-dynamo-prefill-instance-id", "x-dynamo-dp-rank",
-		"x-dynamo-prefill-dp-rank", "x-dynamo-routing-mode":
-		return true
-	}
-	return false
-}
+// EPP's business, never an engine's (gaie.IsControlHeader: the hint and its
+// signature, the EPP's other routing headers, the model rewrite, Dynamo's
+// routing headers and anything x-kvselect-*).
+func isOrchestration(name string) bool { return gaie.IsControlHeader(name) }
 
 // outboundHeader is what an engine gets of the client's headers: all but the
 // hop-by-hop ones (and those the Connection header names), the orchestration
