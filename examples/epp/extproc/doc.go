@@ -36,7 +36,12 @@
 // destination is always overwritten; the subset hint is read only from gateway
 // metadata; every host:port is validated (IP literal, port 1-65535) before it
 // is emitted, and a prefiller signature only goes out with the prefiller it
-// signs, exactly as signed.
+// signs, exactly as signed. The one exception is a test hook:
+// Options.ConformanceTestHooks (off by default) makes the conformance
+// suite's test-epp-endpoint-selection header the subset hint and echoes the
+// gateway's served endpoint as x-conformance-test-served-endpoint, as GAIE's
+// test picker does; the health service answers "inference-extension" too,
+// following readiness.
 // Errors are answered with an ImmediateResponse carrying a short fixed body;
 // details go to the log only.
 //

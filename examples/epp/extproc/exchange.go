@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvselect/kvselect/gaie"
 )
 
 type phase int
@@ -192,6 +194,14 @@ func (x *exchange) readSubset(md *corev3.Metadata) {
 // decide asks the Picker and sends the routing decision.
 func (x *exchange) decide(by completion) error {
 	defer x.release()
+	if x.s.testHooks && x.hdr.testSelection != "" {
+		// The conformance suite steers the request: the header's endpoints
+		// are the subset, over the gateway's; none usable leaves the
+		// gateway's (or none).
+		if sel, _ := appendSubsetItems(nil, x.hdr.testSelection, 0); len(sel) > 0 {
+			x.subset, x.subsetPresent = sel, true
+		}
+	}
 	if x.subsetPresent && len(x.subset) == 0 {
 		x.s.log.Warn("request rejected", "request_id", x.hdr.requestID, "status", http.StatusServiceUnavailable,
 			"err", ErrEmptySubset)
@@ -364,8 +374,19 @@ func (x *exchange) sendDecision(by completion, dest, prefiller, signature string
 func (x *exchange) onResponseHeaders(h *extprocv3.HttpHeaders, md *corev3.Metadata) error {
 	served := x.checkServed(md)
 	common := &extprocv3.CommonResponse{}
+	var set []*corev3.HeaderValueOption
 	if x.debug != "" {
-		common.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderDebug, x.debug)}}
+		set = append(set, setHeader(HeaderDebug, x.debug))
+	}
+	if x.s.testHooks {
+		// The gateway's report, never the pick: the suite checks where the
+		// request really went.
+		if v := strings.TrimSpace(readServed(md)); v != "" && checkDebug(v) == nil { // bounded, printable
+			set = append(set, setHeader(gaie.HeaderTestServed, v))
+		}
+	}
+	if len(set) > 0 {
+		common.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: set}
 	}
 	if err := x.send(&extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{Response: common}},

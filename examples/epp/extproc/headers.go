@@ -102,6 +102,7 @@ type requestHeaders struct {
 	method, path, requestID string
 	picker                  map[string]string // for PickRequest.Headers
 	remove                  []string          // control headers present, to remove
+	testSelection           string            // the conformance suite's selection header, hidden and removed
 }
 
 func headerValue(h *corev3.HeaderValue) string {
@@ -132,6 +133,9 @@ func readRequestHeaders(hm *corev3.HeaderMap) requestHeaders {
 		if class := controlSet[k]; class != 0 {
 			if !contains(rh.remove, k) {
 				rh.remove = append(rh.remove, k)
+			}
+			if k == gaie.HeaderTestSelection {
+				rh.testSelection = v
 			}
 			if class == hdrRouting {
 				continue

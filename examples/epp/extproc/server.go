@@ -31,6 +31,9 @@ const (
 	HealthReadiness = "readiness"
 	// HealthExtProc is the ext_proc gRPC service name; it follows readiness.
 	HealthExtProc = "envoy.service.ext_proc.v3.ExternalProcessor"
+	// HealthInferenceExtension is the service name GAIE's manifests and
+	// conformance suite probe; it follows readiness.
+	HealthInferenceExtension = "inference-extension"
 )
 
 // Options configures a Server. The zero value of every field but Picker
@@ -60,6 +63,13 @@ type Options struct {
 	Metrics Recorder
 	// Now reads the clock for pick latency. Default time.Now.
 	Now func() time.Time
+	// ConformanceTestHooks turns on the two test hooks of GAIE's
+	// conformance suite: a request's test-epp-endpoint-selection header
+	// (ip or ip:port, comma-separated) becomes its subset hint, over the
+	// gateway's; and the served endpoint the gateway reports is echoed to
+	// the client as x-conformance-test-served-endpoint. Off by default: any
+	// client could steer its own requests with the header.
+	ConformanceTestHooks bool
 }
 
 // Server is the ext_proc server. Create it with NewServer; it is safe for
@@ -76,6 +86,7 @@ type Server struct {
 	rec       Recorder
 	now       func() time.Time
 	health    *health.Server
+	testHooks bool
 	inflight  atomic.Int64
 	ready     atomic.Bool
 }
@@ -114,6 +125,7 @@ func NewServer(opts Options) (*Server, error) {
 		log:       opts.Logger,
 		rec:       opts.Metrics,
 		now:       opts.Now,
+		testHooks: opts.ConformanceTestHooks,
 		health:    health.NewServer(),
 	}
 	if s.status == nil {
@@ -148,8 +160,8 @@ func (s *Server) Register(g *grpc.Server) {
 	extprocv3.RegisterExternalProcessorServer(g, s)
 }
 
-// RegisterHealth registers the gRPC health service (liveness, readiness and
-// the ext_proc service name) on g, which may be the ext_proc server or a
+// RegisterHealth registers the gRPC health service (liveness, readiness,
+// the ext_proc service name and GAIE's inference-extension) on g, which may be the ext_proc server or a
 // separate health server.
 func (s *Server) RegisterHealth(g *grpc.Server) {
 	healthpb.RegisterHealthServer(g, s.health)
@@ -172,6 +184,7 @@ func (s *Server) SetReady(ready bool) {
 	s.ready.Store(ready)
 	s.health.SetServingStatus(HealthReadiness, st)
 	s.health.SetServingStatus(HealthExtProc, st)
+	s.health.SetServingStatus(HealthInferenceExtension, st)
 }
 
 // Ready reports the last value given to SetReady.
