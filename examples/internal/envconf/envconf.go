@@ -86,7 +86,10 @@ func (src source) read(getenv func(string) string) (string, bool, error) {
 func Load(fs *flag.FlagSet, args []string, getenv func(string) string, vars []Var) error {
 	fromFlag := make(map[string]*string, len(vars))
 	for _, v := range vars {
-		help := v.Help + " (env "
+		// Without backquotes: flag's usage would take the first backquoted
+		// word of the help (a value such as `dynamo`) for the argument's
+		// name, as if it were the default.
+		help := strings.ReplaceAll(v.Help, "`", "") + " (env "
 		for _, o := range v.Overrides {
 			help += o.Env + ", else "
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -161,4 +162,19 @@ func ExampleConflicts() {
 	// | Variable | Flag | Default | Meaning |
 	// |---|---|---|---|
 	// | `PORT` (a port, on 0.0.0.0), else `APP_ADDR` | `--addr` | 0.0.0.0:8080 | listen address |
+}
+
+// --help names a flag's argument "string", never a value of its help text:
+// flag's usage would take a backquoted value (`dynamo`) for the argument's
+// name, as if it were the default.
+func TestUsageNamesNoValue(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	var out strings.Builder
+	fs.SetOutput(&out)
+	vars := []Var{{Env: "COST", Flag: "cost", Default: "auto", Help: "`dynamo` (in blocks) or `auto`", Set: func(string) error { return nil }}}
+	require.NoError(t, Load(fs, nil, func(string) string { return "" }, vars))
+	fs.PrintDefaults()
+	require.Contains(t, out.String(), "-cost string")
+	require.NotContains(t, out.String(), "-cost dynamo")
+	require.Contains(t, out.String(), "dynamo (in blocks) or auto (env COST, default auto)")
 }
