@@ -43,7 +43,8 @@
 // # Workers file
 //
 // NewStatic reads a JSON or YAML file (YAML is converted to JSON; unknown and
-// duplicate keys are errors) of this shape:
+// duplicate keys are errors) of this shape (docs/WORKERS_FILE.md has an
+// example per topology):
 //
 //	workers:                          # required; [] is an empty set
 //	  - id: engine-a                  # required, unique
