@@ -51,6 +51,25 @@ var (
 	ErrInvalidOptions = errors.New("tokenize: invalid options")
 )
 
+// ServiceFailed reports whether err is the tokenizer service's failure
+// (ErrUnavailable, ErrTimeout, ErrUpstream, ErrClosed), which another
+// endpoint might not have, as opposed to the request's fault (ErrBadRequest)
+// or the caller's (ErrCanceled). A timeout of the caller's own deadline is
+// ErrTimeout too: check the caller's context first. Pool fails over on these;
+// a gateway routes without tokens on them (its degraded mode).
+func ServiceFailed(err error) bool {
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrTimeout) || errors.Is(err, ErrUpstream) || errors.Is(err, ErrClosed)
+}
+
+// BytesPerToken is how many bytes of a request body a token is taken to be
+// where the tokens are unknown (English text and JSON run about four): a
+// gateway that routes without tokens books EstimateTokens of the body.
+const BytesPerToken = 4
+
+// EstimateTokens estimates the prompt tokens of a body the tokenizer could
+// not tokenize: at least 1.
+func EstimateTokens(body []byte) int { return max(len(body)/BytesPerToken, 1) }
+
 // StatusClientClosedRequest is the status HTTPStatus gives ErrCanceled
 // (gaie.StatusClientClosedRequest: the nginx convention for a client that
 // went away before the answer).

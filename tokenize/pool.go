@@ -2,7 +2,6 @@ package tokenize
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -169,7 +168,7 @@ func endpointFault(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {
 		return false // the caller left or its deadline passed: nobody can answer in time
 	}
-	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrTimeout) || errors.Is(err, ErrUpstream) || errors.Is(err, ErrClosed)
+	return ServiceFailed(err)
 }
 
 // pick returns the next endpoint to try in round-robin order, not one of

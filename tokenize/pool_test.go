@@ -248,3 +248,17 @@ func TestPoolOverClients(t *testing.T) {
 	require.Equal(t, st.Endpoints[0].Failures, st.Failovers)
 	require.False(t, errors.Is(err, tokenize.ErrUnavailable))
 }
+
+// ServiceFailed tells the service's failures from the request's faults and
+// the caller's; EstimateTokens books at least a token.
+func TestServiceFailed(t *testing.T) {
+	for _, err := range []error{tokenize.ErrUnavailable, tokenize.ErrTimeout, tokenize.ErrUpstream, tokenize.ErrClosed,
+		fmt.Errorf("wrapped: %w", tokenize.ErrUpstream)} {
+		require.True(t, tokenize.ServiceFailed(err), "%v", err)
+	}
+	for _, err := range []error{nil, tokenize.ErrBadRequest, tokenize.ErrPromptTooLong, tokenize.ErrCanceled, errors.New("other")} {
+		require.False(t, tokenize.ServiceFailed(err), "%v", err)
+	}
+	require.Equal(t, 1, tokenize.EstimateTokens(nil))
+	require.Equal(t, 25, tokenize.EstimateTokens(make([]byte, 100)))
+}

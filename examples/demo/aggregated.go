@@ -244,8 +244,8 @@ func policyRun(ctx context.Context, base *eppserver.Config, o options, policy st
 		}
 	}()
 	if o.workersFile != "" {
-		if cfg.TokenizerURL == "" && len(workers) > 0 {
-			cfg.TokenizerURL = "http://" + workers[0].Endpoint
+		if len(cfg.TokenizerURLs) == 0 && len(workers) > 0 {
+			cfg.TokenizerURLs = []string{"http://" + workers[0].Endpoint}
 		}
 	} else {
 		for i := range o.engines {
@@ -278,7 +278,7 @@ func policyRun(ctx context.Context, base *eppserver.Config, o options, policy st
 				KVEventEndpoints: map[int]string{0: e.PubEndpoint()}, ReplayEndpoint: e.ReplayEndpoint(),
 			})
 		}
-		cfg.TokenizerURL = "http://" + engines[0].HTTPEndpoint()
+		cfg.TokenizerURLs = []string{"http://" + engines[0].HTTPEndpoint()}
 		if o.dialect == fakeengine.DialectTRTLLM {
 			// TensorRT-LLM serves no tokenizer endpoint: a TRT-LLM pool takes its
 			// token ids from a vLLM render service for the same model, which runs
@@ -296,7 +296,7 @@ func policyRun(ctx context.Context, base *eppserver.Config, o options, policy st
 			}
 			defer func() { _ = rs.Close() }()
 			renderService = rs
-			cfg.TokenizerURL = "http://" + rs.HTTPEndpoint()
+			cfg.TokenizerURLs = []string{"http://" + rs.HTTPEndpoint()}
 		}
 	}
 	if len(workers) == 0 {

@@ -63,7 +63,7 @@ func newPDRig(ctx context.Context, base *eppserver.Config, fo demofleet.PDFleetO
 	if err != nil {
 		return nil, err
 	}
-	cfg.TokenizerURL = fleet.TokenizerURL()
+	cfg.TokenizerURLs = []string{fleet.TokenizerURL()}
 	e, err := eppserver.New(ctx, &cfg, eppserver.Options{Logger: logger, Configure: func(b *selection.SelectionServiceBuilder) {
 		b.EventFeed(selection.FeedOptions{ReconnectMin: 5 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
 	}})

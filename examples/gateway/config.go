@@ -20,14 +20,22 @@ import (
 // environment variable (flags win); the variables shared with the reference
 // EPP have its names, so one deployment's environment serves both.
 type config struct {
-	Addr              string
-	WorkersFile       string
-	Model             string
-	TokenizerURL      string
-	TokenizerProtocol string
-	TokenizerTimeout  time.Duration
-	BlockSize         int
-	UseKVEvents       bool
+	// Addr serves the OpenAI API and /health; MetricsAddr serves GET
+	// /metrics, a listener of its own (the EPP's DYN_EPP_METRICS_ADDR).
+	Addr        string
+	MetricsAddr string
+	WorkersFile string
+	Model       string
+	// TokenizerURLs are the tokenizer endpoints (one or more base URLs),
+	// one tokenize.Pool over them; TokenizerNoDegrade refuses a request
+	// whose tokenization failed on the tokenizers' side instead of routing
+	// it on load alone (httproute.Options.NoDegrade).
+	TokenizerURLs      []string
+	TokenizerNoDegrade bool
+	TokenizerProtocol  string
+	TokenizerTimeout   time.Duration
+	BlockSize          int
+	UseKVEvents        bool
 	// KVEventBind binds a SUB there for engines that dial out (the EPP's
 	// DYN_EPP_KV_EVENT_BIND), instead of dialing each engine's PUB;
 	// KVEventBindAny lets any address publish on it.
@@ -45,7 +53,15 @@ type config struct {
 	// Cost is the selection cost; with the predictive one, streamed answers
 	// grow their bookings (httproute.Options.OutputGrowth).
 	Cost selection.CostModel
+	// FeedTrust is how the selection service judges each worker's KV-event
+	// feed (selection.Config.FeedTrust). No flag sets it: the zero value is
+	// the library's defaults; a program that embeds the gateway's assembly
+	// (its tests) may shorten it.
+	FeedTrust selection.FeedTrust
 }
+
+// maxTokenizerURLs bounds --tokenizer-url's list (the EPP's bound).
+const maxTokenizerURLs = 64
 
 // protocols are the tokenizer protocols tokenize.New accepts.
 var protocols = []string{tokenize.ProtocolVLLMRender, tokenize.ProtocolVLLMTokenize, tokenize.ProtocolSGLang}
@@ -64,13 +80,46 @@ func (c *config) settings() []envconf.Var {
 			Set: func(v string) error { c.WorkersFile = v; return nil }},
 		{Env: "DYN_MODEL_NAME", Flag: "model", Default: "default", Help: "model of the worker entries that name none; requests are routed by their body's \"model\"",
 			Set: func(v string) error { c.Model = v; return nil }},
-		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Help: "absolute http(s) base URL of the engines' tokenizer/render service; required",
+		{Env: "DYN_EPP_METRICS_ADDR", Flag: "metrics-addr", Default: ":9090", Help: "listen address (host:port) of GET /metrics (Prometheus): the selection service, KV-event feeds, tokenizer cache and pool, and Router series",
 			Set: func(v string) error {
-				u, err := url.Parse(v)
-				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-					return fmt.Errorf("%q is not an absolute http(s) URL", v)
+				if _, _, err := net.SplitHostPort(v); err != nil {
+					return fmt.Errorf("%q is not host:port", v)
 				}
-				c.TokenizerURL = v
+				c.MetricsAddr = v
+				return nil
+			}},
+		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Help: fmt.Sprintf("absolute http(s) base URL of the engines' tokenizer/render service, or several, comma-separated (at most %d): every vLLM or SGLang engine serves it, so list a few of them; calls go round robin, fail over to the next URL on an error or timeout, are hedged on a second URL past the recent calls' p95 (at least 50 ms), and skip a URL for 5 s after 3 failures in a row; required", maxTokenizerURLs),
+			Set: func(v string) error {
+				var out []string
+				for _, f := range strings.Split(v, ",") {
+					if f = strings.TrimSpace(f); f == "" {
+						continue
+					}
+					u, err := url.Parse(f)
+					if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+						return fmt.Errorf("%q is not an absolute http(s) URL", f)
+					}
+					if slices.Contains(out, f) {
+						return fmt.Errorf("%q is listed twice", f)
+					}
+					out = append(out, f)
+				}
+				if len(out) == 0 {
+					return fmt.Errorf("%q names no URL", v)
+				}
+				if len(out) > maxTokenizerURLs {
+					return fmt.Errorf("%d URLs, at most %d", len(out), maxTokenizerURLs)
+				}
+				c.TokenizerURLs = out
+				return nil
+			}},
+		{Env: "DYN_EPP_TOKENIZER_NO_DEGRADE", Flag: "tokenizer-no-degrade", Default: "false", Help: "when no tokenizer URL answers (unreachable, timed out, an upstream error), refuse the request with that error's status (503, 504 or 502) instead of routing it on load alone, without prefix reuse (the degraded mode, counted in kvselect_httproute_refusals_total{reason=\"tokenizer_degraded\"})",
+			Set: func(v string) error {
+				b, err := strconv.ParseBool(v)
+				if err != nil {
+					return fmt.Errorf("%q is not a boolean", v)
+				}
+				c.TokenizerNoDegrade = b
 				return nil
 			}},
 		{Env: "DYN_EPP_TOKENIZER_PROTOCOL", Flag: "tokenizer-protocol", Default: tokenize.ProtocolVLLMRender, Help: "one of " + strings.Join(protocols, ", "),
@@ -81,7 +130,7 @@ func (c *config) settings() []envconf.Var {
 				c.TokenizerProtocol = v
 				return nil
 			}},
-		{Env: "DYN_EPP_TOKENIZATION_TIMEOUT_MS", Flag: "tokenization-timeout-ms", Default: "5000", Help: "per-call tokenizer timeout in ms (>= 1)",
+		{Env: "DYN_EPP_TOKENIZATION_TIMEOUT_MS", Flag: "tokenization-timeout-ms", Default: "5000", Help: "per-call tokenizer timeout in ms (>= 1), for each tokenizer URL a call tries; with several URLs one request's tokenization may take up to three of them (failover)",
 			Set: func(v string) error {
 				n, err := strconv.Atoi(v)
 				if err != nil || n < 1 {
@@ -202,7 +251,7 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (co
 	if c.WorkersFile == "" {
 		errs = append(errs, errors.New("--workers-file / DYN_EPP_WORKERS_FILE: required"))
 	}
-	if c.TokenizerURL == "" {
+	if len(c.TokenizerURLs) == 0 {
 		errs = append(errs, errors.New("--tokenizer-url / DYN_EPP_TOKENIZER_SERVICE_URL: required"))
 	}
 	if c.KVEventBind != "" && !c.UseKVEvents {

@@ -149,6 +149,7 @@ func faultFront(engine http.Handler) http.Handler {
 type e2eEnv struct {
 	g        *gateway
 	url      string
+	metrics  string // the URL of GET /metrics
 	engines  []*fakeengine.Engine
 	fronts   []string // host:port of each engine's front
 	client   *http.Client
@@ -171,13 +172,44 @@ func quietServer(h http.Handler) *httptest.Server {
 	return s
 }
 
-func newE2EEnv(t *testing.T) *e2eEnv { return newE2EEnvWith(t, false) }
+func newE2EEnv(t *testing.T) *e2eEnv { return newE2EEnvWith(t, e2eOptions{}) }
 
-// newE2EEnvWith is newE2EEnv; with bind, the gateway binds a SUB for the
-// engines' KV events (--kv-event-bind) and the engines dial out to it, each
-// publishing the topic kv@<its front's ip:port>@<model>, the address the
-// workers file lists.
-func newE2EEnvWith(t *testing.T, bind bool) *e2eEnv {
+// feedMode is how the engines' KV events travel, and whether the gateway
+// hears them.
+type feedMode int
+
+const (
+	// feedDialed: each engine binds its PUB, the workers file lists it as
+	// kv_events_endpoint, and the gateway dials it.
+	feedDialed feedMode = iota
+	// feedBound: the gateway binds a SUB (--kv-event-bind) and the engines
+	// dial out to it, each publishing the topic kv@<its front's
+	// ip:port>@<model>, the address the workers file lists.
+	feedBound
+	// feedBindMissing: the engines dial out, as with feedBound, but the
+	// gateway was started without --kv-event-bind: it dials the
+	// kv_events_endpoint the workers file lists, where nothing listens,
+	// and hears nothing. The engines reach a SUB bound elsewhere (a
+	// fakeengine that dials out needs its dial to succeed; a real engine
+	// retries in silence): what it receives is no business of the gateway's.
+	feedBindMissing
+)
+
+// e2eOptions vary the end-to-end environment.
+type e2eOptions struct {
+	feeds feedMode
+	// tokenizers returns the --tokenizer-url list from the live
+	// tokenizer's URL; nil: that URL alone.
+	tokenizers func(live string) []string
+	noDegrade  bool
+	// feedTrust is the gateway's config.FeedTrust.
+	feedTrust selection.FeedTrust
+	// log receives the gateway's log (text); nil discards it.
+	log io.Writer
+}
+
+// newE2EEnvWith is newE2EEnv with o.
+func newE2EEnvWith(t *testing.T, o e2eOptions) *e2eEnv {
 	env := &e2eEnv{}
 	t.Cleanup(env.close)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -209,10 +241,29 @@ func newE2EEnvWith(t *testing.T, bind bool) *e2eEnv {
 		h := eng.Handler()
 		handlers[i].Store(&h)
 	}
-	if !bind {
+	dialOut := func(addr net.Addr) {
+		for i := range e2eEngines {
+			startEngine(i, fakeengine.Options{PubMode: fakeengine.PubDial, PubEndpoint: "tcp://" + addr.String(),
+				Topic: "kv@" + env.fronts[i] + "@" + e2eModel})
+		}
+	}
+	switch o.feeds {
+	case feedDialed:
 		for i := range e2eEngines {
 			startEngine(i, fakeengine.Options{})
 			workers[i].Events = env.engines[i].PubEndpoint()
+		}
+	case feedBindMissing:
+		// Where the engines publish: a SUB bound by someone else.
+		scfg := selection.DefaultConfig(e2eBlock)
+		elsewhere, err := selection.NewSelectionServiceBuilder(scfg).BindEvents("tcp://127.0.0.1:0").BindEventsFromAnyPeer().Build(ctx)
+		require.NoError(t, err)
+		env.closers = append(env.closers, func() { _ = elsewhere.Close() })
+		dialOut(elsewhere.Events().BindAddr())
+		for i := range workers {
+			// What the operator wrote, as for engines that bind: nothing
+			// listens there (port 1, never served here).
+			workers[i].Events = "tcp://127.0.0.1:1"
 		}
 	}
 	// The engines' tokenizer (vLLM's render endpoint), without faults.
@@ -226,13 +277,21 @@ func newE2EEnvWith(t *testing.T, bind bool) *e2eEnv {
 	path := filepath.Join(t.TempDir(), "workers.json")
 	require.NoError(t, os.WriteFile(path, file, 0o600))
 
-	cfg := config{Addr: "127.0.0.1:0", WorkersFile: path, Model: e2eModel, TokenizerURL: tok.URL,
+	cfg := config{Addr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", WorkersFile: path, Model: e2eModel, TokenizerURLs: []string{tok.URL},
 		TokenizerProtocol: tokenize.ProtocolVLLMRender, TokenizerTimeout: 5 * time.Second, BlockSize: e2eBlock,
-		UseKVEvents: true, MaxBodyBytes: 8 << 20, FailureEjection: e2eEjection}
-	if bind {
+		UseKVEvents: true, MaxBodyBytes: 8 << 20, FailureEjection: e2eEjection,
+		TokenizerNoDegrade: o.noDegrade, FeedTrust: o.feedTrust}
+	if o.tokenizers != nil {
+		cfg.TokenizerURLs = o.tokenizers(tok.URL)
+	}
+	if o.feeds == feedBound {
 		cfg.KVEventBind = "tcp://127.0.0.1:0"
 	}
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logTo := o.log
+	if logTo == nil {
+		logTo = io.Discard
+	}
+	logger := slog.New(slog.NewTextHandler(logTo, nil))
 	env.g, err = newGateway(ctx, cfg, logger, func(b *selection.SelectionServiceBuilder) {
 		b.EventFeed(selection.FeedOptions{ReconnectMin: time.Millisecond, ReconnectMax: 50 * time.Millisecond})
 	})
@@ -240,10 +299,12 @@ func newE2EEnvWith(t *testing.T, bind bool) *e2eEnv {
 	env.closers = append(env.closers, env.g.close)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	env.url = "http://" + ln.Addr().String()
+	mln, err := net.Listen("tcp", cfg.MetricsAddr)
+	require.NoError(t, err)
+	env.url, env.metrics = "http://"+ln.Addr().String(), "http://"+mln.Addr().String()+"/metrics"
 	serveCtx, stop := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- env.g.serve(serveCtx, ln) }()
+	go func() { served <- env.g.serve(serveCtx, ln, mln) }()
 	env.closers = append(env.closers, func() {
 		stop()
 		require.NoError(t, <-served)
@@ -253,13 +314,10 @@ func newE2EEnvWith(t *testing.T, bind bool) *e2eEnv {
 	case <-ctx.Done():
 		require.FailNow(t, "the workers file was never applied")
 	}
-	if bind {
+	if o.feeds == feedBound {
 		addr := env.g.svc.Events().BindAddr()
 		require.NotNil(t, addr, "the gateway bound no SUB")
-		for i := range e2eEngines {
-			startEngine(i, fakeengine.Options{PubMode: fakeengine.PubDial, PubEndpoint: "tcp://" + addr.String(),
-				Topic: "kv@" + env.fronts[i] + "@" + e2eModel})
-		}
+		dialOut(addr)
 	}
 	for _, eng := range env.engines {
 		require.NoError(t, eng.WaitSubscribed(ctx))
@@ -391,7 +449,7 @@ func (env *e2eEnv) waitIdle(t *testing.T) {
 // their events are applied, each to the worker its topic names, and the
 // shared prefixes are served from cache as with engines the gateway dials.
 func TestGatewayBindsForEnginesThatDialOut(t *testing.T) {
-	env := newE2EEnvWith(t, true)
+	env := newE2EEnvWith(t, e2eOptions{feeds: feedBound})
 	plan := e2ePlan(600, 3, false)
 	results := env.load(t, env.url, plan)
 	env.waitIdle(t)
@@ -408,6 +466,38 @@ func TestGatewayBindsForEnginesThatDialOut(t *testing.T) {
 	// Round-robin's share, one warm engine in three, is about a third; a
 	// gateway that routed on load alone (no events) stays near it.
 	require.Greater(t, hit, 0.75, "the engines' caches are routed to")
+
+	// GET /metrics shows it: the selection service's, the feeds', the
+	// tokenizer's and the Router's series, the EPP's names for the service.
+	m := scrape(t, env.metrics)
+	agg := map[string]string{"role": role}
+	require.EqualValues(t, len(plan), mustValue(t, m, "kvselect_bookings_total", agg))
+	require.EqualValues(t, len(plan), mustValue(t, m, "kvselect_frees_total", agg))
+	require.Zero(t, mustValue(t, m, "kvselect_reservations_active", agg))
+	require.EqualValues(t, e2eEngines, mustValue(t, m, "kvselect_workers", map[string]string{"role": role, "lifecycle": "schedulable"}))
+	require.Positive(t, mustValue(t, m, "kvselect_overlap_chosen_blocks_total", agg))
+	require.Positive(t, mustValue(t, m, "kvselect_decision_overlap_ratio_count", agg), "the decisions' histograms")
+	require.Zero(t, mustValue(t, m, "kvselect_workers_file_rejected_total", nil))
+	for i := range e2eEngines {
+		w := map[string]string{"role": role, "worker": fmt.Sprintf("engine-%d", i), "rank": "0"}
+		require.Positive(t, mustValue(t, m, "kvselect_kv_events_applied_total", w))
+		require.Equal(t, 1.0, mustValue(t, m, "kvselect_kv_feed_trusted", w))
+		require.Zero(t, mustValue(t, m, "kvselect_worker_active_requests", w))
+	}
+	require.Positive(t, mustValue(t, m, "kvselect_kv_bind_messages_total", map[string]string{"role": role, "result": "received"}))
+	misses := mustValue(t, m, "kvselect_tokenizer_cache_misses_total", nil)
+	require.Positive(t, misses)
+	require.EqualValues(t, len(plan), misses+mustValue(t, m, "kvselect_tokenizer_cache_hits_total", nil), "one lookup per request")
+	require.Equal(t, misses-mustValue(t, m, "kvselect_tokenizer_coalesced_total", nil),
+		mustValue(t, m, "kvselect_tokenizer_endpoint_calls_total", nil), "a miss not shared is one call of the pool's one endpoint")
+	require.Zero(t, mustValue(t, m, "kvselect_tokenizer_failovers_total", nil))
+	require.EqualValues(t, len(plan), mustValue(t, m, "kvselect_httproute_requests_total", nil))
+	require.EqualValues(t, len(plan), mustValue(t, m, "kvselect_httproute_booked_total", nil))
+	require.EqualValues(t, len(plan), mustValue(t, m, "kvselect_httproute_done_total", map[string]string{"outcome": "ended"}))
+	require.EqualValues(t, len(plan), mustValue(t, m, "kvselect_httproute_first_bytes_total", nil))
+	for _, r := range []string{"overloaded", "body_timeout", "body_too_large", "prompt_too_long", "tokenizer_degraded"} {
+		require.Zero(t, mustValue(t, m, "kvselect_httproute_refusals_total", map[string]string{"reason": r}), r)
+	}
 }
 
 // TestGatewayEndToEnd drives 2,000 streamed chat requests through the real
@@ -517,4 +607,95 @@ func TestGatewayEndToEnd(t *testing.T) {
 		hit, rrHit, e2eRRequests, bound, time.Since(start).Round(time.Millisecond))
 	require.GreaterOrEqual(t, hit, bound, "requests sharing a prompt must land on the engine that holds it")
 	require.Less(t, rrHit, bound, "the bound must be one that round-robin fails")
+}
+
+// Engines that dial out (vLLM with a connect endpoint in its
+// kv-events-config) and a gateway started without --kv-event-bind: the
+// gateway dials the kv_events_endpoint the workers file lists, where nothing
+// listens, and never hears a batch. Requests are still served. Once each
+// worker was booked enough requests and the feed-silent time has passed, its
+// feed is "never-heard", not "silent" (nothing ever connected), on /metrics
+// and in a WARN that names the cause and the fix (a bind address), and no
+// token parity is judged on it (the wrong cause the issue met: "token parity
+// low ... tokenizer, chat template, block size or cache salt differ").
+func TestGatewayNeverHeardWithoutBind(t *testing.T) {
+	start := time.Now()
+	logs := &signalWriter{want: "state=never-heard", seen: make(chan struct{})}
+	env := newE2EEnvWith(t, e2eOptions{feeds: feedBindMissing, log: logs, feedTrust: selection.FeedTrust{
+		CheckInterval: 10 * time.Millisecond, SilentAfter: 100 * time.Millisecond,
+		// Every booking sampled and judged 10 ms after its first byte: a
+		// parity judged on a feed that never spoke would show.
+		ParityEvery: 1, ParityDelay: 10 * time.Millisecond, ParityMinSamples: 1,
+	}})
+	workerLabels := func(i int) map[string]string {
+		return map[string]string{"role": role, "worker": fmt.Sprintf("engine-%d", i), "rank": "0"}
+	}
+	neverHeard := func(m map[string][]sample, i int) bool {
+		lv := workerLabels(i)
+		lv["state"] = selection.FeedNeverHeard.String()
+		v, _ := value(m, "kvselect_kv_feed_state", lv)
+		return v == 1
+	}
+	// Rounds of requests, 16 in flight (so that the load spreads them over
+	// the workers), until every feed is judged.
+	deadline := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	var m map[string][]sample
+	requests := 0
+	for round := uint64(0); ; round++ {
+		plan := e2ePlan(2*e2eInflight, 100+round, false)
+		for i, r := range env.load(t, env.url, plan) {
+			require.Equal(t, http.StatusOK, r.status, "request %d of round %d", i, round)
+		}
+		requests += len(plan)
+		m = scrape(t, env.metrics)
+		judged := 0
+		for i := range e2eEngines {
+			if neverHeard(m, i) {
+				judged++
+			}
+		}
+		if judged == e2eEngines {
+			break
+		}
+		require.False(t, time.Now().After(deadline), "after %d requests, %d of %d feeds never-heard", requests, judged, e2eEngines)
+		<-tick.C
+	}
+	for i := range e2eEngines {
+		lv := workerLabels(i)
+		for _, st := range []selection.FeedState{selection.FeedHealthy, selection.FeedSilent, selection.FeedMisSpeaking} {
+			lvs := workerLabels(i)
+			lvs["state"] = st.String()
+			require.Zero(t, mustValue(t, m, "kvselect_kv_feed_state", lvs), "engine-%d: %s", i, st)
+		}
+		require.Zero(t, mustValue(t, m, "kvselect_kv_feed_trusted", lv), "engine-%d is routed on its own bookings", i)
+		require.Zero(t, mustValue(t, m, "kvselect_kv_event_batches_total", lv))
+		require.Zero(t, mustValue(t, m, "kvselect_kv_event_source_connected", lv))
+		_, judged := value(m, "kvselect_kv_token_parity", lv)
+		require.False(t, judged, "engine-%d: no parity is judged on a feed that never spoke", i)
+	}
+
+	select {
+	case <-logs.seen:
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "no never-heard WARN", logs.String())
+	}
+	warned := map[string]bool{}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		require.NotContains(t, line, "token parity low")
+		if !strings.Contains(line, "state=never-heard") {
+			continue
+		}
+		require.Contains(t, line, "level=WARN")
+		require.Contains(t, line, "kv event feed not trusted")
+		require.Contains(t, line, "whether the engine dials out (then the service needs a bind address, DYN_EPP_KV_EVENT_BIND)", "the cause and the fix")
+		for i := range e2eEngines {
+			if strings.Contains(line, fmt.Sprintf("worker=engine-%d/0 ", i)) {
+				warned[fmt.Sprintf("engine-%d", i)] = true
+			}
+		}
+	}
+	require.Len(t, warned, e2eEngines, "one WARN per worker: %s", logs.String())
+	t.Logf("never-heard: %d requests, every feed judged in %v", requests, time.Since(start).Round(time.Millisecond))
 }

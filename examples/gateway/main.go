@@ -9,8 +9,15 @@
 //	go run ./examples/gateway --workers-file workers.json --tokenizer-url http://10.0.0.5:8000
 //
 // It serves POST /v1/chat/completions, POST /v1/completions and GET /health
-// (200 once the workers file is applied and a worker is schedulable).
-// Every flag also reads an environment variable; --help lists them.
+// (200 once the workers file is applied and a worker is schedulable) on
+// --addr, and GET /metrics (Prometheus: the selection service's, the
+// KV-event feeds', the tokenizer cache's and pool's and the Router's series,
+// the reference EPP's names) on --metrics-addr, a listener of its own as the
+// EPP's. --tokenizer-url takes several URLs, comma-separated: one
+// tokenize.Pool over them, failing over from one to the next; when none
+// answers, requests are routed on load alone (--tokenizer-no-degrade=true
+// refuses them instead). Every flag also reads an environment variable;
+// --help lists them.
 package main
 
 import (
@@ -22,15 +29,20 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/discovery"
+	"github.com/kvselect/kvselect/examples/epp/prommetrics"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/httproute"
 	"github.com/kvselect/kvselect/tokenize"
@@ -73,26 +85,36 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
-	logger.Info("gateway listening", slog.String("addr", ln.Addr().String()), slog.String("workers_file", cfg.WorkersFile),
-		slog.Bool("kv_events", cfg.UseKVEvents))
-	if err := g.serve(ctx, ln); err != nil {
+	mln, err := lc.Listen(ctx, "tcp", cfg.MetricsAddr)
+	if err != nil {
+		_ = ln.Close()
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	logger.Info("gateway listening", slog.String("addr", ln.Addr().String()), slog.String("metrics", mln.Addr().String()),
+		slog.String("workers_file", cfg.WorkersFile), slog.Bool("kv_events", cfg.UseKVEvents), slog.Int("tokenizers", len(cfg.TokenizerURLs)))
+	if err := g.serve(ctx, ln, mln); err != nil {
 		logger.Error("gateway stopped", slog.String("error", err.Error()))
 		return 1
 	}
 	return 0
 }
 
-// gateway is the assembled program: tokenizer, selection service, Router, the
-// workers file and the HTTP handler.
+// gateway is the assembled program: tokenizers, selection service, Router,
+// the workers file, the HTTP handler and the metrics registry.
 type gateway struct {
-	log    *slog.Logger
-	cfg    config
-	client *tokenize.Client
-	cache  *tokenize.Cache
-	svc    *selection.SelectionService
-	router *httproute.Router
-	source *discovery.Static
-	mux    *http.ServeMux
+	log     *slog.Logger
+	cfg     config
+	clients []*tokenize.Client // one per tokenizer URL
+	pool    *tokenize.Pool     // over clients
+	cache   *tokenize.Cache    // over pool
+	svc     *selection.SelectionService
+	router  *httproute.Router
+	source  *discovery.Static
+	mux     *http.ServeMux
+	// reg holds every series GET /metrics serves; nothing is registered
+	// in a global registry.
+	reg *prometheus.Registry
 	// synced is closed once the first workers snapshot is applied.
 	synced chan struct{}
 }
@@ -113,22 +135,44 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 	if err != nil {
 		return nil, err
 	}
-	g.client, err = tokenize.New(tokenize.Options{Protocol: cfg.TokenizerProtocol, BaseURL: cfg.TokenizerURL,
-		Timeout: cfg.TokenizerTimeout, MaxRequestBytes: cfg.MaxBodyBytes, MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger})
+	var eps []tokenize.Endpoint
+	for _, u := range cfg.TokenizerURLs {
+		var c *tokenize.Client
+		c, err = tokenize.New(tokenize.Options{Protocol: cfg.TokenizerProtocol, BaseURL: u,
+			Timeout: cfg.TokenizerTimeout, MaxRequestBytes: cfg.MaxBodyBytes, MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		g.clients = append(g.clients, c)
+		// The metrics and the log name it without its password, if any.
+		name := u
+		if pu, perr := url.Parse(u); perr == nil {
+			name = pu.Redacted()
+		}
+		eps = append(eps, tokenize.Endpoint{Name: name, Tokenizer: c})
+	}
+	// One URL is a Pool of one: the same calls, and the same counters.
+	if g.pool, err = tokenize.NewPool(tokenize.PoolOptions{Endpoints: eps}); err != nil {
+		return nil, err
+	}
+	// The Router only hashes the ids: share the cached slices. A call is
+	// bounded by the pool's failover (up to three endpoints' timeouts).
+	g.cache, err = tokenize.NewCache(g.pool, tokenize.CacheOptions{ShareResults: true, Protocol: cfg.TokenizerProtocol,
+		Model: cfg.Model, CallTimeout: cacheCallTimeout(cfg.TokenizerTimeout, len(eps)), MaxCalls: cfg.MaxInflight, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
-	// The Router only hashes the ids: share the cached slices.
-	g.cache, err = tokenize.NewCache(g.client, tokenize.CacheOptions{ShareResults: true, Model: cfg.Model,
-		CallTimeout: cfg.TokenizerTimeout, MaxCalls: cfg.MaxInflight, Logger: logger})
-	if err != nil {
+	g.reg = prometheus.NewRegistry()
+	var decisions *prommetrics.Decisions
+	if decisions, err = prommetrics.NewDecisions(g.reg); err != nil {
 		return nil, err
 	}
 	scfg := selection.DefaultConfig(cfg.BlockSize)
 	scfg.UseKVEvents = cfg.UseKVEvents
 	scfg.FailureEjection = cfg.FailureEjection
 	scfg.Cost = cfg.Cost
-	b := selection.NewSelectionServiceBuilder(scfg).Logger(logger)
+	scfg.FeedTrust = cfg.FeedTrust
+	b := selection.NewSelectionServiceBuilder(scfg).Logger(logger).Recorder(decisions.ForRole(role))
 	if cfg.UseKVEvents && cfg.KVEventBind != "" {
 		b.BindEvents(cfg.KVEventBind)
 		if cfg.KVEventBindAny {
@@ -147,8 +191,11 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 	}
 	g.router, err = httproute.New(httproute.Options{Service: httproute.Single(g.svc), Tokenizer: g.cache, MaxBodyBytes: cfg.MaxBodyBytes,
 		BodyTimeout: cfg.BodyTimeout, MaxInflight: cfg.MaxInflight, MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger,
-		OutputGrowth: cfg.Cost == selection.CostPredictive})
+		OutputGrowth: cfg.Cost == selection.CostPredictive, NoDegrade: cfg.TokenizerNoDegrade})
 	if err != nil {
+		return nil, err
+	}
+	if err = g.registerMetrics(); err != nil {
 		return nil, err
 	}
 	g.mux = http.NewServeMux()
@@ -169,9 +216,54 @@ func (g *gateway) close() {
 	if g.cache != nil {
 		g.cache.Close()
 	}
-	if g.client != nil {
-		g.client.Close()
+	for _, c := range g.clients {
+		c.Close()
 	}
+}
+
+// role is the selection service's role label in the metrics: the gateway
+// has one service, the EPP's aggregated one.
+const role = "aggregated"
+
+// cacheCallTimeout bounds one shared tokenizer call, through the pool's
+// failovers: the per-call timeout of up to three endpoints tried in turn
+// (the EPP's bound). Past it the call fails, and the Router routes the
+// request on load alone (or refuses it, with --tokenizer-no-degrade).
+func cacheCallTimeout(perCall time.Duration, endpoints int) time.Duration {
+	return perCall * time.Duration(min(endpoints, 3))
+}
+
+// registerMetrics registers what GET /metrics serves: the Go runtime and
+// the process, the selection service with its KV-event feeds and the
+// tokenizer cache (the EPP's families, role "aggregated"), the tokenizer
+// pool, the Router and the workers file.
+func (g *gateway) registerMetrics() error {
+	sc, err := prommetrics.NewServiceCollector(prommetrics.ServiceOptions{
+		Services: map[string]*selection.SelectionService{role: g.svc}, Cache: g.cache, Model: g.cfg.Model})
+	if err != nil {
+		return err
+	}
+	rc, err := prommetrics.NewRouterCollector(g.router)
+	if err != nil {
+		return err
+	}
+	// The pool's counters (the EPP's families). The degraded requests are
+	// the Router's: kvselect_httproute_refusals_total{reason="tokenizer_degraded"}.
+	pc, err := prommetrics.NewTokenizerCollector(prommetrics.TokenizerOptions{Pool: g.pool})
+	if err != nil {
+		return err
+	}
+	wc, err := prommetrics.NewWorkersFileCollector(g.source)
+	if err != nil {
+		return err
+	}
+	for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		sc, rc, pc, wc} {
+		if err := g.reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // health answers 200 once the workers file is applied and a worker is
@@ -223,29 +315,47 @@ func (g *gateway) apply(s discovery.Snapshot) {
 	}
 }
 
-// serve runs the workers file's watcher and the HTTP server on ln until ctx is
-// done, then lets the answers in flight finish (at most shutdownGrace). It
-// returns nil after a shutdown requested through ctx.
-func (g *gateway) serve(ctx context.Context, ln net.Listener) error {
+// metricsHandler serves GET /metrics from the gateway's registry.
+func (g *gateway) metricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// serve runs the workers file's watcher, the HTTP server on ln and the
+// metrics server on mln until ctx is done, then lets the answers in flight
+// finish (at most shutdownGrace). It returns nil after a shutdown requested
+// through ctx.
+func (g *gateway) serve(ctx context.Context, ln, mln net.Listener) error {
+	errLog := slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)
 	srv := &http.Server{
 		Handler:           g.mux,
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       g.cfg.ReadTimeout,
 		IdleTimeout:       g.cfg.IdleTimeout,
-		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		ErrorLog:          errLog,
 	}
+	ms := &http.Server{Handler: g.metricsHandler(), ReadHeaderTimeout: readHeaderTimeout, ReadTimeout: g.cfg.ReadTimeout,
+		IdleTimeout: g.cfg.IdleTimeout, ErrorLog: errLog}
 	eg, ctx := errgroup.WithContext(ctx)
 	eg.Go(func() error { return g.source.Run(ctx, g.apply) })
-	eg.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return err
+	serveOn := func(s *http.Server, l net.Listener) func() error {
+		return func() error {
+			if err := s.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
 		}
-		return nil
-	})
+	}
+	eg.Go(serveOn(srv, ln))
+	eg.Go(serveOn(ms, mln))
 	eg.Go(func() error {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
 		defer cancel()
+		if err := ms.Shutdown(sctx); err != nil {
+			_ = ms.Close()
+		}
 		if err := srv.Shutdown(sctx); err != nil {
 			return srv.Close()
 		}

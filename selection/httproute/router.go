@@ -364,7 +364,7 @@ func (r *Router) book(req *http.Request, body []byte) (Booked, error) {
 	tr, err := r.opts.Tokenizer.Tokenize(req.Context(), tokenize.Request{Path: req.URL.Path, Body: body, Model: r.opts.Model})
 	isl := 0
 	if err != nil {
-		if r.opts.NoDegrade || !tokenizerDown(req.Context(), err) {
+		if r.opts.NoDegrade || req.Context().Err() != nil || !tokenize.ServiceFailed(err) {
 			return Booked{}, err
 		}
 		// Degraded: route on load alone, the prompt's length estimated from
@@ -374,7 +374,7 @@ func (r *Router) book(req *http.Request, body []byte) (Booked, error) {
 			r.log.Warn("httproute: the tokenizer failed; routing on load alone (degraded: no prefix reuse) until it answers",
 				slog.String("error", err.Error()), slog.Uint64("count_since_last_line", n))
 		}
-		tr, isl = tokenize.Result{}, max(len(body)/bytesPerToken, 1)
+		tr, isl = tokenize.Result{}, tokenize.EstimateTokens(body)
 	}
 	if len(tr.Tokens) > r.opts.MaxPromptTokens {
 		return Booked{}, fmt.Errorf("%w: %d tokens, the limit is %d (MaxPromptTokens)", tokenize.ErrPromptTooLong, len(tr.Tokens), r.opts.MaxPromptTokens)
@@ -404,17 +404,6 @@ func (r *Router) book(req *http.Request, body []byte) (Booked, error) {
 		return Booked{}, fmt.Errorf("%w: worker %q has no endpoint", selection.ErrNoEndpoints, b.Worker)
 	}
 	return b, nil
-}
-
-// bytesPerToken estimates a prompt's tokens from its body's bytes in the
-// degraded mode (English text and JSON run about four bytes a token).
-const bytesPerToken = 4
-
-// tokenizerDown reports whether err is the tokenizer's failure, not the
-// request's fault nor the client's: the requests the degraded mode routes.
-func tokenizerDown(ctx context.Context, err error) bool {
-	return ctx.Err() == nil && (errors.Is(err, tokenize.ErrUnavailable) || errors.Is(err, tokenize.ErrTimeout) ||
-		errors.Is(err, tokenize.ErrUpstream) || errors.Is(err, tokenize.ErrClosed))
 }
 
 // reject answers an error met before the upstream. body is nil when the

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -31,40 +32,47 @@ import (
 // LoadConfig builds and checks it; a caller that runs the EPP in process (the
 // demo, tests) may adjust a loaded value before New, never after.
 type Config struct {
-	Mode              string
-	SessionHeader     string // read before x-dynamo-session-id; "" for none
-	Topology          string // aggregated | disaggregated
-	RoleLabel         string
-	PDHintKey         []byte        // signs prefill hints; nil: unsigned
-	PDHintTTL         time.Duration // lifetime of a hint's signature
-	PoolName          string
-	Namespace         string
-	PodIP             string
-	Model             string
-	TokenizerURL      string
+	Mode          string
+	SessionHeader string // read before x-dynamo-session-id; "" for none
+	Topology      string // aggregated | disaggregated
+	RoleLabel     string
+	PDHintKey     []byte        // signs prefill hints; nil: unsigned
+	PDHintTTL     time.Duration // lifetime of a hint's signature
+	PoolName      string
+	Namespace     string
+	PodIP         string
+	Model         string
+	// TokenizerURLs are the tokenizer endpoints (one or more base URLs of
+	// the same protocol): a tokenize.Pool of one Client each, inside the
+	// cache.
+	TokenizerURLs     []string
 	TokenizerProtocol string
 	TokenizerTimeout  time.Duration
 	TokenizerMaxResp  int
-	BlockSize         int
-	KVEventPort       int
-	KVReplayPort      int
-	KVEventBind       string
-	KVEventBindAny    bool
-	TotalKVBlocks     int
-	MaxBatched        int
-	PrefillMaxBatched int
-	LocalPrefillBelow int // conditional disaggregation threshold in tokens (0: off)
-	DecodeMaxBatched  int
-	MaxInflight       int
-	IndexerThreads    int
-	SecureServing     bool
-	ExtProcAddr       string
-	HealthAddr        string
-	MetricsAddr       string
-	WorkersFile       string
-	Kubeconfig        string
-	MaxBodyBytes      int
-	MaxPromptTokens   int
+	// TokenizerNoDegrade refuses a request whose tokenization failed on
+	// the tokenizers' side (the error's status) instead of routing it on
+	// load alone (the degraded mode).
+	TokenizerNoDegrade bool
+	BlockSize          int
+	KVEventPort        int
+	KVReplayPort       int
+	KVEventBind        string
+	KVEventBindAny     bool
+	TotalKVBlocks      int
+	MaxBatched         int
+	PrefillMaxBatched  int
+	LocalPrefillBelow  int // conditional disaggregation threshold in tokens (0: off)
+	DecodeMaxBatched   int
+	MaxInflight        int
+	IndexerThreads     int
+	SecureServing      bool
+	ExtProcAddr        string
+	HealthAddr         string
+	MetricsAddr        string
+	WorkersFile        string
+	Kubeconfig         string
+	MaxBodyBytes       int
+	MaxPromptTokens    int
 	// Replicas (docs/REPLICAS.md): at most one of PeerService, Peers (an
 	// embedded NATS server routed to the peers) and NATSURL (an existing
 	// NATS cluster); none means no replication.
@@ -82,7 +90,10 @@ type Config struct {
 	Fallbacks     int           // fallback endpoints per pick, 0..16
 	OTLPEndpoint  string        // "" : tracing off
 	DebugHeader   bool          // x-kvselect-debug on every routed response
-	Router        selection.Config
+	// ConformanceTestHooks turns on GAIE's conformance-suite hooks
+	// (extproc.Options.ConformanceTestHooks).
+	ConformanceTestHooks bool
+	Router               selection.Config
 }
 
 // secondsIn sets *dst to a whole number of seconds in [lo, hi].
@@ -160,6 +171,9 @@ const maxPort = 65535
 // maxPeers bounds DYN_EPP_PEERS (and the peers discovery routes to).
 const maxPeers = 256
 
+// maxTokenizerURLs bounds DYN_EPP_TOKENIZER_SERVICE_URL's list.
+const maxTokenizerURLs = 64
+
 // settings returns the contract bound to c. The order is the README table's.
 func (c *Config) settings() []envconf.Var {
 	r := &c.Router
@@ -207,17 +221,33 @@ func (c *Config) settings() []envconf.Var {
 		{Env: "POD_NAMESPACE", Flag: "namespace", Required: "with Kubernetes discovery", Help: "namespace of the pool and its pods (downward API)", Set: str(&c.Namespace)},
 		{Env: "POD_IP", Flag: "pod-ip", Help: "this EPP's own IP (downward API status.podIP): required with DYN_EPP_PEER_SERVICE (self is no peer); the replica sync listener binds it", Set: str(&c.PodIP)},
 		{Env: "DYN_MODEL_NAME", Flag: "model", Default: "default", Help: "model name: the selection partition of every worker and request", Set: str(&c.Model)},
-		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Required: "always (the demo sets it)", Help: "absolute http(s) base URL of the engine's tokenizer/render service",
+		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Required: "always (the demo sets it)", Help: fmt.Sprintf("absolute http(s) base URL of the engines' tokenizer/render service, or several, comma-separated (at most %d): the pool's own vLLM or SGLang pods serve it, so list a few of them; calls go round robin, fail over to the next URL on an error or timeout, are hedged on a second URL past the recent calls' p95 (at least 50 ms), and skip a URL for 5 s after 3 failures in a row", maxTokenizerURLs),
 			Set: func(v string) error {
-				u, err := url.Parse(strings.TrimSpace(v))
-				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-					return fmt.Errorf("%q is not an absolute http(s) URL", v)
+				var out []string
+				for _, f := range strings.Split(v, ",") {
+					if f = strings.TrimSpace(f); f == "" {
+						continue
+					}
+					u, err := url.Parse(f)
+					if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+						return fmt.Errorf("%q is not an absolute http(s) URL", f)
+					}
+					if slices.Contains(out, f) {
+						return fmt.Errorf("%q is listed twice", f)
+					}
+					out = append(out, f)
 				}
-				c.TokenizerURL = strings.TrimSpace(v)
+				if len(out) == 0 {
+					return fmt.Errorf("%q names no URL", v)
+				}
+				if len(out) > maxTokenizerURLs {
+					return fmt.Errorf("%d URLs, at most %d", len(out), maxTokenizerURLs)
+				}
+				c.TokenizerURLs = out
 				return nil
 			}},
 		{Env: "DYN_EPP_TOKENIZER_PROTOCOL", Flag: "tokenizer-protocol", Default: "vllm-render", Help: "`vllm-render`, `vllm-tokenize` or `sglang`", Set: str(&c.TokenizerProtocol)},
-		{Env: "DYN_EPP_TOKENIZATION_TIMEOUT_MS", Flag: "tokenization-timeout-ms", Default: "5000", Help: "per-call tokenizer timeout in ms (>= 1)",
+		{Env: "DYN_EPP_TOKENIZATION_TIMEOUT_MS", Flag: "tokenization-timeout-ms", Default: "5000", Help: "per-call tokenizer timeout in ms (>= 1), for each tokenizer URL a call tries; with several URLs one request's tokenization may take up to three of them (failover)",
 			Set: func(v string) error {
 				var ms int
 				if err := intIn(&ms, 1, 600_000)(v); err != nil {
@@ -227,6 +257,7 @@ func (c *Config) settings() []envconf.Var {
 				return nil
 			}},
 		{Env: "DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES", Flag: "tokenizer-max-response-bytes", Default: "16777216", Help: "largest tokenizer response accepted", Set: intIn(&c.TokenizerMaxResp, 1024, 1<<30)},
+		{Env: "DYN_EPP_TOKENIZER_NO_DEGRADE", Flag: "tokenizer-no-degrade", Default: "false", Help: "when no tokenizer URL answers (unreachable, timed out, an upstream error), refuse the request with that error's status (503, 504 or 502) instead of routing it on load alone, without prefix reuse (the degraded mode, counted in kvselect_epp_degraded_requests_total)", Set: boolean(&c.TokenizerNoDegrade)},
 		{Env: "DYN_KV_CACHE_BLOCK_SIZE", Flag: "block-size", Default: "16", Help: "KV block size in tokens; must equal the engines' block size", Set: intIn(&c.BlockSize, 1, 1<<16)},
 		{Env: "DYN_EPP_KV_EVENT_PORT", Flag: "kv-event-port", Default: "5557", Help: "engines' ZMQ PUB port (0: no KV events, approximate mode)", Set: intIn(&c.KVEventPort, 0, maxPort)},
 		{Env: "DYN_EPP_KV_EVENT_REPLAY_PORT", Flag: "kv-event-replay-port", Default: "0", Help: "engines' ZMQ replay ROUTER port (0: none)", Set: intIn(&c.KVReplayPort, 0, maxPort)},
@@ -341,6 +372,7 @@ func (c *Config) settings() []envconf.Var {
 				return err
 			}},
 		{Env: "DYN_EPP_DEBUG_HEADER", Flag: "debug-header", Default: "false", Help: "return x-kvselect-debug on routed responses: the worker booked and the cheapest candidates' cost terms (reveals load to clients: debugging only)", Set: boolean(&c.DebugHeader)},
+		{Env: "DYN_EPP_CONFORMANCE_TEST_HOOKS", Flag: "conformance-test-hooks", Default: "false", Help: "GAIE's conformance-suite hooks: the test-epp-endpoint-selection header steers the pick, the served endpoint comes back as x-conformance-test-served-endpoint (any client could steer its requests: conformance runs only)", Set: boolean(&c.ConformanceTestHooks)},
 		// Selection (Dynamo's KvRouterConfig environment).
 		{Env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", Flag: "overlap-score-credit", Default: "4", Help: "prefill blocks saved per cached device block (>= 0; Dynamo's default is 1)", Set: floatMin(&r.OverlapScoreCredit, 0)},
 		{Env: "DYN_ROUTER_PREFILL_LOAD_SCALE", Flag: "prefill-load-scale", Default: "2.5", Help: "weight of the prefill term (>= 0; Dynamo's default is 1)", Set: floatMin(&r.PrefillLoadScale, 0)},
@@ -519,7 +551,7 @@ func LoadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (*C
 // tokenizer of its own) needs.
 func (c *Config) requireForServing() error {
 	var errs []error
-	if c.TokenizerURL == "" {
+	if len(c.TokenizerURLs) == 0 {
 		errs = append(errs, errors.New("DYN_EPP_TOKENIZER_SERVICE_URL: required"))
 	}
 	if c.WorkersFile == "" {

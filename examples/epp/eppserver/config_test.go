@@ -2,6 +2,7 @@ package eppserver
 
 import (
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"sort"
@@ -226,4 +227,39 @@ func TestConfigPredictiveCost(t *testing.T) {
 	require.ErrorContains(t, err, "DYN_EPP_COST")
 	require.ErrorContains(t, err, "DYN_EPP_PREFILL_TOKENS_PER_SECOND")
 	require.ErrorContains(t, err, "DYN_EPP_OUTPUT_GROWTH")
+}
+
+// DYN_EPP_TOKENIZER_SERVICE_URL takes one URL or several, comma-separated,
+// each checked; a list with a bad, repeated or no URL is refused, naming it.
+func TestConfigTokenizerURLs(t *testing.T) {
+	c, err := load(t, map[string]string{"DYN_EPP_TOKENIZER_SERVICE_URL": "http://tok:8000"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"http://tok:8000"}, c.TokenizerURLs, "one URL: a pool of one, as before")
+	require.False(t, c.TokenizerNoDegrade, "the degraded mode is on by default")
+	c, err = load(t, map[string]string{"DYN_EPP_TOKENIZER_NO_DEGRADE": "true"},
+		"--tokenizer-url", " http://10.0.0.5:8000, https://10.0.0.6:8000/base ,,http://10.0.0.7:8000 ")
+	require.NoError(t, err)
+	require.Equal(t, []string{"http://10.0.0.5:8000", "https://10.0.0.6:8000/base", "http://10.0.0.7:8000"}, c.TokenizerURLs)
+	require.True(t, c.TokenizerNoDegrade)
+	for v, want := range map[string]string{
+		"http://a:1,tok:8000":       `"tok:8000" is not an absolute http(s) URL`,
+		"http://a:1,ftp://b:2":      `"ftp://b:2" is not an absolute http(s) URL`,
+		"http://a:1, http://a:1":    `"http://a:1" is listed twice`,
+		" , ":                       "names no URL",
+		"http://a:1/x,http://a:1/y": "", // two paths on one host: two endpoints
+	} {
+		_, err := load(t, map[string]string{"DYN_EPP_TOKENIZER_SERVICE_URL": v})
+		if want == "" {
+			require.NoError(t, err, v)
+			continue
+		}
+		require.ErrorContains(t, err, "DYN_EPP_TOKENIZER_SERVICE_URL", v)
+		require.ErrorContains(t, err, want, v)
+	}
+	var many []string
+	for i := range maxTokenizerURLs + 1 {
+		many = append(many, fmt.Sprintf("http://10.0.0.%d:8000", i))
+	}
+	_, err = load(t, map[string]string{"DYN_EPP_TOKENIZER_SERVICE_URL": strings.Join(many, ",")})
+	require.ErrorContains(t, err, fmt.Sprintf("at most %d", maxTokenizerURLs))
 }

@@ -50,7 +50,7 @@ func TestDisaggregatedRouting(t *testing.T) {
 			KVEventEndpoints: map[int]string{0: e.PubEndpoint()}, ReplayEndpoint: e.ReplayEndpoint(),
 			Labels: map[string]string{roles.DefaultRoleLabel: r},
 		})
-		cfg.TokenizerURL = "http://" + e.HTTPEndpoint()
+		cfg.TokenizerURLs = []string{"http://" + e.HTTPEndpoint()}
 	}
 	workers = append(workers, catalog.Worker{ID: "unlabelled", Model: demofleet.Model, Endpoint: "127.0.0.9:1", DPSize: 1, BlockSize: 16})
 	e, err := New(context.Background(), cfg, Options{Configure: func(b *selection.SelectionServiceBuilder) {

@@ -17,6 +17,19 @@
 //     discovery snapshots itself (Apply) and serves ExtProc on a gRPC server
 //     of its own.
 //
+// The tokenizer is a pool: DYN_EPP_TOKENIZER_SERVICE_URL lists one or more
+// URLs of the same protocol (a few of the pool's own vLLM or SGLang pods,
+// say), and the EPP builds one tokenize.Client per URL, a tokenize.Pool over
+// them (round robin, failover on an endpoint's fault, a circuit per
+// endpoint, hedged calls) and the tokenize.Cache around the pool. When no
+// URL answers (the error is the tokenizers', not the request's nor the
+// client's), the request is routed on load alone rather than refused: the
+// degraded mode books a load-only decision (selection.Request.ISL estimated
+// from the body, no tokens) and settles it like any other, counts it and
+// logs a WARN at most every 10 s; DYN_EPP_TOKENIZER_NO_DEGRADE refuses it
+// with the tokenizer error's status instead. The pool's counters and the
+// degraded requests are on /metrics (prommetrics.TokenizerCollector).
+//
 // After the pick the EPP follows each response through ext_proc
 // (docs/OBSERVABILITY.md): it renews the request's leases while the response
 // starts or flows (DYN_EPP_RENEW_INTERVAL_MS; a stream gone silent expires at
@@ -47,9 +60,10 @@
 // lease renewer, the replicas' readiness and peer discovery) and returns once
 // they have all stopped. An EPP's ExtProc server and its router are safe for
 // concurrent use; Apply is called by one goroutine at a time (the discovery
-// loop's). The selection services, the pair booker's sweeper and the
-// Replicators run goroutines the EPP owns: Close stops them and waits for
-// them. LoadConfig, EnvTable and New start nothing of their own beyond that.
+// loop's). The selection services, the pair booker's sweeper, the
+// Replicators and the tokenizer cache run goroutines the EPP owns: Close
+// stops them and waits for them (a tokenizer pool's hedged call is joined by
+// the call that started it). LoadConfig, EnvTable and New start nothing of their own beyond that.
 //
 // # Invariants
 //

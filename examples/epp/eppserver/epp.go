@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,8 +40,11 @@ type Options struct {
 type EPP struct {
 	cfg    *Config
 	logger *slog.Logger
-	client *tokenize.Client
-	cache  *tokenize.Cache
+	// clients are the tokenizer endpoints (one per URL), pool fails over
+	// between them, and cache (the router's tokenizer) wraps the pool.
+	clients []*tokenize.Client
+	pool    *tokenize.Pool
+	cache   *tokenize.Cache
 	// rs owns one selection service per role of the topology (one in
 	// aggregated mode); pairs books every request on them, in both modes.
 	rs     *roles.RoleSelectors
@@ -87,25 +91,23 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	client, err := tokenize.New(tokenize.Options{
-		Protocol: cfg.TokenizerProtocol, BaseURL: cfg.TokenizerURL, Timeout: cfg.TokenizerTimeout,
-		MaxResponseBytes: int64(cfg.TokenizerMaxResp), MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger,
-	})
+	pool, clients, err := newTokenizerPool(cfg, logger)
 	if err != nil {
 		return nil, err
 	}
 	// A shared call outlives the caller that started it: it is bounded by the
-	// configured timeout (not the cache's default) and counted against the same
+	// configured timeout (not the cache's default), once per endpoint it may
+	// fail over to (at most tokenizerCallTries), and counted against the same
 	// admission as requests, so cancelled requests cannot pile up calls.
-	cache, err := tokenize.NewCache(client, tokenize.CacheOptions{
+	cache, err := tokenize.NewCache(pool, tokenize.CacheOptions{
 		ShareResults: true, Protocol: cfg.TokenizerProtocol, Model: cfg.Model, Logger: logger,
-		CallTimeout: cfg.TokenizerTimeout, MaxCalls: cfg.MaxInflight,
+		CallTimeout: cfg.TokenizerTimeout * time.Duration(min(len(clients), tokenizerCallTries)), MaxCalls: cfg.MaxInflight,
 	})
 	if err != nil {
-		client.Close()
+		closeAll(clients)
 		return nil, err
 	}
-	e := &EPP{cfg: cfg, logger: logger, client: client, cache: cache, reg: prometheus.NewRegistry(), rep: rp}
+	e := &EPP{cfg: cfg, logger: logger, clients: clients, pool: pool, cache: cache, reg: prometheus.NewRegistry(), rep: rp}
 	fail := func(err error) (*EPP, error) {
 		e.Close()
 		return nil, err
@@ -165,6 +167,7 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 	}
 	dest := e.rs.Service(mode.Destination())
 	e.router = newRouter(cfg.Model, cache, e.pairs, dest)
+	e.router.noDegrade = cfg.TokenizerNoDegrade
 	e.router.sessionHeader = cfg.SessionHeader
 	e.router.fallbacks, e.router.growth, e.router.debug = cfg.Fallbacks, cfg.OutputGrowth, cfg.DebugHeader
 	e.router.tracer, e.router.log = tracer, logger
@@ -185,7 +188,11 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 	if err != nil {
 		return fail(err)
 	}
-	cs := []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), sc}
+	tc, err := prommetrics.NewTokenizerCollector(prommetrics.TokenizerOptions{Pool: pool, Degraded: e.router.degraded.Load})
+	if err != nil {
+		return fail(err)
+	}
+	cs := []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), sc, tc}
 	if rp != nil {
 		ro := prommetrics.ReplicaOptions{Replicators: rp.reps, RefusedReplies: rp.cl.Bus().RefusedReplies}
 		if rp.srv != nil {
@@ -208,12 +215,63 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 	}
 	e.server, err = extproc.NewServer(extproc.Options{
 		Picker: e.router, Status: statusOf, MaxBodyBytes: cfg.MaxBodyBytes, MaxInflight: cfg.MaxInflight,
-		Logger: logger, Metrics: sm,
+		Logger: logger, Metrics: sm, ConformanceTestHooks: cfg.ConformanceTestHooks,
 	})
 	if err != nil {
 		return fail(err)
 	}
 	return e, nil
+}
+
+// tokenizerCallTries is how many endpoints' timeouts one shared tokenizer
+// call may take, failing over from one to the next.
+const tokenizerCallTries = 3
+
+// newTokenizerPool builds one tokenize.Client per configured URL, all of
+// the same protocol and options, and the Pool that fails over between them;
+// each endpoint's counters go by its URL (any password elided).
+func newTokenizerPool(cfg *Config, logger *slog.Logger) (*tokenize.Pool, []*tokenize.Client, error) {
+	if len(cfg.TokenizerURLs) == 0 {
+		return nil, nil, errors.New("eppserver: New needs at least one tokenizer URL (DYN_EPP_TOKENIZER_SERVICE_URL)")
+	}
+	var (
+		clients []*tokenize.Client
+		eps     []tokenize.Endpoint
+	)
+	for _, u := range cfg.TokenizerURLs {
+		c, err := tokenize.New(tokenize.Options{
+			Protocol: cfg.TokenizerProtocol, BaseURL: u, Timeout: cfg.TokenizerTimeout,
+			MaxResponseBytes: int64(cfg.TokenizerMaxResp), MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger,
+		})
+		if err != nil {
+			closeAll(clients)
+			return nil, nil, err
+		}
+		clients = append(clients, c)
+		eps = append(eps, tokenize.Endpoint{Name: endpointName(u), Tokenizer: c})
+	}
+	pool, err := tokenize.NewPool(tokenize.PoolOptions{Endpoints: eps})
+	if err != nil {
+		closeAll(clients)
+		return nil, nil, err
+	}
+	return pool, clients, nil
+}
+
+// endpointName is a tokenizer URL as its metrics and logs name it: the URL
+// with any password elided.
+func endpointName(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		return u.Redacted()
+	}
+	return raw
+}
+
+// closeAll closes the tokenizer clients (their idle connections).
+func closeAll(clients []*tokenize.Client) {
+	for _, c := range clients {
+		c.Close()
+	}
 }
 
 // Close closes the Replicators, the pair booker, the selection services and
@@ -230,8 +288,12 @@ func (e *EPP) Close() {
 		_ = e.rs.Close()
 	}
 	e.cache.Close()
-	e.client.Close()
+	closeAll(e.clients)
 }
+
+// TokenizerStats are the tokenizer pool's counters: failovers, hedges,
+// exhaustion and each endpoint's calls, failures and circuit.
+func (e *EPP) TokenizerStats() tokenize.PoolStats { return e.pool.Stats() }
 
 // ExtProc is the EPP's ext_proc server, to register on a gRPC server.
 func (e *EPP) ExtProc() *extproc.Server { return e.server }

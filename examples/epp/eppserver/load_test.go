@@ -301,7 +301,7 @@ func newLoadEnv(t *testing.T, topology string) *loadEnv {
 		}
 		workers = append(workers, w)
 	}
-	cfg.TokenizerURL = "http://" + env.engines[0].HTTPEndpoint()
+	cfg.TokenizerURLs = []string{"http://" + env.engines[0].HTTPEndpoint()}
 	env.e, err = New(context.Background(), cfg, Options{Configure: func(b *selection.SelectionServiceBuilder) {
 		b.EventFeed(selection.FeedOptions{ReconnectMin: time.Millisecond, ReconnectMax: 50 * time.Millisecond})
 	}})

@@ -36,7 +36,7 @@ func newPDRig(ctx context.Context, base *Config, fo demofleet.PDFleetOptions, lo
 	if err != nil {
 		return nil, err
 	}
-	cfg.TokenizerURL = fleet.TokenizerURL()
+	cfg.TokenizerURLs = []string{fleet.TokenizerURL()}
 	e, err := New(ctx, &cfg, Options{Logger: logger, Configure: func(b *selection.SelectionServiceBuilder) {
 		b.EventFeed(selection.FeedOptions{ReconnectMin: 5 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
 	}})

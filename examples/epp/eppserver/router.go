@@ -20,6 +20,7 @@ import (
 	"github.com/kvselect/kvselect/examples/epp/oteltracing"
 	"github.com/kvselect/kvselect/examples/epp/prommetrics"
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
+	"github.com/kvselect/kvselect/gaie"
 	"github.com/kvselect/kvselect/lifecycle"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
@@ -28,9 +29,9 @@ import (
 
 // Priority headers (Dynamo's EPP contract).
 const (
-	headerPriority       = "x-dynamo-request-priority"        // queue jump, seconds (>= 0)
-	headerDynamoSession  = "x-dynamo-session-id"              // Dynamo's session header, read after the configured one
-	headerStrictPriority = "x-dynamo-request-strict-priority" // strict tier (integer)
+	headerPriority       = gaie.HeaderDynamoPriority       // queue jump, seconds (>= 0)
+	headerDynamoSession  = gaie.HeaderDynamoSessionID      // Dynamo's session header, read after the configured one
+	headerStrictPriority = gaie.HeaderDynamoStrictPriority // strict tier (integer)
 )
 
 // booker is what the router needs to book a request: roles.PairBooker, in both
@@ -87,8 +88,14 @@ type router struct {
 	// m counts rebookings, workers marked failed, renewals and response
 	// chunks; nil records nothing.
 	m *prommetrics.Responses
-	// log reports rebookings. Default: discard.
+	// log reports rebookings and the degraded mode. Default: discard.
 	log *slog.Logger
+	// noDegrade refuses a request the tokenizers failed instead of
+	// routing it on load alone (DYN_EPP_TOKENIZER_NO_DEGRADE). Set before
+	// the router serves, never after.
+	noDegrade bool
+	// degraded counts (and logs) the requests routed on load alone.
+	degraded degradation
 
 	mu        sync.RWMutex
 	byAddr    map[string]string             // canonical ip:port -> worker id
@@ -190,7 +197,9 @@ func (r *router) sessionID(h map[string]string) (string, error) {
 }
 
 // Pick tokenizes and books. Body-less requests go to the least-loaded eligible
-// worker without a booking.
+// worker without a booking. A request the tokenizers failed
+// (tokenize.ServiceFailed, the client still there) is booked on load alone unless noDegrade is set; the request's own faults
+// (a bad body, a prompt too long) are refused.
 func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pick, error) {
 	allowed, err := r.allowed(req.Subset)
 	if err != nil {
@@ -213,11 +222,18 @@ func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pic
 		defer span.End()
 	}
 	tr, err := r.tokenize(ctx, req)
+	isl := 0
 	if err != nil {
-		return extproc.Pick{}, err
+		if r.noDegrade || ctx.Err() != nil || !tokenize.ServiceFailed(err) {
+			return extproc.Pick{}, err
+		}
+		// Degraded: a load-only decision, the prompt's length estimated
+		// from the body, rather than fail a request a worker can serve.
+		r.degraded.note(r.log, err, time.Now())
+		tr, isl = tokenize.Result{}, tokenize.EstimateTokens(req.Body)
 	}
 	sreq := selection.Request{
-		Model: r.model, Tokens: tr.Tokens, CacheSalt: tr.CacheSalt, Allowed: allowed, Priority: prio,
+		Model: r.model, Tokens: tr.Tokens, ISL: isl, CacheSalt: tr.CacheSalt, Allowed: allowed, Priority: prio,
 		ExpectedOutputTokens: int(min(max(tr.MaxTokens, 0), math.MaxInt32)), SessionID: session,
 		Fallbacks: r.fallbacks,
 	}

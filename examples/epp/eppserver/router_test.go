@@ -188,6 +188,7 @@ func TestStatusOf(t *testing.T) {
 	_, err := r.Pick(context.Background(), extproc.PickRequest{Body: []byte("x")})
 	require.Equal(t, 429, statusOf(err))
 	r = newTestRouter(svc, fakeTok{err: fmt.Errorf("t: %w", tokenize.ErrTimeout)})
+	r.noDegrade = true // DYN_EPP_TOKENIZER_NO_DEGRADE: the tokenizer's status, as before the degraded mode
 	_, err = r.Pick(context.Background(), extproc.PickRequest{Body: []byte("x")})
 	require.Equal(t, 504, statusOf(err))
 	_, err = r.Pick(context.Background(), extproc.PickRequest{Body: []byte("x"), Headers: map[string]string{headerPriority: "-1"}})

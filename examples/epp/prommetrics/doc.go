@@ -1,11 +1,16 @@
 // Package prommetrics exports kvselect's counters to Prometheus, for the
-// reference EPP and any custom EPP that wants the same metrics (the names
-// docs/OBSERVABILITY.md lists and the Grafana dashboard in docs/grafana
-// queries):
+// reference EPP, examples/gateway and any program that embeds kvselect and
+// wants the same metrics (the names docs/OBSERVABILITY.md lists and the
+// Grafana dashboard in docs/grafana queries): a program with one
+// SelectionService registers a ServiceCollector over it (role
+// "aggregated"), and gets the EPP's families under the EPP's names.
 //
 //   - ServiceCollector reads the selection services (one per role), their
 //     event feeds and the tokenizer cache on every scrape: the kvselect_*
 //     selection, load, KV-event and tokenizer series.
+//   - TokenizerCollector reads a tokenize.Pool (failovers, hedges,
+//     exhaustion, each endpoint's calls, failures and circuit) and the
+//     requests routed in the degraded mode.
 //   - ReplicaCollector reads each role's replica.Replicator and the NATS
 //     link: the kvselect_replica_* series.
 //   - Decisions is each role's selection.Recorder: histograms of every
@@ -14,6 +19,11 @@
 //     pick latency, served-endpoint mismatches, requests in flight.
 //   - Responses counts what an EPP does while it follows responses: bookings
 //     moved or freed, workers marked failed, lease renewals, body chunks.
+//   - RouterCollector reads a selection/httproute Router: the
+//     kvselect_httproute_* series (requests, refusals by reason, outcomes,
+//     renewals, failures).
+//   - NewWorkersFileCollector exports kvselect_workers_file_rejected_total
+//     for a discovery.Static workers file.
 //
 // Nothing is registered in a global registry: the recorders register their
 // metrics in the Registerer their constructor is given, and the collectors

@@ -85,7 +85,7 @@ var (
 	evLabels    = []string{"role", "worker", "rank"}
 	dEvApplied  = prometheus.NewDesc("kvselect_kv_events_applied_total", "KV events applied to the index.", evLabels, nil)
 	dEvSkipped  = prometheus.NewDesc("kvselect_kv_events_skipped_total", "KV events not applied, by reason (kvevents.SkipReason names; undecodable_batch counts whole batches).", append(evLabels, "reason"), nil)
-	dFeedState  = prometheus.NewDesc("kvselect_kv_feed_state", "1 for the feed's current state (healthy, silent, mis-speaking), 0 for the others.", append(evLabels, "state"), nil)
+	dFeedState  = prometheus.NewDesc("kvselect_kv_feed_state", "1 for the feed's current state (healthy, silent, mis-speaking, never-heard: silent and no batch ever arrived), 0 for the others.", append(evLabels, "state"), nil)
 	dFeedTrust  = prometheus.NewDesc("kvselect_kv_feed_trusted", "1 while the worker rank is routed on its KV events, 0 while on its own bookings (feed not trusted).", evLabels, nil)
 	dParity     = prometheus.NewDesc("kvselect_kv_token_parity", "Mean share of sampled requests' router blocks the engine then reported holding (1: router and engine tokenise alike).", evLabels, nil)
 	dParityN    = prometheus.NewDesc("kvselect_kv_token_parity_samples_total", "Bookings judged by the token-parity check.", evLabels, nil)

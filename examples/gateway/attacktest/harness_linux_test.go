@@ -117,6 +117,7 @@ func startGateway(t *testing.T, extra map[string]string) *gatewayProc {
 	require.NoError(t, os.WriteFile(path, []byte(`{"workers":[{"id":"e0","endpoint":"127.0.0.1:1"}]}`), 0o600))
 	env := map[string]string{
 		"GATEWAY_ADDR":                  "127.0.0.1:0",
+		"DYN_EPP_METRICS_ADDR":          "127.0.0.1:0",
 		"DYN_EPP_WORKERS_FILE":          path,
 		"DYN_EPP_TOKENIZER_SERVICE_URL": "http://127.0.0.1:1",
 		"DYN_ROUTER_USE_KV_EVENTS":      "false",
