@@ -280,6 +280,10 @@ func (c *Config) settings() []envconf.Var {
 		{Env: "DYN_EPP_MAX_PROMPT_TOKENS", Flag: "max-prompt-tokens", Default: "1048576", Help: "most token ids one request's prompt may have, refused as the tokenizer's answer is parsed (excess: 413)", Set: intIn(&c.MaxPromptTokens, 1, 1<<26)},
 		// Replicas (docs/REPLICAS.md).
 		{Env: "POD_NAME", Flag: "pod-name", Help: "this EPP's pod name (downward API): the default replica ID", Set: str(&c.PodName)},
+		{Env: "DYN_EPP_SELECTION_HTTP_PORT", Flag: "selection-http-port", Help: "Dynamo's peer index dump over HTTP for a starting replica: not served; set, it is a configuration error. kvselect's replicas warm from a peer's index over NATS instead (DYN_EPP_PEER_SERVICE, docs/REPLICAS.md)",
+			Set: func(v string) error {
+				return fmt.Errorf("not served: a starting replica warms from a peer's index over NATS (DYN_EPP_PEER_SERVICE, DYN_EPP_PEERS or DYN_EPP_NATS_URL; docs/REPLICAS.md), got %q", v)
+			}},
 		{Env: "DYN_EPP_PEER_SERVICE", Flag: "peer-service", Help: "replicas, embedded NATS: the headless Service (in POD_NAMESPACE) whose ready endpoints are this EPP's peers; their servers are routed to at `<ip>:DYN_EPP_REPLICA_SYNC_PORT` (needs POD_IP; RBAC services get, endpointslices list and watch)",
 			Set: func(v string) error {
 				v = strings.TrimSpace(v)

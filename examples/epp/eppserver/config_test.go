@@ -263,3 +263,15 @@ func TestConfigTokenizerURLs(t *testing.T) {
 	_, err = load(t, map[string]string{"DYN_EPP_TOKENIZER_SERVICE_URL": strings.Join(many, ",")})
 	require.ErrorContains(t, err, fmt.Sprintf("at most %d", maxTokenizerURLs))
 }
+
+// Dynamo's DYN_EPP_SELECTION_HTTP_PORT (a peer index dump over HTTP) is
+// refused with the way kvselect warms a replica instead, not ignored.
+func TestSelectionHTTPPortIsRefusedWithTheWarmStart(t *testing.T) {
+	_, err := load(t, map[string]string{"DYN_EPP_SELECTION_HTTP_PORT": "8081"})
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, "DYN_EPP_SELECTION_HTTP_PORT")
+	require.ErrorContains(t, err, "over NATS")
+	require.ErrorContains(t, err, "DYN_EPP_PEER_SERVICE")
+	_, err = load(t, map[string]string{"DYN_EPP_SELECTION_HTTP_PORT": " "})
+	require.NoError(t, err, "unset (blank) is fine")
+}
