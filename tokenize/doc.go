@@ -91,7 +91,11 @@
 // every endpoint failed, the last error is returned wrapped: routing without
 // tokens is the caller's degraded mode. Pool.Stats counts failovers, hedges,
 // exhaustion and each endpoint's calls, failures and circuit. Wrap the Pool in
-// a Cache, not each endpoint: a hit then costs no endpoint at all.
+// a Cache, not each endpoint: a hit then costs no endpoint at all, and give
+// the Cache Pool.CallTimeout so a call has room to fail over. NewClientPool
+// builds a Client per base URL (a setting's list: ParseBaseURLs) and the
+// Pool over them; ServiceFailed is the failure class both the Pool and a
+// gateway's degraded mode act on.
 //
 // # Concurrency
 //

@@ -3,6 +3,7 @@ package tokenize
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -91,6 +92,8 @@ type Pool struct {
 	hedgeAt atomic.Int64 // the hedge delay in ns, recomputed from lat
 
 	failovers, hedges, hedgeWins, exhausted atomic.Uint64
+
+	clients []*Client // NewClientPool's, closed by Close
 }
 
 type poolEndpoint struct {
@@ -357,4 +360,82 @@ func (p *Pool) Stats() PoolStats {
 		st.Endpoints = append(st.Endpoints, EndpointStats{Name: e.Name, Calls: e.calls.Load(), Failures: e.failures.Load(), Opened: e.opened.Load(), Open: open})
 	}
 	return st
+}
+
+// MaxPoolTries is how many endpoints' timeouts CallTimeout allows a call:
+// a call that fails over further is cut by it.
+const MaxPoolTries = 3
+
+// CallTimeout is the bound to give a Cache over p (CacheOptions.CallTimeout)
+// when each endpoint's call is bounded by perCall: room for the call to
+// fail over up to MaxPoolTries endpoints.
+func (p *Pool) CallTimeout(perCall time.Duration) time.Duration {
+	return perCall * time.Duration(min(len(p.eps), MaxPoolTries))
+}
+
+// ParseBaseURLs splits a comma-separated list of tokenizer base URLs (the
+// binaries' setting), skipping empty entries: each must be an absolute
+// http(s) URL, listed once, and there must be 1 to max of them.
+func ParseBaseURLs(list string, max int) ([]string, error) {
+	var out []string
+	for _, f := range strings.Split(list, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		u, err := url.Parse(f)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("%q is not an absolute http(s) URL", f)
+		}
+		if slices.Contains(out, f) {
+			return nil, fmt.Errorf("%q is listed twice", f)
+		}
+		out = append(out, f)
+	}
+	switch {
+	case len(out) == 0:
+		return nil, fmt.Errorf("%q names no URL", list)
+	case len(out) > max:
+		return nil, fmt.Errorf("%d URLs, at most %d", len(out), max)
+	}
+	return out, nil
+}
+
+// NewClientPool builds a Client per base URL (opts, with its BaseURL
+// replaced) and a Pool over them, each endpoint named by its URL. Close the
+// Pool to close the Clients.
+func NewClientPool(opts Options, baseURLs []string, popts PoolOptions) (*Pool, error) {
+	var clients []*Client
+	closeAll := func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}
+	popts.Endpoints = nil
+	for _, b := range baseURLs {
+		o := opts
+		o.BaseURL = b
+		c, err := New(o)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		clients = append(clients, c)
+		popts.Endpoints = append(popts.Endpoints, Endpoint{Name: b, Tokenizer: c}) // New refuses credentials in a URL
+	}
+	p, err := NewPool(popts)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	p.clients = clients
+	return p, nil
+}
+
+// Close closes the Clients NewClientPool made (their idle connections); a
+// Pool of the caller's own Tokenizers has nothing to close. It is
+// idempotent.
+func (p *Pool) Close() {
+	for _, c := range p.clients {
+		c.Close()
+	}
 }

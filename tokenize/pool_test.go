@@ -262,3 +262,43 @@ func TestServiceFailed(t *testing.T) {
 	require.Equal(t, 1, tokenize.EstimateTokens(nil))
 	require.Equal(t, 25, tokenize.EstimateTokens(make([]byte, 100)))
 }
+
+func TestParseBaseURLs(t *testing.T) {
+	urls, err := tokenize.ParseBaseURLs(" http://a:8000 ,, https://b/x ", 4)
+	require.NoError(t, err)
+	require.Equal(t, []string{"http://a:8000", "https://b/x"}, urls)
+	for list, want := range map[string]string{
+		"":                           "names no URL",
+		" , ":                        "names no URL",
+		"ftp://a":                    "not an absolute http(s) URL",
+		"a:8000":                     "not an absolute http(s) URL",
+		"http://a,http://a":          "listed twice",
+		"http://a,http://b,http://c": "3 URLs, at most 2",
+	} {
+		_, err := tokenize.ParseBaseURLs(list, 2)
+		require.ErrorContains(t, err, want, "%q", list)
+	}
+}
+
+// NewClientPool names each endpoint by its URL, bounds a Cache's call by up
+// to three endpoints' timeouts, and refuses a bad client option as New
+// does (a URL with credentials among them).
+func TestNewClientPool(t *testing.T) {
+	urls := []string{"http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4"}
+	p, err := tokenize.NewClientPool(tokenize.Options{Protocol: tokenize.ProtocolVLLMRender}, urls, tokenize.PoolOptions{})
+	require.NoError(t, err)
+	defer p.Close()
+	st := p.Stats()
+	require.Len(t, st.Endpoints, 4)
+	require.Equal(t, "http://127.0.0.1:1", st.Endpoints[0].Name)
+	require.Equal(t, 3*time.Second, p.CallTimeout(time.Second))
+	one, err := tokenize.NewClientPool(tokenize.Options{Protocol: tokenize.ProtocolVLLMRender}, urls[1:2], tokenize.PoolOptions{})
+	require.NoError(t, err)
+	one.Close()
+	one.Close()
+	require.Equal(t, time.Second, one.CallTimeout(time.Second))
+	_, err = tokenize.NewClientPool(tokenize.Options{Protocol: "nope"}, urls, tokenize.PoolOptions{})
+	require.ErrorIs(t, err, tokenize.ErrInvalidOptions)
+	_, err = tokenize.NewClientPool(tokenize.Options{Protocol: tokenize.ProtocolVLLMRender}, []string{urls[0], "http://u:p@127.0.0.1:5"}, tokenize.PoolOptions{})
+	require.ErrorIs(t, err, tokenize.ErrInvalidOptions)
+}

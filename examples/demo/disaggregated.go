@@ -88,21 +88,7 @@ func (r *pdRig) drive(ctx context.Context, o options, workload []demofleet.Reque
 // waitSettled waits (within 10 s) until the EPP holds no plan and no load on
 // either role, and returns what is left otherwise.
 func (r *pdRig) waitSettled(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	t := time.NewTicker(2 * time.Millisecond)
-	defer t.Stop()
-	for {
-		err := r.unsettled()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("not settled: %w", err)
-		case <-t.C:
-		}
-	}
+	return demofleet.WaitFor(ctx, 10*time.Second, r.unsettled)
 }
 
 func (r *pdRig) unsettled() error {

@@ -90,28 +90,9 @@ func (c *config) settings() []envconf.Var {
 			}},
 		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Help: fmt.Sprintf("absolute http(s) base URL of the engines' tokenizer/render service, or several, comma-separated (at most %d): every vLLM or SGLang engine serves it, so list a few of them; calls go round robin, fail over to the next URL on an error or timeout, are hedged on a second URL past the recent calls' p95 (at least 50 ms), and skip a URL for 5 s after 3 failures in a row; required", maxTokenizerURLs),
 			Set: func(v string) error {
-				var out []string
-				for _, f := range strings.Split(v, ",") {
-					if f = strings.TrimSpace(f); f == "" {
-						continue
-					}
-					u, err := url.Parse(f)
-					if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-						return fmt.Errorf("%q is not an absolute http(s) URL", f)
-					}
-					if slices.Contains(out, f) {
-						return fmt.Errorf("%q is listed twice", f)
-					}
-					out = append(out, f)
-				}
-				if len(out) == 0 {
-					return fmt.Errorf("%q names no URL", v)
-				}
-				if len(out) > maxTokenizerURLs {
-					return fmt.Errorf("%d URLs, at most %d", len(out), maxTokenizerURLs)
-				}
-				c.TokenizerURLs = out
-				return nil
+				urls, err := tokenize.ParseBaseURLs(v, maxTokenizerURLs)
+				c.TokenizerURLs = urls
+				return err
 			}},
 		{Env: "DYN_EPP_TOKENIZER_NO_DEGRADE", Flag: "tokenizer-no-degrade", Default: "false", Help: "when no tokenizer URL answers (unreachable, timed out, an upstream error), refuse the request with that error's status (503, 504 or 502) instead of routing it on load alone, without prefix reuse (the degraded mode, counted in kvselect_httproute_refusals_total{reason=\"tokenizer_degraded\"})",
 			Set: func(v string) error {

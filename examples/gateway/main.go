@@ -29,7 +29,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -103,15 +102,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 // gateway is the assembled program: tokenizers, selection service, Router,
 // the workers file, the HTTP handler and the metrics registry.
 type gateway struct {
-	log     *slog.Logger
-	cfg     config
-	clients []*tokenize.Client // one per tokenizer URL
-	pool    *tokenize.Pool     // over clients
-	cache   *tokenize.Cache    // over pool
-	svc     *selection.SelectionService
-	router  *httproute.Router
-	source  *discovery.Static
-	mux     *http.ServeMux
+	log    *slog.Logger
+	cfg    config
+	pool   *tokenize.Pool  // a Client per tokenizer URL
+	cache  *tokenize.Cache // over pool
+	svc    *selection.SelectionService
+	router *httproute.Router
+	source *discovery.Static
+	mux    *http.ServeMux
 	// reg holds every series GET /metrics serves; nothing is registered
 	// in a global registry.
 	reg *prometheus.Registry
@@ -135,30 +133,15 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 	if err != nil {
 		return nil, err
 	}
-	var eps []tokenize.Endpoint
-	for _, u := range cfg.TokenizerURLs {
-		var c *tokenize.Client
-		c, err = tokenize.New(tokenize.Options{Protocol: cfg.TokenizerProtocol, BaseURL: u,
-			Timeout: cfg.TokenizerTimeout, MaxRequestBytes: cfg.MaxBodyBytes, MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger})
-		if err != nil {
-			return nil, err
-		}
-		g.clients = append(g.clients, c)
-		// The metrics and the log name it without its password, if any.
-		name := u
-		if pu, perr := url.Parse(u); perr == nil {
-			name = pu.Redacted()
-		}
-		eps = append(eps, tokenize.Endpoint{Name: name, Tokenizer: c})
-	}
 	// One URL is a Pool of one: the same calls, and the same counters.
-	if g.pool, err = tokenize.NewPool(tokenize.PoolOptions{Endpoints: eps}); err != nil {
+	if g.pool, err = tokenize.NewClientPool(tokenize.Options{Protocol: cfg.TokenizerProtocol, Timeout: cfg.TokenizerTimeout,
+		MaxRequestBytes: cfg.MaxBodyBytes, MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger}, cfg.TokenizerURLs, tokenize.PoolOptions{}); err != nil {
 		return nil, err
 	}
 	// The Router only hashes the ids: share the cached slices. A call is
 	// bounded by the pool's failover (up to three endpoints' timeouts).
 	g.cache, err = tokenize.NewCache(g.pool, tokenize.CacheOptions{ShareResults: true, Protocol: cfg.TokenizerProtocol,
-		Model: cfg.Model, CallTimeout: cacheCallTimeout(cfg.TokenizerTimeout, len(eps)), MaxCalls: cfg.MaxInflight, Logger: logger})
+		Model: cfg.Model, CallTimeout: g.pool.CallTimeout(cfg.TokenizerTimeout), MaxCalls: cfg.MaxInflight, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
@@ -216,22 +199,14 @@ func (g *gateway) close() {
 	if g.cache != nil {
 		g.cache.Close()
 	}
-	for _, c := range g.clients {
-		c.Close()
+	if g.pool != nil {
+		g.pool.Close()
 	}
 }
 
 // role is the selection service's role label in the metrics: the gateway
 // has one service, the EPP's aggregated one.
 const role = "aggregated"
-
-// cacheCallTimeout bounds one shared tokenizer call, through the pool's
-// failovers: the per-call timeout of up to three endpoints tried in turn
-// (the EPP's bound). Past it the call fails, and the Router routes the
-// request on load alone (or refuses it, with --tokenizer-no-degrade).
-func cacheCallTimeout(perCall time.Duration, endpoints int) time.Duration {
-	return perCall * time.Duration(min(endpoints, 3))
-}
 
 // registerMetrics registers what GET /metrics serves: the Go runtime and
 // the process, the selection service with its KV-event feeds and the

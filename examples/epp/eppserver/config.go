@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -25,6 +24,7 @@ import (
 	"github.com/kvselect/kvselect/replica/natsbus"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/tokenize"
 )
 
 // Config is the EPP's whole configuration, read from the environment contract
@@ -223,28 +223,9 @@ func (c *Config) settings() []envconf.Var {
 		{Env: "DYN_MODEL_NAME", Flag: "model", Default: "default", Help: "model name: the selection partition of every worker and request", Set: str(&c.Model)},
 		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Required: "always (the demo sets it)", Help: fmt.Sprintf("absolute http(s) base URL of the engines' tokenizer/render service, or several, comma-separated (at most %d): the pool's own vLLM or SGLang pods serve it, so list a few of them; calls go round robin, fail over to the next URL on an error or timeout, are hedged on a second URL past the recent calls' p95 (at least 50 ms), and skip a URL for 5 s after 3 failures in a row", maxTokenizerURLs),
 			Set: func(v string) error {
-				var out []string
-				for _, f := range strings.Split(v, ",") {
-					if f = strings.TrimSpace(f); f == "" {
-						continue
-					}
-					u, err := url.Parse(f)
-					if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-						return fmt.Errorf("%q is not an absolute http(s) URL", f)
-					}
-					if slices.Contains(out, f) {
-						return fmt.Errorf("%q is listed twice", f)
-					}
-					out = append(out, f)
-				}
-				if len(out) == 0 {
-					return fmt.Errorf("%q names no URL", v)
-				}
-				if len(out) > maxTokenizerURLs {
-					return fmt.Errorf("%d URLs, at most %d", len(out), maxTokenizerURLs)
-				}
-				c.TokenizerURLs = out
-				return nil
+				urls, err := tokenize.ParseBaseURLs(v, maxTokenizerURLs)
+				c.TokenizerURLs = urls
+				return err
 			}},
 		{Env: "DYN_EPP_TOKENIZER_PROTOCOL", Flag: "tokenizer-protocol", Default: "vllm-render", Help: "`vllm-render`, `vllm-tokenize` or `sglang`", Set: str(&c.TokenizerProtocol)},
 		{Env: "DYN_EPP_TOKENIZATION_TIMEOUT_MS", Flag: "tokenization-timeout-ms", Default: "5000", Help: "per-call tokenizer timeout in ms (>= 1), for each tokenizer URL a call tries; with several URLs one request's tokenization may take up to three of them (failover)",

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,11 +39,10 @@ type Options struct {
 type EPP struct {
 	cfg    *Config
 	logger *slog.Logger
-	// clients are the tokenizer endpoints (one per URL), pool fails over
-	// between them, and cache (the router's tokenizer) wraps the pool.
-	clients []*tokenize.Client
-	pool    *tokenize.Pool
-	cache   *tokenize.Cache
+	// pool fails over between the tokenizer endpoints (a Client per URL),
+	// and cache (the router's tokenizer) wraps the pool.
+	pool  *tokenize.Pool
+	cache *tokenize.Cache
 	// rs owns one selection service per role of the topology (one in
 	// aggregated mode); pairs books every request on them, in both modes.
 	rs     *roles.RoleSelectors
@@ -91,23 +89,29 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	pool, clients, err := newTokenizerPool(cfg, logger)
+	if len(cfg.TokenizerURLs) == 0 {
+		return nil, errors.New("eppserver: New needs at least one tokenizer URL (DYN_EPP_TOKENIZER_SERVICE_URL)")
+	}
+	pool, err := tokenize.NewClientPool(tokenize.Options{
+		Protocol: cfg.TokenizerProtocol, Timeout: cfg.TokenizerTimeout,
+		MaxResponseBytes: int64(cfg.TokenizerMaxResp), MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger,
+	}, cfg.TokenizerURLs, tokenize.PoolOptions{})
 	if err != nil {
 		return nil, err
 	}
 	// A shared call outlives the caller that started it: it is bounded by the
 	// configured timeout (not the cache's default), once per endpoint it may
-	// fail over to (at most tokenizerCallTries), and counted against the same
+	// fail over to (Pool.CallTimeout), and counted against the same
 	// admission as requests, so cancelled requests cannot pile up calls.
 	cache, err := tokenize.NewCache(pool, tokenize.CacheOptions{
 		ShareResults: true, Protocol: cfg.TokenizerProtocol, Model: cfg.Model, Logger: logger,
-		CallTimeout: cfg.TokenizerTimeout * time.Duration(min(len(clients), tokenizerCallTries)), MaxCalls: cfg.MaxInflight,
+		CallTimeout: pool.CallTimeout(cfg.TokenizerTimeout), MaxCalls: cfg.MaxInflight,
 	})
 	if err != nil {
-		closeAll(clients)
+		pool.Close()
 		return nil, err
 	}
-	e := &EPP{cfg: cfg, logger: logger, clients: clients, pool: pool, cache: cache, reg: prometheus.NewRegistry(), rep: rp}
+	e := &EPP{cfg: cfg, logger: logger, pool: pool, cache: cache, reg: prometheus.NewRegistry(), rep: rp}
 	fail := func(err error) (*EPP, error) {
 		e.Close()
 		return nil, err
@@ -223,57 +227,6 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 	return e, nil
 }
 
-// tokenizerCallTries is how many endpoints' timeouts one shared tokenizer
-// call may take, failing over from one to the next.
-const tokenizerCallTries = 3
-
-// newTokenizerPool builds one tokenize.Client per configured URL, all of
-// the same protocol and options, and the Pool that fails over between them;
-// each endpoint's counters go by its URL (any password elided).
-func newTokenizerPool(cfg *Config, logger *slog.Logger) (*tokenize.Pool, []*tokenize.Client, error) {
-	if len(cfg.TokenizerURLs) == 0 {
-		return nil, nil, errors.New("eppserver: New needs at least one tokenizer URL (DYN_EPP_TOKENIZER_SERVICE_URL)")
-	}
-	var (
-		clients []*tokenize.Client
-		eps     []tokenize.Endpoint
-	)
-	for _, u := range cfg.TokenizerURLs {
-		c, err := tokenize.New(tokenize.Options{
-			Protocol: cfg.TokenizerProtocol, BaseURL: u, Timeout: cfg.TokenizerTimeout,
-			MaxResponseBytes: int64(cfg.TokenizerMaxResp), MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger,
-		})
-		if err != nil {
-			closeAll(clients)
-			return nil, nil, err
-		}
-		clients = append(clients, c)
-		eps = append(eps, tokenize.Endpoint{Name: endpointName(u), Tokenizer: c})
-	}
-	pool, err := tokenize.NewPool(tokenize.PoolOptions{Endpoints: eps})
-	if err != nil {
-		closeAll(clients)
-		return nil, nil, err
-	}
-	return pool, clients, nil
-}
-
-// endpointName is a tokenizer URL as its metrics and logs name it: the URL
-// with any password elided.
-func endpointName(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		return u.Redacted()
-	}
-	return raw
-}
-
-// closeAll closes the tokenizer clients (their idle connections).
-func closeAll(clients []*tokenize.Client) {
-	for _, c := range clients {
-		c.Close()
-	}
-}
-
 // Close closes the Replicators, the pair booker, the selection services and
 // the tokenizer, and waits for their goroutines. The caller stops serving
 // ExtProc first.
@@ -288,7 +241,7 @@ func (e *EPP) Close() {
 		_ = e.rs.Close()
 	}
 	e.cache.Close()
-	closeAll(e.clients)
+	e.pool.Close()
 }
 
 // TokenizerStats are the tokenizer pool's counters: failovers, hedges,

@@ -292,3 +292,23 @@ func HitRate(sts []fakeengine.HTTPStats) float64 {
 	}
 	return float64(cached) / float64(prompt)
 }
+
+// WaitFor calls check every 2 ms until it returns nil, and returns nil; or,
+// once timeout has passed (or ctx ended), check's last error.
+func WaitFor(ctx context.Context, timeout time.Duration, check func() error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	for {
+		err := check()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not settled: %w", err)
+		case <-t.C:
+		}
+	}
+}
