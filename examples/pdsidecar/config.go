@@ -44,7 +44,9 @@ func (c *config) variables() []envconf.Var {
 				o.DecodeURL = v // New validates it
 				return nil
 			}},
-		{Env: "DYN_PD_PROTOCOL", Flag: "protocol", Default: string(sidecar.ProtocolVLLMNIXL), Help: "P/D protocol: `vllm-nixl`, `sglang` or `trtllm`", Set: func(v string) (err error) {
+		{Env: "DYN_PD_PROTOCOL", Flag: "protocol", Default: string(sidecar.ProtocolVLLMNIXL), Help: "P/D protocol: `vllm-nixl`, `sglang` or `trtllm`",
+			Overrides: []envconf.Override{{Env: "DYN_SIDECAR_PD_BACKEND", Form: "Dynamo's backend selector: `sglang`; `unavailable` is refused", Convert: dynamoBackend}},
+			Set: func(v string) (err error) {
 			o.Protocol, err = sidecar.ParseProtocol(v)
 			return err
 		}},
@@ -117,6 +119,19 @@ func hostPort(dst *string) func(string) error {
 		*dst = v
 		return nil
 	}
+}
+
+// dynamoBackend converts Dynamo's DYN_SIDECAR_PD_BACKEND into a protocol:
+// "sglang" is SGLang's; "unavailable", Dynamo's default that answers 501 to
+// every P/D request, has no equivalent here and is refused.
+func dynamoBackend(v string) (string, error) {
+	switch v {
+	case "sglang":
+		return string(sidecar.ProtocolSGLang), nil
+	case "unavailable":
+		return "", errors.New("unavailable (P/D off) has no equivalent: this sidecar always runs P/D; leave it unset and set DYN_PD_PROTOCOL")
+	}
+	return "", fmt.Errorf("%q is neither sglang nor unavailable", v)
 }
 
 // portInto converts a port (Dynamo's form of an address) into format's

@@ -190,3 +190,17 @@ func freePort(t *testing.T) int {
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }
+
+// Dynamo's backend selector: sglang selects SGLang's protocol; its
+// unavailable (P/D off, 501 for every hint) has no equivalent here and is
+// refused at start, as is any other value.
+func TestConfigDynamoBackend(t *testing.T) {
+	c, err := load(t, nil, map[string]string{"DYN_SIDECAR_PD_BACKEND": "sglang"})
+	require.NoError(t, err)
+	require.Equal(t, sidecar.ProtocolSGLang, c.sidecar.Protocol)
+	_, err = load(t, nil, map[string]string{"DYN_SIDECAR_PD_BACKEND": "unavailable"})
+	require.ErrorContains(t, err, "always runs P/D")
+	require.ErrorContains(t, err, "DYN_SIDECAR_PD_BACKEND")
+	_, err = load(t, nil, map[string]string{"DYN_SIDECAR_PD_BACKEND": "vllm"})
+	require.ErrorContains(t, err, `"vllm" is neither sglang nor unavailable`)
+}
