@@ -47,9 +47,9 @@ func (c *config) variables() []envconf.Var {
 		{Env: "DYN_PD_PROTOCOL", Flag: "protocol", Default: string(sidecar.ProtocolVLLMNIXL), Help: "P/D protocol: `vllm-nixl`, `sglang` or `trtllm`",
 			Overrides: []envconf.Override{{Env: "DYN_SIDECAR_PD_BACKEND", Form: "Dynamo's backend selector: `sglang`; `unavailable` is refused", Convert: dynamoBackend}},
 			Set: func(v string) (err error) {
-			o.Protocol, err = sidecar.ParseProtocol(v)
-			return err
-		}},
+				o.Protocol, err = sidecar.ParseProtocol(v)
+				return err
+			}},
 		{Env: "DYN_PD_METRICS_ADDR", Flag: "metrics-addr", Default: ":9091", Help: "address of the Prometheus /metrics listener", Set: hostPort(&c.metricsAddr)},
 		{Env: "DYN_PD_PREFILL_FALLBACK", Flag: "prefill-fallback", Default: string(sidecar.FallbackFail), Help: "when the prefill leg fails: `fail` (502) or `local` (the decode engine prefills)", Set: func(v string) (err error) {
 			o.Fallback, err = sidecar.ParseFallback(v)
