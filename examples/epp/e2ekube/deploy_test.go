@@ -46,6 +46,7 @@ import (
 	"github.com/kvselect/kvselect/examples/epp/internal/eppproc"
 	"github.com/kvselect/kvselect/examples/internal/extproctest"
 	"github.com/kvselect/kvselect/examples/internal/imagebuild"
+	"github.com/kvselect/kvselect/tokenize"
 )
 
 // More CRDs scripts/kube-e2e.sh fetches through the module proxy; unset
@@ -75,6 +76,7 @@ var overlays = []overlay{
 	{name: "disaggregated", resources: []string{"overlays/disaggregated"}},
 	{name: "replicas", resources: []string{"overlays/replicas"}},
 	{name: "aggregated-servicemonitor", resources: []string{"overlays/aggregated"}, components: []string{"components/servicemonitor"}},
+	{name: "aggregated-render", resources: []string{"overlays/aggregated"}, components: []string{"components/render"}},
 }
 
 // TestDeployManifests renders every overlay of deploy/ with kustomize's Go
@@ -104,6 +106,9 @@ func TestDeployManifests(t *testing.T) {
 			t.Logf("%s: applied %d objects: %s", o.name, len(applied), strings.Join(applied, ", "))
 			if strings.HasSuffix(o.name, "-servicemonitor") {
 				return // the same EPP as aggregated; the component is the ServiceMonitor
+			}
+			if strings.HasSuffix(o.name, "-render") {
+				requireRenderTokenizers(t, m)
 			}
 			s.grantRendered(m)
 			p := s.startRenderedEPP(bins["epp"], m)
@@ -742,4 +747,23 @@ func randomHex(t *testing.T, n int) string {
 	_, err := rand.Read(b)
 	require.NoError(t, err)
 	return hex.EncodeToString(b)
+}
+
+// requireRenderTokenizers checks the render component: the EPP's tokenizer
+// URLs name every replica of the rendered renderer StatefulSet, through its
+// headless Service, on its container port, and parse as the EPP parses them.
+func requireRenderTokenizers(t *testing.T, m *rendered) {
+	t.Helper()
+	var env string
+	for _, e := range m.eppContainer().Env {
+		if e.Name == "DYN_EPP_TOKENIZER_SERVICE_URL" {
+			env = e.Value
+		}
+	}
+	urls, err := tokenize.ParseBaseURLs(env, 64)
+	require.NoError(t, err)
+	require.Len(t, urls, 2, "both renderer replicas, for failover")
+	for i, u := range urls {
+		require.Equal(t, fmt.Sprintf("http://qwen3-render-%d.qwen3-render:8000", i), u)
+	}
 }
