@@ -466,7 +466,19 @@ func printFeeds(out io.Writer, results []result) {
 		}
 	}
 	_ = tw.Flush()
+	fmt.Fprint(out, feedLegend)
 }
+
+// feedLegend explains the feed table's columns.
+const feedLegend = `
+events applied: KV events (stored, removed, cleared) the index applied from the engine.
+skipped or lost: events refused, by reason, and batches lost to gaps no replay closed ("none": all applied).
+feed: healthy; silent (it spoke, then stopped while requests went there); never-heard (no batch ever:
+  nothing connected, see the WARN for the cause); mis-speaking (most of its stores cannot be applied).
+trusted: "yes" routes the engine on its events; "no" on the router's own recent bookings until it heals.
+parity (samples): the share of a sampled request's blocks the engine stored as the router hashed them
+  (1.00: the same tokenizer, chat template, block size and salt), over the samples judged.
+`
 
 func (f feedRow) appliedText() string {
 	if !f.subscribed {
