@@ -218,7 +218,7 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 		return fail(err)
 	}
 	e.server, err = extproc.NewServer(extproc.Options{
-		Picker: e.router, Status: statusOf, MaxBodyBytes: cfg.MaxBodyBytes, MaxInflight: cfg.MaxInflight,
+		Picker: e.router, Status: statusOf, Reason: selection.RefusalReason, MaxBodyBytes: cfg.MaxBodyBytes, MaxInflight: cfg.MaxInflight,
 		Logger: logger, Metrics: sm, ConformanceTestHooks: cfg.ConformanceTestHooks,
 	})
 	if err != nil {

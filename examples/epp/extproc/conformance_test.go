@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -60,5 +61,25 @@ func TestConformanceTestHooks(t *testing.T) {
 		require.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, status(), "until ready")
 		h.srv.SetReady(true)
 		require.Equal(t, healthpb.HealthCheckResponse_SERVING, status())
+	}
+}
+
+// Options.Reason names a refusal's cause after the fixed phrase; a reason
+// that is not a short safe token is left out, and errors without one keep
+// the bare phrase.
+func TestRefusalBodyNamesTheReason(t *testing.T) {
+	for reason, want := range map[string]string{
+		"unknown_model": "no endpoint available (unknown_model)\n",
+		"no_schedulable_worker:kv_event_endpoint_missing": "no endpoint available (no_schedulable_worker:kv_event_endpoint_missing)\n",
+		"":                        "no endpoint available\n",
+		"Worker 10.0.0.1 is down": "no endpoint available\n",
+		strings.Repeat("x", 65):   "no endpoint available\n",
+		"with\nnewline":           "no endpoint available\n",
+	} {
+		h := newHarness(t, Options{Picker: failWith(errNoEndpoints), Reason: func(error) string { return reason }})
+		res, err := h.client.Do(testCtx(t), extproctest.HTTPRequest{Body: chatBody()})
+		require.NoError(t, err)
+		require.Equal(t, http.StatusServiceUnavailable, res.Status)
+		require.Equal(t, want, string(res.ImmediateBody), "reason %q", reason)
 	}
 }

@@ -65,13 +65,37 @@ func clientBody(status int) []byte {
 	return []byte("error\n")
 }
 
-// immediate builds the ImmediateResponse for an HTTP status.
-func immediate(status int) *extprocv3.ProcessingResponse {
+// maxReasonLen bounds Options.Reason's answer in a body.
+const maxReasonLen = 64
+
+// safeReason reports whether a refusal reason may go to the client: a
+// short token of lower-case letters, digits and _:-.
+func safeReason(r string) bool {
+	if r == "" || len(r) > maxReasonLen {
+		return false
+	}
+	for i := 0; i < len(r); i++ {
+		c := r[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == ':' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// immediate builds the ImmediateResponse for an HTTP status; a safe reason
+// (Options.Reason) is named in the body: "no endpoint available
+// (unknown_model)".
+func immediate(status int, reason string) *extprocv3.ProcessingResponse {
+	body := clientBody(status)
+	if safeReason(reason) {
+		body = append(body[:len(body)-1], " ("+reason+")\n"...)
+	}
 	return &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 			ImmediateResponse: &extprocv3.ImmediateResponse{
 				Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},
-				Body:    clientBody(status),
+				Body:    body,
 				Details: "kvselect_epp_rejected",
 			},
 		},

@@ -228,7 +228,11 @@ func (x *exchange) decide(by completion) error {
 		}
 		st := clampStatus(x.s.status(err))
 		x.logRejected(st, err)
-		return x.reject(st)
+		reason := ""
+		if x.s.reason != nil {
+			reason = x.s.reason(err)
+		}
+		return x.rejectWith(st, reason)
 	}
 	dest, err := CanonicalEndpoint(pick.Destination)
 	if err != nil {
@@ -499,10 +503,13 @@ func (x *exchange) finish() {
 }
 
 // reject answers with an ImmediateResponse and ends the stream.
-func (x *exchange) reject(st int) error {
+func (x *exchange) reject(st int) error { return x.rejectWith(st, "") }
+
+// rejectWith is reject naming reason in the body (see immediate).
+func (x *exchange) rejectWith(st int, reason string) error {
 	x.record(st)
 	x.settleDone()
-	if err := x.send(immediate(st)); err != nil {
+	if err := x.send(immediate(st, reason)); err != nil {
 		return err
 	}
 	return errFinished

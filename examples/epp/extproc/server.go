@@ -44,6 +44,12 @@ type Options struct {
 	// Status maps a Picker error to an HTTP status for the ImmediateResponse;
 	// results outside 400-599 become 500. Default: every error is 500.
 	Status func(error) int
+	// Reason, when set, names a Picker error's cause in the
+	// ImmediateResponse's body, after its fixed phrase ("no endpoint
+	// available (unknown_model)"): a short token of lower-case letters,
+	// digits and _:- (selection.RefusalReason's), anything else left out,
+	// and "" for none. The details stay in the log.
+	Reason func(error) string
 	// MaxBodyBytes caps the buffered request body; a larger body is answered
 	// with 413. Default DefaultMaxBodyBytes (8 MiB); must not be negative.
 	MaxBodyBytes int
@@ -79,6 +85,7 @@ type Server struct {
 
 	picker    Picker
 	status    func(error) int
+	reason    func(error) string
 	maxBody   int
 	chunk     int
 	maxFlight int64
@@ -119,6 +126,7 @@ func NewServer(opts Options) (*Server, error) {
 	s := &Server{
 		picker:    opts.Picker,
 		status:    opts.Status,
+		reason:    opts.Reason,
 		maxBody:   opts.MaxBodyBytes,
 		chunk:     opts.ChunkSize,
 		maxFlight: int64(opts.MaxInflight),
