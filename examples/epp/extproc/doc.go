@@ -42,8 +42,9 @@
 // gateway's served endpoint as x-conformance-test-served-endpoint, as GAIE's
 // test picker does; the health service answers "inference-extension" too,
 // following readiness.
-// Errors are answered with an ImmediateResponse carrying a short fixed body;
-// details go to the log only.
+// Errors are answered with an ImmediateResponse carrying a short fixed body,
+// with Options.Reason's token when it names one ("no endpoint available
+// (unknown_model)"); details go to the log only.
 //
 // # Concurrency
 //
