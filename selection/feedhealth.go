@@ -40,9 +40,12 @@ type FeedTrust struct {
 	// token-parity check (see FeedHealth.Parity). ParityDelay after the
 	// booking's PrefillComplete, the sample is judged: the share of the
 	// request's router blocks that the rank held at booking, or that its
-	// engine reported storing since, or that it holds now. ParityThreshold is
-	// the mean parity below which a rank is reported (WARN) once
-	// ParityMinSamples samples were judged. Defaults 16, 1 s, 0.5 and 4.
+	// engine reported storing since, or that it holds now. A sample missing
+	// blocks then waits up to 4 ParityDelays for the engine's events (a
+	// loaded feed delivers late; a mismatch stays a mismatch) before it is
+	// judged as it stands. ParityThreshold is the mean parity below which a
+	// rank is reported (WARN) once ParityMinSamples samples were judged.
+	// Defaults 16, 2 s, 0.5 and 4.
 	ParityEvery      int
 	ParityDelay      time.Duration
 	ParityThreshold  float64
@@ -62,6 +65,7 @@ const (
 	DefaultParityThreshold    = 0.5
 	DefaultParityMinSamples   = 4
 	paritySamplesKept         = 16 // judged samples averaged per rank
+	parityLateFactor          = 4  // ParityDelays an incomplete sample waits for late events
 	parityPendingMax          = 8  // samples waiting to be judged per rank
 	feedWarnInterval          = time.Minute
 	feedWindowSlots           = 10
@@ -557,6 +561,12 @@ func (s *SelectionService) judgeParity(h *rankHealth, now time.Time, heard bool)
 				if seen || i < ps.cached {
 					n++
 				}
+			}
+			if n < len(ps.seen) && now.Sub(time.Unix(0, pf)) < parityLateFactor*s.trust.ParityDelay {
+				// Blocks not reported yet: give late events their time.
+				// (Blocks the index holds now also count, at the judging.)
+				keep = append(keep, ps)
+				continue
 			}
 			judged = append(judged, ready{ps, n})
 			s.samples.Delete(ps.id)

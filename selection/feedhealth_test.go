@@ -293,6 +293,13 @@ func TestTokenParity(t *testing.T) {
 			r.clk.Advance(DefaultParityDelay)
 			r.s.checkFeeds(r.clk.Now())
 			h := r.health("w")
+			if tc.low {
+				// Incomplete samples wait for late events, up to 4 ParityDelays.
+				require.Zero(t, h.ParitySamples, "a sample missing blocks waits for late events")
+				r.clk.Advance(3 * DefaultParityDelay)
+				r.s.checkFeeds(r.clk.Now())
+				h = r.health("w")
+			}
 			require.EqualValues(t, DefaultParityMinSamples, h.ParitySamples)
 			require.Equal(t, tc.low, h.LowParity)
 			if tc.low {
@@ -413,4 +420,31 @@ func TestNoParityWithoutEvents(t *testing.T) {
 	require.True(t, math.IsNaN(h.Parity))
 	require.False(t, h.LowParity)
 	require.NotContains(t, r.logs.String(), "token parity low")
+}
+
+// The engine's events arriving after ParityDelay (a loaded feed) still
+// count: a sample missing blocks waits up to 4 ParityDelays for them, so
+// parity stays exactly 1 with the same tokenizer.
+func TestParityWaitsForLateEvents(t *testing.T) {
+	r := newFeedRig(t, FeedTrust{ParityEvery: 1}, "w")
+	r.serveBooked("w", toks(4*rigBlock, 1), toks(4*rigBlock, 1)) // the feed has spoken
+	r.clk.Advance(DefaultParityDelay)
+	r.s.checkFeeds(r.clk.Now())
+	before := r.health("w").ParitySamples
+	p := toks(6*rigBlock+1, 77)
+	res, err := r.s.SelectAndReserve(context.Background(), Request{Tokens: p, Allowed: []string{"w"}})
+	require.NoError(t, err)
+	require.NoError(t, r.s.Reservations().PrefillComplete(res.ReservationID))
+	r.clk.Advance(DefaultParityDelay)
+	r.s.checkFeeds(r.clk.Now())
+	require.Equal(t, before, r.health("w").ParitySamples, "not judged while its blocks are unreported")
+	_, err = r.engines["w"].Serve(fakeengine.Request{Tokens: p}) // the events, late
+	require.NoError(t, err)
+	r.settle("w")
+	require.NoError(t, r.s.Reservations().Free(res.ReservationID))
+	r.clk.Advance(DefaultParityDelay)
+	r.s.checkFeeds(r.clk.Now())
+	h := r.health("w")
+	require.Equal(t, before+1, h.ParitySamples)
+	require.Equal(t, 1.0, h.Parity)
 }
