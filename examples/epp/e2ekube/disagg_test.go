@@ -297,7 +297,8 @@ func TestDisaggregated(t *testing.T) {
 	})
 	resp := p.send(request{prompt: "still nobody decoding?"})
 	require.Equal(t, http.StatusServiceUnavailable, resp.Decision.Status)
-	require.Equal(t, "no endpoint available\n", string(resp.Body), "the client gets no details")
+	require.Equal(t, "no endpoint available (no_schedulable_worker)\n", string(resp.Body),
+		"the client gets the named reason (selection.RefusalReason), no details")
 	require.NotEmpty(t, p.Logs().Find(eppproc.MsgIs("role has no ready workers", "role", "decode")))
 	require.NotEmpty(t, p.Logs().Find(func(r eppproc.Record) bool {
 		return r.Msg() == "request rejected" && r.Num("status") == 503 &&
