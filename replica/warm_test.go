@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/internal/fakeengine"
+	"github.com/kvselect/kvselect/internal/logtest"
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -271,23 +271,8 @@ func (b *blockIndex) Request(ctx context.Context, subject string, data []byte) (
 	return b.Bus.Request(ctx, subject, data)
 }
 
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink safe for concurrent writes and the test's reads.
+type syncBuffer = logtest.Buffer
 
 // TestWarmStartPeerNeverAnswers: a serving peer whose index never arrives
 // holds the joiner back only for WarmTimeout; it then starts cold, says so at

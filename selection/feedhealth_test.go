@@ -1,14 +1,12 @@
 package selection
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,25 +14,11 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/internal/fakeengine"
+	"github.com/kvselect/kvselect/internal/logtest"
 )
 
-// syncBuffer is a log sink safe for the service's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
+// syncBuffer is a log sink safe for concurrent writes and the test's reads.
+type syncBuffer = logtest.Buffer
 
 // feedRig is a service with real fake engines over loopback ZeroMQ, whose feed
 // checks the test drives itself (checkFeeds on the test clock).

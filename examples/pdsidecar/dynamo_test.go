@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 
 	"github.com/kvselect/kvselect/examples/pdsidecar/sidecar"
 	"github.com/kvselect/kvselect/internal/fakeengine"
+	"github.com/kvselect/kvselect/internal/logtest"
 )
 
 // Dynamo's names configure the same settings as the DYN_PD_* ones, in their
@@ -90,23 +90,8 @@ func conflictNames(c *config) []string {
 	return out
 }
 
-// syncBuffer is a bytes.Buffer safe for the writer and a reading test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink safe for concurrent writes and the test's reads.
+type syncBuffer = logtest.Buffer
 
 // The binary starts from Dynamo's variable names alone (a deployment written
 // for Dynamo's sidecar), serves on DYN_SIDECAR_PORT in front of the engine on

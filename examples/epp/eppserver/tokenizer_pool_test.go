@@ -1,7 +1,6 @@
 package eppserver
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -20,6 +19,7 @@ import (
 	"github.com/kvselect/kvselect/examples/epp/extproc"
 	"github.com/kvselect/kvselect/examples/internal/demofleet"
 	"github.com/kvselect/kvselect/internal/fakeengine"
+	"github.com/kvselect/kvselect/internal/logtest"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
@@ -275,20 +275,5 @@ func seriesValue(t *testing.T, e *EPP, name string, labels map[string]string) fl
 	return 0
 }
 
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink safe for concurrent writes and the test's reads.
+type syncBuffer = logtest.Buffer

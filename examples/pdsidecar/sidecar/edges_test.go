@@ -2,7 +2,6 @@ package sidecar_test
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/kvselect/kvselect/examples/pdsidecar/sidecar"
 	"github.com/kvselect/kvselect/internal/fakeengine"
+	"github.com/kvselect/kvselect/internal/logtest"
 )
 
 // stalled is what a client that sent a request head and part of its body,
@@ -106,23 +106,8 @@ func TestStalledBodiesAreAnsweredAndClosed(t *testing.T) {
 	require.Equal(t, uint64(clients), st.BadHints[sidecar.HintForbiddenAddress])
 }
 
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink safe for concurrent writes and the test's reads.
+type syncBuffer = logtest.Buffer
 
 // cannedServer answers every request on a loopback listener with answer's
 // bytes as they are, then closes the connection: a service that is no
