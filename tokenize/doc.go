@@ -90,7 +90,8 @@
 // and the caller's (ErrCanceled, its deadline) are returned at once. When
 // every endpoint failed, the last error is returned wrapped: routing without
 // tokens is the caller's degraded mode. Pool.Stats counts failovers, hedges,
-// exhaustion and each endpoint's calls, failures and circuit. Wrap the Pool in
+// exhaustion and each endpoint's calls, failures and circuit, and PoolOptions.Logger gets a
+// WARN as a circuit opens (and an INFO as it closes). Wrap the Pool in
 // a Cache, not each endpoint: a hit then costs no endpoint at all, and give
 // the Cache Pool.CallTimeout so a call has room to fail over. NewClientPool
 // builds a Client per base URL (a setting's list: ParseBaseURLs) and the

@@ -3,6 +3,7 @@ package tokenize
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"slices"
 	"strings"
@@ -61,6 +62,10 @@ type PoolOptions struct {
 	HedgeMin time.Duration
 	// Now is the clock of the circuits. Default time.Now.
 	Now func() time.Time
+	// Logger gets a WARN each time an endpoint's circuit opens (its name,
+	// the failures in a row, the last error) and an INFO when it closes
+	// again. Default: none (NewClientPool: its Options.Logger).
+	Logger *slog.Logger
 }
 
 // Pool is a Tokenizer over several endpoints: each call goes to the next
@@ -83,6 +88,7 @@ type Pool struct {
 	quantile float64
 	hedgeMin time.Duration
 	now      func() time.Time
+	log      *slog.Logger
 
 	next atomic.Uint64 // round robin
 
@@ -154,9 +160,12 @@ func NewPool(opts PoolOptions) (*Pool, error) {
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
 	}
-	p := &Pool{failures: opts.Failures, openFor: opts.OpenFor, quantile: opts.HedgeQuantile, hedgeMin: opts.HedgeMin, now: opts.Now}
+	p := &Pool{failures: opts.Failures, openFor: opts.OpenFor, quantile: opts.HedgeQuantile, hedgeMin: opts.HedgeMin, now: opts.Now, log: opts.Logger}
 	if p.now == nil {
 		p.now = time.Now
+	}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
 	}
 	for _, e := range opts.Endpoints {
 		p.eps = append(p.eps, &poolEndpoint{Endpoint: e})
@@ -199,23 +208,35 @@ func (p *Pool) pick(tried []*poolEndpoint) *poolEndpoint {
 	return nil
 }
 
-// record updates e's circuit with a call's outcome.
-func (p *Pool) record(e *poolEndpoint, failed bool) {
+// record updates e's circuit with a call's outcome (err nil: success).
+func (p *Pool) record(e *poolEndpoint, err error) {
 	e.calls.Add(1)
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	e.probing = false
-	if !failed {
+	if err == nil {
+		wasOpen := !e.openUntil.IsZero()
 		e.streak, e.openUntil = 0, time.Time{}
+		e.mu.Unlock()
+		if wasOpen {
+			p.log.Info("tokenize: endpoint answered again; circuit closed", "endpoint", e.Name)
+		}
 		return
 	}
 	e.failures.Add(1)
 	e.streak++
+	opened := false
 	if !e.openUntil.IsZero() || e.streak >= p.failures {
 		if e.openUntil.IsZero() {
 			e.opened.Add(1)
+			opened = true
 		}
 		e.openUntil = p.now().Add(p.openFor)
+	}
+	streak := e.streak
+	e.mu.Unlock()
+	if opened {
+		p.log.Warn("tokenize: endpoint failed; circuit open, calls go to the other endpoints", "endpoint", e.Name,
+			"failures_in_a_row", streak, "open_for", p.openFor, "err", err)
 	}
 }
 
@@ -296,7 +317,7 @@ func (p *Pool) Tokenize(ctx context.Context, req Request) (Result, error) {
 		case a := <-answers:
 			out--
 			if a.err == nil {
-				p.record(a.e, false)
+				p.record(a.e, nil)
 				if hedged && a.e != first {
 					p.hedgeWins.Add(1)
 				}
@@ -304,9 +325,9 @@ func (p *Pool) Tokenize(ctx context.Context, req Request) (Result, error) {
 			}
 			fault := endpointFault(ctx, a.err)
 			if fault {
-				p.record(a.e, true)
+				p.record(a.e, a.err)
 			} else if ctx.Err() == nil {
-				p.record(a.e, false) // the endpoint answered: the request's fault
+				p.record(a.e, nil) // the endpoint answered: the request's fault
 			}
 			if !fault {
 				return Result{}, a.err
@@ -411,6 +432,9 @@ func NewClientPool(opts Options, baseURLs []string, popts PoolOptions) (*Pool, e
 		}
 	}
 	popts.Endpoints = nil
+	if popts.Logger == nil {
+		popts.Logger = opts.Logger
+	}
 	for _, b := range baseURLs {
 		o := opts
 		o.BaseURL = b

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvselect/kvselect/internal/logtest"
 	"github.com/kvselect/kvselect/tokenize"
 )
 
@@ -94,7 +97,8 @@ func TestPoolFailsOverAndOpens(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, b := &scripted{}, &scripted{}
 		a.set(0, fmt.Errorf("%w: connection refused", tokenize.ErrUnavailable))
-		p := newPool(t, tokenize.PoolOptions{HedgeQuantile: -1}, a, b)
+		var logs logtest.Buffer
+		p := newPool(t, tokenize.PoolOptions{HedgeQuantile: -1, Logger: slog.New(slog.NewTextHandler(&logs, nil))}, a, b)
 		for range 6 {
 			res, err := p.Tokenize(context.Background(), poolReq)
 			require.NoError(t, err)
@@ -106,6 +110,9 @@ func TestPoolFailsOverAndOpens(t *testing.T) {
 		require.EqualValues(t, 3, st.Failovers)
 		require.Equal(t, tokenize.EndpointStats{Name: "t0", Calls: 3, Failures: 3, Opened: 1, Open: true}, st.Endpoints[0])
 		require.Equal(t, tokenize.EndpointStats{Name: "t1", Calls: 6}, st.Endpoints[1])
+		require.Equal(t, 1, strings.Count(logs.String(), "circuit open"), "one WARN as it opens:\n%s", logs.String())
+		require.Contains(t, logs.String(), "endpoint=t0")
+		require.Contains(t, logs.String(), "connection refused")
 
 		time.Sleep(tokenize.DefaultPoolOpenFor)
 		a.set(0, nil)
@@ -116,6 +123,7 @@ func TestPoolFailsOverAndOpens(t *testing.T) {
 		calls, _ = a.counts()
 		require.Equal(t, 5, calls, "probed once, closed, then its turns again")
 		require.False(t, p.Stats().Endpoints[0].Open)
+		require.Contains(t, logs.String(), "circuit closed")
 
 		// A probe that fails opens the circuit again at once.
 		a.set(0, fmt.Errorf("%w: 500", tokenize.ErrUpstream))
