@@ -8,17 +8,20 @@ import (
 
 // PrefillClock is what the ledger has observed of a worker rank's prefill
 // queue and of the requests it is sent, for a cost that predicts time (see
-// the package documentation, "Prefill clock").
+// the package documentation, "Prefill clock" and "Calibration").
 type PrefillClock struct {
 	// Since is when the rank began the prefill it is serving: the Book that
 	// found its queue empty, or the last PrefillComplete that left some
 	// queued. Zero while no prefill is queued.
 	Since time.Time
-	// Rate is the rank's observed prefill rate in tokens per second: the
-	// tokens of its completed prefills over the time it was busy with them,
-	// each completion weighing 1/16 less than the next. 0 until
-	// PrefillRateSamples prefills have completed on the rank.
+	// Rate is the rank's prefill rate in tokens per second as calibrated:
+	// 1 / (Calibration.OwnToken x Slowness). 0 until the ledger's
+	// Calibration is Ready.
 	Rate float64
+	// Slowness is how the rank's token times compare with the fleet's (2:
+	// it takes twice as long), from its own completions; 0 until
+	// SlownessSamples of them separated its speed from the overhead.
+	Slowness float64
 	// Arrivals is the rank's recent bookings at the time asked for: each
 	// Book (or Move onto the rank) adds 1, which decays exponentially with
 	// time constant Options.ArrivalWindow; a Move off the rank takes back
@@ -30,32 +33,28 @@ type PrefillClock struct {
 // DefaultArrivalWindow is Options.ArrivalWindow's default.
 const DefaultArrivalWindow = 5 * time.Minute
 
-// PrefillRateSamples is how many prefills must complete on a worker rank
-// before PrefillClock reports its rate.
-const PrefillRateSamples = 4
-
-// rateKeep is the weight a completion's sample keeps at the next one.
-const rateKeep = 15.0 / 16
-
-// prefillClock is a rankState's clock. since, rate, arrivals and arrivedAt
+// prefillClock is a rankState's clock. since, slow, arrivals and arrivedAt
 // are read without the rank's lock, together (they lead, to share a cache
 // line); every field is written under it.
 type prefillClock struct {
 	since atomic.Int64  // unix nanoseconds; 0: nothing queued
-	rate  atomic.Uint64 // float64 bits of the rate; 0 until learned
+	slow  atomic.Uint64 // float64 bits of the slowness; 0 until learned
 	// arrivals is the decayed booking count at arrivedAt (unix
 	// nanoseconds; 0: never booked), float64 bits. A reader racing a Book
 	// may pair the new count with the old time (or the reverse): off by at
 	// most that one booking's decay.
-	arrivals   atomic.Uint64
-	arrivedAt  atomic.Int64
-	work, busy float64 // decayed sums: tokens completed, seconds busy
-	samples    int
+	arrivals  atomic.Uint64
+	arrivedAt atomic.Int64
+	// stp and stt are the decayed sums of the slowness fit (token time x
+	// the rest of the TTFT, token time squared); separating counts the
+	// completions whose token time was at least the overhead.
+	stp, stt   float64
+	separating int
 }
 
 // PrefillClock returns what the ledger has observed of k's prefill queue,
 // with its Arrivals as of now; the zero PrefillClock when k has no entry. It
-// reads four atomics and takes no lock.
+// takes no lock.
 func (l *Ledger) PrefillClock(k Rank, now time.Time) PrefillClock {
 	r := k.r
 	if r == nil || r.dead.Load() {
@@ -68,7 +67,12 @@ func (l *Ledger) PrefillClock(k Rank, now time.Time) PrefillClock {
 	if n := r.clock.since.Load(); n != 0 {
 		c.Since = time.Unix(0, n).UTC()
 	}
-	c.Rate = math.Float64frombits(r.clock.rate.Load())
+	if s := math.Float64frombits(r.clock.slow.Load()); s > 0 {
+		c.Slowness = s
+	}
+	if cal := l.cal.load(); cal.Ready && cal.OwnToken > 0 {
+		c.Rate = 1 / (cal.OwnToken * r.clock.slowness())
+	}
 	if at := r.clock.arrivedAt.Load(); at != 0 {
 		c.Arrivals = l.decay(math.Float64frombits(r.clock.arrivals.Load()), at, now.UnixNano())
 	}
@@ -109,26 +113,13 @@ func (r *rankState) queued(tokens int, now time.Time) {
 	}
 }
 
-// served runs after a booking's prefill of tokens completed at now and left
-// r's queue. r.mu is held.
-func (r *rankState) served(tokens int, now time.Time) {
-	if tokens <= 0 {
-		return
-	}
-	c := &r.clock
-	n := stamp(now)
-	if since := c.since.Load(); since != 0 && n >= since {
-		c.work = c.work*rateKeep + float64(tokens)
-		c.busy = c.busy*rateKeep + float64(n-since)/1e9
-		c.samples++
-		if c.samples >= PrefillRateSamples && c.busy > 0 {
-			c.rate.Store(math.Float64bits(c.work / c.busy))
-		}
-	}
+// served runs after a booking's prefill of tokens completed at now (unix
+// nanoseconds) and left r's queue. r.mu is held.
+func (r *rankState) served(now int64) {
 	if r.prefill.Load() > 0 {
-		c.since.Store(n) // the next queued prefill starts now
+		r.clock.since.Store(now) // the next queued prefill starts now
 	} else {
-		c.since.Store(0)
+		r.clock.since.Store(0)
 	}
 }
 

@@ -37,15 +37,34 @@
 // Each worker rank also keeps what a cost that predicts time needs
 // (PrefillClock): when it began the prefill it is serving (the Book that
 // found its prefill queue empty, or the last PrefillComplete that left some
-// queued) and its observed prefill rate, the tokens of its completed
-// prefills over the time it was busy with them, decayed by 15/16 per
-// completion and reported from the PrefillRateSamples-th on. The model is
-// one prefill served at a time, in order; an engine that batches prefills
-// completes several at once, which the ratio of sums absorbs. Prefill that
-// leaves without completing (Free, Expire, Move, RemoveWorker) teaches no
-// rate. It also counts the rank's recent arrivals (Arrivals): each Book adds
-// one, decaying with time constant Options.ArrivalWindow, so that a cost can
-// see which ranks take more than their share of the requests.
+// queued), its calibrated rate and slowness (below), and its recent arrivals
+// (Arrivals): each Book adds one, decaying with time constant
+// Options.ArrivalWindow, so that a cost can see which ranks take more than
+// their share of the requests.
+//
+// # Calibration
+//
+// Every booking's time to first token (Book to PrefillComplete, on the
+// injected clock) is fitted, fleet-wide, against what its rank held when it
+// was booked: the prefill tokens queued there (Q), the requests active there
+// (R) and its own prefill tokens (U), as Overhead + QueuedToken x Q +
+// ActiveRequest x R + OwnToken x U (Calibration). The fit is a
+// least-squares regression whose samples decay (a memory of about 512
+// completions), weighted by Huber's rule against the recent mean absolute
+// residual (one stalled request barely moves it), with coefficients kept >=
+// 0 and a prior of 1/Options.PrefillRate seconds per token, queued or own,
+// that decides until CalibrationSamples completions are fitted and then
+// fades. Each rank then learns its slowness, how its token times compare
+// with the fleet's, by least squares through the fleet's overhead and
+// request terms from its own last dozen or so completions; it is reported
+// once SlownessSamples of them had token times at least the overhead, the
+// evidence that separates a rank's speed from the fixed cost every request
+// pays. A fixed cost per request (HTTP, scheduling, the first decode step)
+// is thus the intercept, not a lower rate for the rank whose requests are
+// mostly cached; an engine that never makes a request wait for another
+// fits QueuedToken near 0; an engine that batches several prefills fits the
+// price a queued token really has. A booking that moved teaches nothing,
+// nor does one freed, expired or removed before its prefill completed.
 //
 // # Errors
 //

@@ -115,7 +115,7 @@ func (l *Ledger) Move(id string, to catalog.WorkerRank) (Booking, error) {
 	l.moved.Add(1)
 	if nb := l.find(id); nb != nil { // the caller's calls for id wait for Move
 		nb.rank.mu.Lock()
-		nb.prefillDone, nb.bookedAt = prefillDone, bk.bookedAt
+		nb.prefillDone, nb.bookedAt, nb.ahead = prefillDone, bk.bookedAt, -1
 		nb.rank.mu.Unlock()
 	}
 	return b, nil

@@ -186,7 +186,7 @@ func checkRank(t testing.TB, l *Ledger, r *rankState) {
 	require.Equal(t, int64(private), r.private.Load(), "private blocks of %s", r.key)
 	require.GreaterOrEqual(t, r.prefill.Load(), int64(0))
 	require.Equal(t, r.prefill.Load() > 0, r.clock.since.Load() != 0, "prefill clock of %s runs exactly while prefill is queued", r.key)
-	require.GreaterOrEqual(t, math.Float64frombits(r.clock.rate.Load()), 0.0)
+	require.GreaterOrEqual(t, math.Float64frombits(r.clock.slow.Load()), 0.0)
 	require.GreaterOrEqual(t, r.blocks.Load(), int64(0))
 	if r.leases == nil {
 		require.Zero(t, n, "bookings of %s without a lease tree", r.key)

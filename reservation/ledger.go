@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -68,7 +69,14 @@ type Options struct {
 	// uses the two to keep its order of idle-candidate costs current.
 	// Default: nil.
 	OnRaise func(w catalog.WorkerRank)
+	// PrefillRate is the calibration's prior: every rank prefills this many
+	// tokens a second, queued or its own, until completions say otherwise.
+	// Default DefaultPrefillRate; must not be negative.
+	PrefillRate float64
 }
+
+// DefaultPrefillRate is Options.PrefillRate's default, tokens per second.
+const DefaultPrefillRate = 10_000
 
 // Booking is what Book records for one dispatched request.
 type Booking struct {
@@ -122,9 +130,13 @@ type booking struct {
 	settled     bool
 	lease       time.Duration
 	bookedAt    time.Time
-	deadline    time.Time
-	order       uint64 // booking order; breaks deadline ties
-	prev, next  *booking
+	// ahead and aheadReqs are the prefill tokens and requests active on the
+	// rank when it was booked, what its time to first token is calibrated
+	// against; ahead is -1 for a booking that moved, which teaches nothing.
+	ahead, aheadReqs int64
+	deadline         time.Time
+	order            uint64 // booking order; breaks deadline ties
+	prev, next       *booking
 }
 
 func leaseLess(a, b *booking) bool {
@@ -163,6 +175,7 @@ type Ledger struct {
 	ids    [idStripes]idStripe
 	blocks [blockStripes]blockStripe
 	order  atomic.Uint64 // bookings so far, for booking.order
+	cal    *calibrator
 
 	booked, prefillDone, freed, expired, removed atomic.Int64
 	conflicts, invalid, unknown, active, stale   atomic.Int64
@@ -179,6 +192,9 @@ func New(opts Options) (*Ledger, error) {
 	if opts.ArrivalWindow < 0 {
 		errs = append(errs, fmt.Errorf("ArrivalWindow %v is negative", opts.ArrivalWindow))
 	}
+	if !(opts.PrefillRate >= 0) || math.IsInf(opts.PrefillRate, 0) {
+		errs = append(errs, fmt.Errorf("PrefillRate %v is not a finite number >= 0", opts.PrefillRate))
+	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, errors.Join(errs...))
 	}
@@ -191,6 +207,9 @@ func New(opts Options) (*Ledger, error) {
 	if opts.ArrivalWindow == 0 {
 		opts.ArrivalWindow = DefaultArrivalWindow
 	}
+	if opts.PrefillRate == 0 {
+		opts.PrefillRate = DefaultPrefillRate
+	}
 	l := &Ledger{
 		now:           opts.Now,
 		defaultLease:  opts.DefaultLease,
@@ -201,6 +220,7 @@ func New(opts Options) (*Ledger, error) {
 		idSeed:        maphash.MakeSeed(),
 		ranks:         make(map[catalog.WorkerRank]*rankState),
 		byWorker:      make(map[string][]*rankState),
+		cal:           newCalibrator(opts.PrefillRate),
 	}
 	for i := range l.ids {
 		l.ids[i].m = make(map[string]*booking)
@@ -318,6 +338,7 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 	ids.m[b.ID] = bk
 	ids.mu.Unlock()
 
+	bk.ahead, bk.aheadReqs = r.prefill.Load(), r.requests.Load()
 	r.version.Add(1) // odd: readers that see it cannot book on what they read
 	r.blocks.Add(int64(l.addRefs(bk)))
 	r.private.Add(int64(bk.private))
@@ -390,9 +411,16 @@ func (l *Ledger) PrefillComplete(id string) error {
 	}
 	bk.prefillDone = true
 	r.prefill.Add(-int64(bk.prefill))
-	r.served(bk.prefill, l.now())
+	now := stamp(l.now())
+	if bk.prefill > 0 {
+		r.served(now)
+	}
+	smp, learn := l.observe(bk, r, now)
 	lowered := bk.prefill > 0
 	r.mu.Unlock()
+	if learn {
+		l.cal.add(smp)
+	}
 	l.prefillDone.Add(1)
 	if lowered && l.onChange != nil {
 		l.onChange(bk.worker)
