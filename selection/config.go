@@ -64,11 +64,13 @@ const (
 	// PrefillLoadScale) plus the decode term (active blocks). DynamoConfig's.
 	CostDynamo CostModel = iota
 	// CostPredictive is the rank's predicted time to first token, in
-	// seconds: the queued prefill still ahead of the request (drained at the
-	// rank's prefill rate since its current prefill began) plus the
-	// request's uncached prompt, over that rate, which each rank learns from
-	// its completed prefills; plus decode pressure and a price on taking
-	// more than a fair share of the requests (Config.Predictive).
+	// seconds, as the ledger's calibration fits it from the bookings'
+	// observed times to first token (a fixed overhead, the rank's queued
+	// prefill tokens and active requests, the request's uncached prompt,
+	// each rank's tokens at its own speed: reservation.Calibration); plus
+	// the time its prefill adds to requests queued behind it, decode
+	// pressure and a price on taking more than a fair share of the requests
+	// (Config.Predictive).
 	CostPredictive
 	// CostAuto is CostPredictive on a model of at most
 	// AutoPredictiveMaxRanks ranks and CostDynamo on a larger one, settled
@@ -113,11 +115,13 @@ func ParseCostModel(s string) (CostModel, error) {
 
 // PredictiveCost configures CostPredictive (and CostAuto where it predicts).
 type PredictiveCost struct {
-	// PrefillTokensPerSecond is a rank's prefill rate until it has learned
-	// its own (reservation.PrefillRateSamples completed prefills), and
-	// always with FixedRate. Finite, > 0. Default 10,000.
+	// PrefillTokensPerSecond is every rank's prefill rate until the
+	// ledger's calibration is Ready (reservation.CalibrationSamples
+	// completed prefills; the calibration's prior), and always with
+	// FixedRate. Finite, > 0. Default 10,000.
 	PrefillTokensPerSecond float64
-	// FixedRate uses PrefillTokensPerSecond for every rank and never learns.
+	// FixedRate prices every rank's queue and prompt at
+	// PrefillTokensPerSecond and never uses the calibration.
 	FixedRate bool
 	// BacklogWeight counts the request's own uncached prefill this many
 	// more times: the time it adds to every request that queues behind it

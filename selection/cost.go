@@ -23,12 +23,12 @@ type candidate struct {
 	activeRequests int
 	maxBatched     int
 	stamp          reservation.Stamp // what the ledger read was, for BookAt
-	// the rank's prefill clock (CostPredictive only): since, unix nanoseconds
-	// (0: nothing queued); rate, its learned tokens per second (0: none yet);
-	// arrivals, its recent bookings
-	since    int64
-	rate     float64
-	arrivals float64
+	// the rank's prefill clock (CostPredictive only): since, unix
+	// nanoseconds (0: nothing queued); tokTime and queueTime, its seconds
+	// per own and per queued prefill token; arrivals, its recent bookings
+	since              int64
+	tokTime, queueTime float64
+	arrivals           float64
 
 	cost float64
 }
@@ -42,6 +42,12 @@ type costInput struct {
 	// the candidates' mean recent bookings, and their mean time to prefill
 	// the model's mean prompt, seconds (CostPredictive)
 	meanArrivals, promptTime float64
+	// calibrated: the ledger's Calibration is Ready and the cost uses it
+	// (its Overhead and ActiveRequest prices, seconds); else every rank
+	// prefills at the configured rate, draining its queue since its clock
+	// began
+	calibrated           bool
+	overhead, perRequest float64
 }
 
 // cost is the cost of sending the request to c under w's cost function.
@@ -53,42 +59,50 @@ func cost(c *candidate, in costInput, w *weights) float64 {
 }
 
 // predicted is CostPredictive's cost of sending the request to c, in
-// seconds; lower is better:
+// seconds; lower is better. Calibrated (reservation.Calibration Ready),
+// with s the rank's slowness:
 //
-//	rate      = the rank's learned prefill rate, else the configured one
+//	ttft = Overhead + QueuedToken x s x A + ActiveRequest x R + OwnToken x s x own
+//	cost = ttft + backlogW x QueuedToken x s x own
+//	       + decodeW x OwnToken x s x (active blocks + new blocks
+//	                                   + decodeActiveRequestWeight x active requests) x bs
+//	       + balanceW x P x max(0, arrivals / mean arrivals - 1 - slack)
+//
+// and before that, every rank at the configured rate:
+//
 //	remaining = max(0, A - rate x (now - since))   the queued prefill still ahead
-//	own       = T - min(cached, T)                  the request's uncached prompt (0 when prefill is not tracked)
 //	cost      = (remaining + (1 + backlogW) x own
-//	             + decodeW x (active blocks + new blocks
-//	                          + decodeActiveRequestWeight x active requests) x bs) / rate
-//	            + balanceW x P x max(0, arrivals / mean arrivals - 1 - slack)
+//	             + decodeW x (active blocks + ...) x bs) / rate + balance
 //
-// At backlogW, decodeW and balanceW 0 it is the predicted time to first
-// token; backlogW prices the time the request's own prefill adds to every
-// request queued behind it there, decodeW the rank's decode pressure,
-// balanceW its share of the recent bookings above the candidates' mean,
-// once that mean reaches one, in units of P: the candidates' mean time to
-// prefill the model's mean prompt (over its last few hundred decisions),
-// the time scale of its requests, so that the price means the same whether
-// prompts take milliseconds or seconds. A is the rank's active prefill tokens (the uncached tokens of requests
-// booked there and not yet prefilled) and since when the rank began the one
-// it is serving (reservation.PrefillClock); cached counts the in-flight
-// credit's pending blocks, which the request waits for in remaining anyway.
+// A is the rank's active prefill tokens (the uncached tokens of requests
+// booked there and not yet prefilled), R its active requests, own the
+// request's uncached prompt (T - min(cached, T); 0 when prefill is not
+// tracked), since when the rank began the prefill it is serving. ttft is
+// the rank's predicted time to first token; backlogW prices the time the
+// request's own prefill adds to every request that queues behind it there
+// (nothing on an engine that makes no request wait for another: its
+// QueuedToken is 0), decodeW the rank's decode pressure, balanceW its share
+// of the recent bookings above the candidates' mean, once that mean
+// reaches one, in units of P: the candidates' mean time to prefill the
+// model's mean prompt (over its last few hundred decisions), the time
+// scale of its requests, so that the price means the same whether prompts
+// take milliseconds or seconds. cached counts the in-flight credit's
+// pending blocks, which the request waits for in A anyway.
 func predicted(c *candidate, in costInput, w *weights) float64 {
-	rate := c.rate
-	if rate <= 0 {
-		rate = w.rate
-	}
-	remaining := float64(c.activePrefill)
-	if c.since != 0 && in.now > c.since && remaining > 0 {
-		remaining = max(0, remaining-rate*float64(in.now-c.since)/1e9)
-	}
 	var own float64 // the request's own prefill: none where prefill is not tracked (a decode leg)
 	if w.trackPrefill {
 		own = float64(in.isl - min(cachedTokens(c, w, in.blockSize), in.isl))
 	}
 	decode := float64(c.activeBlocks+c.newBlocks) + w.activeReqWeight*float64(c.activeRequests)
-	return (remaining+(1+w.backlogW)*own+w.decodeW*decode*float64(in.blockSize))/rate + balance(c, in, w)
+	if in.calibrated {
+		ttft := in.overhead + c.queueTime*float64(c.activePrefill) + in.perRequest*float64(c.activeRequests) + c.tokTime*own
+		return ttft + w.backlogW*c.queueTime*own + w.decodeW*c.tokTime*decode*float64(in.blockSize) + balance(c, in, w)
+	}
+	remaining := float64(c.activePrefill)
+	if c.since != 0 && in.now > c.since && remaining > 0 {
+		remaining = max(0, remaining-float64(in.now-c.since)/1e9/c.tokTime)
+	}
+	return (remaining+(1+w.backlogW)*own+w.decodeW*decode*float64(in.blockSize))*c.tokTime + balance(c, in, w)
 }
 
 // balance is the predictive cost's balance term for c: balanceW x the

@@ -24,6 +24,10 @@ type evaluation struct {
 	// candidates is the number of eligible ranks: len(cands) for the full
 	// scan, more for the sparse decision, whose cands are the touched ranks.
 	candidates int
+	// mirrored and greedy are how many peers' bookings choose prices (see
+	// Peers); sim is its working copy of the candidates, kept for reuse.
+	mirrored, greedy int
+	sim              []candidate
 }
 
 // evalScratch is one decision's working memory, pooled so the hot path does not
@@ -185,32 +189,40 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 		}
 	}
 	ev := &sc.ev
-	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: len(cands)}
+	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: len(cands), sim: ev.sim}
 	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
 	if pr.w.predictive {
 		now := s.now()
 		in.now = now.UnixNano()
-		var arrivals, perToken float64 // sums: recent bookings, seconds per prefill token
+		cal := s.ledger.Calibration()
+		in.calibrated = pr.w.learn && cal.Ready
+		in.overhead, in.perRequest = cal.Overhead, cal.ActiveRequest
+		var arrivals, tokTime float64 // sums: recent bookings, seconds per prefill token
 		for i := range cands {
+			c := &cands[i]
 			clk := s.ledger.PrefillClock(refs[i], now)
 			if !clk.Since.IsZero() {
-				cands[i].since = clk.Since.UnixNano()
+				c.since = clk.Since.UnixNano()
 			}
-			rate := pr.w.rate
-			if pr.w.learn && clk.Rate > 0 {
-				cands[i].rate, rate = clk.Rate, clk.Rate
+			if in.calibrated {
+				slow := max(clk.Slowness, 0)
+				if slow == 0 {
+					slow = 1
+				}
+				c.tokTime, c.queueTime = cal.OwnToken*slow, cal.QueuedToken*slow
+			} else {
+				c.tokTime = 1 / pr.w.rate
+				c.queueTime = c.tokTime
 			}
-			cands[i].arrivals = clk.Arrivals
+			c.arrivals = clk.Arrivals
 			arrivals += clk.Arrivals
-			if pr.w.balanceW > 0 {
-				perToken += 1 / rate
-			}
+			tokTime += c.tokTime
 		}
 		in.meanArrivals = arrivals / float64(len(cands))
 		if pr.w.balanceW > 0 {
 			// The balance term's unit: the candidates' mean time to
 			// prefill the model's mean prompt.
-			in.promptTime = p.promptMean(pr.isl, pr.peek) * perToken / float64(len(cands))
+			in.promptTime = p.promptMean(pr.isl, pr.peek) * tokTime / float64(len(cands))
 		}
 	}
 	if pr.w.decay > 0 {
@@ -231,6 +243,9 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 		}
 	}
 	ev.allBusy = busy == len(cands)
+	if s.routers.count.Load() > 0 {
+		ev.mirrored, ev.greedy = s.spreadCount(p, s.now().UnixNano())
+	}
 	return ev, nil
 }
 
@@ -276,6 +291,11 @@ func (s *SelectionService) choose(p *partition, pr *prepared, ev *evaluation) (c
 		}
 		pool = pool[:n]
 	}
+	spreading := ev.mirrored+ev.greedy > 0 && len(pool) > 1
+	if spreading {
+		ev.sim = spread(pool, ev.sim, ev.in, &pr.w, s.cfg.BlockSize, p.burst.first(ev.rs, pool), ev.mirrored, ev.greedy)
+		s.st.spread.Add(1)
+	}
 	var best1, best2 float64
 	best1i := -1
 	if s.detail { // the two cheapest, before pick may reuse the costs
@@ -290,7 +310,13 @@ func (s *SelectionService) choose(p *partition, pr *prepared, ev *evaluation) (c
 		}
 	}
 	c, pinned := s.pinnedChoice(ev, pool, pr)
-	if !pinned {
+	switch {
+	case pinned:
+	case spreading && pr.w.temperature <= 0:
+		// The peers' picks were priced on the first of tied candidates:
+		// this pick must break ties the same way (see Peers).
+		c = pool[cheapest(pool)]
+	default:
 		c = pool[pick(pool, pr.w.temperature, &p.rng)]
 	}
 	// pick may reuse cost for softmax weights: recompute for the result.
@@ -353,6 +379,9 @@ func (s *SelectionService) book(p *partition, pr *prepared, ev *evaluation, c ca
 			s.booked(r.health, pr.seqs, c.device+c.host+c.disk, pr.id)
 		}
 		s.st.bookings.Add(1)
+		if w := s.routers.window.Load(); w > 0 && s.routers.count.Load() > 0 {
+			p.burst.booked(s.now().UnixNano(), w, ev.rs, c.idx)
+		}
 		if pr.session != "" {
 			p.sessions.put(pr.session, r.key, s.now().UnixNano())
 			switch {

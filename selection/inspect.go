@@ -16,12 +16,14 @@ type WorkerLoad struct {
 	ActiveRequests      int
 	MaxNumBatchedTokens int
 	Busy                bool
-	// PrefillRate is the rank's observed prefill rate in tokens per second,
-	// what the predictive cost divides by (reservation.PrefillClock); 0
-	// until reservation.PrefillRateSamples prefills completed there. It is
-	// this service's own observation: replicas that share their bookings
-	// time the completions they hear themselves, so theirs may differ.
-	PrefillRate float64
+	// PrefillRate is the rank's calibrated prefill rate in tokens per
+	// second and Slowness how its token times compare with the fleet's
+	// (reservation.PrefillClock; Stats.Calibration is the fit they come
+	// from): 0 until the fit is Ready, Slowness until the rank's own
+	// completions separate its speed from the overhead. They are this
+	// service's own observation: replicas that share their bookings time
+	// the completions they hear themselves, so theirs may differ.
+	PrefillRate, Slowness float64
 	// RecentBookings is the rank's recent bookings, decayed over
 	// PredictiveCost.BalanceWindow (reservation.PrefillClock's Arrivals):
 	// what the predictive cost's balance term compares with the mean.
@@ -44,7 +46,7 @@ func (s *SelectionService) Loads(model string) []WorkerLoad {
 	for i, r := range rs.ranks {
 		out[i] = s.workerLoad(r, loads[i].Load)
 		clk := s.ledger.PrefillClock(rs.refs[i], now)
-		out[i].PrefillRate, out[i].RecentBookings = clk.Rate, clk.Arrivals
+		out[i].PrefillRate, out[i].Slowness, out[i].RecentBookings = clk.Rate, clk.Slowness, clk.Arrivals
 	}
 	sortLoads(out)
 	return out
@@ -188,8 +190,15 @@ type Stats struct {
 	// RefusedTooManyRanks (ErrTooManyRanks) and RefusedInvalid
 	// (ErrBadRequest). Every reason is present, zero or not.
 	WorkerRefusals map[string]uint64
+	// Spread counts the decisions that priced the bookings peers were
+	// likely making at the same instant (see Peers).
+	Spread uint64
 	// Ledger is the reservation ledger's own snapshot.
 	Ledger reservation.Stats
+	// Calibration is the ledger's fit of the bookings' times to first
+	// token, what the predictive cost prices a rank's queue and prompt with
+	// once it is Ready (reservation.Calibration).
+	Calibration reservation.Calibration
 }
 
 // Stats returns the counters.
@@ -213,7 +222,7 @@ func (s *SelectionService) Stats() Stats {
 		QueueWaitTotal: s.st.queueWaitNanos.Load(), Waiting: waiting,
 		ChosenOverlapBlocks: s.st.chosenOverlap.Load(), BestOverlapBlocks: s.st.bestOverlap.Load(), RequestBlocks: s.st.requestBlocks.Load(),
 		Expired: uint64(ls.Expired), Dropped: uint64(ls.Removed), Failures: s.st.failures.Load(),
-		RemoteBookings: s.st.remoteBookings.Load(), Ledger: ls,
+		RemoteBookings: s.st.remoteBookings.Load(), Spread: s.st.spread.Load(), Ledger: ls, Calibration: s.ledger.Calibration(),
 		Sessions: sessions, SessionHits: s.st.sessionHits.Load(), SessionMoves: s.st.sessionMoves.Load(),
 		SessionsEvicted: s.st.sessionsEvicted.Load(), SessionsExpired: s.st.sessionsExpired.Load(),
 		Moves: s.st.moves.Load(),

@@ -237,8 +237,10 @@ func (s *SelectionService) pinnedChoice(ev *evaluation, pool []candidate, pr *pr
 	blocks := float64(pr.isl) / float64(s.cfg.BlockSize)
 	cold := pr.w.scale*blocks + blocks // Dynamo's cost on an idle rank
 	if pr.w.predictive {
-		idle := candidate{newBlocks: int(math.Ceil(blocks))}
-		cold = predicted(&idle, ev.in, &pr.w) // at the configured rate
+		idle := candidate{newBlocks: int(math.Ceil(blocks)), tokTime: 1 / pr.w.rate, queueTime: 1 / pr.w.rate}
+		in := ev.in
+		in.calibrated = false
+		cold = predicted(&idle, in, &pr.w) // at the configured rate
 	}
 	pin := pool[i].cost
 	if pr.w.predictive {
