@@ -86,6 +86,10 @@ type WorkloadConfig struct {
 	// system prompt is the burst's hot one, in [0, 1]. 0 means 0.5; a
 	// negative value means none.
 	BurstHot float64
+	// Batch, when above 1, makes arrivals come in same-instant batches of
+	// Batch requests (BatchArrivals): the bursts a gateway meets when
+	// clients send together. 0 or 1: arrivals as generated.
+	Batch int
 	// Seed makes the workload reproducible: equal configurations give equal
 	// traces.
 	Seed uint64
@@ -100,6 +104,9 @@ func (c WorkloadConfig) withDefaults() (WorkloadConfig, error) {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 			bad("%s %v, want a finite value >= 0", name, v)
 		}
+	}
+	if c.Batch < 0 || c.Batch > 1<<16 {
+		bad("Batch %d, want 0 to %d", c.Batch, 1<<16)
 	}
 	if c.Requests < 0 || c.Requests > 1<<22 {
 		bad("Requests %d, want 0 to %d", c.Requests, 1<<22)
@@ -156,8 +163,11 @@ func Generate(w Workload, cfg WorkloadConfig) ([]Request, error) {
 	var reqs []Request
 	switch w {
 	case WorkloadSharedPrefix:
-		return SharedPrefix(SharedPrefixConfig{Groups: max(1, c.Requests/16), PromptsPerGroup: 16, SystemBlocks: 16,
+		reqs, err = SharedPrefix(SharedPrefixConfig{Groups: max(1, c.Requests/16), PromptsPerGroup: 16, SystemBlocks: 16,
 			QuestionBlocks: 2, OutputTokens: c.OutputTokens, BlockSize: c.BlockSize, Rate: c.Rate, Seed: c.Seed})
+		if err != nil {
+			return nil, err
+		}
 	case WorkloadMultiTurn:
 		reqs = g.conversations(c.Requests, c.Rate, convShape{system: 4, firstUser: 2, user: 1, turns: 8, think: 20 * time.Second, out: c.OutputTokens})
 	case WorkloadAgent:
@@ -189,7 +199,21 @@ func Generate(w Workload, cfg WorkloadConfig) ([]Request, error) {
 		return nil, err
 	}
 	slices.SortStableFunc(reqs, func(a, b Request) int { return cmp.Compare(a.Arrival, b.Arrival) })
+	BatchArrivals(reqs, c.Batch)
 	return reqs, nil
+}
+
+// BatchArrivals gives reqs, sorted by arrival, same-instant batches of n:
+// each request takes the arrival of the first of its batch (requests 0..n-1,
+// n..2n-1, ...), so the mean rate is kept and arrivals stay sorted. n <= 1
+// changes nothing.
+func BatchArrivals(reqs []Request, n int) {
+	if n <= 1 {
+		return
+	}
+	for i := range reqs {
+		reqs[i].Arrival = reqs[i-i%n].Arrival
+	}
 }
 
 // gen holds a generator's state: its random stream and the next block id

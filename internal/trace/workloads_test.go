@@ -75,6 +75,30 @@ func TestBurstyArrivals(t *testing.T) {
 	require.InDelta(t, 10, long, 3)
 }
 
+// Batch gives every workload same-instant batches of Batch requests at
+// the mean rate of the unbatched one; a negative Batch is refused.
+func TestBatchArrivals(t *testing.T) {
+	for _, w := range []Workload{WorkloadSharedPrefix, WorkloadMultiTurn} {
+		plain, err := Generate(w, WorkloadConfig{Requests: 400, Rate: 4, Seed: 3})
+		require.NoError(t, err)
+		batched, err := Generate(w, WorkloadConfig{Requests: 400, Rate: 4, Seed: 3, Batch: 10})
+		require.NoError(t, err)
+		require.Equal(t, len(plain), len(batched), w)
+		instants := map[time.Duration]int{}
+		for i, r := range batched {
+			instants[r.Arrival]++
+			require.Equal(t, plain[i-i%10].Arrival, r.Arrival, "%s request %d takes its batch's first arrival", w, i)
+			require.Equal(t, plain[i].Blocks, r.Blocks, "only arrivals change")
+		}
+		for at, n := range instants {
+			require.LessOrEqual(t, n, 10, "%s at %v", w, at)
+		}
+		require.GreaterOrEqual(t, len(instants), len(batched)/10, w)
+	}
+	_, err := Generate(WorkloadMix, WorkloadConfig{Batch: -1})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+}
+
 // About BurstHot of a burst's requests share the burst's own system prompt,
 // which no other burst has; none with BurstHot < 0.
 func TestBurstyHotPrefix(t *testing.T) {
