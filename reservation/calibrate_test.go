@@ -208,3 +208,29 @@ func BenchmarkPrefillComplete(b *testing.B) {
 		}
 	}
 }
+
+// FuzzCalibration: whatever completions it is fed (any queue, request and
+// prompt sizes, any time to first token a clock can give), the fit's
+// figures stay finite and >= 0.
+func FuzzCalibration(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
+	f.Add(make([]byte, 64))
+	f.Add([]byte{255, 255, 255, 255, 255, 255, 255, 255, 0, 0, 0, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := newCalibrator(DefaultPrefillRate)
+		for len(data) >= 8 {
+			q := float64(uint32(data[0])<<16 | uint32(data[1])<<8 | uint32(data[2]))
+			r := float64(data[3])
+			u := float64(uint32(data[4])<<8 | uint32(data[5]))
+			y := float64(uint32(data[6])<<8|uint32(data[7])) * 1e-3 * math.Pow(10, float64(data[0]%7)-3)
+			data = data[8:]
+			c.add(sample{z: [nz]float64{1, q, r, u}, y: y})
+			cal := c.load()
+			for _, v := range []float64{cal.Overhead, cal.QueuedToken, cal.ActiveRequest, cal.OwnToken, cal.Residual} {
+				if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+					t.Fatalf("fit %+v after q=%v r=%v u=%v y=%v", cal, q, r, u, y)
+				}
+			}
+		}
+	})
+}

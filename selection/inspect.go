@@ -104,10 +104,13 @@ func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Sco
 	}
 	rs := sc.rs
 	out := make([]Scored, len(ev.cands))
+	now := s.now()
 	for i := range ev.cands {
 		c := &ev.cands[i]
 		r := rs.ranks[c.idx]
 		wl := s.workerLoad(r, reservation.Load{ActivePrefillTokens: c.activePrefill, ActiveBlocks: c.activeBlocks, ActiveRequests: c.activeRequests})
+		clk := s.ledger.PrefillClock(rs.refs[c.idx], now)
+		wl.PrefillRate, wl.Slowness, wl.RecentBookings = clk.Rate, clk.Slowness, clk.Arrivals
 		eff := effectivePrefill(c, pr, &pr.w, s.cfg.BlockSize)
 		wl.PotentialPrefill = c.activePrefill
 		if pr.w.trackPrefill {
