@@ -18,6 +18,7 @@ import (
 	"github.com/kvselect/kvselect/examples/epp/eppserver"
 	"github.com/kvselect/kvselect/examples/epp/extproc"
 	"github.com/kvselect/kvselect/examples/internal/demofleet"
+	"github.com/kvselect/kvselect/internal/enginemodel"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/kvindex/kvevents"
 	"github.com/kvselect/kvselect/roles"
@@ -37,8 +38,13 @@ type options struct {
 	capacityTokens int                // each fake engine's KV cache, in tokens
 	concurrency    int
 	parityDelay    time.Duration // FeedTrust.ParityDelay of the kvselect runs
-	tokenInterval  time.Duration // the fake engines' wait between two streamed tokens
 	maxTokens      int           // each request's max_tokens; default 8
+	// The fake engines' scheduler model (enginemodel): engineOverhead is
+	// each request's fixed cost before it can be scheduled (0: the fake
+	// engine's default, 1 ms); the last round(slowFraction x engines)
+	// engines run at slowSpeed (0.5: twice as slow).
+	engineOverhead          time.Duration
+	slowFraction, slowSpeed float64
 	// shortEvery > 0 makes every shortEvery-th request a short question with
 	// no system prompt (the disaggregated demo); 0: none.
 	shortEvery int
@@ -68,6 +74,9 @@ func (o *options) defaults() {
 	if o.maxTokens <= 0 {
 		o.maxTokens = 8
 	}
+	if o.slowSpeed <= 0 {
+		o.slowSpeed = 0.5
+	}
 	if o.parityDelay <= 0 {
 		o.parityDelay = 10 * time.Millisecond
 	}
@@ -85,6 +94,33 @@ func (o *options) defaults() {
 	if o.logger == nil {
 		o.logger = slog.New(slog.DiscardHandler)
 	}
+}
+
+// slowEngines is how many of n fake engines are slow.
+func (o options) slowEngines(n int) int { return int(math.Round(o.slowFraction * float64(n))) }
+
+// timing is fake engine i's (of n) scheduler model: the demo's overhead, and
+// the slow speed for the last slowEngines(n).
+func (o options) timing(i, n int) enginemodel.Params {
+	p := enginemodel.Params{RequestOverhead: o.engineOverhead}
+	if i >= n-o.slowEngines(n) {
+		p.Speed = o.slowSpeed
+	}
+	return p
+}
+
+// engineText describes the fake engines' model for the tables' headings.
+func (o options) engineText(n int) string {
+	overhead := o.engineOverhead
+	if overhead == 0 {
+		overhead = fakeengine.DefaultTTFTBase
+	}
+	s := fmt.Sprintf("%v fixed per request, then vLLM-like steps (%v each, %v per uncached prompt token, %v per decoding request)",
+		overhead, enginemodel.DefaultStepBase, fakeengine.DefaultPerTokenPrefill, enginemodel.DefaultDecodeSeq)
+	if k := o.slowEngines(n); k > 0 {
+		s += fmt.Sprintf("; %d of %d engines at speed %g", k, n, o.slowSpeed)
+	}
+	return s
 }
 
 // workload is the shared-prefix workload of run number run (see
@@ -249,12 +285,12 @@ func policyRun(ctx context.Context, base *eppserver.Config, o options, policy st
 		}
 	} else {
 		for i := range o.engines {
-			// SleepTTFT: the engine really waits its simulated TTFT (1 ms plus
-			// 20 us per uncached prompt token), so the client's clock sees cache hits.
+			// SleepTTFT: the engine runs its scheduler model in real time, so
+			// the client's clock sees cache hits, queues and batching.
 			opts := o.dialect.Apply(fakeengine.Options{
 				BlockSize: cfg.BlockSize, CapacityBlocks: o.capacityTokens / cfg.BlockSize, EnableReplay: true, EnableHTTP: true,
 				Model: o.model, Topic: fmt.Sprintf("kv@127.0.0.1@%s", o.model), SleepTTFT: true,
-				TokenInterval: o.tokenInterval,
+				Timing: o.timing(i, o.engines),
 			})
 			if opts.PubMode != fakeengine.PubBind {
 				// Engines that dial in need the EPP's bind listener and topics that
@@ -429,8 +465,12 @@ func printDemo(out io.Writer, results []result, o options) {
 		engines = fmt.Sprintf("%d engines from %s", len(results[0].Endpoints), o.workersFile)
 	}
 	fmt.Fprintf(out, "kvselect demo: %s, %d shared system prompts, %d chat requests per policy, %d in flight,\n"+
-		"routed through the EPP's ext_proc server; hit rates as the engines report them, TTFTs timed by the client.\n\n",
+		"routed through the EPP's ext_proc server; hit rates as the engines report them, TTFTs timed by the client.\n",
 		engines, o.groups, o.requests, o.concurrency)
+	if o.workersFile == "" {
+		fmt.Fprintf(out, "Engines: %s.\n", o.engineText(len(results[0].Endpoints)))
+	}
+	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	const ttft = "TTFT (client, first byte)"
 	fmt.Fprintf(tw, "policy\trequests\tfailed\tprefix-cache hit rate\t%s p50\t%s p90\trequests per worker\n", ttft, ttft)

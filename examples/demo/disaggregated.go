@@ -21,7 +21,6 @@ import (
 
 // Defaults of the disaggregated demo's engines.
 const (
-	pdDemoTokenInterval = 2 * time.Millisecond
 	// pdDemoTransferPerBlock is a decode leg's simulated KV pull per block,
 	// sixteen times faster than computing the block (PerTokenPrefill, 20 us
 	// per token).
@@ -157,9 +156,6 @@ func runDisaggregatedDemo(ctx context.Context, cfg *eppserver.Config, o options,
 		// engine: the prefill engines hold the prompts.
 		o.groups = 3 * prefill
 	}
-	if o.tokenInterval <= 0 {
-		o.tokenInterval = pdDemoTokenInterval
-	}
 	if o.shortEvery <= 0 {
 		o.shortEvery = pdDemoShortEvery
 	}
@@ -212,7 +208,7 @@ func (o options) fleetOptions(cfg *eppserver.Config, prefill, decode int) demofl
 	return demofleet.PDFleetOptions{
 		Prefill: prefill, Decode: decode, Model: o.model, BlockSize: cfg.BlockSize, RoleLabel: cfg.RoleLabel,
 		PrefillBlocks: o.capacityTokens / cfg.BlockSize, DecodeBlocks: pdDecodeBlocks, Dialect: o.dialect,
-		SleepTTFT: true, TokenInterval: o.tokenInterval, TransferPerBlock: pdDemoTransferPerBlock,
+		SleepTTFT: true, TransferPerBlock: pdDemoTransferPerBlock, Timing: o.timing,
 		Fallback: sidecar.FallbackLocal, Logger: o.logger,
 	}
 }
@@ -246,10 +242,10 @@ func printPDDemo(out io.Writer, agg result, pd, cond pdResult, rrHitRate float64
 		"%d shared system prompts and, one request in %d, a short question without one; %d chat requests per run,\n"+
 		"%d in flight, routed through the EPP's ext_proc server. The conditional run sets DYN_EPP_LOCAL_PREFILL_BELOW=%d:\n"+
 		"a request whose uncached prompt on its decode worker is at most that many tokens skips the prefill leg.\n"+
-		"Each engine caches %d tokens (a few system prompts; decode engines never evict), waits its simulated TTFT\n"+
-		"and %v between tokens; latencies are timed by the client.\n\n",
+		"Each engine caches %d tokens (a few system prompts; decode engines never evict); engines: %s;\n"+
+		"latencies are timed by the client.\n\n",
 		prefill, o.dialect, decode, prefill+decode, o.groups, o.shortEvery, o.requests, o.concurrency, cond.localBelow,
-		o.capacityTokens, o.tokenInterval)
+		o.capacityTokens, o.engineText(prefill+decode))
 	pct := demofleet.Percentile
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "serving\trequests\tfailed\tTTFT p50\tTTFT p90\tTTFT p99\tITL p50\tITL p90\tITL p99\tprefill-cache hit rate\tskipped prefill\tfallbacks")

@@ -1,6 +1,8 @@
 // Command demo shows kvselect at work on one machine, with nothing but Go:
 // fake vLLM-like engines (internal/fakeengine: real ZMQ KV events, an
-// OpenAI-compatible HTTP API, a prefix cache and a time model), the reference
+// OpenAI-compatible HTTP API, a prefix cache, and vLLM's scheduler run in real
+// time by internal/enginemodel, so requests on one engine queue, batch and
+// slow each other), the reference
 // EPP (examples/epp/eppserver) built in process, and an Envoy-like driver
 // that sends a shared-prefix chat workload through the EPP's ext_proc server
 // and forwards each request where the EPP says. It prints, per policy
@@ -13,6 +15,8 @@
 //	go run ./examples/demo --demo-engine-dialect sglang      # engines speaking another KV-event dialect
 //	go run ./examples/demo --demo-workers-file workers.yaml  # engines you run instead of fake ones
 //	go run ./examples/demo --topology disaggregated          # prefill engines, decode engines behind sidecars, conditional, vs aggregated
+//	go run ./examples/demo --demo-slow-fraction 0.5          # half the engines twice as slow (--demo-slow-speed)
+//	go run ./examples/demo --demo-engine-overhead 50ms       # a fixed cost per request on every engine
 //
 // Its own flags are the --demo-* ones; every other flag, and its environment
 // variable, is the EPP's (the README's table; `go run ./examples/demo --help`

@@ -48,6 +48,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	requests := fs.Int("demo-requests", 480, "requests per policy")
 	workers := fs.String("demo-workers-file", "", "drive engines you already run (static workers file) instead of fake ones")
 	dialectName := fs.String("demo-engine-dialect", fakeengine.DialectVLLMMap.String(), "the KV-event dialect the fake engines speak, one of:"+dialectHelp())
+	overhead := fs.Duration("demo-engine-overhead", 0, "each fake engine's fixed cost per request before it can be scheduled (HTTP, tokenization); 0: the fake engine's 1ms")
+	slowFraction := fs.Float64("demo-slow-fraction", 0, "share of the fake engines that are slow (the last ones, rounded), e.g. 0.5 for half")
+	slowSpeed := fs.Float64("demo-slow-speed", 0.5, "with --demo-slow-fraction: the slow engines' speed (0.5: twice as slow)")
 	cfg, err := eppserver.LoadConfig(fs, args, getenv)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -61,7 +64,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "--demo-engine-dialect: unknown dialect %q; want one of %s\n", *dialectName, dialectNames())
 		return 2
 	}
-	o := options{engines: *engines, requests: *requests, workersFile: *workers, dialect: dialect}
+	if *overhead < 0 || !(*slowFraction >= 0 && *slowFraction <= 1) || !(*slowSpeed > 0 && *slowSpeed <= 1e6) {
+		fmt.Fprintf(stderr, "--demo-engine-overhead %v, --demo-slow-fraction %v, --demo-slow-speed %v: want an overhead >= 0, a fraction in [0, 1] and a speed > 0\n",
+			*overhead, *slowFraction, *slowSpeed)
+		return 2
+	}
+	o := options{engines: *engines, requests: *requests, workersFile: *workers, dialect: dialect,
+		engineOverhead: *overhead, slowFraction: *slowFraction, slowSpeed: *slowSpeed}
 	if err := runDemo(ctx, cfg, o, stdout); err != nil {
 		fmt.Fprintln(stderr, "demo:", err)
 		return 1

@@ -21,10 +21,16 @@
 //
 //	go run ./examples/replay --rate 12 --policies kvselect,kvselect-approx --replicas 1,3 --no-sync
 //
+// Each worker runs the engine model of internal/enginemodel (vLLM's scheduler:
+// steps with a token budget, chunked prefill, shared decode steps):
+// --max-batched-tokens, --step-base and --request-overhead shape it, and
+// --slow-fraction 0.5 --slow-speed 0.5 makes half the workers twice as slow.
+//
 // See internal/replay for the simulation model.
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/csv"
 	"errors"
@@ -42,6 +48,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvselect/kvselect/internal/enginemodel"
 	"github.com/kvselect/kvselect/internal/replay"
 	"github.com/kvselect/kvselect/internal/trace"
 	"github.com/kvselect/kvselect/selection"
@@ -86,6 +93,12 @@ type config struct {
 	noSync     bool
 	growth     bool
 	decodeKV   bool
+	// the engine model's step budget, fixed costs and slow workers
+	batched   int
+	stepBase  time.Duration
+	overhead  time.Duration
+	slowFrac  float64
+	slowSpeed float64
 
 	synth trace.SharedPrefixConfig
 	// workload is the generator when not the shared-prefix one (its flags:
@@ -116,8 +129,13 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&policies, "policies", "all", "comma-separated policies, or all: "+policyNames())
 	fs.Float64Var(&c.speedup, "speedup", 1, "divide arrival times by this factor")
 	fs.Float64Var(&c.prefill, "prefill-rate", replay.DefaultPrefillTokensPerSecond, "prefill speed per worker, uncached tokens per second")
-	fs.DurationVar(&c.tpot, "tpot", replay.DefaultDecodeTokenTime, "decode time per output token (0s for none)")
-	fs.IntVar(&c.maxRunning, "max-running", replay.DefaultMaxRunning, "requests a worker runs at once; more wait at the worker")
+	fs.DurationVar(&c.tpot, "tpot", replay.DefaultDecodeTokenTime, "decode time per output token of a request decoding alone: the engine step's fixed cost plus one decoding request's (0s for none)")
+	fs.DurationVar(&c.stepBase, "step-base", 0, "the part of --tpot every engine step costs whatever it holds; each decoding request adds the rest (0 = all of --tpot)")
+	fs.IntVar(&c.maxRunning, "max-running", replay.DefaultMaxRunning, "requests a worker runs at once (vLLM's max_num_seqs); more wait at the worker")
+	fs.IntVar(&c.batched, "max-batched-tokens", enginemodel.DefaultMaxBatchedTokens, "tokens an engine step computes at most (vLLM's max_num_batched_tokens): longer prompts are prefilled over several steps")
+	fs.DurationVar(&c.overhead, "request-overhead", 0, "fixed time from a request's arrival at its worker to the moment the engine can schedule it (HTTP, tokenization)")
+	fs.Float64Var(&c.slowFrac, "slow-fraction", 0, "share of the workers that are slow (the last ones), rounded to a whole number")
+	fs.Float64Var(&c.slowSpeed, "slow-speed", 0.5, "with --slow-fraction: the slow workers' speed (0.5 = twice as slow)")
 	fs.Int64Var(&seed, "seed", 1, "seed of every random choice")
 	fs.StringVar(&c.csvPath, "csv", "", "also write the results as CSV to this file")
 	fs.BoolVar(&c.explain, "explain", false, "break down which kvselect cost terms pulled requests away from their cached prefix")
@@ -194,6 +212,21 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.maxRunning <= 0 {
 		bad("--max-running %d: want > 0", c.maxRunning)
+	}
+	if c.batched < c.maxRunning {
+		bad("--max-batched-tokens %d: want >= --max-running %d", c.batched, c.maxRunning)
+	}
+	if c.stepBase < 0 || c.stepBase > c.tpot {
+		bad("--step-base %v: want between 0 and --tpot %v", c.stepBase, c.tpot)
+	}
+	if c.overhead < 0 {
+		bad("--request-overhead %v: want >= 0", c.overhead)
+	}
+	if !(c.slowFrac >= 0 && c.slowFrac <= 1) {
+		bad("--slow-fraction %v: want a value in [0, 1]", c.slowFrac)
+	}
+	if !(c.slowSpeed > 0) || math.IsInf(c.slowSpeed, 0) {
+		bad("--slow-speed %v: want a value > 0", c.slowSpeed)
 	}
 	if c.parallel <= 0 {
 		bad("--parallel %d: want > 0", c.parallel)
@@ -399,6 +432,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		float64(sum.InputTokens)/float64(max(1, sum.Requests)), float64(sum.OutputTokens)/float64(max(1, sum.Requests)), sum.ReachableHitRate)
 	fmt.Fprintf(stdout, "model: %d workers x %d blocks, prefill %.0f tok/s per worker, tpot %v, max running %d, speedup %g, seed %d\n",
 		c.workers, c.capacity, c.prefill, c.tpot, c.maxRunning, c.speedup, c.seed)
+	fmt.Fprintf(stdout, "engines: steps of at most %d tokens costing %v each, request overhead %v%s\n",
+		c.batched, cmp.Or(c.stepBase, c.tpot), c.overhead, c.slowText())
 	if c.replicated() {
 		fmt.Fprintf(stdout, "replicas: kvselect with R router replicas, arrivals round-robin over them, every engine's events to each, bookings to the others after %v of simulated time\n",
 			c.syncDelay)
@@ -513,6 +548,7 @@ func (c config) runAll(ctx context.Context, reqs []trace.Request, jobs []*job) {
 				j.res, j.err = replay.Run(ctx, reqs, j.policy, replay.Options{
 					Workers: c.workers, CapacityBlocks: c.capacity, BlockSize: c.blockSize,
 					Speedup: c.speedup, PrefillTokensPerSecond: c.prefill, DecodeTokenTime: tpotOption(c.tpot),
+					StepBase: c.stepBase, MaxBatchedTokens: c.batched, RequestOverhead: c.overhead, Speeds: c.speeds(),
 					MaxRunning: c.maxRunning, Seed: c.seed, Selection: &cfg, Explain: c.explain,
 					Replicas: j.replicas, SyncDelay: syncOption(c.syncDelay), NoSync: j.noSync, OutputGrowth: j.growth, DecodeHoldsKV: c.decodeKV,
 				})
@@ -524,6 +560,34 @@ func (c config) runAll(ctx context.Context, reqs []trace.Request, jobs []*job) {
 	}
 	close(ch)
 	wg.Wait()
+}
+
+// slowWorkers is how many workers --slow-fraction makes slow.
+func (c config) slowWorkers() int { return int(math.Round(c.slowFrac * float64(c.workers))) }
+
+// speeds are the workers' speeds: the last slowWorkers at --slow-speed, nil
+// when none is slow.
+func (c config) speeds() []float64 {
+	n := c.slowWorkers()
+	if n == 0 {
+		return nil
+	}
+	out := make([]float64, c.workers)
+	for i := range out {
+		out[i] = 1
+		if i >= c.workers-n {
+			out[i] = c.slowSpeed
+		}
+	}
+	return out
+}
+
+// slowText describes the slow workers for the header, "" when none is.
+func (c config) slowText() string {
+	if n := c.slowWorkers(); n > 0 {
+		return fmt.Sprintf(", %d of %d workers at speed %g", n, c.workers, c.slowSpeed)
+	}
+	return ""
 }
 
 // tpotOption maps the flag (0 = no decode time) onto Options (0 = default).

@@ -111,3 +111,25 @@ func TestFlagValidation(t *testing.T) {
 		require.ErrorContains(t, err, tc.want, "%v", tc.args)
 	}
 }
+
+// The engine-model flags reach the replay and its header; bad values are
+// refused.
+func TestEngineFlags(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"--workers", "4", "--capacity", "200", "--groups", "4", "--prompts-per-group", "4",
+		"--policies", "round-robin", "--max-batched-tokens", "1024", "--step-base", "5ms", "--request-overhead", "10ms",
+		"--slow-fraction", "0.5", "--slow-speed", "0.25"}, &out, &errOut)
+	require.NoError(t, err, errOut.String())
+	require.Contains(t, out.String(), "engines: steps of at most 1024 tokens costing 5ms each, request overhead 10ms, 2 of 4 workers at speed 0.25")
+
+	c := config{workers: 4, slowFrac: 0.5, slowSpeed: 0.25}
+	require.Equal(t, []float64{1, 1, 0.25, 0.25}, c.speeds())
+	c.slowFrac = 0
+	require.Nil(t, c.speeds())
+
+	err = run(context.Background(), []string{"--max-batched-tokens", "8", "--step-base", "1s", "--request-overhead", "-1s",
+		"--slow-fraction", "2", "--slow-speed", "0"}, &out, &errOut)
+	for _, want := range []string{"--max-batched-tokens 8", "--step-base 1s", "--request-overhead -1s", "--slow-fraction 2", "--slow-speed 0"} {
+		require.ErrorContains(t, err, want)
+	}
+}

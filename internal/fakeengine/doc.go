@@ -47,9 +47,11 @@
 // methods number a batch and hand it to the PUB socket while holding it, so
 // sequence order equals publish order. Start and Close are serialised with each
 // other. The only goroutines the engine starts are the replay server (when
-// EnableReplay is set) and the HTTP server with its connections (when
-// EnableHTTP is set); Close stops them and waits for them, and for every HTTP
-// handler in flight. The HTTP counters have their own mutex, and so has the P/D
+// EnableReplay is set), the HTTP server with its connections (when
+// EnableHTTP is set) and the scheduler model's stepper (when SleepTTFT is
+// set; it has its own mutex, and wakes at the model's next step or when a
+// request joins or leaves); Close stops them and waits for them, and for
+// every HTTP handler in flight. The HTTP counters have their own mutex, and so has the P/D
 // bookkeeping (held transfers, bootstrap rooms). BootstrapHandler runs on a
 // server the caller owns. go-zeromq v0.17.0 itself
 // leaves one goroutine per PUB socket after Close (see LeakyZMQFunction), which
@@ -89,10 +91,23 @@
 //     cached_tokens (the leading complete cached blocks times the block size)
 //     and the simulated TTFT (usage.simulated_ttft_ms and the x-fake-ttft-ms
 //     header, next to x-fake-prompt-tokens and x-fake-cached-tokens):
-//     TTFTBase + PerTokenPrefill * uncached prompt tokens. The TTFT is
-//     only reported unless SleepTTFT is set. The output is max_tokens (default
-//     OutputTokens) words of dummy text, finish_reason "length"; streamed tokens
-//     are TokenInterval apart.
+//     TTFTBase + PerTokenPrefill * uncached prompt tokens, only reported. The
+//     output is max_tokens (default OutputTokens) words of dummy text,
+//     finish_reason "length"; streamed tokens are TokenInterval apart.
+//   - With SleepTTFT the engine really takes its time: it runs the scheduler
+//     model of package enginemodel (Options.Timing: vLLM V1's steps, with a
+//     token budget, chunked prefill, decodes and prefills sharing steps, a
+//     fixed per-request overhead, a Speed for slower engines) in real time
+//     between Start and Close. A request joins it at arrival with its
+//     uncached prompt tokens (after a decode leg's simulated transfer) and
+//     max_tokens outputs; its first byte waits for its first token, its
+//     streamed tokens follow the model's steps, a whole answer waits for the
+//     last one, and a client that goes away leaves the model. Requests sent
+//     together therefore queue and slow each other, as on a real engine. The
+//     model's TTFT replaces the formula in usage.simulated_ttft_ms and in a
+//     whole answer's header (a stream's header, sent first, keeps the
+//     formula; HTTPStats.TTFTTotal and the metrics sum the formula). A
+//     handler served without Start waits the formula's TTFT instead.
 //   - POST /v1/chat/completions/render (one vLLM GenerateRequest) and
 //     /v1/completions/render (a list, one per prompt), POST /tokenize ({count,
 //     max_model_len, tokens, token_strs}), in vLLM's shapes; they never touch the

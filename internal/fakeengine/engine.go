@@ -148,6 +148,8 @@ type Engine struct {
 	httpEP      string
 
 	web httpState // the HTTP API's handler and counters; see http.go
+
+	runner *modelRunner // SleepTTFT: the scheduler model's real-time stepper (timing.go); nil otherwise
 }
 
 // New validates opts, applies defaults and returns an engine that has not started:
@@ -168,6 +170,11 @@ func New(opts Options) (*Engine, error) {
 		seq:    o.FirstSeq,
 	}
 	e.web.handler = e.newHandler()
+	if o.SleepTTFT {
+		if e.runner, err = newModelRunner(o.Timing); err != nil {
+			return nil, fmt.Errorf("%w: Timing: %w", ErrInvalidOptions, err)
+		}
+	}
 	return e, nil
 }
 
@@ -261,6 +268,14 @@ func (e *Engine) Start(ctx context.Context) error {
 			e.serveReplay(sockCtx, router)
 		}()
 	}
+	if e.runner != nil {
+		e.runner.start()
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.runner.run()
+		}()
+	}
 	return nil
 }
 
@@ -295,8 +310,8 @@ func boundEndpoint(configured string, s zmq4.Socket) string {
 }
 
 // Close stops the engine: it stops the HTTP server (in-flight requests are
-// answered 503 or cut short), closes the sockets and waits for the replay and HTTP
-// goroutines.
+// answered 503 or cut short), closes the sockets, stops the scheduler model
+// (SleepTTFT) and waits for the replay, HTTP and model goroutines.
 // It is idempotent; calls after the first return nil. After Close, Serve and the
 // Publish methods return ErrClosed; the cache and truth methods keep working.
 func (e *Engine) Close() error {
@@ -332,6 +347,9 @@ func (e *Engine) Close() error {
 		errs = append(errs, fmt.Errorf("close PUB: %w", err))
 	}
 	cancel()
+	if e.runner != nil {
+		e.runner.halt()
+	}
 	e.wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w: %w", ErrSocket, err)

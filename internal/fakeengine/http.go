@@ -299,8 +299,9 @@ func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 }
 
 // generate serves a validated request: every prompt goes through Serve, then the
-// answer is written after the simulated TTFT. A P/D decode leg takes its KV from
-// the prefill engine first; a prefill leg hands its KV over after its TTFT.
+// answer is written as its pacer says (the simulated TTFT, or the engine
+// model's events). A P/D decode leg takes its KV from the prefill engine first;
+// a prefill leg hands its KV over after its first token.
 func (e *Engine) generate(w http.ResponseWriter, r *http.Request, p prepared) {
 	l, aerr := e.parseLeg(&p)
 	if aerr != nil {
@@ -349,6 +350,10 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, p prepared) {
 		return
 	}
 
+	// The model (a SleepTTFT engine) computes the prompt tokens neither cached
+	// nor transferred, after the transfer; it leaves when the answer ends.
+	pc := e.pacer(computed, p.maxTokens, time.Duration(leg.pulledBlocks)*e.opts.TransferPerBlock, ttft)
+	defer pc.release()
 	a := answer{
 		prepared: p,
 		id:       id,
@@ -360,32 +365,48 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, p prepared) {
 			TotalTokens:      promptTokens + p.maxTokens*len(p.prompts),
 			SimulatedTTFTMs:  durationMs(ttft),
 		},
-		interval: e.opts.TokenInterval,
+		pace: pc,
 	}
 	a.usage.PromptTokensDetails.CachedTokens = cachedTokens
 	h := w.Header()
 	h.Set(HeaderTTFT, strconv.FormatFloat(durationMs(ttft), 'f', 3, 64))
 	h.Set(HeaderPromptTokens, strconv.Itoa(promptTokens))
 	h.Set(HeaderCachedTokens, strconv.Itoa(cachedTokens))
+	// measured puts the model's TTFT, once known, in the usage block and the
+	// header (when it has not been sent).
+	measured := func() {
+		if d, ok := pc.ttft(); ok {
+			a.usage.SimulatedTTFTMs = durationMs(d)
+			h.Set(HeaderTTFT, strconv.FormatFloat(durationMs(d), 'f', 3, 64))
+		}
+	}
 
 	if l.prefill() {
-		// The prompt is computed (its TTFT), its KV handed over, then answered.
-		if !e.waitTTFT(r.Context(), ttft) {
+		// The prompt is computed (its first token), its KV handed over, then
+		// answered; the request leaves the engine at its first token.
+		if !pc.first(r.Context()) {
 			e.fail(w, errCanceled())
 			return
 		}
+		measured()
+		pc.release()
 		if a.leg, aerr = e.handOver(r, l, p.prompts[0], id); aerr != nil {
 			e.fail(w, aerr)
 			return
 		}
 		e.web.update(func(s *HTTPStats) { s.PrefillLegs++ })
-		ttft = 0
+		after := sleepPacer{e: e, interval: e.opts.TokenInterval}
+		if _, model := pc.(modelPacer); model {
+			after.interval = 0
+		}
+		a.pace = after
 	}
 	if !p.stream {
-		if !e.waitTTFT(r.Context(), ttft) {
+		if !a.pace.first(r.Context()) || !a.pace.all(r.Context()) {
 			e.fail(w, errCanceled())
 			return
 		}
+		measured()
 		writeJSON(w, http.StatusOK, a.whole())
 		return
 	}
@@ -394,7 +415,12 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, p prepared) {
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
-	if !e.waitTTFT(r.Context(), ttft) || !a.stream(r.Context(), w, rc) {
+	if !a.pace.first(r.Context()) {
+		e.web.update(func(s *HTTPStats) { s.Aborted++ })
+		return
+	}
+	measured() // the usage chunk's; the header went out with the estimate
+	if !a.stream(r.Context(), w, rc) {
 		e.web.update(func(s *HTTPStats) { s.Aborted++ })
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"time"
 )
 
 // apiError is an error answer: its status and a message for the client.
@@ -482,12 +481,12 @@ type usageJSON struct {
 // answer builds the completion answers of a served request.
 type answer struct {
 	prepared
-	id       string
-	created  int64
-	model    string
-	usage    usageJSON
-	interval time.Duration // wait between streamed tokens (Options.TokenInterval)
-	leg      legResult     // the P/D fields of a whole answer
+	id      string
+	created int64
+	model   string
+	usage   usageJSON
+	pace    pacer     // when the first and each later token may be written
+	leg     legResult // the P/D fields of a whole answer
 }
 
 type chatMessageJSON struct {
@@ -573,7 +572,7 @@ func (a *answer) objectName(chunk bool) string {
 // then one chunk per generated token (the last one carries finish_reason), per
 // prompt; then, with stream_options.include_usage, a chunk with no choices and
 // the usage; then "data: [DONE]". Each event is flushed, and token chunks are
-// a.interval apart. It stops early, returning false, when ctx ends or a write
+// paced by a.pace. It stops early, returning false, when ctx ends or a write
 // fails.
 func (a *answer) stream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController) bool {
 	obj := a.objectName(true)
@@ -600,7 +599,7 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, rc *http.Res
 			}
 		}
 		for t := range a.maxTokens {
-			if t > 0 && !wait(ctx, a.interval) {
+			if t > 0 && !a.pace.token(ctx, t+1) {
 				return false
 			}
 			piece := outputPiece(t)

@@ -6,6 +6,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/kvselect/kvselect/internal/enginemodel"
 )
 
 // Errors returned by the engine. They are wrapped with context; test with errors.Is.
@@ -358,18 +360,37 @@ type Options struct {
 	// OutputTokens is the number of tokens generated for a request without
 	// max_tokens (or max_completion_tokens). Default 16; must be >= 1.
 	OutputTokens int
-	// TTFTBase and PerTokenPrefill model the time to first token of a request:
-	// TTFTBase + PerTokenPrefill * (prompt tokens not served from the prefix
-	// cache). Defaults 1ms and 20us; must be >= 0 (0 means the default).
+	// TTFTBase and PerTokenPrefill give the reported time to first token of
+	// a request: TTFTBase + PerTokenPrefill * (prompt tokens not served from
+	// the prefix cache), the TTFT of a request alone on an engine without the
+	// step's fixed cost. They are also the defaults of Timing's
+	// RequestOverhead and PrefillToken. Defaults 1ms and 20us; must be >= 0
+	// (0 means the default).
 	TTFTBase        time.Duration
 	PerTokenPrefill time.Duration
-	// SleepTTFT makes each completion request actually wait its simulated TTFT
-	// before the first output token. By default the TTFT is only reported (in
-	// the x-fake-ttft-ms header and the usage block), so tests and demos run at
-	// full speed.
+	// SleepTTFT makes the engine run its scheduler model (Timing, package
+	// enginemodel: vLLM's steps with a token budget, chunked prefill, decodes
+	// and prefills sharing steps) in real time between Start and Close: each
+	// completion request joins it at arrival with its uncached prompt tokens
+	// and max_tokens outputs, its first byte waits for its first token and
+	// its streamed tokens follow the model's steps; a client that goes away
+	// leaves it. Such an answer's usage.simulated_ttft_ms (and the
+	// x-fake-ttft-ms header of a whole answer) is the model's TTFT; a
+	// streamed answer's header, sent before the first token, keeps the
+	// formula. A handler served without Start waits the formula's TTFT
+	// instead. By default nothing waits: the TTFT is only reported, so tests
+	// run at full speed.
 	SleepTTFT bool
-	// TokenInterval is a real wait between two streamed tokens (it ends early
-	// when the client goes away). Default 0: no wait; must be >= 0.
+	// Timing is the scheduler model a SleepTTFT engine runs. Zero fields take
+	// enginemodel's defaults (steps of at most 8192 tokens, 1024 seats, 2 ms a
+	// step, 50 us a decoding request), except RequestOverhead (TTFTBase) and
+	// PrefillToken (PerTokenPrefill); Speed 0.5 makes an engine twice as
+	// slow. Cached must be nil: the engine's cache is read at arrival.
+	Timing enginemodel.Params
+	// TokenInterval is a real wait between two streamed tokens of an engine
+	// that does not run the model (SleepTTFT engines stream at their model's
+	// steps); it ends early when the client goes away. Default 0: no wait;
+	// must be >= 0.
 	TokenInterval time.Duration
 
 	// PDRole is the engine's part in disaggregated prefill/decode serving (see
@@ -493,6 +514,26 @@ func (o Options) withDefaults() (Options, error) {
 	return o, nil
 }
 
+// timingDefaults fills Timing (after TTFTBase and PerTokenPrefill) and
+// appends its problems.
+func (o *Options) timingDefaults(problems []string) []string {
+	if o.Timing.Cached != nil {
+		return append(problems, "Timing.Cached must be nil (the engine reads its cache at arrival)")
+	}
+	if o.Timing.RequestOverhead == 0 {
+		o.Timing.RequestOverhead = o.TTFTBase
+	}
+	if o.Timing.PrefillToken == 0 {
+		o.Timing.PrefillToken = o.PerTokenPrefill
+	}
+	m, err := enginemodel.New(o.Timing)
+	if err != nil {
+		return append(problems, "Timing: "+strings.TrimPrefix(err.Error(), enginemodel.ErrInvalidParams.Error()+": "))
+	}
+	o.Timing = m.Params()
+	return problems
+}
+
 // format returns the wire format the options describe.
 func (o Options) format() Format {
 	return Format{
@@ -546,5 +587,6 @@ func (o *Options) httpDefaults(problems []string) []string {
 	if o.TokenInterval < 0 {
 		problems = append(problems, fmt.Sprintf("TokenInterval %v < 0", o.TokenInterval))
 	}
+	problems = o.timingDefaults(problems)
 	return o.pdDefaults(problems)
 }

@@ -37,26 +37,37 @@
 //
 // A discrete-event simulation in simulated time. Arrivals come from the trace
 // (divided by Speedup). The router decides at arrival (for kvselect,
-// SelectAndReserve with the service's clock set to simulated time). At the
-// chosen worker a request waits FIFO for one of MaxRunning slots; admitted
-// requests prefill one at a time per worker, each taking max(1, uncached
-// tokens) / PrefillTokensPerSecond, where the cached prefix is read from the
-// worker's cache when its prefill starts; the first token (TTFT, queueing
-// included) comes when the prefill ends, which is also when the blocks are
-// stored and the router hears PrefillComplete; decoding then takes
-// (OutputTokens-1) x DecodeTokenTime, with no interference between requests,
-// after which the slot frees and the router hears Reservations.Free. Events at
-// equal times run in the order they were scheduled, so replays are
-// deterministic for a seed.
+// SelectAndReserve with the service's clock set to simulated time). Each
+// worker runs the engine model of internal/enginemodel, the one the fake
+// engines run in real time (vLLM V1's scheduler): a request is schedulable
+// RequestOverhead after it arrives; steps have a budget of MaxBatchedTokens
+// tokens and at most MaxRunning requests hold a seat; each step serves the
+// running requests first (one token per decoding request, the next chunk of a
+// prompt being computed), then admits waiting ones in arrival order, so that
+// several prompts prefill in one step and a long one spans several. The
+// cached prefix is read from the worker's cache when a request is first
+// scheduled. A step lasts StepBase + 1/PrefillTokensPerSecond per prompt
+// token + (DecodeTokenTime - StepBase) per decoding request, divided by the
+// worker's speed (Speeds); by default StepBase is all of DecodeTokenTime, so
+// a batch of decodes costs one request's token time and a step that prefills
+// costs that much on top of its tokens. A request's first token (TTFT,
+// queueing included) comes at the end of the step that completes its
+// prompt, which is also when its blocks are stored and the router hears
+// PrefillComplete; it then gets one token per step until OutputTokens, when
+// its seat frees and the router hears Reservations.Free. Decode and prefill
+// share steps, so each slows the other. Events at equal times run in the
+// order they were scheduled, and an engine that ends a step acts on its
+// events before it begins the next, so replays are deterministic for a seed.
 //
 // With Options.DecodeHoldsKV, a running request's output takes cache space
 // as it is generated, one block per BlockSize tokens, until it finishes (the
 // prefix cache is what running requests leave free, as in vLLM): the
 // evictions it forces reach the router as BlockRemoved events. With
 // Options.OutputGrowth the kvselect policies hear each such block as
-// Reservations.AddOutputBlocks, so the booking grows. Decode does not
-// slow prefill in this model, so growth can only move requests; on the
-// command's synthetic workload with 4,096 output tokens (8 workers, 500
+// Reservations.AddOutputBlocks, so the booking grows. The figures that follow
+// were measured with the previous time model, in which decode did not slow
+// prefill and growth could only move requests; on the command's synthetic
+// workload with 4,096 output tokens (8 workers, 500
 // blocks each, decode holding KV, 2 req/s; medians of seeds 1-5) it lowered
 // the hit rate from 0.825 to 0.748 and raised TTFT p90 from 0.13 s to 0.92 s
 // under Dynamo's cost, whose decode term then outweighs a cached prefix, and
@@ -92,8 +103,9 @@
 // bookings. With R = 1 nothing changes: no observer, no extra event.
 //
 // On the command's synthetic workload at 12 req/s (8 workers, seed 1, the
-// default cost), R = 3 with sync reaches the hit rate of one router (0.830
-// against 0.829) and its TTFT p99 (1.44 s against 1.43 s). Without sync,
+// default cost; figures of the time model before internal/enginemodel),
+// R = 3 with sync reaches the hit rate of one router (0.830 against 0.829)
+// and its TTFT p99 (1.44 s against 1.43 s). Without sync,
 // kvselect still knows every prefix (the events reach every replica) but
 // each replica sees a third of the load, so requests pile up: TTFT p90 0.99 s
 // against 0.59 s, p99 2.6 s against 1.4 s. kvselect-approx, whose index is

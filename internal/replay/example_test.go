@@ -20,6 +20,6 @@ func ExampleRun() {
 		fmt.Printf("%s: hit rate %.2f of reachable %.2f\n", p, res.HitRate, res.ReachableHitRate)
 	}
 	// Output:
-	// kvselect: hit rate 0.78 of reachable 0.78
-	// round-robin: hit rate 0.38 of reachable 0.78
+	// kvselect: hit rate 0.77 of reachable 0.78
+	// round-robin: hit rate 0.36 of reachable 0.78
 }

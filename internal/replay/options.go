@@ -1,12 +1,14 @@
 package replay
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
 	"strings"
 	"time"
 
+	"github.com/kvselect/kvselect/internal/enginemodel"
 	"github.com/kvselect/kvselect/internal/trace"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -91,17 +93,40 @@ type Options struct {
 	// Speedup divides the trace's arrival times. 0 means 1; otherwise finite
 	// and > 0.
 	Speedup float64
-	// PrefillTokensPerSecond is each worker's prefill speed: prefills run one
-	// at a time per worker and take uncached tokens / this. 0 means
-	// DefaultPrefillTokensPerSecond; otherwise finite and > 0.
+	// PrefillTokensPerSecond is each worker's prefill speed at Speed 1: a
+	// prompt token costs 1/this of its step (enginemodel.Params.PrefillToken).
+	// 0 means DefaultPrefillTokensPerSecond; otherwise finite and > 0.
 	PrefillTokensPerSecond float64
-	// DecodeTokenTime is the time per output token after the first. 0 means
-	// DefaultDecodeTokenTime; negative means no decode time at all.
+	// DecodeTokenTime is the time per output token after the first of a
+	// request that decodes alone: a step's fixed cost (StepBase) plus one
+	// decoding request's (enginemodel.Params.DecodeSeq, the rest). 0 means
+	// DefaultDecodeTokenTime; negative means no decode time at all (and no
+	// step cost).
 	DecodeTokenTime time.Duration
-	// MaxRunning is how many requests a worker admits at once (prefilling,
-	// waiting to prefill or decoding); more wait FIFO at the worker. 0 means
+	// StepBase is the part of DecodeTokenTime every engine step costs,
+	// whatever it holds (enginemodel.Params.StepBase); each request that
+	// decodes in a step adds DecodeTokenTime - StepBase. 0 means all of
+	// DecodeTokenTime: a batch of decodes takes as long as one, and a step
+	// that prefills costs that much more than its tokens. Must be <=
+	// DecodeTokenTime.
+	StepBase time.Duration
+	// MaxRunning is how many requests hold a seat on a worker at once
+	// (vLLM's max_num_seqs); more wait FIFO at the worker. 0 means
 	// DefaultMaxRunning; negative is invalid.
 	MaxRunning int
+	// MaxBatchedTokens is each engine step's token budget (vLLM's
+	// max_num_batched_tokens): prompts longer than what is left of it are
+	// computed over several steps. 0 means
+	// enginemodel.DefaultMaxBatchedTokens; must be >= MaxRunning.
+	MaxBatchedTokens int
+	// RequestOverhead is the fixed time from a request's arrival at its
+	// worker to the moment the worker can schedule it (HTTP, tokenization).
+	// Default 0; must be >= 0.
+	RequestOverhead time.Duration
+	// Speeds make the workers heterogeneous: worker i's steps take
+	// 1/Speeds[i mod len(Speeds)] of their nominal time (0.5: twice as slow).
+	// Nil means every worker at 1; each value finite and > 0.
+	Speeds []float64
 	// Replicas is how many router replicas route the trace (the kvselect
 	// policies only; the baselines refuse more than 1). Each replica has its
 	// own SelectionService and ledger, every engine's KV events reach all of
@@ -173,6 +198,24 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxRunning < 0 {
 		bad("MaxRunning %d is negative", o.MaxRunning)
 	}
+	if o.MaxBatchedTokens < 0 {
+		bad("MaxBatchedTokens %d is negative", o.MaxBatchedTokens)
+	} else if o.MaxBatchedTokens > 0 && o.MaxBatchedTokens < max(o.MaxRunning, 1) {
+		bad("MaxBatchedTokens %d < MaxRunning %d", o.MaxBatchedTokens, o.MaxRunning)
+	}
+	if o.RequestOverhead < 0 {
+		bad("RequestOverhead %v is negative", o.RequestOverhead)
+	}
+	if o.StepBase < 0 {
+		bad("StepBase %v is negative", o.StepBase)
+	} else if tpot := cmp.Or(o.DecodeTokenTime, DefaultDecodeTokenTime); o.StepBase > 0 && o.StepBase > max(tpot, 0) {
+		bad("StepBase %v > DecodeTokenTime %v", o.StepBase, tpot)
+	}
+	for i, v := range o.Speeds {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
+			bad("Speeds[%d] %v, want a finite value > 0", i, v)
+		}
+	}
 	if o.Replicas < 0 {
 		bad("Replicas %d is negative", o.Replicas)
 	}
@@ -208,6 +251,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxRunning == 0 {
 		o.MaxRunning = DefaultMaxRunning
 	}
+	if o.StepBase == 0 {
+		o.StepBase = o.DecodeTokenTime
+	}
+	if o.MaxBatchedTokens == 0 {
+		o.MaxBatchedTokens = max(enginemodel.DefaultMaxBatchedTokens, o.MaxRunning)
+	}
 	if o.Replicas == 0 {
 		o.Replicas = 1
 	}
@@ -220,6 +269,34 @@ func (o Options) withDefaults() (Options, error) {
 		o.Now = time.Now
 	}
 	return o, nil
+}
+
+// engineParams are worker w's engine model: Options mapped onto
+// enginemodel.Params (withDefaults applied). cached reads its prefix cache.
+func (o Options) engineParams(w int, cached func(id uint64) int) enginemodel.Params {
+	p := enginemodel.Params{
+		RequestOverhead:  o.RequestOverhead,
+		MaxBatchedTokens: o.MaxBatchedTokens,
+		MaxRunning:       o.MaxRunning,
+		StepBase:         none(o.StepBase),
+		PrefillToken:     none(time.Duration(float64(time.Second) / o.PrefillTokensPerSecond)),
+		DecodeSeq:        none(o.DecodeTokenTime - o.StepBase),
+		Speed:            1,
+		Cached:           cached,
+	}
+	if len(o.Speeds) > 0 {
+		p.Speed = o.Speeds[w%len(o.Speeds)]
+	}
+	return p
+}
+
+// none maps a cost onto enginemodel.Params, where 0 means its default: no
+// cost is a negative one there.
+func none(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 // selectionConfig returns the service configuration for a kvselect policy.

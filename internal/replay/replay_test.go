@@ -174,22 +174,28 @@ func TestSharedFirstBlockDoesNotCollapse(t *testing.T) {
 }
 
 // The time model, by hand: one worker, prefill 512 tokens/s (1 block/s),
-// 100 ms per output token after the first.
+// 100 ms per output token after the first, all of it the engine step's fixed
+// cost (StepBase defaults to DecodeTokenTime): a step that prefills n tokens
+// lasts 100 ms + n/512 s, one that only decodes 100 ms.
 func TestTimeModel(t *testing.T) {
 	reqs := []trace.Request{
 		{Arrival: 0, InputTokens: 1024, OutputTokens: 3, Blocks: []uint64{1, 2}},
 		{Arrival: 0, InputTokens: 1024, OutputTokens: 3, Blocks: []uint64{1, 3}},
 	}
 	base := Options{Workers: 1, CapacityBlocks: 10, PrefillTokensPerSecond: 512, DecodeTokenTime: 100 * time.Millisecond}
+	ms := time.Millisecond
 	for _, tc := range []struct {
 		running        int
 		p50, p99, span time.Duration
+		hits           int64
 	}{
-		// One slot: B waits for A to finish (2 s prefill + 0.2 s decode), then
-		// prefills its one uncached block.
-		{1, 2 * time.Second, 3200 * time.Millisecond, 3400 * time.Millisecond},
-		// Two slots: B's prefill still waits for A's (one prefill at a time).
-		{2, 2 * time.Second, 3 * time.Second, 3200 * time.Millisecond},
+		// One seat: A prefills (2.1 s) and decodes (2 x 100 ms); then B reads
+		// the cache, finds block 1 and prefills its one uncached block (1.1
+		// s), and decodes.
+		{1, 2100 * ms, 3400 * ms, 3600 * ms, 1},
+		// Two seats: both are admitted at 0, before A has stored anything, and
+		// prefill together in one step (100 ms + 4 s).
+		{2, 4100 * ms, 4100 * ms, 4300 * ms, 0},
 	} {
 		o := base
 		o.MaxRunning = tc.running
@@ -199,15 +205,38 @@ func TestTimeModel(t *testing.T) {
 			require.Equal(t, tc.p50, res.TTFTP50, "running %d %s", tc.running, p)
 			require.Equal(t, tc.p99, res.TTFTP99)
 			require.Equal(t, tc.span, res.Makespan)
-			require.EqualValues(t, 1, res.HitBlocks)
-			require.InDelta(t, 0.25, res.HitRate, 1e-12)
+			require.Equal(t, tc.hits, res.HitBlocks)
+			require.InDelta(t, float64(tc.hits)/4, res.HitRate, 1e-12)
 			require.InDelta(t, 0.25, res.ReachableHitRate, 1e-12)
 		}
 	}
-	// Speedup divides arrivals.
+	// Budget, overhead, step base and speed: MaxBatchedTokens 512 splits A's
+	// prompt over two steps; B, 300 ms later, is schedulable 50 ms after
+	// that and joins the second step; the worker runs at half speed.
+	o := base
+	o.MaxRunning, o.MaxBatchedTokens, o.RequestOverhead, o.StepBase, o.Speeds = 4, 512, 50*ms, 40*ms, []float64{0.5}
 	late := []trace.Request{reqs[0], reqs[1]}
+	late[1].Arrival = 300 * ms
+	res, err := Run(context.Background(), late, RoundRobin, o)
+	require.NoError(t, err)
+	// A: ready at 50 ms; step 1 (512 of A) 2 x (40 ms + 1 s) = 2.08 s, to 2.13
+	// s; step 2 (A's last 512) 2.08 s, to 4.21 s: A's TTFT 4.21 s. B (ready
+	// at 350 ms) waits: the budget is A's. Step 3: A decodes (60 ms a
+	// sequence); B reads the cache A has just filled, finds block 1, and
+	// takes 511 of its 512 other tokens: 2 x (40 + 60 ms +
+	// 998.046875 ms) = 2196.09375 ms, to 6406.09375 ms. Step 4: A decodes, B's
+	// last token: 2 x (100 ms + 1.953125 ms) = 203.90625 ms, to 6.61 s: B's
+	// first token, TTFT 6.31 s; A is done. Two decode steps for B (2 x 2 x 100
+	// ms) end at 7.01 s.
+	require.Equal(t, 4210*ms, res.TTFTP50)
+	require.Equal(t, 6310*ms, res.TTFTP99)
+	require.Equal(t, 7010*ms, res.Makespan)
+	require.EqualValues(t, 1, res.HitBlocks, "B was admitted after A stored its blocks")
+
+	// Speedup divides arrivals.
+	late = []trace.Request{reqs[0], reqs[1]}
 	late[1].Arrival = 10 * time.Second
-	res, err := Run(context.Background(), late, RoundRobin, Options{Workers: 1, CapacityBlocks: 10, PrefillTokensPerSecond: 512, DecodeTokenTime: -1, Speedup: 4})
+	res, err = Run(context.Background(), late, RoundRobin, Options{Workers: 1, CapacityBlocks: 10, PrefillTokensPerSecond: 512, DecodeTokenTime: -1, Speedup: 4})
 	require.NoError(t, err)
 	require.Equal(t, 2500*time.Millisecond+time.Second, res.Makespan)
 }
@@ -396,6 +425,7 @@ func TestReplicaSyncDelay(t *testing.T) {
 			same bool // replica 1's loads equal replica 0's
 		}
 		var got []step
+		var lastOwn, lastPeer any
 		for s.events.Len() > 0 {
 			require.NoError(t, s.step(ctx))
 			own, peer := k.svcs[0].Loads(""), k.svcs[1].Loads("")
@@ -405,7 +435,12 @@ func TestReplicaSyncDelay(t *testing.T) {
 			for i := range peer {
 				peer[i].RecentBookings = 0
 			}
-			got = append(got, step{s.now, reflect.DeepEqual(own, peer)})
+			// The engine's own steps (a decode, the next step's start) change
+			// no booking: only the events that do are listed.
+			if !reflect.DeepEqual(own, lastOwn) || !reflect.DeepEqual(peer, lastPeer) {
+				got = append(got, step{s.now, reflect.DeepEqual(own, peer)})
+			}
+			lastOwn, lastPeer = own, peer
 			if noSync {
 				for _, l := range peer {
 					require.Zero(t, l.ActiveRequests)
@@ -414,12 +449,12 @@ func TestReplicaSyncDelay(t *testing.T) {
 		}
 		ms := time.Millisecond
 		want := []step{
-			{0, false}, {10 * ms, true}, // booked (2 s prefill), then heard of
-			{2000 * ms, false}, {2010 * ms, true}, // prefilled (200 ms decode)
-			{2200 * ms, false}, {2210 * ms, true}, // freed
+			{0, false}, {10 * ms, true}, // booked (2.1 s prefill: a 100 ms step plus 2 s of tokens), then heard of
+			{2100 * ms, false}, {2110 * ms, true}, // prefilled (two 100 ms decode steps)
+			{2300 * ms, false}, {2310 * ms, true}, // freed
 		}
 		if noSync {
-			want = []step{{0, false}, {2000 * ms, false}, {2200 * ms, true}} // the peer never carried it
+			want = []step{{0, false}, {2100 * ms, false}, {2300 * ms, true}} // the peer never carried it
 		}
 		require.Equal(t, want, got, "no sync %v", noSync)
 		require.NoError(t, k.close())

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvselect/kvselect/internal/enginemodel"
 	"github.com/kvselect/kvselect/internal/trace"
 	"github.com/kvselect/kvselect/kvindex"
 )
@@ -116,39 +117,22 @@ const (
 )
 
 type simWorker struct {
-	cache      *lruCache
-	waiting    fifo // routed, waiting for a running slot
-	prefillQ   fifo // admitted, waiting for the prefill engine
-	running    int  // admitted and not finished
-	prefilling bool
-	active     int // routed and not finished
-	routed     int
-}
-
-type fifo struct {
-	items []int
-	head  int
-}
-
-func (f *fifo) push(i int) { f.items = append(f.items, i) }
-func (f *fifo) len() int   { return len(f.items) - f.head }
-func (f *fifo) pop() int {
-	i := f.items[f.head]
-	f.head++
-	if f.head == len(f.items) {
-		f.items, f.head = f.items[:0], 0
-	}
-	return i
+	cache  *lruCache
+	engine *enginemodel.Engine
+	// wakeAt is when the worker's engine next changes, and wakeSeq the seq
+	// of the queued event for it (0: none queued); older events are stale.
+	wakeAt  time.Duration
+	wakeSeq uint64
+	active  int // routed and not finished
+	routed  int
 }
 
 type evKind uint8
 
 const (
 	evArrive evKind = iota
-	evPrefillDone
-	evFinish
-	evOutputBlock
-	evSync // req is the router's op slot, not a request
+	evEngine        // req is the worker
+	evSync          // req is the router's op slot, not a request
 )
 
 type simEvent struct {
@@ -191,6 +175,7 @@ type sim struct {
 	reachable float64
 	evicted   []uint64
 	evBuf     kvindex.Event
+	engineEvs []enginemodel.Event
 	stored    int64
 	evictedN  int64
 	lastDone  time.Duration // the last completion (replica sync may run later)
@@ -285,7 +270,20 @@ func newSim(reqs []trace.Request, policy Policy, o Options) (*sim, error) {
 	}
 	s.workers = make([]*simWorker, o.Workers)
 	for i := range s.workers {
-		s.workers[i] = &simWorker{cache: newLRUCache(o.CapacityBlocks)}
+		wk := &simWorker{cache: newLRUCache(o.CapacityBlocks)}
+		// The engine reads the worker's cache when it first schedules a
+		// request, as vLLM does.
+		eng, err := enginemodel.New(o.engineParams(i, func(id uint64) int {
+			r := &s.reqs[id]
+			r.hit = wk.cache.Prefix(r.keys)
+			wk.cache.Touch(r.keys[:r.hit])
+			return r.hit * o.BlockSize
+		}))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+		}
+		wk.engine = eng
+		s.workers[i] = wk
 	}
 	s.events = make(eventHeap, 0, len(reqs))
 	for i := range s.reqs {
@@ -325,12 +323,11 @@ func (s *sim) step(ctx context.Context) error {
 	switch e.kind {
 	case evArrive:
 		return s.arrive(ctx, e.req, &s.reqs[e.req])
-	case evPrefillDone:
-		return s.prefillDone(&s.reqs[e.req])
-	case evFinish:
-		return s.finish(&s.reqs[e.req])
-	case evOutputBlock:
-		return s.outputBlock(&s.reqs[e.req])
+	case evEngine:
+		if s.workers[e.req].wakeSeq != e.seq {
+			return nil // stale: the engine's next change moved
+		}
+		return s.advance(e.req)
 	case evSync:
 		return s.router.deliver(e.req)
 	}
@@ -348,34 +345,58 @@ func (s *sim) arrive(ctx context.Context, idx int, r *simRequest) error {
 	wk := s.workers[w]
 	wk.routed++
 	wk.active++
-	wk.waiting.push(idx)
-	s.admit(wk)
+	if err := wk.engine.Add(uint64(idx), r.in, r.out, s.now); err != nil {
+		return fmt.Errorf("replay: internal error: %w", err)
+	}
+	s.wake(w)
 	return nil
 }
 
-// admit moves waiting requests into running slots, then starts a prefill if
-// the worker's prefill engine is idle.
-func (s *sim) admit(wk *simWorker) {
-	for wk.running < s.opts.MaxRunning && wk.waiting.len() > 0 {
-		wk.running++
-		wk.prefillQ.push(wk.waiting.pop())
+// wake queues an event for worker w's engine's next change, unless one is
+// queued for that time already.
+func (s *sim) wake(w int) {
+	wk := s.workers[w]
+	t, ok := wk.engine.Next()
+	switch {
+	case !ok:
+		wk.wakeSeq = 0
+	case wk.wakeSeq == 0 || t != wk.wakeAt:
+		s.push(t, evEngine, w)
+		wk.wakeAt, wk.wakeSeq = t, s.seq
 	}
-	if wk.prefilling || wk.prefillQ.len() == 0 {
-		return
+}
+
+// advance runs worker w's engine to now and acts on what it did: a request's
+// first token (its blocks stored, the router told), its output blocks, its
+// finish.
+func (s *sim) advance(w int) error {
+	wk := s.workers[w]
+	wk.wakeSeq = 0
+	s.engineEvs = wk.engine.Advance(s.now, s.engineEvs[:0])
+	for _, ev := range s.engineEvs {
+		r := &s.reqs[ev.ID]
+		var err error
+		switch ev.Kind {
+		case enginemodel.EventFirstToken:
+			err = s.prefillDone(r)
+		case enginemodel.EventFinished:
+			err = s.finish(r)
+		}
+		if err == nil && ev.Kind != enginemodel.EventFinished && (s.opts.OutputGrowth || s.opts.DecodeHoldsKV) &&
+			ev.Tokens%s.opts.BlockSize == 0 && ev.Tokens < r.out {
+			// One block per BlockSize tokens generated, when its last token is out.
+			err = s.outputBlock(r)
+		}
+		if err != nil {
+			return err
+		}
 	}
-	idx := wk.prefillQ.pop()
-	r := &s.reqs[idx]
-	r.hit = wk.cache.Prefix(r.keys)
-	wk.cache.Touch(r.keys[:r.hit])
-	uncached := max(1, r.in-r.hit*s.opts.BlockSize)
-	d := time.Duration(float64(uncached) / s.opts.PrefillTokensPerSecond * float64(time.Second))
-	wk.prefilling = true
-	s.push(s.now+d, evPrefillDone, idx)
+	s.wake(w)
+	return nil
 }
 
 func (s *sim) prefillDone(r *simRequest) error {
 	wk := s.workers[r.worker]
-	wk.prefilling = false
 	r.ttft = s.now - r.arrival
 	r.state = statePrefilled
 	cached, added, evicted := wk.cache.Store(r.keys, s.evicted[:0])
@@ -398,17 +419,6 @@ func (s *sim) prefillDone(r *simRequest) error {
 	if err := s.router.prefillDone(r); err != nil {
 		return fmt.Errorf("replay: prefill of request %s: %w", r.id, err)
 	}
-	decode := time.Duration(max(0, r.out-1)) * s.opts.DecodeTokenTime
-	if s.opts.OutputGrowth || s.opts.DecodeHoldsKV {
-		// One block per BlockSize tokens generated, each when its last token
-		// is out (token 1 came with the prefill); before the finish.
-		bs := s.opts.BlockSize
-		for k := bs; k < r.out; k += bs {
-			s.push(s.now+time.Duration(k-1)*s.opts.DecodeTokenTime, evOutputBlock, r.idx)
-		}
-	}
-	s.push(s.now+decode, evFinish, r.idx)
-	s.admit(wk)
 	return nil
 }
 
@@ -443,14 +453,12 @@ func (s *sim) finish(r *simRequest) error {
 	if s.opts.DecodeHoldsKV {
 		wk.cache.Reserve(-r.grown, nil) // the output is never asked for again: freed
 	}
-	wk.running--
 	wk.active--
 	r.state = stateDone
 	s.lastDone = s.now
 	if err := s.router.finished(r); err != nil {
 		return fmt.Errorf("replay: completion of request %s: %w", r.id, err)
 	}
-	s.admit(wk)
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/pdsidecar/sidecar"
+	"github.com/kvselect/kvselect/internal/enginemodel"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 )
 
@@ -34,11 +35,15 @@ type PDFleetOptions struct {
 	// Dialect is the prefill engines' KV-event dialect; one whose engines
 	// dial their PUB socket is refused.
 	Dialect fakeengine.Dialect
-	// SleepTTFT makes the engines wait their simulated TTFT.
+	// SleepTTFT makes the engines run their scheduler model in real time
+	// (fakeengine.Options.SleepTTFT).
 	SleepTTFT bool
+	// Timing, when set, is engine i's (of n, prefill engines first)
+	// scheduler model (fakeengine.Options.Timing); nil: the defaults.
+	Timing func(i, n int) enginemodel.Params
 	// TokenInterval is the decode engines' wait between two streamed
-	// tokens, and TransferPerBlock a decode leg's simulated KV pull, per
-	// block.
+	// tokens when they do not run the model (no SleepTTFT), and
+	// TransferPerBlock a decode leg's simulated KV pull, per block.
 	TokenInterval, TransferPerBlock time.Duration
 	// HintKey is the sidecars' HintKey; nil: hints are not signed.
 	HintKey []byte
@@ -89,6 +94,10 @@ func StartPDFleet(ctx context.Context, o PDFleetOptions) (f *PDFleet, err error)
 		}
 	}()
 	start := func(opts fakeengine.Options) (*fakeengine.Engine, error) {
+		if o.Timing != nil {
+			i := len(f.prefills) + len(f.decodes)
+			opts.Timing = o.Timing(i, o.Prefill+o.Decode)
+		}
 		e, err := fakeengine.New(opts)
 		if err != nil {
 			return nil, err
