@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/examples/internal/envconf"
+	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
 )
@@ -26,6 +27,13 @@ type config struct {
 	MetricsAddr string
 	WorkersFile string
 	Model       string
+	// Topology is aggregated (every worker serves whole requests) or
+	// disaggregated: RoleLabel's value splits the workers into prefill and
+	// decode workers, and each request is booked on a pair
+	// (roles.PairBooker) and sent to the decode worker's sidecar with the
+	// prefill worker in x-prefiller-host-port.
+	Topology  roles.TopologyMode
+	RoleLabel string
 	// TokenizerURLs are the tokenizer endpoints (one or more base URLs),
 	// one tokenize.Pool over them; TokenizerNoDegrade refuses a request
 	// whose tokenization failed on the tokenizers' side instead of routing
@@ -78,6 +86,16 @@ func (c *config) settings() []envconf.Var {
 			}},
 		{Env: "DYN_EPP_WORKERS_FILE", Flag: "workers-file", Help: "workers file (JSON or YAML: {\"workers\": [{id, endpoint, kv_events_endpoint, ...}]}), watched; required",
 			Set: func(v string) error { c.WorkersFile = v; return nil }},
+		{Env: "DYN_EPP_TOPOLOGY_MODE", Flag: "topology", Default: "aggregated", Help: "`aggregated` or `disaggregated`: prefill/decode, the workers split by --role-label, each request booked on a prefill and a decode worker and sent to the decode worker (its sidecar, examples/pdsidecar) with the prefill worker in x-prefiller-host-port",
+			Set: func(v string) (err error) {
+				c.Topology, err = roles.ParseTopologyMode(v)
+				if err != nil {
+					return fmt.Errorf("%q: want aggregated or disaggregated", v)
+				}
+				return nil
+			}},
+		{Env: "DYN_EPP_WORKER_ROLE_LABEL", Flag: "role-label", Default: roles.DefaultRoleLabel, Help: "the workers' label (the workers file's labels) that carries `prefill` or `decode` (disaggregated topology)",
+			Set: func(v string) error { c.RoleLabel = v; return nil }},
 		{Env: "DYN_MODEL_NAME", Flag: "model", Default: "default", Help: "model of the worker entries that name none; requests are routed by their body's \"model\"",
 			Set: func(v string) error { c.Model = v; return nil }},
 		{Env: "DYN_EPP_METRICS_ADDR", Flag: "metrics-addr", Default: ":9090", Help: "listen address (host:port) of GET /metrics (Prometheus): the selection service, KV-event feeds, tokenizer cache and pool, and Router series",

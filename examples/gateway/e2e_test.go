@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvselect/kvselect/internal/fakeengine"
+	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
 )
@@ -156,6 +157,13 @@ type e2eEnv struct {
 	closers  []func()
 	closeAll sync.Once
 }
+
+// role is the metrics' role label of the aggregated gateway's one selection
+// service.
+const role = "aggregated"
+
+// svc is the aggregated gateway's selection service.
+func (env *e2eEnv) svc() *selection.SelectionService { return env.g.rs.Service(roles.Aggregated) }
 
 func (env *e2eEnv) close() {
 	env.closeAll.Do(func() {
@@ -292,30 +300,9 @@ func newE2EEnvWith(t *testing.T, o e2eOptions) *e2eEnv {
 		logTo = io.Discard
 	}
 	logger := slog.New(slog.NewTextHandler(logTo, nil))
-	env.g, err = newGateway(ctx, cfg, logger, func(b *selection.SelectionServiceBuilder) {
-		b.EventFeed(selection.FeedOptions{ReconnectMin: time.Millisecond, ReconnectMax: 50 * time.Millisecond})
-	})
-	require.NoError(t, err)
-	env.closers = append(env.closers, env.g.close)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	mln, err := net.Listen("tcp", cfg.MetricsAddr)
-	require.NoError(t, err)
-	env.url, env.metrics = "http://"+ln.Addr().String(), "http://"+mln.Addr().String()+"/metrics"
-	serveCtx, stop := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- env.g.serve(serveCtx, ln, mln) }()
-	env.closers = append(env.closers, func() {
-		stop()
-		require.NoError(t, <-served)
-	})
-	select {
-	case <-env.g.synced:
-	case <-ctx.Done():
-		require.FailNow(t, "the workers file was never applied")
-	}
+	env.g, env.url, env.metrics = startGateway(ctx, t, cfg, logger, func(f func()) { env.closers = append(env.closers, f) })
 	if o.feeds == feedBound {
-		addr := env.g.svc.Events().BindAddr()
+		addr := env.svc().Events().BindAddr()
 		require.NotNil(t, addr, "the gateway bound no SUB")
 		dialOut(addr)
 	}
@@ -325,6 +312,40 @@ func newE2EEnvWith(t *testing.T, o e2eOptions) *e2eEnv {
 	env.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: e2eInflight}}
 	env.closers = append(env.closers, env.client.CloseIdleConnections)
 	return env
+}
+
+// startGateway builds the gateway from cfg, serves its API and /metrics on
+// loopback and waits until its workers file is applied. It returns the
+// gateway and the URLs of its API and of GET /metrics. It hands onClose the
+// gateway's close, then its shutdown (which requires serve to return nil):
+// run them in reverse, as t.Cleanup does.
+func startGateway(ctx context.Context, t *testing.T, cfg config, logger *slog.Logger, onClose func(func())) (g *gateway, api, metrics string) {
+	t.Helper()
+	g, err := newGateway(ctx, cfg, logger, func(b *selection.SelectionServiceBuilder) {
+		b.EventFeed(selection.FeedOptions{ReconnectMin: time.Millisecond, ReconnectMax: 50 * time.Millisecond})
+	})
+	require.NoError(t, err)
+	onClose(g.close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	mln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		_ = ln.Close()
+		require.NoError(t, err)
+	}
+	serveCtx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- g.serve(serveCtx, ln, mln) }()
+	onClose(func() {
+		stop()
+		require.NoError(t, <-served)
+	})
+	select {
+	case <-g.synced:
+	case <-ctx.Done():
+		require.FailNow(t, "the workers file was never applied")
+	}
+	return g, "http://" + ln.Addr().String(), "http://" + mln.Addr().String() + "/metrics"
 }
 
 // testWriter sends a logger's lines to the test log.
@@ -430,7 +451,7 @@ func (env *e2eEnv) waitIdle(t *testing.T) {
 		rs := env.g.router.Stats()
 		// A settle counts the exchange done, then how it ended: wait for both.
 		busy := rs.Booked != rs.Done || rs.Done != rs.Ended+rs.Canceled+rs.Failed+rs.Aborted
-		for _, l := range env.g.svc.Loads(e2eModel) {
+		for _, l := range env.svc().Loads(e2eModel) {
 			busy = busy || l.ActiveRequests != 0 || l.ActiveBlocks != 0 || l.ActivePrefillTokens != 0
 		}
 		for _, eng := range env.engines {
@@ -439,7 +460,7 @@ func (env *e2eEnv) waitIdle(t *testing.T) {
 		if !busy {
 			return
 		}
-		require.False(t, time.Now().After(deadline), "still busy: router %+v, loads %+v", rs, env.g.svc.Loads(e2eModel))
+		require.False(t, time.Now().After(deadline), "still busy: router %+v, loads %+v", rs, env.svc().Loads(e2eModel))
 		<-tick.C
 	}
 }
@@ -455,12 +476,12 @@ func TestGatewayBindsForEnginesThatDialOut(t *testing.T) {
 	env.waitIdle(t)
 	hit := prefixHitRate(plan, results)
 	t.Logf("bind mode: shared-prefix hit rate %.3f over %d requests", hit, len(plan))
-	for _, s := range env.g.svc.Events().Sources() {
+	for _, s := range env.svc().Events().Sources() {
 		require.True(t, s.Bound, "%v: a source of the bind listener", s.Worker)
 		require.Positive(t, s.Handler.EventsApplied, "no event of %v was applied", s.Worker)
 	}
-	require.Len(t, env.g.svc.Events().Sources(), e2eEngines, "one source per engine, attributed by topic")
-	bs := env.g.svc.Events().BindStats()
+	require.Len(t, env.svc().Events().Sources(), e2eEngines, "one source per engine, attributed by topic")
+	bs := env.svc().Events().BindStats()
 	require.Len(t, bs, 1)
 	require.Zero(t, bs[0].Unattributed, "every message named a worker")
 	// Round-robin's share, one warm engine in three, is about a third; a
@@ -539,12 +560,12 @@ func TestGatewayEndToEnd(t *testing.T) {
 
 	// Every load is back to zero, every booking was freed by its request:
 	// none expired, none dropped with a worker.
-	for _, l := range env.g.svc.Loads(e2eModel) {
+	for _, l := range env.svc().Loads(e2eModel) {
 		require.Zero(t, l.ActiveRequests, "%+v", l)
 		require.Zero(t, l.ActiveBlocks, "%+v", l)
 		require.Zero(t, l.ActivePrefillTokens, "%+v", l)
 	}
-	st := env.g.svc.Stats()
+	st := env.svc().Stats()
 	require.Equal(t, st.Bookings, st.Frees+st.Expired+uint64(st.Ledger.Removed), "%+v", st)
 	require.Zero(t, st.Expired)
 	require.Zero(t, st.Ledger.Removed)

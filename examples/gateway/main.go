@@ -1,26 +1,7 @@
-// Command gateway is a plain-HTTP OpenAI gateway that embeds kvselect: every
-// chat or completions request is tokenized with the engines' own tokenizer,
-// booked on the best worker by the selection service, and proxied there by
-// selection/httproute, which settles the booking as the answer streams.
-// Workers come from a static file (the reference EPP's format, watched for
-// changes); KV events keep the index true, or approximate mode routes on the
-// gateway's own decisions.
-//
-//	go run ./examples/gateway --workers-file workers.json --tokenizer-url http://10.0.0.5:8000
-//
-// It serves POST /v1/chat/completions, POST /v1/completions and GET /health
-// (200 once the workers file is applied and a worker is schedulable) on
-// --addr, and GET /metrics (Prometheus: the selection service's, the
-// KV-event feeds', the tokenizer cache's and pool's and the Router's series,
-// the reference EPP's names) on --metrics-addr, a listener of its own as the
-// EPP's. --tokenizer-url takes several URLs, comma-separated: one
-// tokenize.Pool over them, failing over from one to the next; when none
-// answers, requests are routed on load alone (--tokenizer-no-degrade=true
-// refuses them instead). Every flag also reads an environment variable;
-// --help lists them.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -31,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -42,6 +24,7 @@ import (
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/discovery"
 	"github.com/kvselect/kvselect/examples/epp/prommetrics"
+	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/httproute"
 	"github.com/kvselect/kvselect/tokenize"
@@ -91,7 +74,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return 1
 	}
 	logger.Info("gateway listening", slog.String("addr", ln.Addr().String()), slog.String("metrics", mln.Addr().String()),
-		slog.String("workers_file", cfg.WorkersFile), slog.Bool("kv_events", cfg.UseKVEvents), slog.Int("tokenizers", len(cfg.TokenizerURLs)))
+		slog.String("workers_file", cfg.WorkersFile), slog.String("topology", cfg.Topology.String()), slog.Bool("kv_events", cfg.UseKVEvents), slog.Int("tokenizers", len(cfg.TokenizerURLs)))
 	if err := g.serve(ctx, ln, mln); err != nil {
 		logger.Error("gateway stopped", slog.String("error", err.Error()))
 		return 1
@@ -99,14 +82,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	return 0
 }
 
-// gateway is the assembled program: tokenizers, selection service, Router,
-// the workers file, the HTTP handler and the metrics registry.
+// gateway is the assembled program: tokenizers, selection services, pair
+// booker, Router, the workers file, the HTTP handler and the metrics
+// registry.
 type gateway struct {
-	log    *slog.Logger
-	cfg    config
-	pool   *tokenize.Pool  // a Client per tokenizer URL
-	cache  *tokenize.Cache // over pool
-	svc    *selection.SelectionService
+	log   *slog.Logger
+	cfg   config
+	pool  *tokenize.Pool  // a Client per tokenizer URL
+	cache *tokenize.Cache // over pool
+	// rs holds a selection service per role of cfg.Topology (aggregated; or
+	// prefill and decode), pairs books every request on them.
+	rs     *roles.RoleSelectors
+	pairs  *roles.PairBooker
 	router *httproute.Router
 	source *discovery.Static
 	mux    *http.ServeMux
@@ -118,7 +105,7 @@ type gateway struct {
 }
 
 // newGateway builds everything that does not listen yet. configure, when set,
-// adjusts the selection service's builder (tests use it).
+// adjusts every role's selection service builder (tests use it).
 func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure func(*selection.SelectionServiceBuilder)) (*gateway, error) {
 	g := &gateway{log: logger, cfg: cfg, synced: make(chan struct{})}
 	var err error
@@ -128,7 +115,7 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 		}
 	}()
 	g.source, err = discovery.NewStatic(discovery.StaticOptions{
-		Path: cfg.WorkersFile, Defaults: discovery.Defaults{Model: cfg.Model, BlockSize: cfg.BlockSize}, Logger: logger,
+		Path: cfg.WorkersFile, Defaults: discovery.Defaults{Model: cfg.Model, BlockSize: cfg.BlockSize}, RoleLabel: g.roleLabel(), Logger: logger,
 	})
 	if err != nil {
 		return nil, err
@@ -155,24 +142,33 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 	scfg.FailureEjection = cfg.FailureEjection
 	scfg.Cost = cfg.Cost
 	scfg.FeedTrust = cfg.FeedTrust
-	b := selection.NewSelectionServiceBuilder(scfg).Logger(logger).Recorder(decisions.ForRole(role))
-	if cfg.UseKVEvents && cfg.KVEventBind != "" {
-		b.BindEvents(cfg.KVEventBind)
-		if cfg.KVEventBindAny {
-			b.BindEventsFromAnyPeer()
-		}
-	}
-	if configure != nil {
-		configure(b)
-	}
-	g.svc, err = b.Build(ctx)
+	g.rs, err = roles.New(ctx, roles.RoleOptions{Mode: cfg.Topology, LabelKey: cfg.RoleLabel, Base: scfg, Logger: logger,
+		Configure: func(r roles.Role, b *selection.SelectionServiceBuilder) {
+			b.Logger(logger).Recorder(decisions.ForRole(r.String()))
+			if r != roles.Decode && cfg.UseKVEvents && cfg.KVEventBind != "" { // decode workers publish no events
+				b.BindEvents(cfg.KVEventBind)
+				if cfg.KVEventBindAny {
+					b.BindEventsFromAnyPeer()
+				}
+			}
+			if configure != nil {
+				configure(b)
+			}
+		}})
 	if err != nil {
 		return nil, err
 	}
-	if a := g.svc.Events().BindAddr(); a != nil {
-		logger.Info("kv events: bound for engines that dial out", "addr", a.String())
+	for _, r := range cfg.Topology.Roles() {
+		if a := g.rs.Service(r).Events().BindAddr(); a != nil {
+			logger.Info("kv events: bound for engines that dial out", "role", r.String(), "addr", a.String())
+		}
 	}
-	g.router, err = httproute.New(httproute.Options{Service: httproute.Single(g.svc), Tokenizer: g.cache, MaxBodyBytes: cfg.MaxBodyBytes,
+	// One booker in either topology: a pair per request, or one aggregated
+	// worker; its plans are the Router's handles.
+	if g.pairs, err = roles.NewPairBooker(g.rs, roles.BookerOptions{}); err != nil {
+		return nil, err
+	}
+	g.router, err = httproute.New(httproute.Options{Service: httproute.Pairs(g.pairs), Tokenizer: g.cache, MaxBodyBytes: cfg.MaxBodyBytes,
 		BodyTimeout: cfg.BodyTimeout, MaxInflight: cfg.MaxInflight, MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger,
 		OutputGrowth: cfg.Cost == selection.CostPredictive, NoDegrade: cfg.TokenizerNoDegrade})
 	if err != nil {
@@ -193,8 +189,11 @@ func (g *gateway) close() {
 	if g.router != nil {
 		g.router.CloseIdleConnections()
 	}
-	if g.svc != nil {
-		_ = g.svc.Close()
+	if g.pairs != nil {
+		g.pairs.Close()
+	}
+	if g.rs != nil {
+		_ = g.rs.Close()
 	}
 	if g.cache != nil {
 		g.cache.Close()
@@ -204,17 +203,16 @@ func (g *gateway) close() {
 	}
 }
 
-// role is the selection service's role label in the metrics: the gateway
-// has one service, the EPP's aggregated one.
-const role = "aggregated"
-
 // registerMetrics registers what GET /metrics serves: the Go runtime and
-// the process, the selection service with its KV-event feeds and the
-// tokenizer cache (the EPP's families, role "aggregated"), the tokenizer
-// pool, the Router and the workers file.
+// the process, the selection services (labelled by role, the EPP's families)
+// with their KV-event feeds and the tokenizer cache, the tokenizer pool, the
+// Router and the workers file.
 func (g *gateway) registerMetrics() error {
-	sc, err := prommetrics.NewServiceCollector(prommetrics.ServiceOptions{
-		Services: map[string]*selection.SelectionService{role: g.svc}, Cache: g.cache, Model: g.cfg.Model})
+	services := map[string]*selection.SelectionService{}
+	for _, r := range g.cfg.Topology.Roles() {
+		services[r.String()] = g.rs.Service(r)
+	}
+	sc, err := prommetrics.NewServiceCollector(prommetrics.ServiceOptions{Services: services, Cache: g.cache, Model: g.cfg.Model})
 	if err != nil {
 		return err
 	}
@@ -241,8 +239,8 @@ func (g *gateway) registerMetrics() error {
 	return nil
 }
 
-// health answers 200 once the workers file is applied and a worker is
-// schedulable, 503 before.
+// health answers 200 once the workers file is applied and a request can be
+// booked (a schedulable worker, of each role when disaggregated), 503 before.
 func (g *gateway) health(w http.ResponseWriter, _ *http.Request) {
 	select {
 	case <-g.synced:
@@ -250,43 +248,72 @@ func (g *gateway) health(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "workers file not applied yet", http.StatusServiceUnavailable)
 		return
 	}
-	if r := g.svc.Ready(); !r.Ready {
-		http.Error(w, fmt.Sprintf("no schedulable worker (%d known)", r.Workers), http.StatusServiceUnavailable)
+	if !g.pairs.Ready() {
+		var counts []string
+		for _, rc := range g.rs.Census().Roles {
+			counts = append(counts, fmt.Sprintf("%s: %d of %d schedulable", rc.Role, rc.Schedulable, rc.Workers))
+		}
+		http.Error(w, "no schedulable worker ("+strings.Join(counts, ", ")+")", http.StatusServiceUnavailable)
 		return
 	}
 	_, _ = io.WriteString(w, "ok\n")
 }
 
-// apply reconciles the service with a workers snapshot: deletes first, then
-// upserts. The workers file's Run calls it, one snapshot at a time.
+// roleLabel is the label that carries a worker's role.
+func (g *gateway) roleLabel() string { return cmp.Or(g.cfg.RoleLabel, roles.DefaultRoleLabel) }
+
+// apply reconciles the role services with a workers snapshot (deletes
+// first, then upserts; roles.RoleSelectors.Reconcile). The workers file's
+// Run calls it, one snapshot at a time.
 func (g *gateway) apply(s discovery.Snapshot) {
-	plan, err := catalog.Reconcile(g.svc.Workers(), s.Workers)
-	if err != nil {
+	res, err := g.rs.Reconcile(s.Workers)
+	if res.Plans == nil { // refused whole: nothing changed
 		g.log.Warn("workers file not applied", slog.String("error", err.Error()))
 		return
 	}
-	for _, inv := range plan.Invalid {
-		g.log.Warn("invalid worker", slog.String("id", inv.ID), slog.String("error", inv.Err.Error()))
+	if err != nil { // the upserts a service refused; the rest is applied
+		g.log.Warn("workers not applied", slog.String("error", err.Error()))
 	}
-	for _, id := range plan.Deletes {
-		if _, err := g.svc.DeleteWorker(id); err != nil {
-			g.log.Warn("delete worker", slog.String("id", id), slog.String("error", err.Error()))
+	for _, r := range g.cfg.Topology.Roles() {
+		for _, inv := range res.Plans[r].Invalid {
+			g.log.Warn("invalid worker", slog.String("id", inv.ID), slog.String("role", r.String()), slog.String("error", inv.Err.Error()))
 		}
 	}
-	for _, w := range plan.Upserts {
-		rec, err := g.svc.UpsertWorker(w)
-		switch {
-		case err != nil:
-			g.log.Warn("upsert worker", slog.String("id", w.ID), slog.String("error", err.Error()))
-		case rec.Lifecycle != catalog.Schedulable:
-			g.log.Info("worker not schedulable", slog.String("id", w.ID), slog.String("reasons", fmt.Sprint(rec.Reasons)))
-		}
+	for _, rec := range res.NotSchedulable {
+		g.log.Info("worker not schedulable", slog.String("id", rec.Worker.ID), slog.String("reasons", fmt.Sprint(rec.Reasons)))
+	}
+	for _, x := range res.Excluded {
+		g.log.Warn("worker excluded: its role label names no role", slog.String("id", x.ID), slog.String("label", g.roleLabel()),
+			slog.String("reason", x.Reason), slog.String("value", x.Value))
+	}
+	if g.cfg.Topology == roles.ModeAggregated {
+		g.warnRoleLabels(s.Workers)
 	}
 	select {
 	case <-g.synced:
 	default:
 		close(g.synced)
-		g.log.Info("workers file applied", slog.Int("workers", len(s.Workers)))
+		g.log.Info("workers file applied", slog.Int("workers", len(s.Workers)), slog.String("topology", g.cfg.Topology.String()))
+	}
+}
+
+// warnRoleLabels warns when workers of an aggregated gateway are labelled
+// prefill or decode: they look like a disaggregated pool, whose decode
+// workers need a prefill worker named to them.
+func (g *gateway) warnRoleLabels(ws []catalog.Worker) {
+	split, err := roles.Split(ws, roles.ModeDisaggregated, g.roleLabel())
+	if err != nil {
+		return // the label key is checked by roles.New: not reached
+	}
+	var labelled []string
+	for _, r := range []roles.Role{roles.Prefill, roles.Decode} {
+		for _, w := range split.ByRole[r] {
+			labelled = append(labelled, w.ID)
+		}
+	}
+	if len(labelled) > 0 {
+		g.log.Warn("workers labelled prefill or decode are served as aggregated workers; pair them with --topology=disaggregated",
+			slog.String("label", g.roleLabel()), slog.Any("workers", labelled))
 	}
 }
 

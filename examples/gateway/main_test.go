@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvselect/kvselect/internal/fakeengine"
+	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -29,7 +30,8 @@ func env(m map[string]string) func(string) string { return func(k string) string
 
 func TestLoadConfig(t *testing.T) {
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	c, err := loadConfig(fs, []string{"--block-size", "32", "--addr", "127.0.0.1:0", "--tokenizer-no-degrade=true"}, env(map[string]string{
+	c, err := loadConfig(fs, []string{"--block-size", "32", "--addr", "127.0.0.1:0", "--tokenizer-no-degrade=true", "--role-label", "example.com/role"}, env(map[string]string{
+		"DYN_EPP_TOPOLOGY_MODE": " Disaggregated ", "DYN_EPP_WORKER_ROLE_LABEL": "ignored.example.com/role",
 		"DYN_EPP_WORKERS_FILE": "w.json", "DYN_EPP_TOKENIZER_SERVICE_URL": " http://10.0.0.1:8000, https://10.0.0.2:8000 ,",
 		"DYN_KV_CACHE_BLOCK_SIZE": "64", "DYN_ROUTER_USE_KV_EVENTS": "false", "GATEWAY_FAILURE_EJECTION": "250ms",
 		"DYN_EPP_COST": "predictive", "GATEWAY_BODY_TIMEOUT": "2s", "DYN_EPP_MAX_PROMPT_TOKENS": "4096",
@@ -37,6 +39,7 @@ func TestLoadConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, config{
 		Addr: "127.0.0.1:0", MetricsAddr: ":9090", WorkersFile: "w.json", Model: "default",
+		Topology: roles.ModeDisaggregated, RoleLabel: "example.com/role",
 		TokenizerURLs: []string{"http://10.0.0.1:8000", "https://10.0.0.2:8000"}, TokenizerNoDegrade: true,
 		TokenizerProtocol: "vllm-render", TokenizerTimeout: 5 * time.Second, BlockSize: 32, UseKVEvents: false,
 		MaxBodyBytes: 8 << 20, FailureEjection: 250 * time.Millisecond, Cost: selection.CostPredictive,
@@ -48,10 +51,10 @@ func TestLoadConfig(t *testing.T) {
 	fs.SetOutput(io.Discard)
 	_, err = loadConfig(fs, []string{"--block-size", "0", "--tokenizer-protocol", "nope", "--addr", "8080", "--cost", "cheapest",
 		"--body-timeout", "0s", "--max-inflight", "0", "--max-prompt-tokens", "-1", "--metrics-addr", "9090",
-		"--tokenizer-no-degrade", "maybe"}, env(nil))
+		"--tokenizer-no-degrade", "maybe", "--topology", "both"}, env(nil))
 	require.ErrorIs(t, err, errConfig)
 	for _, want := range []string{"--block-size", "--tokenizer-protocol", "--addr", "--cost", "--body-timeout", "--max-inflight",
-		"--max-prompt-tokens", "--metrics-addr", "--tokenizer-no-degrade", "--workers-file / DYN_EPP_WORKERS_FILE: required",
+		"--max-prompt-tokens", "--metrics-addr", "--tokenizer-no-degrade", "--topology", "--workers-file / DYN_EPP_WORKERS_FILE: required",
 		"--tokenizer-url / DYN_EPP_TOKENIZER_SERVICE_URL: required"} {
 		require.ErrorContains(t, err, want)
 	}
@@ -83,6 +86,8 @@ func TestLoadConfig(t *testing.T) {
 	c, err = loadConfig(flag.NewFlagSet("t", flag.ContinueOnError), []string{"--kv-event-bind", "tcp://0.0.0.0:5557"}, env(base))
 	require.NoError(t, err)
 	require.Equal(t, "tcp://0.0.0.0:5557", c.KVEventBind)
+	require.Equal(t, roles.ModeAggregated, c.Topology, "the default topology")
+	require.Equal(t, roles.DefaultRoleLabel, c.RoleLabel)
 	for _, args := range [][]string{{"--kv-event-bind", "0.0.0.0:5557"}, {"--kv-event-bind", "tcp://0.0.0.0:5557", "--use-kv-events=false"}} {
 		fs = flag.NewFlagSet("t", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
@@ -123,7 +128,9 @@ func TestRunStartsAndStops(t *testing.T) {
 	require.Contains(t, stderr.String(), "DYN_KV_CACHE_BLOCK_SIZE")
 
 	path := filepath.Join(t.TempDir(), "workers.json")
-	require.NoError(t, os.WriteFile(path, []byte(`{"workers":[{"id":"e0","endpoint":"127.0.0.1:1"}]}`), 0o600))
+	// A worker labelled decode, in the aggregated topology: served as an
+	// aggregated worker, with a WARN naming the flag.
+	require.NoError(t, os.WriteFile(path, []byte(`{"workers":[{"id":"e0","endpoint":"127.0.0.1:1","labels":{"nvidia.com/dynamo-worker-role":"decode"}}]}`), 0o600))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	w := &signalWriter{want: "workers file applied", seen: make(chan struct{})}
@@ -161,4 +168,6 @@ func TestRunStartsAndStops(t *testing.T) {
 	cancel()
 	require.Equal(t, 0, <-code, w.String())
 	require.Contains(t, w.String(), "gateway listening")
+	require.Contains(t, w.String(), `"msg":"workers labelled prefill or decode are served as aggregated workers; pair them with --topology=disaggregated"`)
+	require.Contains(t, w.String(), `"workers":["e0"]`)
 }
