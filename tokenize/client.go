@@ -32,7 +32,7 @@ const (
 // modifies the caller's.
 type Options struct {
 	// Protocol is one of ProtocolVLLMRender, ProtocolVLLMTokenize,
-	// ProtocolSGLang. Required.
+	// ProtocolSGLang, ProtocolSGLangRenderer. Required.
 	Protocol string
 	// BaseURL is the service's absolute http or https URL, e.g.
 	// "http://renderer.ns.svc:8000" or one with a path prefix. It must have a
@@ -89,25 +89,10 @@ var _ Tokenizer = (*Client)(nil)
 // New validates opts and returns a Client. It reports every problem at once,
 // wrapped in ErrInvalidOptions. It starts nothing and dials nothing.
 func New(opts Options) (*Client, error) {
-	var problems []string
-	if !validProtocol(opts.Protocol) {
-		problems = append(problems, fmt.Sprintf("protocol %q is not one of %s", opts.Protocol, protocolList()))
-	}
+	problems := opts.problems()
 	base, err := checkBaseURL(opts.BaseURL)
 	if err != nil {
 		problems = append(problems, err.Error())
-	}
-	if opts.Timeout < 0 {
-		problems = append(problems, fmt.Sprintf("timeout %v is negative", opts.Timeout))
-	}
-	if opts.MaxResponseBytes < 0 {
-		problems = append(problems, fmt.Sprintf("max response bytes %d is negative", opts.MaxResponseBytes))
-	}
-	if opts.MaxRequestBytes < 0 {
-		problems = append(problems, fmt.Sprintf("max request bytes %d is negative", opts.MaxRequestBytes))
-	}
-	if opts.MaxPromptTokens < 0 {
-		problems = append(problems, fmt.Sprintf("max prompt tokens %d is negative", opts.MaxPromptTokens))
 	}
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
@@ -130,6 +115,27 @@ func New(opts Options) (*Client, error) {
 	}
 	c.http.CheckRedirect = refuseRedirect
 	return c, nil
+}
+
+// problems lists what is wrong with every option but BaseURL.
+func (opts *Options) problems() []string {
+	var problems []string
+	if !validProtocol(opts.Protocol) {
+		problems = append(problems, fmt.Sprintf("protocol %q is not one of %s", opts.Protocol, protocolList()))
+	}
+	if opts.Timeout < 0 {
+		problems = append(problems, fmt.Sprintf("timeout %v is negative", opts.Timeout))
+	}
+	if opts.MaxResponseBytes < 0 {
+		problems = append(problems, fmt.Sprintf("max response bytes %d is negative", opts.MaxResponseBytes))
+	}
+	if opts.MaxRequestBytes < 0 {
+		problems = append(problems, fmt.Sprintf("max request bytes %d is negative", opts.MaxRequestBytes))
+	}
+	if opts.MaxPromptTokens < 0 {
+		problems = append(problems, fmt.Sprintf("max prompt tokens %d is negative", opts.MaxPromptTokens))
+	}
+	return problems
 }
 
 func orDefault[T int | int64 | time.Duration](v, def T) T {

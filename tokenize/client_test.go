@@ -175,6 +175,69 @@ func TestSGLang(t *testing.T) {
 	require.JSONEq(t, `{"model":"m","prompt":"abc","add_special_tokens":true}`, string(b2.last(t).Body))
 }
 
+// sglang-renderer speaks the contract of SGLang's renderer binary
+// (rust/sglang-renderer/src/http/render.rs) as Dynamo's EPP does
+// (deploy/inference-gateway/ext-proc/src/sglang_renderer_client.rs): the
+// body goes unchanged to the path's render route; the chat answer is one
+// GenerateRequest, the completions answer a list of them; the ids are
+// input_ids, and an answer in vLLM's shape (token_ids) is not one.
+func TestSGLangRenderer(t *testing.T) {
+	b := newBackend(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/chat/completions/render":
+			reply(200, `{"rid":"chatcmpl-7","input_ids":[151644,872,198,4294967295],
+				"sampling_params":{"max_new_tokens":64,"temperature":1.0,"top_k":1,"n":1,"stop_strs":[],"is_normalized":true},
+				"stream":false,"return_logprob":false,"logprob_start_len":0,"top_logprobs_num":0,
+				"return_hidden_states":false,"model":"m","cache_salt":"tenant-a","priority":3}`)(w, r)
+		case "/v1/completions/render":
+			reply(200, `[{"rid":"cmpl-1-0","input_ids":[1,2,3],"sampling_params":{"max_new_tokens":null}},
+				{"rid":"cmpl-1-1","input_ids":[4],"sampling_params":{}}]`)(w, r)
+		default:
+			reply(404, `{"detail":"Not Found"}`)(w, r)
+		}
+	})
+	c := newClient(t, tokenize.Options{Protocol: tokenize.ProtocolSGLangRenderer, BaseURL: b.URL})
+	body := chatBody("hello")
+	res, err := c.Tokenize(context.Background(), tokenize.Request{Path: tokenize.PathChatCompletions, Body: body, Model: "ignored"})
+	require.NoError(t, err)
+	require.Equal(t, []uint32{151644, 872, 198, 4294967295}, res.Tokens)
+	require.Equal(t, 1, res.PromptCount)
+	require.Equal(t, "tenant-a", res.CacheSalt)
+	require.EqualValues(t, 64, res.MaxTokens)
+	require.Nil(t, res.Features)
+	got := b.last(t)
+	require.Equal(t, http.MethodPost, got.Method)
+	require.Equal(t, "/v1/chat/completions/render", got.Path)
+	require.Equal(t, body, got.Body, "the body is forwarded unchanged")
+	require.Equal(t, "application/json", got.Header.Get("Content-Type"))
+
+	body = []byte(`{"model":"m","prompt":["one two three","four"],"max_tokens":5}`)
+	res, err = c.Tokenize(context.Background(), tokenize.Request{Path: tokenize.PathCompletions, Body: body})
+	require.NoError(t, err)
+	require.Equal(t, []uint32{1, 2, 3}, res.Tokens)
+	require.Equal(t, 2, res.PromptCount)
+	require.Zero(t, res.MaxTokens, "max_new_tokens null: no limit, none known")
+	got = b.last(t)
+	require.Equal(t, "/v1/completions/render", got.Path)
+	require.Equal(t, body, got.Body)
+
+	// vLLM's answer is not SGLang's: no input_ids is the service's fault.
+	vllm := newBackend(t, reply(200, `{"token_ids":[1,2,3]}`))
+	c = newClient(t, tokenize.Options{Protocol: tokenize.ProtocolSGLangRenderer, BaseURL: vllm.URL})
+	_, err = c.Tokenize(context.Background(), tokenize.Request{Path: tokenize.PathChatCompletions, Body: chatBody("x")})
+	require.ErrorIs(t, err, tokenize.ErrUpstream)
+	contains(t, err, "no input_ids", "/v1/chat/completions/render")
+
+	// The renderer refuses a chat body asking for several choices with 400:
+	// the request's fault.
+	refuse := newBackend(t, reply(400, `{"error":{"message":"the standalone chat renderer currently requires n=1","type":"BadRequestError"}}`))
+	c = newClient(t, tokenize.Options{Protocol: tokenize.ProtocolSGLangRenderer, BaseURL: refuse.URL})
+	_, err = c.Tokenize(context.Background(), tokenize.Request{Path: tokenize.PathChatCompletions,
+		Body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}`)})
+	require.ErrorIs(t, err, tokenize.ErrBadRequest)
+	contains(t, err, "requires n=1")
+}
+
 func TestRequestErrorsSendNothing(t *testing.T) {
 	b := newBackend(t, reply(200, `{"token_ids":[1]}`))
 	for _, p := range tokenize.Protocols() {
@@ -193,7 +256,7 @@ func TestRequestErrorsSendNothing(t *testing.T) {
 			require.ErrorIs(t, err, tokenize.ErrBadRequest, "%s %s", p, name)
 			require.Equal(t, 400, tokenize.HTTPStatus(err))
 		}
-		if p != tokenize.ProtocolVLLMRender {
+		if p == tokenize.ProtocolVLLMTokenize || p == tokenize.ProtocolSGLang { // the render protocols leave the body to the renderer
 			_, err := c.Tokenize(context.Background(), tokenize.Request{Path: tokenize.PathChatCompletions, Body: []byte(`{"model":"m"}`)})
 			require.ErrorIs(t, err, tokenize.ErrBadRequest)
 			_, err = c.Tokenize(context.Background(), tokenize.Request{Path: tokenize.PathCompletions, Body: []byte(`{"model":"m"}`)})

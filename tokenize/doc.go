@@ -20,9 +20,27 @@
 //	sglang         POST {base}/tokenize with messages (+ tools, tool_choice,
 //	               reasoning_effort, continue_final_message, chat_template_kwargs)
 //	               or prompt; answer {"tokens": [...] or [[...], ...]}.
+//	sglang-renderer POST {base}/v1/chat/completions/render or
+//	               {base}/v1/completions/render, the body forwarded unchanged;
+//	               the answer is one SGLang GenerateRequest (chat) or a list of
+//	               them (completions: one per prompt, and per choice when n > 1);
+//	               input_ids are the ids, cache_salt and
+//	               sampling_params.max_new_tokens are kept as extras.
 //
-// vllm-render is the exact choice: the service runs generation's own
-// preprocessing. The tokenize endpoints reproduce it from the fields listed, with
+// The render protocols (vllm-render, sglang-renderer) are the exact choice:
+// the service runs generation's own preprocessing. sglang-renderer is the
+// contract of SGLang's CPU-only renderer, the sglang-renderer binary, which
+// serves both routes in render-only mode (launched without --engine-url)
+// and when it fronts an engine. Read in sgl-project/sglang:
+// rust/sglang-renderer/src/http/render.rs (the routes; a chat body with
+// n > 1 is refused with 400), rust/sglang-renderer/src/sampling.rs
+// (max_new_tokens), rust/sglang-frontend/src/http/render.rs (a completions
+// answer per prompt and choice); and in ai-dynamo/dynamo, whose standalone
+// EPP speaks it under the same name:
+// deploy/inference-gateway/ext-proc/src/sglang_renderer_client.rs (chat
+// only, the body unchanged, input_ids read) and epp_standalone_config.rs
+// (DYN_EPP_TOKENIZER_PROTOCOL=sglang-renderer).
+// The tokenize endpoints reproduce the preprocessing from the fields listed, with
 // the same add_special_tokens and add_generation_prompt defaults as the OpenAI
 // endpoints. A completions prompt that already is token ids is returned without
 // calling the service on those two. A completions request with several prompts
@@ -96,13 +114,19 @@
 // the Cache Pool.CallTimeout so a call has room to fail over. NewClientPool
 // builds a Client per base URL (a setting's list: ParseBaseURLs) and the
 // Pool over them; ServiceFailed is the failure class both the Pool and a
-// gateway's degraded mode act on.
+// gateway's degraded mode act on. Pool.SetBaseURLs replaces a client pool's
+// URLs while it serves, so that the pool follows a discovery of the
+// engines: an endpoint that stays keeps its Client, circuit and counters, a
+// new one starts closed, a removed one's Client is closed; a pool may start
+// and run empty, its calls then failing with ErrUnavailable.
 //
 // # Concurrency
 //
-// Client, Cache and Pool are safe for concurrent use. A Pool's hedged call
-// runs on a goroutine that the Tokenize call which started it cancels and
-// waits for before it returns. A Client starts no goroutine of
+// Client, Cache and Pool are safe for concurrent use; SetBaseURLs may run
+// while calls are in flight (a call reads the endpoint set once per
+// endpoint it picks, and a replaced set is never modified). A Pool's hedged
+// call runs on a goroutine that the Tokenize call which started it cancels
+// and waits for before it returns. A Client starts no goroutine of
 // its own; the transport it owns keeps idle keep-alive connections, which Close
 // releases. NewCache starts ristretto's maintenance goroutine, and each upstream
 // call a miss starts runs on a goroutine the Cache tracks; Cache.Close cancels

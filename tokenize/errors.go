@@ -46,8 +46,9 @@ var (
 	ErrCanceled = errors.New("tokenize: canceled")
 	// ErrClosed: Tokenize was called on a Cache after Close (503).
 	ErrClosed = errors.New("tokenize: closed")
-	// ErrInvalidOptions: New or NewCache found problems in its options; the
-	// message lists all of them.
+	// ErrInvalidOptions: New, NewCache, NewPool or NewClientPool found
+	// problems in its options, or Pool.SetBaseURLs in its URLs; the message
+	// lists all of them.
 	ErrInvalidOptions = errors.New("tokenize: invalid options")
 )
 

@@ -2,6 +2,7 @@ package tokenize_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -124,4 +125,42 @@ func ExampleNewPool() {
 	fmt.Println("failovers:", st.Failovers, "first endpoint open:", st.Endpoints[0].Open, "calls:", st.Endpoints[0].Calls, st.Endpoints[1].Calls)
 	// Output:
 	// failovers: 3 first endpoint open: true calls: 3 8
+}
+
+// A pool that follows the engines a discovery finds: it starts empty (its
+// calls fail with ErrUnavailable, which a gateway's degraded mode acts on),
+// and SetBaseURLs gives it each new set of URLs.
+func ExamplePool_SetBaseURLs() {
+	engine := func(id int) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = fmt.Fprintf(w, `{"request_id":"chatcmpl-1","token_ids":[%d]}`, id)
+		}))
+	}
+	a, b := engine(1), engine(2)
+	defer a.Close()
+	defer b.Close()
+	pool, err := tokenize.NewClientPool(tokenize.Options{Protocol: tokenize.ProtocolVLLMRender}, nil, tokenize.PoolOptions{})
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	ctx := context.Background()
+	req := tokenize.Request{Path: tokenize.PathChatCompletions, Body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)}
+
+	_, err = pool.Tokenize(ctx, req)
+	fmt.Println("no engine yet, unavailable:", errors.Is(err, tokenize.ErrUnavailable))
+	if err := pool.SetBaseURLs([]string{a.URL}); err != nil {
+		panic(err)
+	}
+	res, err := pool.Tokenize(ctx, req)
+	fmt.Println("engine a:", res.Tokens, err)
+	if err := pool.SetBaseURLs([]string{b.URL}); err != nil { // a left, b came
+		panic(err)
+	}
+	res, err = pool.Tokenize(ctx, req)
+	fmt.Println("engine b:", res.Tokens, err, "endpoints:", len(pool.Stats().Endpoints))
+	// Output:
+	// no engine yet, unavailable: true
+	// engine a: [1] <nil>
+	// engine b: [2] <nil> endpoints: 1
 }

@@ -52,6 +52,24 @@ func TestParseResponseShapes(t *testing.T) {
 	_, err = render(`[{"token_ids":[3]}, 5]`)
 	require.ErrorIs(t, err, tokenize.ErrUpstream)
 
+	sglang := func(s string) (tokenize.Result, error) {
+		return tokenize.ParseResponse(tokenize.ProtocolSGLangRenderer, []byte(s))
+	}
+	res, err = sglang(`{"input_ids":[5,6],"token_ids":[9],"features":{"mm_hashes":{}},"cache_salt":["x"],"sampling_params":{"max_new_tokens":-1,"max_tokens":7}}`)
+	require.NoError(t, err, "wrong-typed extras are ignored")
+	require.Equal(t, []uint32{5, 6}, res.Tokens, "input_ids, not vLLM's token_ids")
+	require.Nil(t, res.Features, "SGLang's answer has no vLLM features")
+	require.Empty(t, res.CacheSalt)
+	require.Zero(t, res.MaxTokens, "max_new_tokens, not vLLM's max_tokens")
+	res, err = sglang(`[{"input_ids":[7]},{"input_ids":[8,9]},{"input_ids":[10]}]`)
+	require.NoError(t, err)
+	require.Equal(t, []uint32{7}, res.Tokens)
+	require.Equal(t, 3, res.PromptCount)
+	for _, bad := range []string{`{"token_ids":[1]}`, `{"input_ids":[]}`, `{"input_ids":null}`, `[{"input_ids":[1]},{"input_ids":[-1]}]`, `[]`, `"x"`} {
+		_, err := sglang(bad)
+		require.ErrorIs(t, err, tokenize.ErrUpstream, bad)
+	}
+
 	for _, p := range []string{tokenize.ProtocolVLLMTokenize, tokenize.ProtocolSGLang} {
 		_, err := tokenize.ParseResponse(p, []byte(`{"tokens":[],"count":0,"max_model_len":-5}`))
 		require.ErrorIs(t, err, tokenize.ErrUpstream, "a prompt has tokens: none is the service's fault")
@@ -115,6 +133,8 @@ func FuzzParseResponse(f *testing.F) {
 		`{"tokens":[5,6],"count":2,"max_model_len":100}`,
 		`{"tokens":[[5],[6,7]],"count":[1,2]}`,
 		`{"tokens":[-1]}`, `[]`, `{}`, `null`, ``, `{"token_ids":[4294967296]}`,
+		`{"rid":"r","input_ids":[1,2],"sampling_params":{"max_new_tokens":128},"cache_salt":"s"}`,
+		`[{"input_ids":[1]},{"input_ids":[2,3]}]`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -133,12 +153,17 @@ func FuzzParseResponse(f *testing.F) {
 			if res.Features != nil && !json.Valid(res.Features) {
 				t.Fatalf("%s: features not JSON", p)
 			}
-			if p == tokenize.ProtocolVLLMRender {
+			if p == tokenize.ProtocolVLLMRender || p == tokenize.ProtocolSGLangRenderer {
 				var one struct {
 					TokenIDs []int64 `json:"token_ids"`
+					InputIDs []int64 `json:"input_ids"`
 				}
 				if json.Unmarshal(data, &one) == nil {
-					require.Len(t, res.Tokens, len(one.TokenIDs))
+					ids := one.TokenIDs
+					if p == tokenize.ProtocolSGLangRenderer {
+						ids = one.InputIDs
+					}
+					require.Len(t, res.Tokens, len(ids))
 				}
 			}
 		}

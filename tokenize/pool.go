@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -78,11 +79,19 @@ type PoolOptions struct {
 // is returned, wrapped; the caller decides whether to route without tokens
 // (the reference EPP and selection/httproute do, counted as degraded).
 //
-// A Pool is safe for concurrent use. A hedged call runs on a goroutine of
-// its own, which Tokenize cancels and waits for before it returns, so a
-// Pool leaves nothing behind and needs no Close.
+// The endpoint set of a pool NewClientPool made can be replaced while it
+// serves (SetBaseURLs), so that it follows a discovery of the engines; it
+// may be empty, and every call then fails with ErrUnavailable.
+//
+// A Pool is safe for concurrent use, SetBaseURLs included. A hedged call
+// runs on a goroutine of its own, which Tokenize cancels and waits for
+// before it returns, so a Pool leaves nothing behind; Close only releases
+// the idle connections of NewClientPool's Clients.
 type Pool struct {
-	eps      []*poolEndpoint
+	// eps is the endpoint set, never nil; SetBaseURLs stores a new slice
+	// (an endpoint that stays is the same *poolEndpoint in it) and never
+	// modifies a stored one, so a call reads it without a lock.
+	eps      atomic.Pointer[[]*poolEndpoint]
 	failures int
 	openFor  time.Duration
 	quantile float64
@@ -99,7 +108,12 @@ type Pool struct {
 
 	failovers, hedges, hedgeWins, exhausted atomic.Uint64
 
-	clients []*Client // NewClientPool's, closed by Close
+	// A pool NewClientPool made: newClient builds the Client of a base
+	// URL, clients holds the current set's by URL. setMu serialises
+	// SetBaseURLs and Close and guards clients.
+	setMu     sync.Mutex
+	newClient func(base string) (*Client, error)
+	clients   map[string]*Client
 }
 
 type poolEndpoint struct {
@@ -115,9 +129,13 @@ type poolEndpoint struct {
 
 // NewPool validates opts, reporting every problem at once (wrapped
 // ErrInvalidOptions), and returns a Pool.
-func NewPool(opts PoolOptions) (*Pool, error) {
+func NewPool(opts PoolOptions) (*Pool, error) { return newPool(opts, false) }
+
+// newPool is NewPool; empty allows a pool without endpoints (NewClientPool's,
+// whose URLs may come later).
+func newPool(opts PoolOptions, empty bool) (*Pool, error) {
 	var problems []string
-	if len(opts.Endpoints) == 0 {
+	if len(opts.Endpoints) == 0 && !empty {
 		problems = append(problems, "no Endpoints")
 	}
 	seen := map[string]bool{}
@@ -167,9 +185,11 @@ func NewPool(opts PoolOptions) (*Pool, error) {
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
+	eps := make([]*poolEndpoint, 0, len(opts.Endpoints))
 	for _, e := range opts.Endpoints {
-		p.eps = append(p.eps, &poolEndpoint{Endpoint: e})
+		eps = append(eps, &poolEndpoint{Endpoint: e})
 	}
+	p.eps.Store(&eps)
 	p.hedgeAt.Store(int64(p.hedgeMin))
 	return p, nil
 }
@@ -188,10 +208,14 @@ func endpointFault(ctx context.Context, err error) bool {
 // call is its probe, and no other call probes it meanwhile); nil when none
 // may be tried.
 func (p *Pool) pick(tried []*poolEndpoint) *poolEndpoint {
+	eps := *p.eps.Load()
+	if len(eps) == 0 {
+		return nil
+	}
 	start := int(p.next.Add(1) - 1)
 	now := p.now()
-	for i := range p.eps {
-		e := p.eps[(start+i)%len(p.eps)]
+	for i := range eps {
+		e := eps[(start+i)%len(eps)]
 		if slices.Contains(tried, e) {
 			continue
 		}
@@ -269,8 +293,17 @@ type poolAnswer struct {
 
 // Tokenize tokenizes req on the pool's endpoints (see Pool).
 func (p *Pool) Tokenize(ctx context.Context, req Request) (Result, error) {
+	eps := *p.eps.Load()
+	if len(eps) == 0 {
+		p.exhausted.Add(1)
+		return Result{}, fmt.Errorf("%w: the tokenizer pool has no endpoint", ErrUnavailable)
+	}
 	ctx, cancel := context.WithCancel(ctx)
-	answers := make(chan poolAnswer, len(p.eps))
+	// At most two calls are out at once (the first or a failover, and one
+	// hedge), and every answer but theirs is received before the next call
+	// starts: two slots let each call's goroutine deliver without blocking,
+	// however many endpoints the call goes through.
+	answers := make(chan poolAnswer, 2)
 	var wg sync.WaitGroup
 	defer func() {
 		cancel()
@@ -291,13 +324,13 @@ func (p *Pool) Tokenize(ctx context.Context, req Request) (Result, error) {
 	if first == nil {
 		// Every circuit is open and none is due a probe: try the one due
 		// first rather than refuse outright.
-		first = p.eps[int(p.next.Add(1)-1)%len(p.eps)]
+		first = eps[int(p.next.Add(1)-1)%len(eps)]
 	}
 	tried = append(tried, first)
 	call(first)
 	out, hedged := 1, false
 	var hedge <-chan time.Time
-	if p.quantile > 0 && len(p.eps) > 1 {
+	if p.quantile > 0 && len(eps) > 1 {
 		t := time.NewTimer(time.Duration(p.hedgeAt.Load()))
 		defer t.Stop()
 		hedge = t.C
@@ -363,18 +396,20 @@ type EndpointStats struct {
 type PoolStats struct {
 	// Failovers counts calls sent to another endpoint after one failed;
 	// Hedges second calls sent because the first was slow, HedgeWins those
-	// that answered first; Exhausted the Tokenize calls every endpoint failed.
+	// that answered first; Exhausted the Tokenize calls every endpoint failed
+	// (or that found the pool without an endpoint).
 	Failovers, Hedges, HedgeWins, Exhausted uint64
 	// HedgeAfter is the current hedge delay.
 	HedgeAfter time.Duration
-	Endpoints  []EndpointStats
+	// Endpoints are the current set's, in its order.
+	Endpoints []EndpointStats
 }
 
 // Stats returns the counters.
 func (p *Pool) Stats() PoolStats {
 	st := PoolStats{Failovers: p.failovers.Load(), Hedges: p.hedges.Load(), HedgeWins: p.hedgeWins.Load(),
 		Exhausted: p.exhausted.Load(), HedgeAfter: time.Duration(p.hedgeAt.Load())}
-	for _, e := range p.eps {
+	for _, e := range *p.eps.Load() {
 		e.mu.Lock()
 		open := !e.openUntil.IsZero()
 		e.mu.Unlock()
@@ -389,9 +424,15 @@ const MaxPoolTries = 3
 
 // CallTimeout is the bound to give a Cache over p (CacheOptions.CallTimeout)
 // when each endpoint's call is bounded by perCall: room for the call to
-// fail over up to MaxPoolTries endpoints.
+// fail over up to MaxPoolTries endpoints, fewer when the pool has fewer now.
+// An empty pool (one whose URLs come later from SetBaseURLs) counts
+// MaxPoolTries.
 func (p *Pool) CallTimeout(perCall time.Duration) time.Duration {
-	return perCall * time.Duration(min(len(p.eps), MaxPoolTries))
+	n := len(*p.eps.Load())
+	if n == 0 {
+		n = MaxPoolTries
+	}
+	return perCall * time.Duration(min(n, MaxPoolTries))
 }
 
 // ParseBaseURLs splits a comma-separated list of tokenizer base URLs (the
@@ -422,43 +463,121 @@ func ParseBaseURLs(list string, max int) ([]string, error) {
 }
 
 // NewClientPool builds a Client per base URL (opts, with its BaseURL
-// replaced) and a Pool over them, each endpoint named by its URL. Close the
-// Pool to close the Clients.
+// replaced) and a Pool over them, each endpoint named by its URL. baseURLs
+// may be empty: the pool then starts without an endpoint and gets them from
+// SetBaseURLs (a pool that follows a discovery of the engines). opts is
+// checked even then. Close the Pool to close the Clients.
 func NewClientPool(opts Options, baseURLs []string, popts PoolOptions) (*Pool, error) {
-	var clients []*Client
-	closeAll := func() {
-		for _, c := range clients {
-			c.Close()
-		}
+	if problems := opts.problems(); len(problems) > 0 {
+		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
 	}
 	popts.Endpoints = nil
 	if popts.Logger == nil {
 		popts.Logger = opts.Logger
 	}
-	for _, b := range baseURLs {
-		o := opts
-		o.BaseURL = b
-		c, err := New(o)
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		clients = append(clients, c)
-		popts.Endpoints = append(popts.Endpoints, Endpoint{Name: b, Tokenizer: c}) // New refuses credentials in a URL
-	}
-	p, err := NewPool(popts)
+	p, err := newPool(popts, true)
 	if err != nil {
-		closeAll()
 		return nil, err
 	}
-	p.clients = clients
+	p.newClient = func(base string) (*Client, error) {
+		o := opts
+		o.BaseURL = base
+		return New(o) // New refuses credentials in a URL
+	}
+	p.clients = map[string]*Client{}
+	if _, _, err := p.replace(baseURLs); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
-// Close closes the Clients NewClientPool made (their idle connections); a
-// Pool of the caller's own Tokenizers has nothing to close. It is
-// idempotent.
+// SetBaseURLs replaces the endpoints of a pool NewClientPool made with one
+// Client per URL of urls, in that order: each an absolute http(s) base URL
+// listed once, and none at all is allowed (every call then fails with
+// ErrUnavailable until URLs come back). An endpoint whose URL stays keeps
+// its Client, its circuit and its counters; a new URL gets a new Client and
+// a closed circuit; the Clients of the URLs that left are closed (their
+// calls in flight finish) and their counters leave Stats. A call in
+// progress keeps the endpoint it is calling and fails over within the new
+// set. When the set changes, PoolOptions.Logger gets an INFO naming the
+// URLs added and removed.
+//
+// A URL list with problems is refused whole, each problem named (wrapped
+// ErrInvalidOptions), and the set stays as it was; so is a pool NewPool
+// made, whose endpoints are the caller's.
+func (p *Pool) SetBaseURLs(urls []string) error {
+	added, removed, err := p.replace(urls)
+	if err != nil {
+		return err
+	}
+	if len(added)+len(removed) > 0 {
+		p.log.Info("tokenize: endpoints changed", "added", added, "removed", removed, "endpoints", len(urls))
+	}
+	return nil
+}
+
+// replace does SetBaseURLs' work and says which URLs came and went.
+func (p *Pool) replace(urls []string) (added, removed []string, err error) {
+	if p.newClient == nil {
+		return nil, nil, fmt.Errorf("%w: SetBaseURLs: the pool was made by NewPool; only NewClientPool's pools build their endpoints from URLs", ErrInvalidOptions)
+	}
+	var problems []string
+	seen := make(map[string]bool, len(urls))
+	for i, u := range urls {
+		if _, err := checkBaseURL(u); err != nil {
+			problems = append(problems, fmt.Sprintf("URL %d: %v", i, err))
+		}
+		if seen[u] {
+			problems = append(problems, fmt.Sprintf("URL %d: %q repeated", i, u))
+		}
+		seen[u] = true
+	}
+	if len(problems) > 0 {
+		return nil, nil, fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
+	}
+	p.setMu.Lock()
+	defer p.setMu.Unlock()
+	cur := map[string]*poolEndpoint{}
+	for _, e := range *p.eps.Load() {
+		cur[e.Name] = e
+	}
+	eps := make([]*poolEndpoint, 0, len(urls))
+	made := map[string]*Client{}
+	for _, u := range urls {
+		if e := cur[u]; e != nil {
+			eps = append(eps, e)
+			continue
+		}
+		c, err := p.newClient(u)
+		if err != nil {
+			for _, c := range made {
+				c.Close()
+			}
+			return nil, nil, err
+		}
+		made[u] = c
+		added = append(added, u)
+		eps = append(eps, &poolEndpoint{Endpoint: Endpoint{Name: u, Tokenizer: c}})
+	}
+	p.eps.Store(&eps)
+	maps.Copy(p.clients, made)
+	for u, c := range p.clients {
+		if !seen[u] {
+			c.Close()
+			delete(p.clients, u)
+			removed = append(removed, u)
+		}
+	}
+	slices.Sort(removed)
+	return added, removed, nil
+}
+
+// Close closes the Clients NewClientPool and SetBaseURLs made (their idle
+// connections); a Pool of the caller's own Tokenizers has nothing to close.
+// The Clients stay usable, so calls may go on; Close is idempotent.
 func (p *Pool) Close() {
+	p.setMu.Lock()
+	defer p.setMu.Unlock()
 	for _, c := range p.clients {
 		c.Close()
 	}

@@ -310,3 +310,139 @@ func TestNewClientPool(t *testing.T) {
 	_, err = tokenize.NewClientPool(tokenize.Options{Protocol: tokenize.ProtocolVLLMRender}, []string{urls[0], "http://u:p@127.0.0.1:5"}, tokenize.PoolOptions{})
 	require.ErrorIs(t, err, tokenize.ErrInvalidOptions)
 }
+
+// idBackend is a vLLM render endpoint whose every answer is [id].
+func idBackend(t *testing.T, id int) *backend {
+	t.Helper()
+	return newBackend(t, reply(200, fmt.Sprintf(`{"token_ids":[%d]}`, id)))
+}
+
+func endpointNames(p *tokenize.Pool) []string {
+	var names []string
+	for _, e := range p.Stats().Endpoints {
+		names = append(names, e.Name)
+	}
+	return names
+}
+
+// A client pool follows its URLs: it may start empty (its calls fail with
+// ErrUnavailable, counted as exhausted), SetBaseURLs adds and removes
+// endpoints, an endpoint that stays keeps its circuit and counters, and the
+// changes are logged. A bad list is refused whole and changes nothing.
+func TestPoolFollowsBaseURLs(t *testing.T) {
+	a, b, c := idBackend(t, 1), idBackend(t, 2), idBackend(t, 3)
+	down := closedURL(t)
+	var logs logtest.Buffer
+	p, err := tokenize.NewClientPool(tokenize.Options{Protocol: tokenize.ProtocolVLLMRender}, nil,
+		tokenize.PoolOptions{HedgeQuantile: -1, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	defer p.Close()
+	ctx := context.Background()
+
+	require.Empty(t, p.Stats().Endpoints)
+	require.Equal(t, 3*time.Second, p.CallTimeout(time.Second), "an empty pool leaves room for MaxPoolTries endpoints")
+	_, err = p.Tokenize(ctx, poolReq)
+	require.ErrorIs(t, err, tokenize.ErrUnavailable)
+	require.ErrorContains(t, err, "no endpoint")
+	require.True(t, tokenize.ServiceFailed(err), "a gateway's degraded mode acts on it")
+	require.EqualValues(t, 1, p.Stats().Exhausted)
+
+	require.NoError(t, p.SetBaseURLs([]string{a.URL}))
+	res, err := p.Tokenize(ctx, poolReq)
+	require.NoError(t, err)
+	require.Equal(t, []uint32{1}, res.Tokens)
+	require.Contains(t, logs.String(), "endpoints changed")
+	require.Contains(t, logs.String(), "added=["+a.URL+"]")
+
+	require.NoError(t, p.SetBaseURLs([]string{a.URL, b.URL}))
+	require.Equal(t, []string{a.URL, b.URL}, endpointNames(p))
+	require.EqualValues(t, 1, p.Stats().Endpoints[0].Calls, "a stayed: its counters too")
+	seen := map[uint32]bool{}
+	for range 4 {
+		res, err := p.Tokenize(ctx, poolReq)
+		require.NoError(t, err)
+		seen[res.Tokens[0]] = true
+	}
+	require.Equal(t, map[uint32]bool{1: true, 2: true}, seen, "round robin over both")
+	require.Equal(t, 2, strings.Count(logs.String(), "endpoints changed"), "one INFO per change:\n%s", logs.String())
+
+	// a leaves, a dead URL comes: its circuit opens, and stays open when
+	// the set changes around it.
+	require.NoError(t, p.SetBaseURLs([]string{down, b.URL}))
+	require.Equal(t, []string{down, b.URL}, endpointNames(p))
+	require.Contains(t, logs.String(), "removed=["+a.URL+"]")
+	for range 6 {
+		res, err := p.Tokenize(ctx, poolReq)
+		require.NoError(t, err)
+		require.Equal(t, []uint32{2}, res.Tokens)
+	}
+	require.NoError(t, p.SetBaseURLs([]string{c.URL, down, b.URL}))
+	st := p.Stats()
+	require.Equal(t, tokenize.EndpointStats{Name: down, Calls: 3, Failures: 3, Opened: 1, Open: true}, st.Endpoints[1])
+	require.Equal(t, tokenize.EndpointStats{Name: c.URL}, st.Endpoints[0], "a new endpoint starts closed, at zero")
+
+	// A bad list is refused whole, each problem named, credentials not quoted.
+	err = p.SetBaseURLs([]string{b.URL, "ftp://x:1", b.URL, "http://user:secret@10.0.0.1:8000"})
+	require.ErrorIs(t, err, tokenize.ErrInvalidOptions)
+	require.ErrorContains(t, err, "URL 1")
+	require.ErrorContains(t, err, "repeated")
+	require.ErrorContains(t, err, "user information")
+	require.NotContains(t, err.Error(), "secret")
+	require.Equal(t, []string{c.URL, down, b.URL}, endpointNames(p), "nothing changed")
+
+	// No URL at all: back to an empty pool.
+	require.NoError(t, p.SetBaseURLs(nil))
+	require.Empty(t, p.Stats().Endpoints)
+	_, err = p.Tokenize(ctx, poolReq)
+	require.ErrorIs(t, err, tokenize.ErrUnavailable)
+
+	// A pool of the caller's own Tokenizers has no URLs to set.
+	own := newPool(t, tokenize.PoolOptions{}, &scripted{})
+	require.ErrorIs(t, own.SetBaseURLs([]string{a.URL}), tokenize.ErrInvalidOptions)
+	require.Equal(t, []string{"t0"}, endpointNames(own))
+}
+
+// The endpoint set changes while calls are in flight, from several
+// goroutines at once: every set holds live endpoints only, so no call
+// fails, and Stats reads a whole set each time (run it with -race).
+func TestPoolSetBaseURLsWhileServing(t *testing.T) {
+	var urls []string
+	for i := range 4 {
+		urls = append(urls, idBackend(t, i).URL)
+	}
+	sets := [][]string{{urls[0]}, {urls[0], urls[1]}, {urls[1], urls[2], urls[3]}, {urls[3]}, {urls[2], urls[0]}}
+	p, err := tokenize.NewClientPool(tokenize.Options{Protocol: tokenize.ProtocolVLLMRender}, sets[0], tokenize.PoolOptions{HedgeMin: time.Millisecond})
+	require.NoError(t, err)
+	defer p.Close()
+	const workers, calls = 8, 150
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := range calls {
+				if _, err := p.Tokenize(context.Background(), poolReq); err != nil {
+					errs <- fmt.Errorf("worker %d call %d: %w", w, i, err)
+					return
+				}
+				if i%10 == w%10 {
+					if err := p.SetBaseURLs(sets[(w+i)%len(sets)]); err != nil {
+						errs <- err
+						return
+					}
+				}
+				if st := p.Stats(); len(st.Endpoints) == 0 {
+					errs <- errors.New("an empty set was seen")
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	st := p.Stats()
+	require.Zero(t, st.Exhausted)
+	require.Zero(t, st.Failovers, "no endpoint of any set failed")
+}

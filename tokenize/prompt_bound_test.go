@@ -72,9 +72,12 @@ func TestParseTokenIDsStopsAtTheLimit(t *testing.T) {
 func TestClientRefusesAPromptOverMaxPromptTokens(t *testing.T) {
 	huge := zeroIDs(4 << 20)
 	for _, p := range tokenize.Protocols() {
-		answer := `{"token_ids":` + string(huge) + `}`
-		if p != tokenize.ProtocolVLLMRender {
-			answer = `{"tokens":` + string(huge) + `,"count":4194304}`
+		answer := `{"tokens":` + string(huge) + `,"count":4194304}`
+		switch p {
+		case tokenize.ProtocolVLLMRender:
+			answer = `{"token_ids":` + string(huge) + `}`
+		case tokenize.ProtocolSGLangRenderer:
+			answer = `{"input_ids":` + string(huge) + `}`
 		}
 		b := newBackend(t, reply(200, answer))
 		c := newClient(t, tokenize.Options{Protocol: p, BaseURL: b.URL})

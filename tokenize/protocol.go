@@ -32,11 +32,22 @@ const (
 	ProtocolVLLMTokenize = "vllm-tokenize"
 	// ProtocolSGLang posts to SGLang's /tokenize.
 	ProtocolSGLang = "sglang"
+	// ProtocolSGLangRenderer posts the body unchanged to the render endpoint
+	// of SGLang's renderer (the sglang-renderer binary, CPU only) for its
+	// path, as ProtocolVLLMRender does; the answer is SGLang's
+	// GenerateRequest, whose ids are input_ids.
+	ProtocolSGLangRenderer = "sglang-renderer"
 )
 
 // protocols lists the valid protocol names.
 func protocols() []string {
-	return []string{ProtocolVLLMRender, ProtocolVLLMTokenize, ProtocolSGLang}
+	return []string{ProtocolVLLMRender, ProtocolVLLMTokenize, ProtocolSGLang, ProtocolSGLangRenderer}
+}
+
+// rendersBody reports whether protocol posts the client's body unchanged to
+// a render endpoint (the service runs generation's own preprocessing).
+func rendersBody(protocol string) bool {
+	return protocol == ProtocolVLLMRender || protocol == ProtocolSGLangRenderer
 }
 
 // Request is the client's OpenAI request as the gateway received it. The zero
@@ -49,8 +60,9 @@ type Request struct {
 	// must not modify it while Tokenize runs.
 	Body []byte
 	// Model, when not empty, is the model name sent to the tokenize endpoints
-	// (vllm-tokenize, sglang) instead of the body's "model". vllm-render forwards
-	// the body unchanged and ignores it. The cache key includes it.
+	// (vllm-tokenize, sglang) instead of the body's "model". The render
+	// protocols (vllm-render, sglang-renderer) forward the body unchanged and
+	// ignore it. The cache key includes it.
 	Model string
 }
 
@@ -67,10 +79,11 @@ type Result struct {
 	// and placeholder offsets: {"mm_hashes": ..., "mm_placeholders": ...}), or
 	// nil when the service sent none or null.
 	Features json.RawMessage
-	// CacheSalt is the cache_salt vllm-render echoed, "" when none.
+	// CacheSalt is the cache_salt a render protocol echoed, "" when none.
 	CacheSalt string
-	// MaxTokens is the output budget vllm-render resolved into
-	// sampling_params.max_tokens, 0 when absent.
+	// MaxTokens is the output budget a render protocol resolved:
+	// sampling_params.max_tokens (vllm-render) or
+	// sampling_params.max_new_tokens (sglang-renderer), 0 when absent.
 	MaxTokens int64
 	// MaxModelLen is the engine context length the tokenize endpoints report,
 	// 0 when absent.
@@ -133,7 +146,7 @@ func buildRequest(protocol string, chat bool, req Request, maxTokens int) (outbo
 	if !isJSONObject(req.Body) {
 		return outbound{}, fmt.Errorf("%w: body is not a JSON object", ErrBadRequest)
 	}
-	if protocol == ProtocolVLLMRender {
+	if rendersBody(protocol) {
 		// The render endpoints take the OpenAI body as is and run the engine's
 		// own preprocessing on it, so nothing is rewritten.
 		path := PathCompletions
@@ -273,15 +286,32 @@ func isAbsent(v json.RawMessage) bool {
 	return v == nil || string(bytes.TrimSpace(v)) == "null"
 }
 
-// renderAnswer is one vLLM GenerateRequest as the render endpoints return it.
-// Only token_ids is required; the extras are read leniently (a wrong type is
-// ignored, not an error) because routing does not depend on them.
+// renderAnswer is one GenerateRequest as a render endpoint returns it:
+// vLLM's (the ids in token_ids) or SGLang's (the ids in input_ids). Only the
+// protocol's ids field is required; the extras are read leniently (a wrong
+// type is ignored, not an error) because routing does not depend on them.
 type renderAnswer struct {
 	TokenIDs       json.RawMessage `json:"token_ids"`
+	InputIDs       json.RawMessage `json:"input_ids"`
 	Features       json.RawMessage `json:"features"`
 	CacheSalt      json.RawMessage `json:"cache_salt"`
 	SamplingParams json.RawMessage `json:"sampling_params"`
 }
+
+// renderShape names the fields a render protocol's answer carries.
+type renderShape struct {
+	ids       string                              // the ids field, for errors
+	pick      func(*renderAnswer) json.RawMessage // the ids field's value
+	maxTokens string                              // the output budget in sampling_params
+	features  bool                                // vLLM's multimodal features are kept
+}
+
+var (
+	vllmRenderShape = renderShape{ids: "token_ids", maxTokens: "max_tokens", features: true,
+		pick: func(a *renderAnswer) json.RawMessage { return a.TokenIDs }}
+	sglangRenderShape = renderShape{ids: "input_ids", maxTokens: "max_new_tokens",
+		pick: func(a *renderAnswer) json.RawMessage { return a.InputIDs }}
+)
 
 // tokenizeAnswer is the /tokenize answer of vLLM and SGLang.
 type tokenizeAnswer struct {
@@ -300,7 +330,9 @@ func parseResponse(protocol string, data []byte, maxTokens int) (Result, error) 
 	)
 	switch protocol {
 	case ProtocolVLLMRender:
-		res, err = parseRender(data, maxTokens)
+		res, err = parseRender(data, maxTokens, vllmRenderShape)
+	case ProtocolSGLangRenderer:
+		res, err = parseRender(data, maxTokens, sglangRenderShape)
 	case ProtocolVLLMTokenize, ProtocolSGLang:
 		res, err = parseTokenize(data, maxTokens)
 	default:
@@ -320,8 +352,9 @@ func parseResponse(protocol string, data []byte, maxTokens int) (Result, error) 
 
 // parseRender accepts both shapes whatever the path: one GenerateRequest object
 // (the chat endpoint) or a non-empty array of them (the completions endpoint,
-// one per prompt), so a server that changes one shape still parses.
-func parseRender(data []byte, maxTokens int) (Result, error) {
+// one per prompt), so a server that changes one shape still parses. shape
+// names the protocol's fields.
+func parseRender(data []byte, maxTokens int, shape renderShape) (Result, error) {
 	t := bytes.TrimLeft(data, " \t\r\n")
 	var ans renderAnswer
 	count := 1
@@ -340,23 +373,24 @@ func parseRender(data []byte, maxTokens int) (Result, error) {
 		}
 		// Every prompt's ids are validated; the first prompt's are returned.
 		for i := 1; i < len(list); i++ {
-			if _, err := parseTokenIDs(list[i].TokenIDs, maxTokens); err != nil {
-				return Result{}, fmt.Errorf("prompt %d: token_ids: %w", i, err)
+			if _, err := parseTokenIDs(shape.pick(&list[i]), maxTokens); err != nil {
+				return Result{}, fmt.Errorf("prompt %d: %s: %w", i, shape.ids, err)
 			}
 		}
 		ans, count = list[0], len(list)
 	default:
 		return Result{}, fmt.Errorf("not a JSON object or array")
 	}
-	if isAbsent(ans.TokenIDs) {
-		return Result{}, fmt.Errorf("no token_ids")
+	ids := shape.pick(&ans)
+	if isAbsent(ids) {
+		return Result{}, fmt.Errorf("no %s", shape.ids)
 	}
-	toks, err := parseTokenIDs(ans.TokenIDs, maxTokens)
+	toks, err := parseTokenIDs(ids, maxTokens)
 	if err != nil {
-		return Result{}, fmt.Errorf("token_ids: %w", err)
+		return Result{}, fmt.Errorf("%s: %w", shape.ids, err)
 	}
 	res := Result{Tokens: toks, PromptCount: count}
-	if firstByte(ans.Features) == '{' {
+	if shape.features && firstByte(ans.Features) == '{' {
 		res.Features = bytes.Clone(ans.Features)
 	}
 	var salt string
@@ -364,11 +398,9 @@ func parseRender(data []byte, maxTokens int) (Result, error) {
 		res.CacheSalt = salt
 	}
 	if !isAbsent(ans.SamplingParams) {
-		var sp struct {
-			MaxTokens json.RawMessage `json:"max_tokens"`
-		}
+		var sp map[string]json.RawMessage
 		if json.Unmarshal(ans.SamplingParams, &sp) == nil {
-			res.MaxTokens = lenientInt(sp.MaxTokens)
+			res.MaxTokens = lenientInt(sp[shape.maxTokens])
 		}
 	}
 	return res, nil

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,7 +45,8 @@ type Config struct {
 	Model         string
 	// TokenizerURLs are the tokenizer endpoints (one or more base URLs of
 	// the same protocol): a tokenize.Pool of one Client each, inside the
-	// cache.
+	// cache. Empty: the pool follows discovery, the workers' own endpoints
+	// its URLs (workerTokenizers).
 	TokenizerURLs     []string
 	TokenizerProtocol string
 	TokenizerTimeout  time.Duration
@@ -174,6 +176,9 @@ const maxPeers = 256
 // maxTokenizerURLs bounds DYN_EPP_TOKENIZER_SERVICE_URL's list.
 const maxTokenizerURLs = 64
 
+// tokenizerProtocols are DYN_EPP_TOKENIZER_PROTOCOL's values.
+var tokenizerProtocols = []string{tokenize.ProtocolVLLMRender, tokenize.ProtocolVLLMTokenize, tokenize.ProtocolSGLang, tokenize.ProtocolSGLangRenderer}
+
 // settings returns the contract bound to c. The order is the README table's.
 func (c *Config) settings() []envconf.Var {
 	r := &c.Router
@@ -221,13 +226,21 @@ func (c *Config) settings() []envconf.Var {
 		{Env: "POD_NAMESPACE", Flag: "namespace", Required: "with Kubernetes discovery", Help: "namespace of the pool and its pods (downward API)", Set: str(&c.Namespace)},
 		{Env: "POD_IP", Flag: "pod-ip", Help: "this EPP's own IP (downward API status.podIP): required with DYN_EPP_PEER_SERVICE (self is no peer); the replica sync listener binds it", Set: str(&c.PodIP)},
 		{Env: "DYN_MODEL_NAME", Flag: "model", Default: "default", Help: "model name: the selection partition of every worker and request", Set: str(&c.Model)},
-		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Required: "always (the demo sets it)", Help: fmt.Sprintf("absolute http(s) base URL of the engines' tokenizer/render service, or several, comma-separated (at most %d): the pool's own vLLM or SGLang pods serve it, so list a few of them; calls go round robin, fail over to the next URL on an error or timeout, are hedged on a second URL past the recent calls' p95 (at least 50 ms), and skip a URL for 5 s after 3 failures in a row", maxTokenizerURLs),
+		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Help: fmt.Sprintf("absolute http(s) base URL of the engines' tokenizer/render service, or several, comma-separated (at most %d); a list set here wins. Unset: the discovered workers of DYN_MODEL_NAME are the tokenizers, each at `http://<endpoint>` (every vLLM and SGLang pod serves render/tokenize), following discovery as workers come and go, except those whose `%s` label names another engine than the protocol's (`vllm` or `sglang`; label TensorRT-LLM pods `trtllm`: they serve no tokenizer, so give such a pool a render service here). Calls go round robin, fail over to the next URL on an error or timeout, are hedged on a second URL past the recent calls' p95 (at least 50 ms), and skip a URL for 5 s after 3 failures in a row", maxTokenizerURLs, engineLabel),
 			Set: func(v string) error {
 				urls, err := tokenize.ParseBaseURLs(v, maxTokenizerURLs)
 				c.TokenizerURLs = urls
 				return err
 			}},
-		{Env: "DYN_EPP_TOKENIZER_PROTOCOL", Flag: "tokenizer-protocol", Default: "vllm-render", Help: "`vllm-render`, `vllm-tokenize` or `sglang`", Set: str(&c.TokenizerProtocol)},
+		{Env: "DYN_EPP_TOKENIZER_PROTOCOL", Flag: "tokenizer-protocol", Default: "vllm-render", Help: "`vllm-render`, `vllm-tokenize`, `sglang` (SGLang's /tokenize) or `sglang-renderer` (the render routes of SGLang's CPU-only renderer, as Dynamo's EPP speaks them)",
+			Set: func(v string) error {
+				v = strings.TrimSpace(v)
+				if !slices.Contains(tokenizerProtocols, v) {
+					return fmt.Errorf("%q is not one of %s", v, strings.Join(tokenizerProtocols, ", "))
+				}
+				c.TokenizerProtocol = v
+				return nil
+			}},
 		{Env: "DYN_EPP_TOKENIZATION_TIMEOUT_MS", Flag: "tokenization-timeout-ms", Default: "5000", Help: "per-call tokenizer timeout in ms (>= 1), for each tokenizer URL a call tries; with several URLs one request's tokenization may take up to three of them (failover)",
 			Set: func(v string) error {
 				var ms int
@@ -532,13 +545,10 @@ func LoadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (*C
 	return c, nil
 }
 
-// requireForServing checks what only a real run (Serve: discovery and a
-// tokenizer of its own) needs.
+// requireForServing checks what only a real run (Serve: discovery of its
+// own) needs.
 func (c *Config) requireForServing() error {
 	var errs []error
-	if len(c.TokenizerURLs) == 0 {
-		errs = append(errs, errors.New("DYN_EPP_TOKENIZER_SERVICE_URL: required"))
-	}
 	if c.WorkersFile == "" {
 		if c.PoolName == "" {
 			errs = append(errs, errors.New("DYN_EPP_INFERENCE_POOL_NAME: required with Kubernetes discovery (or set DYN_EPP_WORKERS_FILE)"))

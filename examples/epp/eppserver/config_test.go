@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/tokenize"
 )
 
 func envOf(kv map[string]string) func(string) string {
@@ -49,11 +50,13 @@ func TestConfigDefaults(t *testing.T) {
 	want.Sessions.MaxSessions, want.Sessions.IdleTTL = selection.DefaultMaxSessions, selection.DefaultSessionIdleTTL
 	require.Equal(t, want, c.Router)
 	require.Equal(t, "x-session-id", c.SessionHeader)
-	// A real run needs the pool, the namespace and the tokenizer.
+	// A real run needs the pool and the namespace; without a tokenizer URL
+	// the discovered workers are the tokenizers.
+	require.Empty(t, c.TokenizerURLs)
 	err = c.requireForServing()
 	require.ErrorContains(t, err, "DYN_EPP_INFERENCE_POOL_NAME")
 	require.ErrorContains(t, err, "POD_NAMESPACE")
-	require.ErrorContains(t, err, "DYN_EPP_TOKENIZER_SERVICE_URL")
+	require.NotContains(t, err.Error(), "DYN_EPP_TOKENIZER_SERVICE_URL")
 }
 
 func TestConfigFromEnvAndFlags(t *testing.T) {
@@ -262,6 +265,23 @@ func TestConfigTokenizerURLs(t *testing.T) {
 	}
 	_, err = load(t, map[string]string{"DYN_EPP_TOKENIZER_SERVICE_URL": strings.Join(many, ",")})
 	require.ErrorContains(t, err, fmt.Sprintf("at most %d", maxTokenizerURLs))
+}
+
+// DYN_EPP_TOKENIZER_PROTOCOL takes the four protocols, Dynamo's
+// sglang-renderer among them, and refuses any other by name.
+func TestConfigTokenizerProtocol(t *testing.T) {
+	c, err := load(t, nil)
+	require.NoError(t, err)
+	require.Equal(t, tokenize.ProtocolVLLMRender, c.TokenizerProtocol)
+	for _, p := range []string{"vllm-render", "vllm-tokenize", "sglang", " sglang-renderer "} {
+		c, err := load(t, map[string]string{"DYN_EPP_TOKENIZER_PROTOCOL": p})
+		require.NoError(t, err, p)
+		require.Equal(t, strings.TrimSpace(p), c.TokenizerProtocol)
+	}
+	_, err = load(t, map[string]string{"DYN_EPP_TOKENIZER_PROTOCOL": "openai"})
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, "DYN_EPP_TOKENIZER_PROTOCOL")
+	require.ErrorContains(t, err, `"openai" is not one of vllm-render, vllm-tokenize, sglang, sglang-renderer`)
 }
 
 // Dynamo's DYN_EPP_SELECTION_HTTP_PORT (a peer index dump over HTTP) is

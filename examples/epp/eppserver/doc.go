@@ -17,18 +17,27 @@
 //     discovery snapshots itself (Apply) and serves ExtProc on a gRPC server
 //     of its own.
 //
-// The tokenizer is a pool: DYN_EPP_TOKENIZER_SERVICE_URL lists one or more
-// URLs of the same protocol (a few of the pool's own vLLM or SGLang pods,
-// say), and the EPP builds one tokenize.Client per URL, a tokenize.Pool over
-// them (round robin, failover on an endpoint's fault, a circuit per
-// endpoint, hedged calls) and the tokenize.Cache around the pool. When no
-// URL answers (the error is the tokenizers', not the request's nor the
+// The tokenizer is a pool: one tokenize.Client per URL, a tokenize.Pool
+// over them (round robin, failover on an endpoint's fault, a circuit per
+// endpoint, hedged calls) and the tokenize.Cache around the pool. Its URLs
+// are, by default, the discovered workers' own endpoints (every vLLM and
+// SGLang pod serves its model's render or tokenize endpoint): each worker
+// of the EPP's model at http://<its endpoint>, less those whose
+// kvselect.io/engine label names another engine than the protocol's (label
+// TensorRT-LLM pods trtllm: they serve no tokenizer). Apply gives the pool
+// each snapshot's set (tokenize.Pool.SetBaseURLs), so a worker that comes
+// is a tokenizer and one that goes is not, and a synced snapshot that
+// leaves no tokenizer is logged at WARN. DYN_EPP_TOKENIZER_SERVICE_URL, one
+// or more URLs of the same protocol (a render service, say), wins over
+// discovery. The mode is logged as the EPP starts. When no tokenizer
+// answers (the error is the tokenizers', not the request's nor the
 // client's), the request is routed on load alone rather than refused: the
 // degraded mode books a load-only decision (selection.Request.ISL estimated
 // from the body, no tokens) and settles it like any other, counts it and
 // logs a WARN at most every 10 s; DYN_EPP_TOKENIZER_NO_DEGRADE refuses it
-// with the tokenizer error's status instead. The pool's counters and the
-// degraded requests are on /metrics (prommetrics.TokenizerCollector).
+// with the tokenizer error's status instead. The pool's counters, one set
+// per endpoint it has at the scrape, and the degraded requests are on
+// /metrics (prommetrics.TokenizerCollector).
 //
 // After the pick the EPP follows each response through ext_proc
 // (docs/OBSERVABILITY.md): it renews the request's leases while the response

@@ -40,9 +40,12 @@ type EPP struct {
 	cfg    *Config
 	logger *slog.Logger
 	// pool fails over between the tokenizer endpoints (a Client per URL),
-	// and cache (the router's tokenizer) wraps the pool.
-	pool  *tokenize.Pool
-	cache *tokenize.Cache
+	// and cache (the router's tokenizer) wraps the pool. tokenizers keeps
+	// the pool's URLs equal to the discovered workers' when no URL is
+	// configured; nil otherwise. Apply owns it.
+	pool       *tokenize.Pool
+	cache      *tokenize.Cache
+	tokenizers *workerTokenizers
 	// rs owns one selection service per role of the topology (one in
 	// aggregated mode); pairs books every request on them, in both modes.
 	rs     *roles.RoleSelectors
@@ -89,9 +92,8 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	if len(cfg.TokenizerURLs) == 0 {
-		return nil, errors.New("eppserver: New needs at least one tokenizer URL (DYN_EPP_TOKENIZER_SERVICE_URL)")
-	}
+	// Without configured URLs the pool starts empty and follows discovery
+	// (Apply gives it the workers' own endpoints).
 	pool, err := tokenize.NewClientPool(tokenize.Options{
 		Protocol: cfg.TokenizerProtocol, Timeout: cfg.TokenizerTimeout,
 		MaxResponseBytes: int64(cfg.TokenizerMaxResp), MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger,
@@ -112,6 +114,13 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 		return nil, err
 	}
 	e := &EPP{cfg: cfg, logger: logger, pool: pool, cache: cache, reg: prometheus.NewRegistry(), rep: rp}
+	if len(cfg.TokenizerURLs) == 0 {
+		e.tokenizers = newWorkerTokenizers(pool, cfg, logger)
+		logger.Info("tokenizers: the discovered workers' own endpoints, following discovery (DYN_EPP_TOKENIZER_SERVICE_URL unset)",
+			"protocol", cfg.TokenizerProtocol, "model", cfg.Model, "left_out_when", engineLabel+" != "+e.tokenizers.engine)
+	} else {
+		logger.Info("tokenizers: the configured URLs (DYN_EPP_TOKENIZER_SERVICE_URL)", "protocol", cfg.TokenizerProtocol, "urls", cfg.TokenizerURLs)
+	}
 	fail := func(err error) (*EPP, error) {
 		e.Close()
 		return nil, err
@@ -296,6 +305,9 @@ func (e *EPP) Apply(s discovery.Snapshot) {
 		e.logger.Info("worker not schedulable", "id", rec.Worker.ID, "identity", rec.Worker.Identity, "reasons", fmt.Sprint(rec.Reasons))
 	}
 	e.logExclusions(res.Excluded)
+	if e.tokenizers != nil { // before the EPP reports ready: its first requests find tokenizers
+		e.tokenizers.follow(desired, s.Synced)
+	}
 	e.router.setWorkers(desired)
 	switch {
 	case !s.Synced:

@@ -227,7 +227,8 @@ const explainCandidates = 4
 // the destination role scored them just before the booking (the cost in
 // its unit: blocks, or the predictive cost's seconds): cached blocks
 // (device+host+disk), the prefill tokens they would have, their decode
-// blocks with the request, their active requests, busy. Worker ids are
+// blocks with the request, their active requests, their calibrated prefill
+// rate and slowness once known (reservation.Calibration), busy. Worker ids are
 // shortened and reduced to a safe alphabet; the value stays under
 // extproc.MaxDebugLen.
 func explain(chosen catalog.WorkerRank, sc []selection.Scored) string {
@@ -270,6 +271,14 @@ func explain(chosen catalog.WorkerRank, sc []selection.Scored) string {
 		b.WriteString(strconv.Itoa(s.PotentialDecodeBlock))
 		b.WriteString(" reqs=")
 		b.WriteString(strconv.Itoa(s.ActiveRequests))
+		if s.PrefillRate > 0 {
+			b.WriteString(" rate=")
+			b.WriteString(strconv.FormatFloat(s.PrefillRate, 'f', 0, 64))
+		}
+		if s.Slowness > 0 {
+			b.WriteString(" slow=")
+			b.WriteString(strconv.FormatFloat(s.Slowness, 'f', 2, 64))
+		}
 		if s.Busy {
 			b.WriteString(" busy")
 		}

@@ -381,6 +381,10 @@ func TestDebugHeaderExplainsTheDecision(t *testing.T) {
 	// The predictive cost's seconds keep three significant digits.
 	v = explain(catalog.WorkerRank{Worker: "a"}, []selection.Scored{{Cost: 0.01637}})
 	require.Contains(t, v, "cost=0.0164 ", v)
+	require.NotContains(t, v, "rate=", "no calibrated rate yet")
+	// A calibrated rank shows its rate and slowness.
+	v = explain(catalog.WorkerRank{Worker: "a"}, []selection.Scored{{Cost: 0.01, WorkerLoad: selection.WorkerLoad{PrefillRate: 12345.6, Slowness: 1.5}}})
+	require.Contains(t, v, " rate=12346 slow=1.50", v)
 }
 
 // Failure feedback: a 5xx answer takes the worker that gave it out of the

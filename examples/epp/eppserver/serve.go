@@ -33,7 +33,7 @@ import (
 // Serve runs the EPP cfg describes until ctx is done: replicas (when
 // configured), tracing (DYN_EPP_OTLP_ENDPOINT), the EPP itself, discovery,
 // and the ext_proc, health and metrics listeners. A configuration that
-// lacks what serving needs (a tokenizer, a pool or a workers file) is
+// lacks what serving needs (a pool or a workers file) is
 // refused first, with ErrConfig. It returns nil once ctx is done and every
 // goroutine it started has stopped, or the first error that stopped it. A
 // nil logger discards.

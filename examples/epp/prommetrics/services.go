@@ -78,7 +78,11 @@ var (
 	dLoadRequests = prometheus.NewDesc("kvselect_worker_active_requests", "Requests booked on the worker rank now, the EPP's own and its peers' (replicas).", loadLabels, nil)
 	dLoadBlocks   = prometheus.NewDesc("kvselect_worker_active_blocks", "Active KV blocks booked on the worker rank now (decode load).", loadLabels, nil)
 	dLoadPrefill  = prometheus.NewDesc("kvselect_worker_active_prefill_tokens", "Prefill tokens booked on the worker rank and not prefilled yet.", loadLabels, nil)
-	dLoadRate     = prometheus.NewDesc("kvselect_worker_prefill_rate_tokens_per_second", "The worker rank's observed prefill rate (completed prefill tokens over the time it was busy with them), what the predictive cost divides by; 0 until 4 prefills have completed there.", loadLabels, nil)
+	dLoadRate     = prometheus.NewDesc("kvselect_worker_prefill_rate_tokens_per_second", "The worker rank's calibrated prefill rate (the fit's seconds per own token times the rank's slowness, inverted), what the predictive cost prices its prompt with; 0 until the calibration is ready.", loadLabels, nil)
+	dLoadSlow     = prometheus.NewDesc("kvselect_worker_slowness", "How the worker rank's token times compare with the fleet's calibrated ones (2: twice as long), learned from its own completions; 0 until they separate its speed from the overhead.", loadLabels, nil)
+	dCalibration  = prometheus.NewDesc("kvselect_calibration_seconds", "The calibration of the bookings' times to first token (TTFT = overhead + queued_token x queued tokens + active_request x active requests + own_token x own tokens, each rank's tokens at its slowness), by term; residual is the fit's recent mean absolute error.", []string{"role", "term"}, nil)
+	dCalSamples   = prometheus.NewDesc("kvselect_calibration_samples_total", "Completed prefills the calibration has fitted (it is used from 32 on).", []string{"role"}, nil)
+	dSpread       = descSel("decisions_spread_total", "Decisions that priced the bookings peer replicas were likely making in the same instant (a burst spread over the replicas).")
 	dLoadRecent   = prometheus.NewDesc("kvselect_worker_recent_bookings", "Requests booked on the worker rank recently (the EPP's own and its peers'), each decaying over DYN_EPP_BALANCE_WINDOW_SECONDS: what the predictive cost's balance term compares with the mean.", loadLabels, nil)
 	dLoadBusy     = prometheus.NewDesc("kvselect_worker_busy", "1 while the worker rank's prefill load is above the queue threshold (requests wait in kvselect_queue_depth when every eligible rank is busy); 0 without queueing.", loadLabels, nil)
 
@@ -144,6 +148,15 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(dChosen, float64(st.ChosenOverlapBlocks), role)
 		counter(dBest, float64(st.BestOverlapBlocks), role)
 		counter(dReqBlocks, float64(st.RequestBlocks), role)
+		counter(dSpread, float64(st.Spread), role)
+		cal := st.Calibration
+		counter(dCalSamples, float64(cal.Samples), role)
+		for _, t := range []struct {
+			term string
+			v    float64
+		}{{"overhead", cal.Overhead}, {"queued_token", cal.QueuedToken}, {"active_request", cal.ActiveRequest}, {"own_token", cal.OwnToken}, {"residual", cal.Residual}} {
+			gauge(dCalibration, t.v, role, t.term)
+		}
 		byLife := map[catalog.Lifecycle]int{}
 		for _, r := range s.Workers() {
 			byLife[r.Lifecycle]++
@@ -158,6 +171,7 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(dLoadPrefill, float64(l.ActivePrefillTokens), lv...)
 			gauge(dLoadBusy, b2f(l.Busy), lv...)
 			gauge(dLoadRate, l.PrefillRate, lv...)
+			gauge(dLoadSlow, l.Slowness, lv...)
 			gauge(dLoadRecent, l.RecentBookings, lv...)
 		}
 		for _, e := range s.Events().Sources() {
