@@ -4,22 +4,22 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"maps"
 	"slices"
 	"strings"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/internal/binfmt"
 )
 
 // snapVersion is the format version Encode writes and the only one
 // ReadSnapshot reads.
 const snapVersion = 1
 
-// The format, version 1. Integers are little-endian; uv is an unsigned LEB128
-// varint (encoding/binary's Uvarint), sv a zigzag one (Varint), str a uv length
-// and that many bytes.
+// The format, version 1, in internal/binfmt's encoding (little-endian
+// integers; uv a uvarint, sv a varint, str a length-prefixed string; a
+// CRC-32C after the bytes it covers).
 //
 //	header   magic "KVIXSNAP" | version u32 | payload length u64 | CRC-32C of these 20 bytes u32
 //	payload  block size uv | max blocks per rank uv
@@ -46,8 +46,6 @@ const (
 	snapHeaderLen = 24
 	snapChunk     = 1 << 16 // ReadSnapshot's first payload buffer; it grows as bytes arrive
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Snapshot is a consistent cut of an Index, taken by Index.Snapshot: every
 // worker rank's blocks per tier with their engine hashes and prefix chains,
@@ -333,13 +331,13 @@ func (s *Snapshot) Encode(w io.Writer, sources map[catalog.WorkerRank]uint64) er
 	buf = binary.AppendUvarint(buf, uint64(s.maxBlocks))
 	buf = binary.AppendUvarint(buf, uint64(len(s.limits)))
 	for _, l := range s.limits {
-		buf = appendString(buf, l.worker)
+		buf = binfmt.AppendString(buf, l.worker)
 		buf = binary.AppendUvarint(buf, uint64(l.n))
 	}
 	srcs := slices.SortedFunc(maps.Keys(sources), compareWorkerRanks)
 	buf = binary.AppendUvarint(buf, uint64(len(srcs)))
 	for _, src := range srcs {
-		buf = appendString(buf, src.Worker)
+		buf = binfmt.AppendString(buf, src.Worker)
 		buf = binary.AppendVarint(buf, int64(src.Rank))
 		buf = binary.AppendUvarint(buf, sources[src])
 	}
@@ -350,7 +348,7 @@ func (s *Snapshot) Encode(w io.Writer, sources map[catalog.WorkerRank]uint64) er
 	}
 	buf = binary.AppendUvarint(buf, uint64(len(s.ranks)))
 	for _, r := range s.ranks {
-		buf = appendString(buf, r.w.Worker)
+		buf = binfmt.AppendString(buf, r.w.Worker)
 		buf = binary.AppendUvarint(buf, uint64(r.w.Rank))
 		buf = binary.AppendUvarint(buf, uint64(r.ratio))
 		for _, st := range r.tiers {
@@ -384,15 +382,10 @@ func seal(buf []byte) []byte {
 	copy(buf, snapMagic)
 	binary.LittleEndian.PutUint32(buf[8:], snapVersion)
 	binary.LittleEndian.PutUint64(buf[12:], uint64(len(payload)))
-	binary.LittleEndian.PutUint32(buf[20:], crc32.Checksum(buf[:20], castagnoli))
-	return binary.LittleEndian.AppendUint32(buf, crc32.Checksum(payload, castagnoli))
+	binary.LittleEndian.PutUint32(buf[20:], binfmt.Checksum(buf[:20]))
+	return binfmt.AppendChecksum(buf, payload)
 }
 
 func compareWorkerRanks(a, b catalog.WorkerRank) int {
 	return cmp.Or(strings.Compare(a.Worker, b.Worker), cmp.Compare(a.Rank, b.Rank))
-}
-
-func appendString(buf []byte, s string) []byte {
-	buf = binary.AppendUvarint(buf, uint64(len(s)))
-	return append(buf, s...)
 }

@@ -4,12 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"math"
-	"slices"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/internal/binfmt"
 )
 
 // Errors returned by ReadSnapshot, wrapped with context.
@@ -108,8 +107,8 @@ func ReadSnapshot(r io.Reader, opts ReadOptions) (*Index, map[catalog.WorkerRank
 		return nil, nil, err
 	}
 	var hdr [snapHeaderLen]byte
-	if err := readFull(r, hdr[:], "header"); err != nil {
-		return nil, nil, err
+	if err := binfmt.ReadFull(r, hdr[:]); err != nil {
+		return nil, nil, readError(err, "header")
 	}
 	if string(hdr[:8]) != snapMagic {
 		return nil, nil, fmt.Errorf("%w: magic %q, want %q", ErrSnapshotCorrupt, hdr[:8], snapMagic)
@@ -117,152 +116,105 @@ func ReadSnapshot(r io.Reader, opts ReadOptions) (*Index, map[catalog.WorkerRank
 	if v := binary.LittleEndian.Uint32(hdr[8:]); v != snapVersion {
 		return nil, nil, fmt.Errorf("%w: version %d, this package reads %d", ErrSnapshotVersion, v, snapVersion)
 	}
-	if got, want := crc32.Checksum(hdr[:20], castagnoli), binary.LittleEndian.Uint32(hdr[20:]); got != want {
+	if got, want := binfmt.Checksum(hdr[:20]), binary.LittleEndian.Uint32(hdr[20:]); got != want {
 		return nil, nil, fmt.Errorf("%w: header checksum %#08x, want %#08x", ErrSnapshotCorrupt, got, want)
 	}
 	n := binary.LittleEndian.Uint64(hdr[12:])
 	if n > uint64(opts.MaxBytes) || n > math.MaxInt-4 {
 		return nil, nil, fmt.Errorf("%w: payload of %d bytes, ReadOptions.MaxBytes is %d", ErrSnapshotLimit, n, opts.MaxBytes)
 	}
-	payload, err := readPayload(r, int(n)+4)
+	payload, err := binfmt.ReadN(r, int(n)+4, snapChunk)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, readError(err, "payload")
 	}
 	payload, trailer := payload[:n], payload[n:]
-	if got, want := crc32.Checksum(payload, castagnoli), binary.LittleEndian.Uint32(trailer); got != want {
+	if got, want := binfmt.Checksum(payload), binary.LittleEndian.Uint32(trailer); got != want {
 		return nil, nil, fmt.Errorf("%w: payload checksum %#08x, want %#08x", ErrSnapshotCorrupt, got, want)
 	}
-	d := &snapDecoder{b: payload, size: len(payload), opts: &opts}
+	d := &snapDecoder{Decoder: binfmt.NewDecoder(payload), opts: &opts}
 	ix, sources := d.decode()
-	if d.err != nil {
-		return nil, nil, d.err
+	if err := d.failure(); err != nil {
+		return nil, nil, err
 	}
 	return ix, sources, nil
 }
 
-// readFull reads len(b) bytes; a stream that ends first is ErrSnapshotCorrupt.
-func readFull(r io.Reader, b []byte, what string) error {
-	if _, err := io.ReadFull(r, b); err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return fmt.Errorf("%w: truncated %s: %w", ErrSnapshotCorrupt, what, io.ErrUnexpectedEOF)
-		}
-		return fmt.Errorf("kvindex: reading a snapshot %s: %w", what, err)
+// readError is ReadSnapshot's error for a failed read of what: a stream that
+// ends early is ErrSnapshotCorrupt.
+func readError(err error, what string) error {
+	if errors.Is(err, binfmt.ErrTruncated) {
+		return fmt.Errorf("%w: truncated %s: %w", ErrSnapshotCorrupt, what, io.ErrUnexpectedEOF)
 	}
-	return nil
+	return fmt.Errorf("kvindex: reading a snapshot %s: %w", what, err)
 }
 
-// readPayload reads n bytes, growing its buffer only as the bytes arrive, so a
-// header that claims more than the stream holds costs no more than the stream.
-func readPayload(r io.Reader, n int) ([]byte, error) {
-	buf := make([]byte, 0, min(n, snapChunk))
-	for len(buf) < n {
-		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, min(n-len(buf), max(cap(buf), snapChunk)))
-		}
-		m := min(cap(buf), n)
-		if err := readFull(r, buf[len(buf):m], "payload"); err != nil {
-			return nil, err
-		}
-		buf = buf[:m]
-	}
-	return buf, nil
-}
-
-// snapDecoder parses a payload whose checksum matched. The first error sticks:
-// later reads return zero values and the caller checks err before using them.
+// snapDecoder parses a payload whose checksum matched. The first error sticks
+// (binfmt.Decoder's latch): later reads return zero values and the caller
+// checks Err before using them.
 type snapDecoder struct {
-	b      []byte
-	size   int
+	binfmt.Decoder
 	opts   *ReadOptions
-	err    error
 	blocks int // index blocks held so far, against MaxBlocks
 }
 
 func (d *snapDecoder) corrupt(format string, args ...any) {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: payload byte %d: %s", ErrSnapshotCorrupt, d.size-len(d.b), fmt.Sprintf(format, args...))
+	if d.Err() == nil {
+		d.Fail(fmt.Errorf("%w: payload byte %d: %s", ErrSnapshotCorrupt, d.Offset(), fmt.Sprintf(format, args...)))
 	}
 }
 
-func (d *snapDecoder) uvarint() uint64 {
-	if d.err != nil {
-		return 0
+// failure returns the decode's error: the package's own as latched, and
+// binfmt's (the payload ending inside a value, a varint over 64 bits) as
+// ErrSnapshotCorrupt at the byte where the value starts.
+func (d *snapDecoder) failure() error {
+	err := d.Err()
+	if errors.Is(err, binfmt.ErrTruncated) || errors.Is(err, binfmt.ErrOverflow) {
+		return fmt.Errorf("%w: payload byte %d: %v", ErrSnapshotCorrupt, d.Offset(), err)
 	}
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.corrupt("bad varint")
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *snapDecoder) varint() int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.corrupt("bad varint")
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *snapDecoder) u64() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	if len(d.b) < 8 {
-		d.corrupt("payload ends inside a 64-bit value")
-		return 0
-	}
-	v := binary.LittleEndian.Uint64(d.b)
-	d.b = d.b[8:]
-	return v
+	return err
 }
 
 // integer reads a uv that must lie in [lo, hi].
 func (d *snapDecoder) integer(what string, lo, hi uint64) int {
-	v := d.uvarint()
-	if d.err == nil && (v < lo || v > hi) {
+	v := d.Uvarint(math.MaxUint64)
+	if d.Err() == nil && (v < lo || v > hi) {
 		d.corrupt("%s %d, want %d..%d", what, v, lo, hi)
 		return 0
 	}
 	return int(v)
 }
 
+// str reads a string, whose length the bytes left must hold (else
+// ErrSnapshotCorrupt) and ReadOptions.MaxStringLen bound (else
+// ErrSnapshotLimit).
 func (d *snapDecoder) str(what string) string {
-	n := d.uvarint()
+	n := d.Uvarint(math.MaxUint64)
 	switch {
-	case d.err != nil:
+	case d.Err() != nil:
 		return ""
-	case n > uint64(len(d.b)):
-		d.corrupt("%s of %d bytes, %d left", what, n, len(d.b))
+	case n > uint64(d.Len()):
+		d.corrupt("%s of %d bytes, %d left", what, n, d.Len())
 		return ""
 	case n > uint64(d.opts.MaxStringLen):
-		d.err = fmt.Errorf("%w: %s of %d bytes, ReadOptions.MaxStringLen is %d", ErrSnapshotLimit, what, n, d.opts.MaxStringLen)
+		d.Fail(fmt.Errorf("%w: %s of %d bytes, ReadOptions.MaxStringLen is %d", ErrSnapshotLimit, what, n, d.opts.MaxStringLen))
 		return ""
 	}
-	s := string(d.b[:n])
-	d.b = d.b[n:]
-	return s
+	return string(d.Next(int(n)))
 }
 
 // count reads a number of items that take at least minBytes each, and checks
 // it against what is left of the payload and then against limit, the bound
 // ReadOptions.name, of which used is taken already.
 func (d *snapDecoder) count(what string, minBytes int, used, limit int, name string) int {
-	n := d.uvarint()
+	n := d.Uvarint(math.MaxUint64)
 	switch {
-	case d.err != nil:
+	case d.Err() != nil:
 		return 0
-	case n > uint64(len(d.b)/minBytes):
-		d.corrupt("%d %s in %d bytes", n, what, len(d.b))
+	case n > uint64(d.Len()/minBytes):
+		d.corrupt("%d %s in %d bytes", n, what, d.Len())
 		return 0
 	case n > uint64(limit-used):
-		d.err = fmt.Errorf("%w: %d %s, ReadOptions.%s is %d", ErrSnapshotLimit, uint64(used)+n, what, name, limit)
+		d.Fail(fmt.Errorf("%w: %d %s, ReadOptions.%s is %d", ErrSnapshotLimit, uint64(used)+n, what, name, limit))
 		return 0
 	}
 	return int(n)
@@ -272,11 +224,11 @@ func (d *snapDecoder) decode() (*Index, map[catalog.WorkerRank]uint64) {
 	o := d.opts
 	bs := d.integer("block size", 1, math.MaxInt)
 	mb := d.integer("max blocks per rank", 1, math.MaxInt)
-	if d.err != nil {
+	if d.Err() != nil {
 		return nil, nil
 	}
 	if o.Index.BlockSize != 0 && o.Index.BlockSize != bs {
-		d.err = fmt.Errorf("%w: snapshot block size %d, ReadOptions.Index.BlockSize %d", ErrBlockSize, bs, o.Index.BlockSize)
+		d.Fail(fmt.Errorf("%w: snapshot block size %d, ReadOptions.Index.BlockSize %d", ErrBlockSize, bs, o.Index.BlockSize))
 		return nil, nil
 	}
 	if o.Index.MaxBlocksPerRank != 0 {
@@ -284,7 +236,7 @@ func (d *snapDecoder) decode() (*Index, map[catalog.WorkerRank]uint64) {
 	}
 	ix, err := New(Options{BlockSize: bs, MaxBlocksPerRank: mb, OnStored: o.Index.OnStored})
 	if err != nil {
-		d.err = err
+		d.Fail(err)
 		return nil, nil
 	}
 
@@ -292,10 +244,10 @@ func (d *snapDecoder) decode() (*Index, map[catalog.WorkerRank]uint64) {
 	for range nl {
 		w := d.str("limit's worker name")
 		n := d.integer("limit", 1, math.MaxInt)
-		if _, dup := ix.limits[w]; dup && d.err == nil {
+		if _, dup := ix.limits[w]; dup && d.Err() == nil {
 			d.corrupt("limit of worker %q repeats", w)
 		}
-		if d.err != nil {
+		if d.Err() != nil {
 			return nil, nil
 		}
 		ix.limits[w] = n
@@ -305,35 +257,35 @@ func (d *snapDecoder) decode() (*Index, map[catalog.WorkerRank]uint64) {
 	sources := make(map[catalog.WorkerRank]uint64, ns)
 	for range ns {
 		w := d.str("source's worker name")
-		rank := d.varint()
-		seq := d.uvarint()
-		if d.err == nil && (rank < math.MinInt || rank > math.MaxInt) {
+		rank := d.Varint()
+		seq := d.Uvarint(math.MaxUint64)
+		if d.Err() == nil && (rank < math.MinInt || rank > math.MaxInt) {
 			d.corrupt("source rank %d out of range", rank)
 		}
 		src := catalog.WorkerRank{Worker: w, Rank: int(rank)}
-		if _, dup := sources[src]; dup && d.err == nil {
+		if _, dup := sources[src]; dup && d.Err() == nil {
 			d.corrupt("source %v repeats", src)
 		}
-		if d.err != nil {
+		if d.Err() != nil {
 			return nil, nil
 		}
 		sources[src] = seq
 	}
 
 	nodes, depths := d.nodes(&ix.t)
-	if d.err != nil {
+	if d.Err() != nil {
 		return nil, nil
 	}
 	nr := d.count("worker ranks", 10, 0, o.MaxWorkerRanks, "MaxWorkerRanks")
 	var hashes []uint64
 	for range nr {
 		hashes = d.rank(&ix.t, nodes, depths, hashes)
-		if d.err != nil {
+		if d.Err() != nil {
 			return nil, nil
 		}
 	}
-	if len(d.b) != 0 {
-		d.corrupt("%d bytes after the last worker rank", len(d.b))
+	if d.Len() != 0 {
+		d.corrupt("%d bytes after the last worker rank", d.Len())
 		return nil, nil
 	}
 	for i, n := range nodes {
@@ -352,8 +304,8 @@ func (d *snapDecoder) nodes(t *tree) ([]*node, []uint32) {
 	depths := make([]uint32, 0, nn)
 	for i := range nn {
 		dist := d.integer("parent distance", 1, uint64(i)+1)
-		key := d.u64()
-		if d.err != nil {
+		key := d.U64()
+		if d.Err() != nil {
 			return nil, nil
 		}
 		parent, depth := &t.root, uint32(1)
@@ -380,7 +332,7 @@ func (d *snapDecoder) rank(t *tree, nodes []*node, depths []uint32, hashes []uin
 	ratio := d.integer("ratio", 1, math.MaxInt)
 	w := catalog.WorkerRank{Worker: worker, Rank: rank}
 	switch {
-	case d.err != nil:
+	case d.Err() != nil:
 		return hashes
 	case worker == "":
 		d.corrupt("empty worker name")
@@ -396,11 +348,11 @@ func (d *snapDecoder) rank(t *tree, nodes []*node, depths []uint32, hashes []uin
 		nb := d.count("blocks", 9, d.blocks, d.opts.MaxBlocks, "MaxBlocks")
 		// An engine block holds ratio nodes: count the index blocks, which
 		// bounds the work as well as the memory.
-		if rem := d.opts.MaxBlocks - d.blocks; nb > 0 && (ratio > rem || nb > rem/ratio) && d.err == nil {
-			d.err = fmt.Errorf("%w: %d more blocks of %d index blocks each after %d, ReadOptions.MaxBlocks is %d",
-				ErrSnapshotLimit, nb, ratio, d.blocks, d.opts.MaxBlocks)
+		if rem := d.opts.MaxBlocks - d.blocks; nb > 0 && (ratio > rem || nb > rem/ratio) && d.Err() == nil {
+			d.Fail(fmt.Errorf("%w: %d more blocks of %d index blocks each after %d, ReadOptions.MaxBlocks is %d",
+				ErrSnapshotLimit, nb, ratio, d.blocks, d.opts.MaxBlocks))
 		}
-		if d.err != nil {
+		if d.Err() != nil {
 			return hashes
 		}
 		d.blocks += nb * ratio
@@ -411,9 +363,9 @@ func (d *snapDecoder) rank(t *tree, nodes []*node, depths []uint32, hashes []uin
 		at := uint64(0)
 		for range nb {
 			at += uint64(d.integer("node delta", 0, uint64(len(nodes))))
-			hash := d.u64()
+			hash := d.U64()
 			switch {
-			case d.err != nil:
+			case d.Err() != nil:
 				return hashes
 			case at >= uint64(len(nodes)):
 				d.corrupt("block %#x of %v names node %d of %d", hash, w, at, len(nodes))
@@ -439,9 +391,9 @@ func (d *snapDecoder) rank(t *tree, nodes []*node, depths []uint32, hashes []uin
 		next := uint64(0)
 		for range nd {
 			next += uint64(d.integer("repeated store position", 0, uint64(nb)))
-			c := d.uvarint()
+			c := d.Uvarint(math.MaxUint64)
 			switch {
-			case d.err != nil:
+			case d.Err() != nil:
 				return hashes
 			case c == 0 || c > math.MaxUint32:
 				d.corrupt("repeated store count %d, want 1..%d", c, uint32(math.MaxUint32))
@@ -457,7 +409,7 @@ func (d *snapDecoder) rank(t *tree, nodes []*node, depths []uint32, hashes []uin
 			next++
 		}
 	}
-	if held == 0 && d.err == nil {
+	if held == 0 && d.Err() == nil {
 		d.corrupt("worker rank %v holds no blocks", w)
 	}
 	return hashes

@@ -529,7 +529,7 @@ func TestSnapshotBitFlips(t *testing.T) {
 func resealHeader(snap []byte, version uint32) []byte {
 	b := slices.Clone(snap)
 	binary.LittleEndian.PutUint32(b[8:], version)
-	binary.LittleEndian.PutUint32(b[20:], crc32.Checksum(b[:20], castagnoli))
+	binary.LittleEndian.PutUint32(b[20:], crc32.Checksum(b[:20], crc32.MakeTable(crc32.Castagnoli)))
 	return b
 }
 
@@ -759,7 +759,7 @@ func TestSnapshotAllocationBounded(t *testing.T) {
 	copy(hdr, snapMagic)
 	binary.LittleEndian.PutUint32(hdr[8:], snapVersion)
 	binary.LittleEndian.PutUint64(hdr[12:], defaultSnapMaxBytes)
-	binary.LittleEndian.PutUint32(hdr[20:], crc32.Checksum(hdr[:20], castagnoli))
+	binary.LittleEndian.PutUint32(hdr[20:], crc32.Checksum(hdr[:20], crc32.MakeTable(crc32.Castagnoli)))
 	lying := append(hdr, make([]byte, 100)...)
 	manyNodes := payloadHead().uv(defaultSnapMaxNodes).uv(1).u64(1).sealed()
 

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"hash/crc32"
 	"math"
+
+	"github.com/kvselect/kvselect/internal/binfmt"
 )
 
 // The index transfer's messages, on <Subject>.index.<ID>, in the envelope of
@@ -44,6 +46,8 @@ const (
 	numIndexStatus  = 7
 )
 
+// castagnoli is for warm.go's checksum of a whole transfer; the wire's own
+// checksums are binfmt's.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // indexRequest is a decoded index request.
@@ -67,7 +71,7 @@ type indexChunk struct {
 
 func appendIndexRequest(dst []byte, q indexRequest) []byte {
 	dst = appendHeader(dst, msgIndexRequest)
-	dst = appendStr(dst, q.requester)
+	dst = binfmt.AppendString(dst, q.requester)
 	var flags byte
 	if q.release {
 		flags |= flagRelease
@@ -80,14 +84,13 @@ func appendIndexRequest(dst []byte, q indexRequest) []byte {
 func appendIndexChunk(dst []byte, c *indexChunk) []byte {
 	dst = appendHeader(dst, msgIndexChunk)
 	dst = append(dst, c.status)
-	dst = appendStr(dst, c.origin)
+	dst = binfmt.AppendString(dst, c.origin)
 	dst = binary.LittleEndian.AppendUint64(dst, c.transfer)
 	dst = binary.AppendUvarint(dst, c.total)
 	dst = binary.LittleEndian.AppendUint32(dst, c.crc)
 	dst = binary.AppendUvarint(dst, c.offset)
-	dst = binary.AppendUvarint(dst, uint64(len(c.data)))
-	dst = append(dst, c.data...)
-	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(c.data, castagnoli))
+	dst = binfmt.AppendBytes(dst, c.data)
+	return binfmt.AppendChecksum(dst, c.data)
 }
 
 func decodeIndexRequest(data []byte, maxBytes int) (indexRequest, error) {
@@ -98,14 +101,14 @@ func decodeIndexRequest(data []byte, maxBytes int) (indexRequest, error) {
 	if typ != msgIndexRequest {
 		return indexRequest{}, errType
 	}
-	r := reader{b: body}
+	r := newReader(body)
 	q := indexRequest{requester: r.replicaID()}
-	flags := r.u8()
+	flags := r.U8()
 	q.release = flags&flagRelease != 0
-	q.transfer = r.u64()
-	q.offset = r.uv(math.MaxInt64)
-	if r.err == nil && flags&^flagRelease != 0 {
-		r.fail(errField)
+	q.transfer = r.U64()
+	q.offset = r.Uvarint(math.MaxInt64)
+	if r.Err() == nil && flags&^flagRelease != 0 {
+		r.Fail(errField)
 	}
 	return q, r.end()
 }
@@ -120,35 +123,16 @@ func decodeIndexChunk(data []byte, maxBytes int) (indexChunk, error) {
 	if typ != msgIndexChunk {
 		return indexChunk{}, errType
 	}
-	r := reader{b: body}
+	r := newReader(body)
 	var c indexChunk
-	c.status = r.u8()
+	c.status = r.U8()
 	c.origin = r.replicaID()
-	c.transfer = r.u64()
-	c.total = r.uv(math.MaxInt64)
-	if len(r.b) >= 4 && r.err == nil {
-		c.crc = binary.LittleEndian.Uint32(r.b)
-		r.b = r.b[4:]
-	} else {
-		r.fail(errTruncated)
-	}
-	c.offset = r.uv(math.MaxInt64)
-	n := r.uv(math.MaxInt64)
-	switch {
-	case r.err != nil:
-	case uint64(len(r.b)) < n:
-		r.fail(errTruncated)
-	default:
-		c.data = r.b[:n:n]
-		r.b = r.b[n:]
-	}
-	var sum uint32
-	if len(r.b) >= 4 && r.err == nil {
-		sum = binary.LittleEndian.Uint32(r.b)
-		r.b = r.b[4:]
-	} else {
-		r.fail(errTruncated)
-	}
+	c.transfer = r.U64()
+	c.total = r.Uvarint(math.MaxInt64)
+	c.crc = r.U32()
+	c.offset = r.Uvarint(math.MaxInt64)
+	c.data = r.Bytes(math.MaxInt)
+	sum := r.U32()
 	if err := r.end(); err != nil {
 		return indexChunk{}, err
 	}
@@ -159,7 +143,7 @@ func decodeIndexChunk(data []byte, maxBytes int) (indexChunk, error) {
 		return indexChunk{}, errField
 	case c.offset > c.total || uint64(len(c.data)) > c.total-c.offset:
 		return indexChunk{}, errField
-	case crc32.Checksum(c.data, castagnoli) != sum:
+	case binfmt.Checksum(c.data) != sum:
 		return indexChunk{}, errChecksum
 	}
 	return c, nil

@@ -4,11 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
-	"math/bits"
 	"slices"
 	"unsafe"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/internal/binfmt"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -16,8 +16,9 @@ import (
 // reads.
 const WireVersion = 2
 
-// The format, version 2 (version 1 had no session). Integers are little-endian; uv is an unsigned LEB128
-// varint (encoding/binary's Uvarint), str a uv length and that many bytes.
+// The format, version 2 (version 1 had no session), in internal/binfmt's
+// encoding (little-endian integers; uv a uvarint, str a length-prefixed
+// string).
 //
 //	message  magic "KVSR" | version u8 | type u8 | body
 //	batch    type 1: flags u8 (bit 0 resync) | origin str | epoch u64 | seq uv | count uv | count x op
@@ -59,7 +60,8 @@ const (
 	minBookedOp   = 1 + 2 + 1 + 2 + 1 + 1 + 5 + 1
 )
 
-// Decode errors. Every error of a decode wraps exactly one of them.
+// Decode errors. Every error of a decode wraps exactly one of them (binfmt's
+// are mapped: see reader.end).
 var (
 	errTooLarge  = errors.New("replica: message exceeds MaxMessageBytes")
 	errMagic     = errors.New("replica: not a replica message")
@@ -115,15 +117,6 @@ type snapPage struct {
 
 // --- encoding -------------------------------------------------------------
 
-func uvLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
-
-func strLen(s string) int { return uvLen(uint64(len(s))) + len(s) }
-
-func appendStr(dst []byte, s string) []byte {
-	dst = binary.AppendUvarint(dst, uint64(len(s)))
-	return append(dst, s...)
-}
-
 func appendHeader(dst []byte, typ byte) []byte {
 	dst = append(dst, wireMagic...)
 	return append(dst, WireVersion, typ)
@@ -139,7 +132,7 @@ func appendBatchHeader(dst []byte, flags byte, origin string, epoch, seq uint64,
 func appendStreamHeader(dst []byte, typ, flags byte, origin string, epoch, seq uint64, count int) []byte {
 	dst = appendHeader(dst, typ)
 	dst = append(dst, flags)
-	dst = appendStr(dst, origin)
+	dst = binfmt.AppendString(dst, origin)
 	dst = binary.LittleEndian.AppendUint64(dst, epoch)
 	dst = binary.AppendUvarint(dst, seq)
 	return binary.AppendUvarint(dst, uint64(count))
@@ -159,9 +152,11 @@ type booked struct {
 }
 
 func (b *booked) size() int {
-	return 1 + strLen(b.id) + strLen(b.model) + strLen(b.worker.Worker) + uvLen(uint64(b.worker.Rank)) +
-		uvLen(uint64(len(b.hashes))) + 8*len(b.hashes) + uvLen(uint64(b.private)) + uvLen(uint64(b.prefill)) +
-		uvLen(uint64(b.expected)) + uvLen(uint64(b.leaseMS)) + uvLen(uint64(b.remainingMS)) + strLen(b.session)
+	return 1 + binfmt.StringLen(b.id) + binfmt.StringLen(b.model) + binfmt.StringLen(b.worker.Worker) +
+		binfmt.UvarintLen(uint64(b.worker.Rank)) + binfmt.UvarintLen(uint64(len(b.hashes))) + 8*len(b.hashes) +
+		binfmt.UvarintLen(uint64(b.private)) + binfmt.UvarintLen(uint64(b.prefill)) +
+		binfmt.UvarintLen(uint64(b.expected)) + binfmt.UvarintLen(uint64(b.leaseMS)) +
+		binfmt.UvarintLen(uint64(b.remainingMS)) + binfmt.StringLen(b.session)
 }
 
 // sendable reports whether every field of b is within the decoder's bounds.
@@ -176,9 +171,9 @@ func inNumber(n int) bool { return n >= 0 && n <= maxNumber }
 
 func appendBooked(dst []byte, b *booked) []byte {
 	dst = append(dst, opBooked)
-	dst = appendStr(dst, b.id)
-	dst = appendStr(dst, b.model)
-	dst = appendStr(dst, b.worker.Worker)
+	dst = binfmt.AppendString(dst, b.id)
+	dst = binfmt.AppendString(dst, b.model)
+	dst = binfmt.AppendString(dst, b.worker.Worker)
 	dst = binary.AppendUvarint(dst, uint64(b.worker.Rank))
 	dst = binary.AppendUvarint(dst, uint64(len(b.hashes)))
 	dst = appendHashes(dst, b.hashes)
@@ -187,7 +182,7 @@ func appendBooked(dst []byte, b *booked) []byte {
 	dst = binary.AppendUvarint(dst, uint64(b.expected))
 	dst = binary.AppendUvarint(dst, uint64(b.leaseMS))
 	dst = binary.AppendUvarint(dst, uint64(b.remainingMS))
-	return appendStr(dst, b.session)
+	return binfmt.AppendString(dst, b.session)
 }
 
 // littleEndian is true when uint64 values are laid out little-endian in
@@ -209,18 +204,18 @@ func appendHashes(dst []byte, hs []uint64) []byte {
 	return dst
 }
 
-func settledSize(id string) int { return 1 + strLen(id) + 1 }
+func settledSize(id string) int { return 1 + binfmt.StringLen(id) + 1 }
 
 func appendSettled(dst []byte, id string, how selection.Settlement) []byte {
 	dst = append(dst, opSettled)
-	dst = appendStr(dst, id)
+	dst = binfmt.AppendString(dst, id)
 	return append(dst, byte(how))
 }
 
 func appendRequest(dst []byte, requester, after string) []byte {
 	dst = appendHeader(dst, msgRequest)
-	dst = appendStr(dst, requester)
-	return appendStr(dst, after)
+	dst = binfmt.AppendString(dst, requester)
+	return binfmt.AppendString(dst, after)
 }
 
 func appendPageHeader(dst []byte, more bool, origin string, epoch, seq uint64, count int) []byte {
@@ -233,107 +228,41 @@ func appendPageHeader(dst []byte, more bool, origin string, epoch, seq uint64, c
 
 // --- decoding -------------------------------------------------------------
 
-// reader consumes a message; the first error sticks.
-type reader struct {
-	b   []byte
-	err error
-}
+// reader consumes a message's body; the first error sticks (binfmt.Decoder's
+// latch), and end maps it to the wire's sentinels.
+type reader struct{ binfmt.Decoder }
 
-func (r *reader) fail(err error) {
-	if r.err == nil {
-		r.err = err
-	}
-	r.b = nil
-}
-
-func (r *reader) u8() byte {
-	if len(r.b) < 1 {
-		r.fail(errTruncated)
-		return 0
-	}
-	v := r.b[0]
-	r.b = r.b[1:]
-	return v
-}
-
-func (r *reader) u64() uint64 {
-	if len(r.b) < 8 {
-		r.fail(errTruncated)
-		return 0
-	}
-	v := binary.LittleEndian.Uint64(r.b)
-	r.b = r.b[8:]
-	return v
-}
-
-// uv reads a varint no larger than limit.
-func (r *reader) uv(limit uint64) uint64 {
-	v, n := binary.Uvarint(r.b)
-	switch {
-	case n == 0:
-		r.fail(errTruncated)
-		return 0
-	case n < 0:
-		r.fail(errField) // more than 64 bits
-		return 0
-	case v > limit:
-		r.fail(errField)
-		return 0
-	}
-	r.b = r.b[n:]
-	return v
-}
+func newReader(body []byte) reader { return reader{binfmt.NewDecoder(body)} }
 
 // hashes appends n little-endian u64s to *flat.
 func (r *reader) hashes(n int, flat *[]uint64) {
-	if r.err != nil || n == 0 {
+	if r.Err() != nil || n == 0 {
 		return
 	}
-	if len(r.b) < 8*n {
-		r.fail(errTruncated)
+	b := r.Next(8 * n)
+	if b == nil {
 		return
 	}
 	start := len(*flat)
 	*flat = slices.Grow(*flat, n)[:start+n]
 	if littleEndian {
-		copy(unsafe.Slice((*byte)(unsafe.Pointer(&(*flat)[start])), 8*n), r.b)
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&(*flat)[start])), 8*n), b)
 	} else {
 		for i := range n {
-			(*flat)[start+i] = binary.LittleEndian.Uint64(r.b[8*i:])
+			(*flat)[start+i] = binary.LittleEndian.Uint64(b[8*i:])
 		}
 	}
-	r.b = r.b[8*n:]
 }
 
-func (r *reader) num() int { return int(r.uv(maxNumber)) }
+func (r *reader) num() int { return int(r.Uvarint(maxNumber)) }
 
-// str reads a string of at most limit bytes.
-func (r *reader) str(limit int) string {
-	n := r.uv(uint64(limit))
-	if r.err != nil {
-		return ""
-	}
-	if uint64(len(r.b)) < n {
-		r.fail(errTruncated)
-		return ""
-	}
-	s := string(r.b[:n])
-	r.b = r.b[n:]
-	return s
-}
-
-// id reads a replica ID.
+// replicaID reads a replica ID.
 func (r *reader) replicaID() string {
-	s := r.str(MaxIDLen)
-	if r.err == nil && !validToken(s, MaxIDLen) {
-		r.fail(errField)
+	s := r.String(MaxIDLen)
+	if r.Err() == nil && !validToken(s, MaxIDLen) {
+		r.Fail(errField)
 	}
 	return s
-}
-
-// count reads a count of items of at least minSize bytes each.
-func (r *reader) count(minSize int) int {
-	return int(r.uv(uint64(len(r.b) / minSize)))
 }
 
 // header checks the envelope and returns the message type and its body.
@@ -359,33 +288,33 @@ func header(data []byte, maxBytes int) (byte, []byte, error) {
 // op reads one op into o, its hashes appended to *flat (o.hashes is set by
 // ops once flat stops growing).
 func (r *reader) op(o *wireOp, flat *[]uint64, onlyBooked bool) {
-	*o = wireOp{kind: r.u8()}
-	o.id = r.str(maxStr)
-	if r.err == nil && o.id == "" {
-		r.fail(errField)
+	*o = wireOp{kind: r.U8()}
+	o.id = r.String(maxStr)
+	if r.Err() == nil && o.id == "" {
+		r.Fail(errField)
 	}
 	switch {
-	case r.err != nil:
+	case r.Err() != nil:
 	case o.kind == opBooked:
-		o.model = r.str(maxStr)
-		o.worker.Worker = r.str(maxStr)
-		if r.err == nil && o.worker.Worker == "" {
-			r.fail(errField)
+		o.model = r.String(maxStr)
+		o.worker.Worker = r.String(maxStr)
+		if r.Err() == nil && o.worker.Worker == "" {
+			r.Fail(errField)
 		}
 		o.worker.Rank = r.num()
-		n := r.count(8)
+		n := r.Count(8)
 		o.hoff, o.hn = len(*flat), n
 		r.hashes(n, flat)
 		o.private, o.prefill, o.expected = r.num(), r.num(), r.num()
 		o.leaseMS, o.remainingMS = int64(r.num()), int64(r.num())
-		o.session = r.str(selection.MaxSessionIDLen)
+		o.session = r.String(selection.MaxSessionIDLen)
 	case o.kind == opSettled && !onlyBooked:
-		o.how = selection.Settlement(r.u8())
-		if r.err == nil && (o.how < selection.SettlePrefill || o.how > selection.SettleOutputBlock) {
-			r.fail(errField)
+		o.how = selection.Settlement(r.U8())
+		if r.Err() == nil && (o.how < selection.SettlePrefill || o.how > selection.SettleOutputBlock) {
+			r.Fail(errField)
 		}
 	default:
-		r.fail(errField)
+		r.Fail(errField)
 	}
 }
 
@@ -395,13 +324,13 @@ func (r *reader) ops(ops *[]wireOp, flat *[]uint64, onlyBooked bool) {
 	if onlyBooked {
 		minSize = minBookedOp
 	}
-	n := r.count(minSize)
+	n := r.Count(minSize)
 	*ops, *flat = (*ops)[:0], (*flat)[:0]
-	for i := 0; i < n && r.err == nil; i++ {
+	for i := 0; i < n && r.Err() == nil; i++ {
 		*ops = append(*ops, wireOp{})
 		r.op(&(*ops)[i], flat, onlyBooked)
 	}
-	if r.err != nil {
+	if r.Err() != nil {
 		*ops = (*ops)[:0]
 		return
 	}
@@ -412,11 +341,23 @@ func (r *reader) ops(ops *[]wireOp, flat *[]uint64, onlyBooked bool) {
 	}
 }
 
+// end checks that the body is consumed and returns the first error as the
+// wire's sentinel: the body ending inside a value is errTruncated, bytes
+// after it errTrailing, a varint over 64 bits or over its bound (a length,
+// a count) errField; the reader's own (errField) as they are.
 func (r *reader) end() error {
-	if r.err == nil && len(r.b) > 0 {
-		r.err = errTrailing
+	err := r.End()
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, binfmt.ErrTruncated):
+		return errTruncated
+	case errors.Is(err, binfmt.ErrTrailing):
+		return errTrailing
+	case errors.Is(err, binfmt.ErrOverflow), errors.Is(err, binfmt.ErrRange):
+		return errField
 	}
-	return r.err
+	return err
 }
 
 // decodeBatch decodes a batch message into dst (whose buffers it reuses).
@@ -428,11 +369,11 @@ func decodeBatch(data []byte, maxBytes int, dst *wireBatch) error {
 	if typ != msgBatch {
 		return errType
 	}
-	r := reader{b: body}
-	dst.flags = r.u8()
+	r := newReader(body)
+	dst.flags = r.U8()
 	dst.origin = r.replicaID()
-	dst.epoch = r.u64()
-	dst.seq = r.uv(math.MaxUint64)
+	dst.epoch = r.U64()
+	dst.seq = r.Uvarint(math.MaxUint64)
 	r.ops(&dst.ops, &dst.flat, false)
 	return r.end()
 }
@@ -446,8 +387,8 @@ func decodeRequest(data []byte, maxBytes int) (snapRequest, error) {
 	if typ != msgRequest {
 		return snapRequest{}, errType
 	}
-	r := reader{b: body}
-	q := snapRequest{requester: r.replicaID(), after: r.str(maxStr)}
+	r := newReader(body)
+	q := snapRequest{requester: r.replicaID(), after: r.String(maxStr)}
 	return q, r.end()
 }
 
@@ -460,11 +401,11 @@ func decodePage(data []byte, maxBytes int, dst *snapPage) error {
 	if typ != msgPage {
 		return errType
 	}
-	r := reader{b: body}
-	dst.more = r.u8()&flagMore != 0
+	r := newReader(body)
+	dst.more = r.U8()&flagMore != 0
 	dst.origin = r.replicaID()
-	dst.epoch = r.u64()
-	dst.seq = r.uv(math.MaxUint64)
+	dst.epoch = r.U64()
+	dst.seq = r.Uvarint(math.MaxUint64)
 	r.ops(&dst.entries, &dst.flat, true)
 	return r.end()
 }
