@@ -24,8 +24,8 @@ type Node struct {
 }
 
 // Views reports how the nodes' views differ: every node's loads must be
-// the same (each replica's learned prefill rate aside: it times the
-// completions it hears itself), and every node must hold exactly each
+// the same (each replica's calibrated prefill rate and slowness aside: it
+// times the completions it hears itself), and every node must hold exactly each
 // peer's live local bookings.
 func Views(nodes ...Node) string {
 	want := loads(nodes[0].Svc)
@@ -92,7 +92,7 @@ func Converged(nodes ...Node) string {
 func loads(svc *selection.SelectionService) []selection.WorkerLoad {
 	ls := svc.Loads("")
 	for i := range ls {
-		ls[i].PrefillRate, ls[i].RecentBookings = 0, 0
+		ls[i].PrefillRate, ls[i].Slowness, ls[i].RecentBookings = 0, 0, 0
 	}
 	return ls
 }
