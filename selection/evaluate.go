@@ -24,10 +24,6 @@ type evaluation struct {
 	// candidates is the number of eligible ranks: len(cands) for the full
 	// scan, more for the sparse decision, whose cands are the touched ranks.
 	candidates int
-	// mirrored and greedy are how many peers' bookings choose prices (see
-	// Peers); sim is its working copy of the candidates, kept for reuse.
-	mirrored, greedy int
-	sim              []candidate
 }
 
 // evalScratch is one decision's working memory, pooled so the hot path does not
@@ -189,7 +185,7 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 		}
 	}
 	ev := &sc.ev
-	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: len(cands), sim: ev.sim}
+	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: len(cands)}
 	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
 	if pr.w.predictive {
 		now := s.now()
@@ -243,9 +239,6 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 		}
 	}
 	ev.allBusy = busy == len(cands)
-	if s.routers.count.Load() > 0 {
-		ev.mirrored, ev.greedy = s.spreadCount(p, s.now().UnixNano())
-	}
 	return ev, nil
 }
 
@@ -291,11 +284,6 @@ func (s *SelectionService) choose(p *partition, pr *prepared, ev *evaluation) (c
 		}
 		pool = pool[:n]
 	}
-	spreading := ev.mirrored+ev.greedy > 0 && len(pool) > 1
-	if spreading {
-		ev.sim = spread(pool, ev.sim, ev.in, &pr.w, s.cfg.BlockSize, p.burst.first(ev.rs, pool), ev.mirrored, ev.greedy)
-		s.st.spread.Add(1)
-	}
 	var best1, best2 float64
 	best1i := -1
 	if s.detail { // the two cheapest, before pick may reuse the costs
@@ -310,13 +298,7 @@ func (s *SelectionService) choose(p *partition, pr *prepared, ev *evaluation) (c
 		}
 	}
 	c, pinned := s.pinnedChoice(ev, pool, pr)
-	switch {
-	case pinned:
-	case spreading && pr.w.temperature <= 0:
-		// The peers' picks were priced on the first of tied candidates:
-		// this pick must break ties the same way (see Peers).
-		c = pool[cheapest(pool)]
-	default:
+	if !pinned {
 		c = pool[pick(pool, pr.w.temperature, &p.rng)]
 	}
 	// pick may reuse cost for softmax weights: recompute for the result.
@@ -379,9 +361,6 @@ func (s *SelectionService) book(p *partition, pr *prepared, ev *evaluation, c ca
 			s.booked(r.health, pr.seqs, c.device+c.host+c.disk, pr.id)
 		}
 		s.st.bookings.Add(1)
-		if w := s.routers.window.Load(); w > 0 && s.routers.count.Load() > 0 {
-			p.burst.booked(s.now().UnixNano(), w, ev.rs, c.idx)
-		}
 		if pr.session != "" {
 			p.sessions.put(pr.session, r.key, s.now().UnixNano())
 			switch {
