@@ -21,6 +21,7 @@ import (
 	"github.com/kvselect/kvselect/internal/enginemodel"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/kvindex/kvevents"
+	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -139,6 +140,10 @@ type result struct {
 	// endpoint order (nil with engines the user runs).
 	engineStats []fakeengine.HTTPStats
 	feeds       []feedRow // kvselect runs: each worker rank's KV-event feed at the end
+	// calibration is the kvselect run's fit of its bookings' times to first
+	// token at the end, and loads each rank's calibrated rate and slowness.
+	calibration reservation.Calibration
+	loads       []selection.WorkerLoad
 	// engineRenders counts the render answers the fake engines gave, and
 	// serviceRenders those of the separate render service (TensorRT-LLM).
 	engineRenders, serviceRenders uint64
@@ -171,6 +176,11 @@ func runDemo(ctx context.Context, cfg *eppserver.Config, o options, out io.Write
 		other.Router.Cost, otherName = selection.CostPredictive, "kvselect, predictive cost"
 	}
 	other.OutputGrowth = other.Router.Cost == selection.CostPredictive
+	// Dynamo's preset for agentic workloads (its --agentic): overlap credit
+	// 2, prefill load scale 4, decode active-request weight 64, Dynamo's
+	// cost, no in-flight credit.
+	agentic := dynamo
+	agentic.Router.OverlapScoreCredit, agentic.Router.PrefillLoadScale, agentic.Router.DecodeActiveRequestWeight = 2, 4, 64
 	runs := []struct {
 		name   string
 		cfg    *eppserver.Config
@@ -179,6 +189,7 @@ func runDemo(ctx context.Context, cfg *eppserver.Config, o options, out io.Write
 		{"kvselect", cfg, "kvselect"},
 		{"kvselect, Dynamo's weights (1, 1, no in-flight credit)", &dynamo, "kvselect"},
 		{otherName, &other, "kvselect"},
+		{"kvselect, Dynamo's agentic preset (2, 4, 64 per request)", &agentic, "kvselect"},
 		{"round-robin", cfg, "round-robin"},
 	}
 	var results []result
@@ -382,7 +393,9 @@ func policyRun(ctx context.Context, base *eppserver.Config, o options, policy st
 	if renderService != nil {
 		res.serviceRenders = renderService.HTTPStats().Renders
 	}
-	res.feeds, err = feedReport(ctx, e.Service(roles.Aggregated), cfg.Router.FeedTrust, workers)
+	svc := e.Service(roles.Aggregated)
+	res.calibration, res.loads = svc.Stats().Calibration, svc.Loads(cfg.Model)
+	res.feeds, err = feedReport(ctx, svc, cfg.Router.FeedTrust, workers)
 	return res, err
 }
 
@@ -490,7 +503,42 @@ func printDemo(out io.Writer, results []result, o options) {
 			fmt.Fprintf(out, "%s: hit rate %.1fx round-robin's (engine-reported cached prompt tokens)\n", r.policy, r.HitRate()/rr.HitRate())
 		}
 	}
+	printCalibration(out, results)
 	printFeeds(out, results)
+}
+
+// printCalibration prints, for each kvselect run whose calibration was
+// used (32 completions or more), the fit of its bookings' times to first
+// token and each rank's slowness against it (reservation.Calibration).
+func printCalibration(out io.Writer, results []result) {
+	header := false
+	for _, r := range results {
+		c := r.calibration
+		if !c.Ready {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(out, "\nTime to first token as each kvselect run calibrated it from its bookings (the predictive cost's prices):")
+			header = true
+		}
+		fmt.Fprintf(out, "%s: %s + %s x queued token + %s x active request + %s x own token (mean error %s, %d prefills)",
+			r.policy, secs(c.Overhead), secs(c.QueuedToken), secs(c.ActiveRequest), secs(c.OwnToken), secs(c.Residual), c.Samples)
+		var slow []string
+		for _, l := range r.loads {
+			if l.Slowness > 0 {
+				slow = append(slow, fmt.Sprintf("%s %.2f", l.Worker, l.Slowness))
+			}
+		}
+		if len(slow) > 0 {
+			fmt.Fprintf(out, "; slowness %s", strings.Join(slow, ", "))
+		}
+		fmt.Fprintln(out)
+	}
+}
+
+// secs renders seconds as the duration they are.
+func secs(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(10 * time.Nanosecond).String()
 }
 
 // printFeeds prints, for each kvselect run, what its selection service saw of

@@ -91,6 +91,7 @@ type config struct {
 	replicas   []int
 	syncDelay  time.Duration
 	noSync     bool
+	batch      int
 	growth     bool
 	decodeKV   bool
 	// the engine model's step budget, fixed costs and slow workers
@@ -148,6 +149,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&replicas, "replicas", "1", "kvselect: comma-separated router replica counts, one row each (e.g. 1,3); arrivals go to the replicas round-robin")
 	fs.DurationVar(&c.syncDelay, "sync-delay", replay.DefaultSyncDelay, "kvselect with replicas: how long a booking or settling call takes to reach the other replicas, in simulated time (0 = at once)")
 	fs.BoolVar(&c.noSync, "no-sync", false, "kvselect with replicas: also replay every --replicas value above 1 without sync (the baseline)")
+	fs.IntVar(&c.batch, "batch", 0, "give arrivals same-instant batches of this many requests, each at its batch's first arrival (bursts a gateway spreads over its replicas; 0 or 1: as generated)")
 	fs.BoolVar(&c.decodeKV, "decode-holds-kv", false, "engines: a running request's generated tokens take prefix-cache space until it finishes (one block per block of output), as in vLLM")
 	fs.BoolVar(&c.growth, "output-growth", false, "kvselect: also replay each kvselect row with output growth (bookings grow one block per block of generated tokens), one row each")
 
@@ -244,6 +246,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		bad("--replicas: %w", err)
 	} else if c.noSync && slices.Max(c.replicas) == 1 {
 		bad("--no-sync needs a --replicas value above 1")
+	}
+	if c.batch < 0 || c.batch > 1<<16 {
+		bad("--batch %d: want 0 to %d", c.batch, 1<<16)
 	}
 	c.seed = uint64(seed)
 	c.synth.Seed = c.seed
@@ -534,6 +539,10 @@ func (c config) load() ([]trace.Request, string, error) {
 			return nil, "", err
 		}
 		source += fmt.Sprintf(", %d common leading block(s) prepended", c.common)
+	}
+	if c.batch > 1 {
+		trace.BatchArrivals(reqs, c.batch)
+		source += fmt.Sprintf(", arrivals in same-instant batches of %d", c.batch)
 	}
 	return reqs, source, nil
 }

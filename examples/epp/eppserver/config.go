@@ -454,7 +454,7 @@ func (c *Config) settings() []envconf.Var {
 			}},
 		{Env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY", Flag: "overlap-score-credit-decay", Default: "0", Help: "decay of a worker's overlap credit with its queued prefill above the least loaded one's (>= 0; 0: off, as in Dynamo)", Set: floatMin(&r.OverlapCreditDecay, 0)},
 		{Env: "DYN_EPP_INFLIGHT_HIT_WEIGHT", Flag: "inflight-hit-weight", Default: "1", Help: "credit for prompt blocks that requests booked on a worker are computing now, as a fraction of a cached block [0, 1] (0: Dynamo's cost)", Set: floatMin(&r.InFlightHitWeight, 0)},
-		{Env: "DYN_EPP_COST", Flag: "cost", Default: "auto", Help: fmt.Sprintf("`dynamo` (Dynamo's cost, in blocks), `predictive` (a worker's predicted time to first token: its queued prefill, drained at its learned prefill rate, plus the request's uncached prompt, plus decode pressure and a price on more than its share of the recent requests) or `auto` (predictive on a model of up to %d worker ranks, Dynamo's above, where it keeps the decision's cost flat in the number of ranks)", selection.AutoPredictiveMaxRanks),
+		{Env: "DYN_EPP_COST", Flag: "cost", Default: "auto", Help: fmt.Sprintf("`dynamo` (Dynamo's cost, in blocks), `predictive` (a worker's predicted time to first token, calibrated from the bookings' own times to first token: a fixed overhead, its queued prefill and active requests, the request's uncached prompt at the worker's speed; plus the time that prompt adds to requests queued behind it and a price on more than its share of the recent requests) or `auto` (predictive on a model of up to %d worker ranks, Dynamo's above, where it keeps the decision's cost flat in the number of ranks)", selection.AutoPredictiveMaxRanks),
 			Set: func(v string) error {
 				m, err := selection.ParseCostModel(v)
 				if err != nil {
@@ -463,8 +463,8 @@ func (c *Config) settings() []envconf.Var {
 				c.Router.Cost = m
 				return nil
 			}},
-		{Env: "DYN_EPP_PREFILL_TOKENS_PER_SECOND", Flag: "prefill-tokens-per-second", Default: "10000", Help: "predictive cost: a worker's prefill rate (uncached tokens per second) until it has learned its own from 4 completed prefills (1 to 1e9)", Set: floatIn(&r.Predictive.PrefillTokensPerSecond, selection.MinPrefillTokensPerSecond, selection.MaxPrefillTokensPerSecond)},
-		{Env: "DYN_EPP_LEARN_PREFILL_RATE", Flag: "learn-prefill-rate", Default: "true", Help: "predictive cost: learn each worker's prefill rate from its completed prefills (false: DYN_EPP_PREFILL_TOKENS_PER_SECOND for all)",
+		{Env: "DYN_EPP_PREFILL_TOKENS_PER_SECOND", Flag: "prefill-tokens-per-second", Default: "10000", Help: "predictive cost: every worker's prefill rate (uncached tokens per second) until the calibration has fitted 32 completed prefills (1 to 1e9)", Set: floatIn(&r.Predictive.PrefillTokensPerSecond, selection.MinPrefillTokensPerSecond, selection.MaxPrefillTokensPerSecond)},
+		{Env: "DYN_EPP_LEARN_PREFILL_RATE", Flag: "learn-prefill-rate", Default: "true", Help: "predictive cost: calibrate the time to first token from the completed prefills, and each worker's speed (false: DYN_EPP_PREFILL_TOKENS_PER_SECOND for all)",
 			Set: func(v string) error {
 				var on bool
 				if err := boolean(&on)(v); err != nil {
@@ -473,7 +473,7 @@ func (c *Config) settings() []envconf.Var {
 				c.Router.Predictive.FixedRate = !on
 				return nil
 			}},
-		{Env: "DYN_EPP_PREDICTIVE_BACKLOG_WEIGHT", Flag: "predictive-backlog-weight", Default: "0.5", Help: "predictive cost: extra weight of a request's own uncached prefill, the time it adds to the requests queued behind it (>= 0)", Set: floatMin(&r.Predictive.BacklogWeight, 0)},
+		{Env: "DYN_EPP_PREDICTIVE_BACKLOG_WEIGHT", Flag: "predictive-backlog-weight", Default: "0.5", Help: "predictive cost: extra weight of a request's own uncached prefill, the time it adds to the requests queued behind it, at the calibrated price of a queued token (>= 0)", Set: floatMin(&r.Predictive.BacklogWeight, 0)},
 		{Env: "DYN_EPP_PREDICTIVE_DECODE_WEIGHT", Flag: "predictive-decode-weight", Default: "0.125", Help: "predictive cost: cost of a worker's active block, in blocks of its prefill time (>= 0)", Set: floatMin(&r.Predictive.DecodeWeight, 0)},
 		{Env: "DYN_EPP_BALANCE_WEIGHT", Flag: "balance-weight", Default: "3", Help: "predictive cost: what a worker's cost gains per unit of its share of the recent requests above the mean and DYN_EPP_BALANCE_SLACK, in units of the fleet's time to prefill a mean prompt, so that a cached prefix cannot draw much more than its share (>= 0; 0: off)", Set: floatMin(&r.Predictive.BalanceWeight, 0)},
 		{Env: "DYN_EPP_BALANCE_SLACK", Flag: "balance-slack", Default: "0.05", Help: "predictive cost: share of the recent requests above the mean that costs nothing (>= 0)", Set: floatMin(&r.Predictive.BalanceSlack, 0)},
