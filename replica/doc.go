@@ -113,6 +113,17 @@
 // call on a booking not held is ignored, a second prefill is a no-op and a
 // renewal only extends.
 //
+// # Deciding in the same instant
+//
+// Shared bookings still arrive up to a batch and a delivery late, so
+// replicas that decide in the same instant (a burst the gateway spreads
+// over them) cannot see each other's choices. A Replicator tells its service
+// whom it hears (selection.ReplicaPlane.SetPeers: the peers' number, its
+// own place among all of them by replica id, and twice BatchInterval as the
+// window within which bookings do not see each other), so that a burst's
+// requests price the bookings their peers are making meanwhile
+// (selection.Peers). It says so again whenever a peer joins or is dropped.
+//
 // # Silence, leases and partitions
 //
 // A peer with no message for PeerTimeout has all its bookings freed, at most

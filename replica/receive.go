@@ -169,6 +169,7 @@ func (r *Replicator) onBatch(subject string, data []byte) {
 		}
 		p = &peer{origin: b.origin, epoch: b.epoch, ids: map[string]remote{}}
 		r.peers[b.origin] = p
+		r.tellPeersLocked()
 		r.limited(slog.LevelInfo, "join", "replica: peer joined", "peer", p.origin, "epoch", p.epoch, "seq", b.seq)
 	}
 	if p.anchored && b.seq > p.last+MaxSeqJump {
@@ -359,6 +360,23 @@ func (r *Replicator) removePeerLocked(p *peer) {
 	r.dropViewLocked(p)
 	r.resetSyncLocked(p)
 	delete(r.peers, p.origin)
+	r.tellPeersLocked()
+}
+
+// tellPeersLocked tells the service of the peers it now shares bookings
+// with (selection.Peers): their number, this replica's place among all
+// of them by replica id, and the window within which their bookings and
+// its own do not see each other, twice BatchInterval (the most a booking
+// waits to be published, and as much again for its delivery). r.pmu is
+// held.
+func (r *Replicator) tellPeersLocked() {
+	pos := 0
+	for id := range r.peers {
+		if id < r.o.ID {
+			pos++
+		}
+	}
+	_ = r.svc.Replicas().SetPeers(selection.Peers{Count: len(r.peers), Position: pos, Window: 2 * r.o.BatchInterval})
 }
 
 // repairWindow: a repair begun within it of the one before continues a

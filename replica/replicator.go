@@ -335,6 +335,7 @@ func (r *Replicator) Close() error {
 				r.dropViewLocked(p)
 			}
 			clear(r.peers)
+			r.tellPeersLocked()
 			r.pmu.Unlock()
 			r.log.Info("replica closed")
 		}

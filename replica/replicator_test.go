@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/internal/clocktest"
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/replica/internal/replicatest"
@@ -380,4 +381,53 @@ func TestPublisherWakesFromIdle(t *testing.T) {
 		require.Eventually(t, func() bool { return activeRequests(b) == 0 }, time.Second, 100*time.Microsecond, "free %d", i)
 	}
 	require.Zero(t, a.r.Stats().Heartbeats, "every batch went without a heartbeat's help")
+}
+
+// The Replicator tells its service of the peers it hears (selection.Peers):
+// a lone replica's same-instant bookings price no peer's, and once two
+// peers are heard its second booking of a run prices theirs; once they are
+// gone, none again.
+func TestTellsTheServiceOfItsPeers(t *testing.T) {
+	h := newHub()
+	clk := clocktest.New(time.Unix(1_000_000, 0)) // the services' clock: the instant never moves
+	var nodes []*node
+	for _, id := range []string{"b", "a", "c"} {
+		n := &node{bus: h.member()}
+		r, err := replica.New(replica.Options{Bus: n.bus, ID: id, HeartbeatInterval: 20 * time.Millisecond})
+		require.NoError(t, err)
+		cfg := selection.DefaultConfig(16)
+		cfg.UseKVEvents = false
+		svc, err := selection.NewSelectionServiceBuilder(cfg).Observe(r).Clock(clk.Now).Build(context.Background())
+		require.NoError(t, err)
+		for i, w := range testWorkers {
+			_, err := svc.UpsertWorker(catalog.Worker{ID: w, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
+			require.NoError(t, err)
+		}
+		n.svc, n.r = svc, r
+		t.Cleanup(n.close)
+		nodes = append(nodes, n)
+	}
+	b := nodes[0]
+	require.NoError(t, b.r.Start(b.svc))
+	rng := rand.New(rand.NewPCG(7, 7))
+	b.book(t, rng, 4)
+	b.book(t, rng, 4)
+	require.Zero(t, b.svc.Stats().Spread, "no peer heard")
+
+	for _, n := range nodes[1:] {
+		require.NoError(t, n.r.Start(n.svc))
+	}
+	require.Eventually(t, func() bool { return len(b.r.Peers()) == 2 }, 5*time.Second, time.Millisecond)
+	b.book(t, rng, 4)
+	require.Zero(t, b.svc.Stats().Spread, "a run's first booking prices none")
+	b.book(t, rng, 4)
+	require.EqualValues(t, 1, b.svc.Stats().Spread, "the run's second booking priced its peers'")
+
+	for _, n := range nodes[1:] {
+		n.close()
+	}
+	require.Eventually(t, func() bool { return len(b.r.Peers()) == 0 }, 10*time.Second, time.Millisecond)
+	b.book(t, rng, 4)
+	b.book(t, rng, 4)
+	require.EqualValues(t, 1, b.svc.Stats().Spread, "no peer left")
 }

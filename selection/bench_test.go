@@ -24,23 +24,36 @@ func benchService(b *testing.B, n int, mod func(*Config)) (*SelectionService, []
 	return benchServiceFeed(b, n, mod, false, nil)
 }
 
+// benchServiceClock is benchService on the clock now.
+func benchServiceClock(b *testing.B, n int, mod func(*Config), now func() time.Time) (*SelectionService, [][]uint32) {
+	return benchServiceWith(b, n, mod, func(bld *SelectionServiceBuilder) *SelectionServiceBuilder { return bld.ExternalEvents().Clock(now) })
+}
+
 // benchServiceFeed is benchService; with feed, the service runs its built-in
 // event feed (a bind listener on loopback that no engine dials) and judges its
 // feeds, so bookings pay for the feed checks; tracer, when set, traces every
 // decision.
 func benchServiceFeed(b *testing.B, n int, mod func(*Config), feed bool, tracer Tracer) (*SelectionService, [][]uint32) {
+	return benchServiceWith(b, n, mod, func(bld *SelectionServiceBuilder) *SelectionServiceBuilder {
+		if feed {
+			bld = bld.BindEvents("tcp://127.0.0.1:0")
+		} else {
+			bld = bld.ExternalEvents()
+		}
+		if tracer != nil {
+			bld = bld.Tracer(tracer)
+		}
+		return bld
+	})
+}
+
+// benchServiceWith is benchService with the builder edited by opt.
+func benchServiceWith(b *testing.B, n int, mod func(*Config), opt func(*SelectionServiceBuilder) *SelectionServiceBuilder) (*SelectionService, [][]uint32) {
 	cfg := DefaultConfig(16)
 	if mod != nil {
 		mod(&cfg)
 	}
-	bld := NewSelectionServiceBuilder(cfg).ExternalEvents()
-	if feed {
-		bld = NewSelectionServiceBuilder(cfg).BindEvents("tcp://127.0.0.1:0")
-	}
-	if tracer != nil {
-		bld = bld.Tracer(tracer)
-	}
-	s, err := bld.SweepInterval(-1).Rand(rand.NewPCG(1, 1)).Build(context.Background())
+	s, err := opt(NewSelectionServiceBuilder(cfg)).SweepInterval(-1).Rand(rand.NewPCG(1, 1)).Build(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -141,32 +154,58 @@ func bookFree(ctx context.Context, b *testing.B, s *SelectionService, id string,
 
 // BenchmarkPredictiveCost is SelectAndReserve + Free at 64 workers under
 // Dynamo's cost and under the predictive one (a prefill clock read per
-// candidate), requests alternating between the two services so that both
-// see the same machine moment by moment: predictive/dynamo is the ratio of
-// their times, steadier than two sub-benchmarks run one after the other.
+// candidate) before its calibration is ready, calibrated, and calibrated in
+// same-instant runs of four told of two peers (each decision of a run but the
+// first prices its peers' bookings: selection.Peers), requests going to each
+// service in turn so that all see the same machine moment by moment: the
+// x/dynamo metrics are the ratios of their times, steadier than
+// sub-benchmarks run one after the other.
 func BenchmarkPredictiveCost(b *testing.B) {
 	dyn, prompts := benchService(b, 64, func(c *Config) { c.Cost = CostDynamo })
 	pred, _ := benchService(b, 64, func(c *Config) { c.Cost = CostPredictive })
-	ctx := context.Background()
-	ids := benchIDs("r")
-	once := func(s *SelectionService, i int) time.Duration {
-		return bookFree(ctx, b, s, ids[i%len(ids)], prompts[i%len(prompts)])
+	cal, _ := benchService(b, 64, func(c *Config) { c.Cost = CostPredictive })
+	clk := newFakeClock()
+	burst, _ := benchServiceClock(b, 64, func(c *Config) { c.Cost = CostPredictive }, clk.Now)
+	if err := burst.Replicas().SetPeers(Peers{Count: 2, Position: 1, Window: time.Millisecond}); err != nil {
+		b.Fatal(err)
 	}
-	var dynT, predT time.Duration
+	ctx := context.Background()
+	for _, s := range []*SelectionService{cal, burst} { // calibrate: 64 completed prefills
+		for i := range 64 {
+			res, err := s.SelectAndReserve(ctx, Request{Tokens: prompts[i%len(prompts)]})
+			if err != nil {
+				b.Fatal(err)
+			}
+			clk.Advance(time.Millisecond + time.Duration(i%7)*time.Microsecond)
+			if err := s.Reservations().PrefillComplete(res.ReservationID); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Reservations().Free(res.ReservationID); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if !s.Stats().Calibration.Ready {
+			b.Fatal("the calibration is not ready")
+		}
+	}
+	ids := benchIDs("r")
+	svcs := []*SelectionService{dyn, pred, cal, burst}
+	times := make([]time.Duration, len(svcs))
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
-		if i%2 == 0 { // each goes first half of the time: the second finds the prompt's memory warm
-			dynT += once(dyn, i)
-			predT += once(pred, i)
-		} else {
-			predT += once(pred, i)
-			dynT += once(dyn, i)
+		for k := range svcs { // each goes first in turn: a later one finds the prompt's memory warm
+			j := (k + i) % len(svcs)
+			times[j] += bookFree(ctx, b, svcs[j], ids[i%len(ids)], prompts[i%len(prompts)])
+		}
+		if i%4 == 3 {
+			clk.Advance(time.Second) // the next run of four
 		}
 	}
-	b.ReportMetric(float64(dynT.Nanoseconds())/float64(b.N), "dynamo-ns/op")
-	b.ReportMetric(float64(predT.Nanoseconds())/float64(b.N), "predictive-ns/op")
-	b.ReportMetric(float64(predT)/float64(dynT), "predictive/dynamo")
+	b.ReportMetric(float64(times[0].Nanoseconds())/float64(b.N), "dynamo-ns/op")
+	b.ReportMetric(float64(times[1])/float64(times[0]), "predictive/dynamo")
+	b.ReportMetric(float64(times[2])/float64(times[0]), "calibrated/dynamo")
+	b.ReportMetric(float64(times[3])/float64(times[0]), "burst/dynamo")
 }
 
 // BenchmarkSelectAndReserveParallel runs the same with RunParallel: throughput

@@ -24,6 +24,12 @@ type evaluation struct {
 	// candidates is the number of eligible ranks: len(cands) for the full
 	// scan, more for the sparse decision, whose cands are the touched ranks.
 	candidates int
+	// spread is how many peers' bookings choose prices and inBurst whether
+	// the decision is in a burst (see Peers); sim is its working memory,
+	// kept for reuse.
+	spread  int
+	inBurst bool
+	sim     []candidate
 }
 
 // evalScratch is one decision's working memory, pooled so the hot path does not
@@ -185,7 +191,7 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 		}
 	}
 	ev := &sc.ev
-	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: len(cands)}
+	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: len(cands), sim: ev.sim}
 	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
 	if pr.w.predictive {
 		now := s.now()
@@ -239,6 +245,9 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 		}
 	}
 	ev.allBusy = busy == len(cands)
+	if s.routers.count.Load() > 0 {
+		ev.spread, ev.inBurst = s.spreadCount(p, s.now().UnixNano())
+	}
 	return ev, nil
 }
 
@@ -284,6 +293,11 @@ func (s *SelectionService) choose(p *partition, pr *prepared, ev *evaluation) (c
 		}
 		pool = pool[:n]
 	}
+	spreading := ev.spread > 0 && len(pool) > 1
+	if spreading {
+		ev.sim = spread(pool, ev.sim, ev.in, &pr.w, ev.spread)
+		s.st.spread.Add(1)
+	}
 	var best1, best2 float64
 	best1i := -1
 	if s.detail { // the two cheapest, before pick may reuse the costs
@@ -298,7 +312,11 @@ func (s *SelectionService) choose(p *partition, pr *prepared, ev *evaluation) (c
 		}
 	}
 	c, pinned := s.pinnedChoice(ev, pool, pr)
-	if !pinned {
+	switch {
+	case pinned:
+	case ev.inBurst && pr.w.temperature <= 0:
+		c = pool[cheapest(pool)] // ties as the peers' bookings broke them (see Peers)
+	default:
 		c = pool[pick(pool, pr.w.temperature, &p.rng)]
 	}
 	// pick may reuse cost for softmax weights: recompute for the result.
@@ -361,6 +379,9 @@ func (s *SelectionService) book(p *partition, pr *prepared, ev *evaluation, c ca
 			s.booked(r.health, pr.seqs, c.device+c.host+c.disk, pr.id)
 		}
 		s.st.bookings.Add(1)
+		if w := s.routers.window.Load(); w > 0 && s.routers.count.Load() > 0 {
+			p.burst.booked(s.now().UnixNano(), w)
+		}
 		if pr.session != "" {
 			p.sessions.put(pr.session, r.key, s.now().UnixNano())
 			switch {

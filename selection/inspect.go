@@ -193,6 +193,9 @@ type Stats struct {
 	// RefusedTooManyRanks (ErrTooManyRanks) and RefusedInvalid
 	// (ErrBadRequest). Every reason is present, zero or not.
 	WorkerRefusals map[string]uint64
+	// Spread counts the decisions that priced the bookings peers were
+	// likely making in the same instant (see Peers).
+	Spread uint64
 	// Ledger is the reservation ledger's own snapshot.
 	Ledger reservation.Stats
 	// Calibration is the ledger's fit of the bookings' times to first
@@ -222,7 +225,7 @@ func (s *SelectionService) Stats() Stats {
 		QueueWaitTotal: s.st.queueWaitNanos.Load(), Waiting: waiting,
 		ChosenOverlapBlocks: s.st.chosenOverlap.Load(), BestOverlapBlocks: s.st.bestOverlap.Load(), RequestBlocks: s.st.requestBlocks.Load(),
 		Expired: uint64(ls.Expired), Dropped: uint64(ls.Removed), Failures: s.st.failures.Load(),
-		RemoteBookings: s.st.remoteBookings.Load(), Ledger: ls, Calibration: s.ledger.Calibration(),
+		RemoteBookings: s.st.remoteBookings.Load(), Spread: s.st.spread.Load(), Ledger: ls, Calibration: s.ledger.Calibration(),
 		Sessions: sessions, SessionHits: s.st.sessionHits.Load(), SessionMoves: s.st.sessionMoves.Load(),
 		SessionsEvicted: s.st.sessionsEvicted.Load(), SessionsExpired: s.st.sessionsExpired.Load(),
 		Moves: s.st.moves.Load(),

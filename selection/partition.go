@@ -64,6 +64,8 @@ type partition struct {
 	// predictive decisions (float64 bits; 0 before the first), the
 	// balance term's time scale (see promptMean).
 	promptTokens atomic.Uint64
+	// burst is the run of this service's own bookings (see Peers).
+	burst burst
 
 	// set is the schedulable ranks, an immutable snapshot built from members
 	// and replaced whole by build; lookups read it without mu and re-check it

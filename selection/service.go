@@ -88,6 +88,8 @@ type SelectionService struct {
 	closeOnce sync.Once
 
 	st serviceCounters
+	// routers is what the replica plane said of the other routers (Peers).
+	routers peerState
 }
 
 type serviceCounters struct {
@@ -96,6 +98,7 @@ type serviceCounters struct {
 	chosenOverlap, bestOverlap, requestBlocks                                                atomic.Uint64
 	sessionHits, sessionMoves, sessionsEvicted, sessionsExpired, moves                       atomic.Uint64
 	queueWaitNanos                                                                           atomic.Int64
+	spread                                                                                   atomic.Uint64
 	// refusedRanks and refusedInvalid count UpsertWorker's refusals
 	// (WorkerRefusals).
 	refusedRanks, refusedInvalid atomic.Uint64

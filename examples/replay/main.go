@@ -91,6 +91,7 @@ type config struct {
 	replicas   []int
 	syncDelay  time.Duration
 	noSync     bool
+	noSpread   bool
 	batch      int
 	growth     bool
 	decodeKV   bool
@@ -149,6 +150,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&replicas, "replicas", "1", "kvselect: comma-separated router replica counts, one row each (e.g. 1,3); arrivals go to the replicas round-robin")
 	fs.DurationVar(&c.syncDelay, "sync-delay", replay.DefaultSyncDelay, "kvselect with replicas: how long a booking or settling call takes to reach the other replicas, in simulated time (0 = at once)")
 	fs.BoolVar(&c.noSync, "no-sync", false, "kvselect with replicas: also replay every --replicas value above 1 without sync (the baseline)")
+	fs.BoolVar(&c.noSpread, "no-spread", false, "kvselect with replicas: also replay every --replicas value above 1 synced but without pricing the peers' same-instant bookings (the herding baseline)")
 	fs.IntVar(&c.batch, "batch", 0, "give arrivals same-instant batches of this many requests, each at its batch's first arrival (bursts a gateway spreads over its replicas; 0 or 1: as generated)")
 	fs.BoolVar(&c.decodeKV, "decode-holds-kv", false, "engines: a running request's generated tokens take prefix-cache space until it finishes (one block per block of output), as in vLLM")
 	fs.BoolVar(&c.growth, "output-growth", false, "kvselect: also replay each kvselect row with output growth (bookings grow one block per block of generated tokens), one row each")
@@ -246,6 +248,8 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		bad("--replicas: %w", err)
 	} else if c.noSync && slices.Max(c.replicas) == 1 {
 		bad("--no-sync needs a --replicas value above 1")
+	} else if c.noSpread && slices.Max(c.replicas) == 1 {
+		bad("--no-spread needs a --replicas value above 1")
 	}
 	if c.batch < 0 || c.batch > 1<<16 {
 		bad("--batch %d: want 0 to %d", c.batch, 1<<16)
@@ -359,7 +363,7 @@ type job struct {
 	policy                     replay.Policy
 	credit, scale, temperature float64
 	replicas                   int // 0 means 1
-	noSync                     bool
+	noSync, noSpread           bool
 	growth                     bool
 	res                        replay.Result
 	err                        error
@@ -395,6 +399,12 @@ func (c config) withReplicas(jobs []*job) []*job {
 				nj := *j
 				nj.replicas, nj.noSync = r, true
 				nj.label += fmt.Sprintf(" R=%d no sync", r)
+				out = append(out, &nj)
+			}
+			if c.noSpread {
+				nj := *j
+				nj.replicas, nj.noSpread = r, true
+				nj.label += fmt.Sprintf(" R=%d sync %v no spread", r, c.syncDelay)
 				out = append(out, &nj)
 			}
 		}
@@ -559,7 +569,7 @@ func (c config) runAll(ctx context.Context, reqs []trace.Request, jobs []*job) {
 					Speedup: c.speedup, PrefillTokensPerSecond: c.prefill, DecodeTokenTime: tpotOption(c.tpot),
 					StepBase: c.stepBase, MaxBatchedTokens: c.batched, RequestOverhead: c.overhead, Speeds: c.speeds(),
 					MaxRunning: c.maxRunning, Seed: c.seed, Selection: &cfg, Explain: c.explain,
-					Replicas: j.replicas, SyncDelay: syncOption(c.syncDelay), NoSync: j.noSync, OutputGrowth: j.growth, DecodeHoldsKV: c.decodeKV,
+					Replicas: j.replicas, SyncDelay: syncOption(c.syncDelay), NoSync: j.noSync, NoSpread: j.noSpread, OutputGrowth: j.growth, DecodeHoldsKV: c.decodeKV,
 				})
 			}
 		})

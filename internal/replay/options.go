@@ -142,6 +142,12 @@ type Options struct {
 	// bookings, the baseline replica sync is measured against. No effect with
 	// one replica.
 	NoSync bool
+	// NoSpread keeps synced replicas from pricing the bookings their peers
+	// make in the same instant (selection.Peers, which they are told by
+	// default: Count R-1, Position their index, Window SyncDelay): the
+	// baseline the spreading is measured against. No effect with one
+	// replica or NoSync.
+	NoSpread bool
 	// Seed makes random choices (the random policy, tie-breaks, kvselect's
 	// sampling) reproducible. Replica 0 draws the stream one router does, each
 	// other replica a stream of its own.

@@ -232,6 +232,15 @@ func (k *kvRouter) newService(ctx context.Context, r int) (*selection.SelectionS
 	if err != nil {
 		return nil, fmt.Errorf("replay: building the selection service: %w", err)
 	}
+	if s.opts.Replicas > 1 && !s.opts.NoSync && !s.opts.NoSpread {
+		// A booking made at an instant reaches the peers SyncDelay later, in
+		// an event after every arrival of that instant: the window is the
+		// delay and the instant itself.
+		err = svc.Replicas().SetPeers(selection.Peers{Count: s.opts.Replicas - 1, Position: r, Window: s.opts.SyncDelay + time.Nanosecond})
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("replay: %w", err), svc.Close())
+		}
+	}
 	for _, id := range k.ids {
 		rec, err := svc.UpsertWorker(catalog.Worker{
 			ID: id, Endpoint: id + ":8000", DPSize: 1, BlockSize: 1, TotalKVBlocks: s.opts.CapacityBlocks,

@@ -82,6 +82,7 @@ var (
 	dLoadSlow     = prometheus.NewDesc("kvselect_worker_slowness", "How the worker rank's token times compare with the fleet's calibrated ones (2: twice as long), learned from its own completions; 0 until they separate its speed from the overhead.", loadLabels, nil)
 	dCalibration  = prometheus.NewDesc("kvselect_calibration_seconds", "The calibration of the bookings' times to first token (TTFT = overhead + queued_token x queued tokens + active_request x active requests + own_token x own tokens, each rank's tokens at its slowness), by term; residual is the fit's recent mean absolute error.", []string{"role", "term"}, nil)
 	dCalSamples   = prometheus.NewDesc("kvselect_calibration_samples_total", "Completed prefills the calibration has fitted (it is used from 32 on).", []string{"role"}, nil)
+	dSpread       = descSel("decisions_spread_total", "Decisions that priced the bookings peer replicas were likely making in the same instant (a burst spread over the replicas).")
 	dLoadRecent   = prometheus.NewDesc("kvselect_worker_recent_bookings", "Requests booked on the worker rank recently (the EPP's own and its peers'), each decaying over DYN_EPP_BALANCE_WINDOW_SECONDS: what the predictive cost's balance term compares with the mean.", loadLabels, nil)
 	dLoadBusy     = prometheus.NewDesc("kvselect_worker_busy", "1 while the worker rank's prefill load is above the queue threshold (requests wait in kvselect_queue_depth when every eligible rank is busy); 0 without queueing.", loadLabels, nil)
 
@@ -147,6 +148,7 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(dChosen, float64(st.ChosenOverlapBlocks), role)
 		counter(dBest, float64(st.BestOverlapBlocks), role)
 		counter(dReqBlocks, float64(st.RequestBlocks), role)
+		counter(dSpread, float64(st.Spread), role)
 		cal := st.Calibration
 		counter(dCalSamples, float64(cal.Samples), role)
 		for _, t := range []struct {
