@@ -33,7 +33,6 @@ func (c *Client) Limits() (time.Duration, int64, int64) { return c.timeout, c.ma
 func (c *Client) MaxPromptTokens() int { return c.maxToks }
 
 var (
-	Protocols     = protocols
 	ParseResponse = func(protocol string, data []byte) (Result, error) {
 		return parseResponse(protocol, data, DefaultMaxPromptTokens)
 	}

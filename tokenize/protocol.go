@@ -39,8 +39,9 @@ const (
 	ProtocolSGLangRenderer = "sglang-renderer"
 )
 
-// protocols lists the valid protocol names.
-func protocols() []string {
+// Protocols lists the protocol names Options.Protocol accepts, for a
+// program's flag check and help.
+func Protocols() []string {
 	return []string{ProtocolVLLMRender, ProtocolVLLMTokenize, ProtocolSGLang, ProtocolSGLangRenderer}
 }
 
@@ -449,9 +450,9 @@ func lenientInt(raw json.RawMessage) int64 {
 	return v
 }
 
-// validProtocol reports whether name is one of protocols().
+// validProtocol reports whether name is one of Protocols().
 func validProtocol(name string) bool {
-	for _, p := range protocols() {
+	for _, p := range Protocols() {
 		if p == name {
 			return true
 		}
@@ -459,4 +460,4 @@ func validProtocol(name string) bool {
 	return false
 }
 
-func protocolList() string { return strings.Join(protocols(), ", ") }
+func protocolList() string { return strings.Join(Protocols(), ", ") }

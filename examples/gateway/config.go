@@ -72,7 +72,7 @@ type config struct {
 const maxTokenizerURLs = 64
 
 // protocols are the tokenizer protocols tokenize.New accepts.
-var protocols = []string{tokenize.ProtocolVLLMRender, tokenize.ProtocolVLLMTokenize, tokenize.ProtocolSGLang}
+var protocols = tokenize.Protocols()
 
 func (c *config) settings() []envconf.Var {
 	return []envconf.Var{

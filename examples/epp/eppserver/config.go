@@ -177,7 +177,7 @@ const maxPeers = 256
 const maxTokenizerURLs = 64
 
 // tokenizerProtocols are DYN_EPP_TOKENIZER_PROTOCOL's values.
-var tokenizerProtocols = []string{tokenize.ProtocolVLLMRender, tokenize.ProtocolVLLMTokenize, tokenize.ProtocolSGLang, tokenize.ProtocolSGLangRenderer}
+var tokenizerProtocols = tokenize.Protocols()
 
 // settings returns the contract bound to c. The order is the README table's.
 func (c *Config) settings() []envconf.Var {
