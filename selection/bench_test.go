@@ -328,7 +328,19 @@ func benchFleet(b *testing.B, n int) *fleetBench {
 	if f := fleets[n]; f != nil {
 		return f
 	}
-	s, err := NewSelectionServiceBuilder(DefaultConfig(16)).ExternalEvents().SweepInterval(-1).Rand(rand.NewPCG(1, 1)).Build(context.Background())
+	f := buildBenchFleet(b, n, nil)
+	fleets[n] = f
+	return f
+}
+
+// buildBenchFleet builds benchFleet's fleet of n ranks on a service with
+// the policy seams seams sets (when set), left on the full scan.
+func buildBenchFleet(b *testing.B, n int, seams func(*SelectionServiceBuilder)) *fleetBench {
+	bld := NewSelectionServiceBuilder(DefaultConfig(16)).ExternalEvents().SweepInterval(-1).Rand(rand.NewPCG(1, 1))
+	if seams != nil {
+		seams(bld)
+	}
+	s, err := bld.Build(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -378,7 +390,6 @@ func benchFleet(b *testing.B, n int) *fleetBench {
 	for k := range 128 {
 		f.prompts = append(f.prompts, conv(k%groups, 2048))
 	}
-	fleets[n] = f
 	return f
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/kvselect/kvselect/catalog"
@@ -66,6 +67,11 @@ type SelectionServiceBuilder struct {
 	anyPeer  bool
 	observer BookingObserver
 	tracer   Tracer
+	// the policy seams (policy.go)
+	filters    []namedFilter
+	terms      []namedTerm
+	picker     Picker
+	classifier Classifier
 
 	recorderSet bool // Recorder was called with a recorder (set by Build)
 }
@@ -180,6 +186,9 @@ func (b *SelectionServiceBuilder) Build(ctx context.Context) (*SelectionService,
 	}
 	if b.bindAddr != "" && (b.external || !b.cfg.UseKVEvents) {
 		return nil, fmt.Errorf("%w: BindEvents needs UseKVEvents and the built-in feed (not ExternalEvents)", ErrInvalidConfig)
+	}
+	if probs := b.seamProblems(); len(probs) > 0 {
+		return nil, fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(probs, "; "))
 	}
 	// o is b with every default filled in.
 	o := *b

@@ -31,6 +31,9 @@ type candidate struct {
 	arrivals           float64
 
 	cost float64
+	// extra is what the policy's cost terms added to cost (policy.go);
+	// 0 without them
+	extra float64
 }
 
 // costInput is the request side of the cost.
@@ -50,12 +53,13 @@ type costInput struct {
 	overhead, perRequest float64
 }
 
-// cost is the cost of sending the request to c under w's cost function.
+// cost is the cost of sending the request to c under w's cost function,
+// with what the policy's cost terms added to it.
 func cost(c *candidate, in costInput, w *weights) float64 {
 	if w.predictive {
-		return predicted(c, in, w)
+		return predicted(c, in, w) + c.extra
 	}
-	return logit(c, in, w)
+	return logit(c, in, w) + c.extra
 }
 
 // predicted is CostPredictive's cost of sending the request to c, in

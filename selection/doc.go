@@ -31,10 +31,18 @@
 //	                bind listener, refusals and health, the index snapshot
 //	Replicas()      what package replica needs: peers' bookings booked and settled here
 //
+// A custom Endpoint Picker adds its own policy when it builds the service,
+// through four small interfaces it implements (no registry): a Filter (which
+// workers may serve a request), a CostTerm (a price the built-in cost cannot
+// see), a Picker (the choice among the scored candidates) and a Classifier
+// (admission: refuse, or set the priority). docs/POLICY.md says where each
+// runs in a decision and what it costs.
+//
 // docs/SELECTION.md has how a decision is made: the request path, the cost
 // formulas, sparse decisions, admission, sessions, approximate mode, feed
 // health and token parity, index snapshots. docs/ROUTING.md measures the
-// costs on every workload shape, docs/BOUNDS.md lists every bound and what
+// costs on every workload shape, docs/POLICY.md the policy seams,
+// docs/BOUNDS.md lists every bound and what
 // happens past it, docs/REPLICAS.md shares the load between router replicas
 // and docs/OBSERVABILITY.md maps the counters to metrics.
 //
@@ -47,8 +55,9 @@
 // reached the chosen rank after its load was read, and the request decides
 // again (Stats.Retries); with queueing it runs under the model's lock. A change
 // to a model's workers takes that lock exclusively. A Recorder or Tracer is
-// never called under a lock. Build starts the KV-event feed, the feed checker
-// and the lease sweeper; Close stops them and waits.
+// never called under a lock (the policy's filters, cost terms and picker
+// are, with queueing: see Filter). Build starts the KV-event feed, the feed
+// checker and the lease sweeper; Close stops them and waits.
 //
 // # Invariants
 //

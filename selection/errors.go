@@ -29,6 +29,13 @@ var (
 	// ErrOverloaded: every eligible worker is busy and the admission queue is full,
 	// or queueing is off (429).
 	ErrOverloaded = errors.New("selection: overloaded")
+	// ErrRefused: the policy's Classifier refused the request; RefusalReason
+	// names its reason (429).
+	ErrRefused = errors.New("selection: refused by the classifier")
+	// ErrPolicy: a policy seam broke its contract (a cost term's value that
+	// is not finite, a picker's index out of range, a classifier's invalid
+	// priority): a bug in the seam, not in the request (500).
+	ErrPolicy = errors.New("selection: policy seam failed")
 	// ErrUnknownReservation: PrefillComplete or Reservations.Free of an id that is
 	// not booked (never booked, already freed, expired). Harmless (404).
 	ErrUnknownReservation = errors.New("selection: unknown reservation")
@@ -42,7 +49,7 @@ var (
 
 // HTTPStatus returns the HTTP status code for an error returned by this package
 // (and by the packages it wraps): 400 bad request, 404 not found, 409 conflict, 429
-// overloaded, 503 not ready / no endpoints / closed, 504 for a deadline that
+// overloaded or refused, 503 not ready / no endpoints / closed, 504 for a deadline that
 // passed, 499 (nginx's "client closed request") for a cancellation, and 500 for
 // anything else. A nil error is 200.
 func HTTPStatus(err error) int {
@@ -58,7 +65,7 @@ func HTTPStatus(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, ErrConflict), errors.Is(err, reservation.ErrConflict), errors.Is(err, catalog.ErrDuplicateID):
 		return http.StatusConflict
-	case errors.Is(err, ErrOverloaded):
+	case errors.Is(err, ErrOverloaded), errors.Is(err, ErrRefused):
 		return http.StatusTooManyRequests
 	case errors.Is(err, ErrNotReady), errors.Is(err, ErrNoEndpoints), errors.Is(err, ErrClosed):
 		return http.StatusServiceUnavailable

@@ -101,6 +101,11 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 	var refs []reservation.Rank
 	var byIdx []int32                       // rank index -> candidate index; nil when every rank is eligible
 	ejected, nowNanos := p.ejectedAt(s.now) // worker -> end of its ejection; nil: none in force
+	var held map[string]int64               // with filters, the ejections they apply (see applyFilters)
+	filtering := s.pol != nil && len(s.pol.filters) > 0
+	if filtering {
+		held, ejected = ejected, nil
+	}
 	if pr.allowed == nil && ejected == nil {
 		cands = append(sc.cands[:0], rs.template...)
 		refs = rs.refs
@@ -190,6 +195,13 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 			c.pending = max(0, c.inflight-c.device-c.host-c.disk)
 		}
 	}
+	if filtering {
+		var err error
+		if cands, refs, err = s.applyFilters(pr, sc, cands, held, nowNanos); err != nil {
+			return nil, err
+		}
+		sc.cands = cands
+	}
 	ev := &sc.ev
 	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: len(cands), sim: ev.sim}
 	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
@@ -244,6 +256,11 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 			busy++
 		}
 	}
+	if s.pol != nil && len(s.pol.terms) > 0 {
+		if err := s.priceAll(pr, rs, cands); err != nil {
+			return nil, err
+		}
+	}
 	ev.allBusy = busy == len(cands)
 	if s.routers.count.Load() > 0 {
 		ev.spread, ev.inBurst = s.spreadCount(p, s.now().UnixNano())
@@ -274,14 +291,17 @@ var errStale = errors.New("selection: decision stale")
 
 // commit picks among the candidates (choose) and books the pick (book).
 func (s *SelectionService) commit(p *partition, pr *prepared, ev *evaluation, reserve, lockFree bool) (Result, error) {
-	c, pinned := s.choose(p, pr, ev)
+	c, pinned, err := s.choose(p, pr, ev)
+	if err != nil {
+		return Result{}, err
+	}
 	return s.book(p, pr, ev, c, pinned, reserve, lockFree)
 }
 
 // choose picks among the candidates that are not busy (all of them when every
-// one is busy, which only Select reaches): the session's pin, or by cost. It
-// sets ev.margin.
-func (s *SelectionService) choose(p *partition, pr *prepared, ev *evaluation) (candidate, bool) {
+// one is busy, which only Select reaches): the session's pin, or the policy's
+// Picker, or by cost. It sets ev.margin; its error is the Picker's.
+func (s *SelectionService) choose(p *partition, pr *prepared, ev *evaluation) (candidate, bool, error) {
 	pool := ev.cands
 	if !ev.allBusy && s.cfg.QueueThreshold != nil {
 		n := 0
@@ -314,6 +334,12 @@ func (s *SelectionService) choose(p *partition, pr *prepared, ev *evaluation) (c
 	c, pinned := s.pinnedChoice(ev, pool, pr)
 	switch {
 	case pinned:
+	case s.pol != nil && s.pol.picker != nil:
+		i, err := s.pickWith(pr, ev, pool)
+		if err != nil {
+			return candidate{}, false, err
+		}
+		c = pool[i]
 	case ev.inBurst && pr.w.temperature <= 0:
 		c = pool[cheapest(pool)] // ties as the peers' bookings broke them (see Peers)
 	default:
@@ -329,7 +355,7 @@ func (s *SelectionService) choose(p *partition, pr *prepared, ev *evaluation) (c
 	default:
 		ev.margin = best1 - c.cost
 	}
-	return c, pinned
+	return c, pinned, nil
 }
 
 // book completes the result for the chosen candidate c and books it when

@@ -72,24 +72,36 @@ func (s *SelectionService) partition(model string) *partition {
 }
 
 // Scored is one eligible rank's view of a request: its overlap, its load if the
-// request went there, and its cost.
+// request went there, and its cost. PotentialLoads returns it, and the policy
+// seams (Filter, CostTerm, Picker) see each candidate through it.
 type Scored struct {
 	WorkerLoad
-	Overlap Overlap
+	// Endpoint is the worker's host:port, Labels its labels
+	// (catalog.Worker.Labels), shared: never write them.
+	Endpoint string
+	Labels   map[string]string
+	Overlap  Overlap
 	// EffectivePrefillTokens is the prompt length minus weighted cached tokens.
 	EffectivePrefillTokens int
-	Cost                   float64
+	// Cost is the rank's cost for the request (see the seams for what it is
+	// when they are called), in seconds when Predicted (the predictive cost
+	// decides), else Dynamo's blocks.
+	Cost      float64
+	Predicted bool
 }
 
 // PotentialLoads scores req against every eligible rank without picking or
 // booking: overlap, the load each would have with the request, and the cost.
-// Errors as Select.
-func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Scored, error) {
+// The policy's filters and cost terms apply (its Classifier does not: nothing
+// is admitted). Errors as Select.
+func (s *SelectionService) PotentialLoads(ctx context.Context, req Request) ([]Scored, error) {
+	ps, _ := s.pol.begin(ctx, &req, false)
+	defer s.pol.end(ps)
 	pr, err := s.prepare(&req)
 	if err != nil {
 		return nil, err
 	}
-	pr.peek = true
+	pr.peek, pr.pol = true, ps
 	defer pr.release()
 	p := s.partition(pr.model)
 	if p == nil {
@@ -106,18 +118,7 @@ func (s *SelectionService) PotentialLoads(_ context.Context, req Request) ([]Sco
 	out := make([]Scored, len(ev.cands))
 	now := s.now()
 	for i := range ev.cands {
-		c := &ev.cands[i]
-		r := rs.ranks[c.idx]
-		wl := s.workerLoad(r, reservation.Load{ActivePrefillTokens: c.activePrefill, ActiveBlocks: c.activeBlocks, ActiveRequests: c.activeRequests})
-		clk := s.ledger.PrefillClock(rs.refs[c.idx], now)
-		wl.PrefillRate, wl.Slowness, wl.RecentBookings = clk.Rate, clk.Slowness, clk.Arrivals
-		eff := effectivePrefill(c, pr, &pr.w, s.cfg.BlockSize)
-		wl.PotentialPrefill = c.activePrefill
-		if pr.w.trackPrefill {
-			wl.PotentialPrefill += int64(eff)
-		}
-		wl.PotentialDecodeBlock = c.activeBlocks + c.newBlocks
-		out[i] = Scored{WorkerLoad: wl, Overlap: Overlap{c.device, c.host, c.disk}, EffectivePrefillTokens: eff, Cost: c.cost}
+		s.view(&out[i], rs, &ev.cands[i], pr, now)
 	}
 	slices.SortFunc(out, func(a, b Scored) int { return a.WorkerRank.Compare(b.WorkerRank) })
 	return out, nil
@@ -196,6 +197,18 @@ type Stats struct {
 	// Spread counts the decisions that priced the bookings peers were
 	// likely making in the same instant (see Peers).
 	Spread uint64
+	// Filtered counts the candidates each policy filter excluded, by the
+	// filter's name (SelectionServiceBuilder.Filter), in the last
+	// evaluation of each Select and SelectAndReserve (a queued request is
+	// evaluated again as capacity frees); nil without filters.
+	Filtered map[string]uint64
+	// ClassifierRefusals counts the requests the policy's Classifier
+	// refused (ErrRefused).
+	ClassifierRefusals uint64
+	// PolicyFullScans counts the decisions that would have been sparse but
+	// took the full scan because a filter, a picker or a cost term without
+	// a scope is set (docs/POLICY.md).
+	PolicyFullScans uint64
 	// Ledger is the reservation ledger's own snapshot.
 	Ledger reservation.Stats
 	// Calibration is the ledger's fit of the bookings' times to first
@@ -228,7 +241,8 @@ func (s *SelectionService) Stats() Stats {
 		RemoteBookings: s.st.remoteBookings.Load(), Spread: s.st.spread.Load(), Ledger: ls, Calibration: s.ledger.Calibration(),
 		Sessions: sessions, SessionHits: s.st.sessionHits.Load(), SessionMoves: s.st.sessionMoves.Load(),
 		SessionsEvicted: s.st.sessionsEvicted.Load(), SessionsExpired: s.st.sessionsExpired.Load(),
-		Moves: s.st.moves.Load(),
+		Moves:    s.st.moves.Load(),
+		Filtered: s.pol.filteredStats(), ClassifierRefusals: s.pol.refusedStats(), PolicyFullScans: s.st.policyFullScans.Load(),
 		WorkerRefusals: map[string]uint64{
 			RefusedTooManyRanks: s.st.refusedRanks.Load(),
 			RefusedInvalid:      s.st.refusedInvalid.Load(),

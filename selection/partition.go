@@ -22,7 +22,8 @@ type rankInfo struct {
 	endpoint   string
 	blockSize  int
 	maxBatched int
-	health     *rankHealth // nil without feed checks
+	health     *rankHealth       // nil without feed checks
+	labels     map[string]string // the worker's, never written (the policy seams read them)
 }
 
 // member is a schedulable worker of a partition, as its rank snapshot needs
@@ -34,7 +35,8 @@ type member struct {
 	maxBatched int
 	dpStart    int
 	ranks      int
-	health     []*rankHealth // one per rank, in rank order; nil without feed checks
+	health     []*rankHealth     // one per rank, in rank order; nil without feed checks
+	labels     map[string]string // the catalog record's copy, never written
 }
 
 // equal reports whether m and o build the same ranks (the same feed states
@@ -42,7 +44,7 @@ type member struct {
 func (m *member) equal(o *member) bool {
 	return m.id == o.id && m.endpoint == o.endpoint && m.blockSize == o.blockSize &&
 		m.maxBatched == o.maxBatched && m.dpStart == o.dpStart && m.ranks == o.ranks &&
-		slices.Equal(m.health, o.health)
+		slices.Equal(m.health, o.health) && maps.Equal(m.labels, o.labels)
 }
 
 // partition is everything one model needs. Without queueing a decision books
@@ -230,6 +232,7 @@ func (p *partition) build() *rankSet {
 				endpoint:   m.endpoint,
 				blockSize:  m.blockSize,
 				maxBatched: m.maxBatched,
+				labels:     m.labels,
 			}
 			if m.health != nil {
 				ri.health = m.health[r]

@@ -51,7 +51,8 @@ type Request struct {
 	Allowed []string
 	// Override changes scoring weights for this request.
 	Override *Override
-	// Priority orders the request while it waits for capacity.
+	// Priority orders the request while it waits for capacity (a policy
+	// Classifier may replace it).
 	Priority Priority
 	// ExpectedOutputTokens is recorded with the booking. >= 0.
 	ExpectedOutputTokens int
@@ -135,7 +136,8 @@ type prepared struct {
 	retries  int
 	fallback int // Request.Fallbacks
 	pin      catalog.WorkerRank
-	pinned   bool // the session has a live pin, pin
+	pinned   bool           // the session has a live pin, pin
+	pol      *policyScratch // the policy seams' (policy.go); nil without them
 }
 
 var preparedPool = sync.Pool{New: func() any { return new(prepared) }}
@@ -263,13 +265,19 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 	if s.tracer != nil {
 		span = s.tracer.StartDecision(ctx, model, reserve)
 	}
-	pr, err := s.prepare(req)
+	ps, err := s.pol.begin(ctx, req, true) // the Classifier's verdict (policy.go)
+	defer s.pol.end(ps)
+	var pr *prepared
+	if err == nil {
+		pr, err = s.prepare(req)
+	}
 	if err != nil {
 		if span != nil {
 			span.End(nil, err)
 		}
 		return Result{}, err
 	}
+	pr.pol = ps
 	defer pr.release()
 	if span != nil {
 		defer func() {
@@ -331,7 +339,7 @@ func (s *SelectionService) decideLockFree(p *partition, pr *prepared, sc *evalSc
 		if !sparse {
 			ev, err = s.evaluate(p, pr, sc)
 			if err == nil {
-				c, pinned = s.choose(p, pr, ev)
+				c, pinned, err = s.choose(p, pr, ev)
 			}
 		}
 		if err != nil {
@@ -502,6 +510,13 @@ const (
 	RefusedOverloaded = "overloaded"
 	// RefusedClosed: the service is closed.
 	RefusedClosed = "closed"
+	// RefusedFiltered: a policy Filter excluded every candidate left;
+	// RefusalReason appends its name ("filtered:lora").
+	RefusedFiltered = "filtered"
+	// RefusedClassifier: the policy Classifier refused the request
+	// (ErrRefused); RefusalReason appends its reason
+	// ("classifier:batch_closed").
+	RefusedClassifier = "classifier"
 )
 
 // refusal is a routing refusal with its reason (RefusalReason).
@@ -515,7 +530,8 @@ func (r *refusal) Unwrap() error { return r.err }
 
 // RefusalReason names why err refused a request that could not be routed
 // (the Refused constants: unknown model, no schedulable worker and the first
-// reason why, none of the allowed workers, a full queue, a closed service);
+// reason why, none of the allowed workers, a full queue, a closed service, a
+// filter that left no candidate, the classifier's refusal);
 // "" for any other error and for nil. A gateway puts it in its answer's body
 // and its metric label, so that a 503 says which of these it is.
 func RefusalReason(err error) string {

@@ -42,6 +42,7 @@ type SelectionService struct {
 	detail bool            // a Recorder or a Tracer wants Decision.Margin
 	scan   scanMode        // tests force the full scan or the sparse decision
 	obs    BookingObserver // nil: no replication
+	pol    *policy         // the policy seams; nil: none (policy.go)
 
 	cat    *catalog.Catalog
 	ledger *reservation.Ledger
@@ -98,7 +99,7 @@ type serviceCounters struct {
 	chosenOverlap, bestOverlap, requestBlocks                                                atomic.Uint64
 	sessionHits, sessionMoves, sessionsEvicted, sessionsExpired, moves                       atomic.Uint64
 	queueWaitNanos                                                                           atomic.Int64
-	spread                                                                                   atomic.Uint64
+	spread, policyFullScans                                                                  atomic.Uint64
 	// refusedRanks and refusedInvalid count UpsertWorker's refusals
 	// (WorkerRefusals).
 	refusedRanks, refusedInvalid atomic.Uint64
@@ -116,6 +117,7 @@ func newService(o *SelectionServiceBuilder) (*SelectionService, error) {
 		seeds:      mrand.New(o.rng),
 		trust:      cfg.FeedTrust.normalized(),
 		health:     make(map[catalog.WorkerRank]*rankHealth),
+		pol:        newPolicy(o),
 	}
 	s.cat = catalog.New(catalog.Options{
 		Requirements: catalog.Requirements{KVEvents: cfg.UseKVEvents && !external && bind == "", Queueing: cfg.QueueThreshold != nil, Endpoints: cfg.Endpoints},
@@ -484,7 +486,7 @@ func (s *SelectionService) memberLocked(p *partition, rec catalog.Record) bool {
 		return p.dropMember(w.ID)
 	}
 	m := &member{id: w.ID, endpoint: w.Endpoint, blockSize: w.BlockSize, maxBatched: w.MaxNumBatchedTokens,
-		dpStart: w.DPStart, ranks: len(w.Ranks())}
+		dpStart: w.DPStart, ranks: len(w.Ranks()), labels: w.Labels}
 	if s.healthOn() {
 		m.health = make([]*rankHealth, m.ranks)
 		for i := range m.health {

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/btree"
 	"github.com/kvselect/kvselect/reservation"
@@ -313,14 +314,17 @@ type touched struct{ idx, load int32 }
 // weights for the key, no credit decay, the Dynamo cost (the predictive
 // one's queued work drains with time, so an order of it would not stay
 // current), no fallbacks asked for (they need
-// the next-cheapest ranks on distinct endpoints: the full scan lists them)
-// and no allowed subset (evaluated whole instead, see evaluate).
+// the next-cheapest ranks on distinct endpoints: the full scan lists them),
+// no allowed subset (evaluated whole instead, see evaluate) and no policy
+// seam that needs every candidate (a filter, a picker, a cost term without a
+// scope: counted, see fullScanFor).
 func (s *SelectionService) sparseOK(pr *prepared, rs *rankSet, matched int) bool {
 	o := rs.order
 	return o != nil && s.scan != scanFull && s.cfg.QueueThreshold == nil &&
 		pr.w.temperature <= 0 && (pr.w.decay == 0 || !pr.w.trackPrefill) && !pr.w.predictive && pr.fallback == 0 &&
 		pr.allowed == nil && o.fits(&pr.w) && o.ready.Load() &&
-		(s.scan == scanSparse || len(rs.ranks) >= sparseMinRanks && 4*matched <= len(rs.ranks))
+		(s.scan == scanSparse || len(rs.ranks) >= sparseMinRanks && 4*matched <= len(rs.ranks)) &&
+		!s.fullScanFor()
 }
 
 // sparseMinRanks is the smallest rank set the sparse decision is used for by
@@ -344,7 +348,9 @@ const (
 // chosen candidate and whether a session pin chose it; ok false when the
 // request must take the full scan after all. errStale reports a chosen cold
 // rank whose load changed since the order placed it (the order is synced, and
-// the caller decides again).
+// the caller decides again); any other error (a cost term's) fails the
+// request. The policy's cost terms, all scoped (sparseOK), touch the ranks
+// of the workers their scopes name.
 func (s *SelectionService) decideSparse(p *partition, pr *prepared, sc *evalScratch) (ev *evaluation, c candidate, pinned, ok bool, err error) {
 	rs := sc.rs
 	n := len(rs.ranks)
@@ -389,6 +395,14 @@ func (s *SelectionService) decideSparse(p *partition, pr *prepared, sc *evalScra
 	if pr.pinned {
 		if i, known := rs.pos[pr.pin]; known {
 			add(i)
+		}
+	}
+	terms := s.pol != nil && len(s.pol.terms) > 0
+	if terms {
+		for _, id := range s.scope(pr) {
+			for _, i := range rs.byWorker[id] {
+				add(i)
+			}
 		}
 	}
 	var distinct int
@@ -440,12 +454,22 @@ func (s *SelectionService) decideSparse(p *partition, pr *prepared, sc *evalScra
 	ev = &sc.ev
 	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: n - ejectedRanks, in: in}
 	best1, best2 := math.Inf(1), math.Inf(1)
+	var now time.Time // the cost terms' clock
+	if terms {
+		now = s.now()
+	}
 	for k := range cands {
 		c := &cands[k]
 		if inflight {
 			c.pending = max(0, c.inflight-c.device-c.host-c.disk)
 		}
 		c.cost = logit(c, in, &pr.w)
+		if terms {
+			if err := s.price(pr, rs, c, nil, now); err != nil {
+				sp.touch, sp.excl = tc, excl
+				return nil, candidate{}, false, true, err
+			}
+		}
 		best1, best2 = twoLeast(best1, best2, c.cost, 1)
 		ev.bestOverlap = max(ev.bestOverlap, c.device)
 		ev.bestPrefill = min(ev.bestPrefill, effectivePrefill(c, pr, &pr.w, s.cfg.BlockSize))

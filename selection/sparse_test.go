@@ -38,6 +38,12 @@ func FuzzSparseMatchesFullScan(f *testing.F) {
 }
 
 func checkSparseModel(t *testing.T, seed uint64, steps int) {
+	checkSparseModelWith(t, seed, steps, nil)
+}
+
+// checkSparseModelWith is checkSparseModel on a service whose builder seams
+// edits (when set); it returns the service.
+func checkSparseModelWith(t *testing.T, seed uint64, steps int, seams func(*SelectionServiceBuilder)) *SelectionService {
 	r := rand.New(rand.NewPCG(seed, 21))
 	const bs = 16
 	cfg := DefaultConfig(bs)
@@ -58,6 +64,9 @@ func checkSparseModel(t *testing.T, seed uint64, steps int) {
 	b := NewSelectionServiceBuilder(cfg).ExternalEvents().SweepInterval(-1).Rand(rand.NewPCG(seed, 1)).Clock(clock)
 	if r.IntN(2) == 0 {
 		b = b.Recorder(rec) // detail: margins
+	}
+	if seams != nil {
+		seams(b)
 	}
 	s, err := b.Build(context.Background())
 	require.NoError(t, err)
@@ -157,14 +166,19 @@ func checkSparseModel(t *testing.T, seed uint64, steps int) {
 		}
 		compareSparse(t, s, p, &req, fmt.Sprintf("step %d", step))
 	}
+	return s
 }
 
 // compareSparse decides req both ways, without booking, and compares.
 func compareSparse(t *testing.T, s *SelectionService, p *partition, req *Request, msg string) {
 	t.Helper()
+	ps, err := s.pol.begin(context.Background(), req, false)
+	require.NoError(t, err)
+	defer s.pol.end(ps)
 	pr, err := s.prepare(req)
 	require.NoError(t, err)
 	defer pr.release()
+	pr.pol = ps
 	if pr.session != "" {
 		pr.pin, pr.pinned = p.sessions.get(pr.session, s.now().UnixNano())
 	}
@@ -177,7 +191,8 @@ func compareSparse(t *testing.T, s *SelectionService, p *partition, req *Request
 	}
 	ev, err := s.evaluate(p, pr, full)
 	require.NoError(t, err, msg)
-	fc, fpinned := s.choose(p, pr, ev)
+	fc, fpinned, err := s.choose(p, pr, ev)
+	require.NoError(t, err, msg)
 	fmargin := ev.margin
 	best := math.Inf(1)
 	for _, c := range ev.cands {
