@@ -82,6 +82,9 @@ var (
 	dLoadSlow     = prometheus.NewDesc("kvselect_worker_slowness", "How the worker rank's token times compare with the fleet's calibrated ones (2: twice as long), learned from its own completions; 0 until they separate its speed from the overhead.", loadLabels, nil)
 	dCalibration  = prometheus.NewDesc("kvselect_calibration_seconds", "The calibration of the bookings' times to first token (TTFT = overhead + queued_token x queued tokens + active_request x active requests + own_token x own tokens, each rank's tokens at its slowness), by term; residual is the fit's recent mean absolute error.", []string{"role", "term"}, nil)
 	dCalSamples   = prometheus.NewDesc("kvselect_calibration_samples_total", "Completed prefills the calibration has fitted (it is used from 32 on).", []string{"role"}, nil)
+	dFiltered     = prometheus.NewDesc("kvselect_policy_filtered_total", "Candidates a policy filter of the embedding program excluded, by filter name (selection.Filter).", []string{"role", "filter"}, nil)
+	dClsRefused   = descSel("policy_classifier_refusals_total", "Requests the embedding program's Classifier refused (selection.Classifier).")
+	dFullScans    = descSel("policy_full_scans_total", "Decisions on a large fleet that took the full scan because a policy filter, picker or unscoped cost term needs every candidate.")
 	dSpread       = descSel("decisions_spread_total", "Decisions that priced the bookings peer replicas were likely making in the same instant (a burst spread over the replicas).")
 	dLoadRecent   = prometheus.NewDesc("kvselect_worker_recent_bookings", "Requests booked on the worker rank recently (the EPP's own and its peers'), each decaying over DYN_EPP_BALANCE_WINDOW_SECONDS: what the predictive cost's balance term compares with the mean.", loadLabels, nil)
 	dLoadBusy     = prometheus.NewDesc("kvselect_worker_busy", "1 while the worker rank's prefill load is above the queue threshold (requests wait in kvselect_queue_depth when every eligible rank is busy); 0 without queueing.", loadLabels, nil)
@@ -149,6 +152,11 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(dBest, float64(st.BestOverlapBlocks), role)
 		counter(dReqBlocks, float64(st.RequestBlocks), role)
 		counter(dSpread, float64(st.Spread), role)
+		for name, n := range st.Filtered {
+			counter(dFiltered, float64(n), role, name)
+		}
+		counter(dClsRefused, float64(st.ClassifierRefusals), role)
+		counter(dFullScans, float64(st.PolicyFullScans), role)
 		cal := st.Calibration
 		counter(dCalSamples, float64(cal.Samples), role)
 		for _, t := range []struct {
