@@ -104,6 +104,17 @@ type gateway struct {
 	synced chan struct{}
 }
 
+// selectionConfig is the selection configuration the gateway's services
+// start from: the defaults, with what its flags set.
+func (cfg config) selectionConfig() selection.Config {
+	scfg := selection.DefaultConfig(cfg.BlockSize)
+	scfg.UseKVEvents = cfg.UseKVEvents
+	scfg.FailureEjection = cfg.FailureEjection
+	scfg.Cost = cfg.Cost
+	scfg.FeedTrust = cfg.FeedTrust
+	return scfg
+}
+
 // newGateway builds everything that does not listen yet. configure, when set,
 // adjusts every role's selection service builder (tests use it).
 func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure func(*selection.SelectionServiceBuilder)) (*gateway, error) {
@@ -137,12 +148,7 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 	if decisions, err = prommetrics.NewDecisions(g.reg); err != nil {
 		return nil, err
 	}
-	scfg := selection.DefaultConfig(cfg.BlockSize)
-	scfg.UseKVEvents = cfg.UseKVEvents
-	scfg.FailureEjection = cfg.FailureEjection
-	scfg.Cost = cfg.Cost
-	scfg.FeedTrust = cfg.FeedTrust
-	g.rs, err = roles.New(ctx, roles.RoleOptions{Mode: cfg.Topology, LabelKey: cfg.RoleLabel, Base: scfg, Logger: logger,
+	g.rs, err = roles.New(ctx, roles.RoleOptions{Mode: cfg.Topology, LabelKey: cfg.RoleLabel, Base: cfg.selectionConfig(), Logger: logger,
 		Configure: func(r roles.Role, b *selection.SelectionServiceBuilder) {
 			b.Logger(logger).Recorder(decisions.ForRole(r.String()))
 			if r != roles.Decode && cfg.UseKVEvents && cfg.KVEventBind != "" { // decode workers publish no events
