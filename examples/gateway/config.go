@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvselect/kvselect/examples/epp/discovery"
 	"github.com/kvselect/kvselect/examples/internal/envconf"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
@@ -106,7 +107,7 @@ func (c *config) settings() []envconf.Var {
 				c.MetricsAddr = v
 				return nil
 			}},
-		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Help: fmt.Sprintf("absolute http(s) base URL of the engines' tokenizer/render service, or several, comma-separated (at most %d): every vLLM or SGLang engine serves it, so list a few of them; calls go round robin, fail over to the next URL on an error or timeout, are hedged on a second URL past the recent calls' p95 (at least 50 ms), and skip a URL for 5 s after 3 failures in a row; required", maxTokenizerURLs),
+		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Help: fmt.Sprintf("absolute http(s) base URL of the engines' tokenizer/render service, or several, comma-separated (at most %d); a list set here wins. Unset: the workers file's workers of --model are the tokenizers, each at http://<endpoint> (every vLLM and SGLang engine serves render/tokenize), following the file, except those whose %s label names another engine than the protocol's. Calls go round robin, fail over to the next URL on an error or timeout, are hedged on a second URL past the recent calls' p95 (at least 50 ms), and skip a URL for 5 s after 3 failures in a row", maxTokenizerURLs, discovery.EngineLabel),
 			Set: func(v string) error {
 				urls, err := tokenize.ParseBaseURLs(v, maxTokenizerURLs)
 				c.TokenizerURLs = urls
@@ -249,9 +250,6 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (co
 	}
 	if c.WorkersFile == "" {
 		errs = append(errs, errors.New("--workers-file / DYN_EPP_WORKERS_FILE: required"))
-	}
-	if len(c.TokenizerURLs) == 0 {
-		errs = append(errs, errors.New("--tokenizer-url / DYN_EPP_TOKENIZER_SERVICE_URL: required"))
 	}
 	if c.KVEventBind != "" && !c.UseKVEvents {
 		errs = append(errs, errors.New("--kv-event-bind / DYN_EPP_KV_EVENT_BIND: binds for KV events, which --use-kv-events=false turns off"))

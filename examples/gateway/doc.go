@@ -28,9 +28,10 @@
 // /metrics (Prometheus: the selection services', by role, the KV-event
 // feeds', the tokenizer cache's and pool's and the Router's series, the
 // reference EPP's names) on --metrics-addr, a listener of its own as the
-// EPP's. --tokenizer-url takes several URLs, comma-separated: one
-// tokenize.Pool over them, failing over from one to the next; when none
-// answers, requests are routed on load alone (--tokenizer-no-degrade=true
+// EPP's. The tokenizers are the workers file's workers (every vLLM and
+// SGLang engine serves render/tokenize; discovery.Tokenizers), or
+// --tokenizer-url's URLs, comma-separated: one tokenize.Pool over them,
+// failing over from one to the next; when none answers, requests are routed on load alone (--tokenizer-no-degrade=true
 // refuses them instead). Every flag also reads an environment variable, the
 // reference EPP's where it has the setting; --help lists them.
 //

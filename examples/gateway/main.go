@@ -86,10 +86,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 // booker, Router, the workers file, the HTTP handler and the metrics
 // registry.
 type gateway struct {
-	log   *slog.Logger
-	cfg   config
-	pool  *tokenize.Pool  // a Client per tokenizer URL
-	cache *tokenize.Cache // over pool
+	log  *slog.Logger
+	cfg  config
+	pool *tokenize.Pool // a Client per tokenizer URL
+	// tokenizers gives pool the workers' own endpoints when no tokenizer
+	// URL is configured (nil otherwise); apply drives it.
+	tokenizers *discovery.Tokenizers
+	cache      *tokenize.Cache // over pool
 	// rs holds a selection service per role of cfg.Topology (aggregated; or
 	// prefill and decode), pairs books every request on them.
 	rs     *roles.RoleSelectors
@@ -137,6 +140,10 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 		return nil, err
 	}
 	// The Router only hashes the ids: share the cached slices. A call is
+	if len(cfg.TokenizerURLs) == 0 {
+		g.tokenizers = discovery.NewTokenizers(g.pool, cfg.Model, cfg.TokenizerProtocol, logger)
+		logger.Info("tokenizers: the workers' own endpoints, following the workers file", "protocol", cfg.TokenizerProtocol, "model", cfg.Model)
+	}
 	// bounded by the pool's failover (up to three endpoints' timeouts).
 	g.cache, err = tokenize.NewCache(g.pool, tokenize.CacheOptions{ShareResults: true, Protocol: cfg.TokenizerProtocol,
 		Model: cfg.Model, CallTimeout: g.pool.CallTimeout(cfg.TokenizerTimeout), MaxCalls: cfg.MaxInflight, Logger: logger})
@@ -294,6 +301,9 @@ func (g *gateway) apply(s discovery.Snapshot) {
 	}
 	if g.cfg.Topology == roles.ModeAggregated {
 		g.warnRoleLabels(s.Workers)
+	}
+	if g.tokenizers != nil { // before the first snapshot counts as applied: the first requests find tokenizers
+		g.tokenizers.Follow(s.Workers, s.Synced)
 	}
 	select {
 	case <-g.synced:

@@ -73,3 +73,24 @@ func TestGatewayWithoutTokenizer(t *testing.T) {
 	require.EqualValues(t, len(plan), mustValue(t, m, "kvselect_httproute_rejected_total", nil))
 	require.Zero(t, mustValue(t, m, "kvselect_httproute_booked_total", nil))
 }
+
+// No tokenizer URL: the workers file's workers are the tokenizers (each
+// engine serves render), so every request is tokenized by an engine and
+// routed on its tokens, none in the degraded mode.
+func TestGatewayTokenizersAreTheWorkers(t *testing.T) {
+	env := newE2EEnvWith(t, e2eOptions{tokenizers: func(string) []string { return nil }})
+	plan := e2ePlan(100, 5, false)
+	for i, r := range env.load(t, env.url, plan) {
+		require.Equal(t, http.StatusOK, r.status, "request %d", i)
+		require.True(t, r.done, "request %d", i)
+	}
+	var renders uint64
+	for _, e := range env.engines {
+		renders += e.HTTPStats().Renders
+	}
+	require.Positive(t, renders, "the engines tokenized")
+	m := scrape(t, env.metrics)
+	require.Zero(t, mustValue(t, m, "kvselect_httproute_refusals_total", map[string]string{"reason": "tokenizer_degraded"}))
+	require.Zero(t, mustValue(t, m, "kvselect_tokenizer_exhausted_total", nil))
+	require.EqualValues(t, len(plan), mustValue(t, m, "kvselect_httproute_booked_total", nil))
+}

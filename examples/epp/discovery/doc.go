@@ -82,6 +82,15 @@
 // PodIP itself left out, port PeerOptions.Port, sorted, at most MaxPeers. A
 // line "replica peers" logs each change (count, added, removed).
 //
+// # Tokenizers from discovery
+//
+// Tokenizers keeps a tokenize.Pool's URLs equal to a snapshot's workers of
+// one model, each at http://<its endpoint> (every vLLM and SGLang pod serves
+// its model's render and tokenize endpoints), leaving out a worker whose
+// EngineLabel (kvselect.io/engine) names another engine than the tokenizer
+// protocol's; the consumer of the snapshots calls Follow with each. The EPP
+// and the gateway use it when no tokenizer URL is configured.
+//
 // # Concurrency
 //
 // Sources are safe to share between goroutines and each may be Run once. Run

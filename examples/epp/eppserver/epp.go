@@ -45,7 +45,7 @@ type EPP struct {
 	// configured; nil otherwise. Apply owns it.
 	pool       *tokenize.Pool
 	cache      *tokenize.Cache
-	tokenizers *workerTokenizers
+	tokenizers *discovery.Tokenizers
 	// rs owns one selection service per role of the topology (one in
 	// aggregated mode); pairs books every request on them, in both modes.
 	rs     *roles.RoleSelectors
@@ -115,9 +115,9 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 	}
 	e := &EPP{cfg: cfg, logger: logger, pool: pool, cache: cache, reg: prometheus.NewRegistry(), rep: rp}
 	if len(cfg.TokenizerURLs) == 0 {
-		e.tokenizers = newWorkerTokenizers(pool, cfg, logger)
+		e.tokenizers = discovery.NewTokenizers(pool, cfg.Model, cfg.TokenizerProtocol, logger)
 		logger.Info("tokenizers: the discovered workers' own endpoints, following discovery (DYN_EPP_TOKENIZER_SERVICE_URL unset)",
-			"protocol", cfg.TokenizerProtocol, "model", cfg.Model, "left_out_when", engineLabel+" != "+e.tokenizers.engine)
+			"protocol", cfg.TokenizerProtocol, "model", cfg.Model, "left_out_when", discovery.EngineLabel+" != "+e.tokenizers.Engine())
 	} else {
 		logger.Info("tokenizers: the configured URLs (DYN_EPP_TOKENIZER_SERVICE_URL)", "protocol", cfg.TokenizerProtocol, "urls", cfg.TokenizerURLs)
 	}
@@ -306,7 +306,7 @@ func (e *EPP) Apply(s discovery.Snapshot) {
 	}
 	e.logExclusions(res.Excluded)
 	if e.tokenizers != nil { // before the EPP reports ready: its first requests find tokenizers
-		e.tokenizers.follow(desired, s.Synced)
+		e.tokenizers.Follow(desired, s.Synced)
 	}
 	e.router.setWorkers(desired)
 	switch {

@@ -115,11 +115,11 @@ func TestTokenizersFollowDiscovery(t *testing.T) {
 	require.Contains(t, logs.String(), "tokenizers: the discovered workers' own endpoints")
 	require.Empty(t, tokenizerNames(e), "no worker discovered yet")
 
-	trtWorker := trt.worker("trt", map[string]string{engineLabel: "trtllm"})
+	trtWorker := trt.worker("trt", map[string]string{discovery.EngineLabel: "trtllm"})
 	otherModel := other.worker("other", nil)
 	otherModel.Model = "another-model"
 	e.Apply(discovery.Snapshot{Synced: true, Workers: []catalog.Worker{
-		a.worker("a", nil), b.worker("b", map[string]string{engineLabel: "vllm"}), trtWorker, otherModel}})
+		a.worker("a", nil), b.worker("b", map[string]string{discovery.EngineLabel: "vllm"}), trtWorker, otherModel}})
 	require.Equal(t, []string{a.url(), b.url()}, tokenizerNames(e))
 	require.Contains(t, logs.String(), "workers left out of the tokenizer pool")
 	require.Contains(t, logs.String(), "workers=[trt]")

@@ -1,4 +1,4 @@
-package eppserver
+package discovery
 
 import (
 	"log/slog"
@@ -8,14 +8,14 @@ import (
 	"github.com/kvselect/kvselect/tokenize"
 )
 
-// engineLabel names a worker's engine, as a pod label or a label in the
+// EngineLabel names a worker's engine, as a pod label or a label in the
 // workers file (neither the file nor the catalog records an engine
 // otherwise): a worker whose value is not the tokenizer protocol's engine
-// (protocolEngine) is no tokenizer when the pool follows discovery.
+// is no tokenizer when a pool follows discovery (Tokenizers).
 // TensorRT-LLM serves no tokenizer endpoint: label its pods
 // kvselect.io/engine=trtllm. Unlabelled workers are taken to be the
 // protocol's engine.
-const engineLabel = "kvselect.io/engine"
+const EngineLabel = "kvselect.io/engine"
 
 // protocolEngine is the engine whose pods serve a tokenizer protocol's
 // endpoints: vLLM's render and tokenize, SGLang's tokenize and renderer.
@@ -28,11 +28,14 @@ func protocolEngine(protocol string) string {
 	}
 }
 
-// workerTokenizers keeps the tokenizer pool's URLs equal to the discovered
-// workers' own endpoints when DYN_EPP_TOKENIZER_SERVICE_URL is unset: every
-// worker of the EPP's model, reached at http://<its endpoint>, except those
-// whose engine label names another engine. Apply owns it (one goroutine).
-type workerTokenizers struct {
+// Tokenizers keeps a tokenizer pool's URLs equal to the discovered workers'
+// own endpoints (every vLLM and SGLang pod serves its model's render and
+// tokenize endpoints): every worker of the model, reached at
+// http://<its endpoint>, except those whose EngineLabel names another engine
+// than the protocol's. The EPP and the gateway use it when no tokenizer URL
+// is configured. Not safe for concurrent use: the consumer of the
+// snapshots calls Follow, one snapshot at a time.
+type Tokenizers struct {
 	pool   *tokenize.Pool
 	model  string // the EPP's model, normalised
 	engine string // protocolEngine of the configured protocol
@@ -44,9 +47,15 @@ type workerTokenizers struct {
 	starved bool
 }
 
-func newWorkerTokenizers(pool *tokenize.Pool, cfg *Config, log *slog.Logger) *workerTokenizers {
-	return &workerTokenizers{pool: pool, model: modelOf(cfg.Model), engine: protocolEngine(cfg.TokenizerProtocol), log: log}
+// NewTokenizers returns a Tokenizers that gives pool the tokenizers of
+// model's workers for protocol (one of tokenize.Protocols) and logs to log.
+func NewTokenizers(pool *tokenize.Pool, model, protocol string, log *slog.Logger) *Tokenizers {
+	return &Tokenizers{pool: pool, model: modelOf(model), engine: protocolEngine(protocol), log: log}
 }
+
+// Engine is the engine whose workers serve the protocol: a worker whose
+// EngineLabel names another one is left out.
+func (t *Tokenizers) Engine() string { return t.engine }
 
 // modelOf normalises a model name as the catalog does.
 func modelOf(m string) string {
@@ -59,13 +68,13 @@ func modelOf(m string) string {
 // urls returns the tokenizer base URLs of ws, in ws's order and each once,
 // the ids of the workers of the model left out by their engine label, and
 // how many workers of the model there were.
-func (t *workerTokenizers) urls(ws []catalog.Worker) (urls, leftOut []string, ofModel int) {
+func (t *Tokenizers) urls(ws []catalog.Worker) (urls, leftOut []string, ofModel int) {
 	for _, w := range ws {
 		if modelOf(w.Model) != t.model || w.Endpoint == "" {
 			continue
 		}
 		ofModel++
-		if e, ok := w.Labels[engineLabel]; ok && e != t.engine {
+		if e, ok := w.Labels[EngineLabel]; ok && e != t.engine {
 			leftOut = append(leftOut, w.ID)
 			continue
 		}
@@ -76,23 +85,23 @@ func (t *workerTokenizers) urls(ws []catalog.Worker) (urls, leftOut []string, of
 	return urls, leftOut, ofModel
 }
 
-// follow gives the pool the tokenizers of a discovery snapshot's workers,
+// Follow gives the pool the tokenizers of a discovery snapshot's workers,
 // and logs the workers left out when they change, and a WARN when a synced
 // snapshot leaves no worker of the model to tokenize.
-func (t *workerTokenizers) follow(ws []catalog.Worker, synced bool) {
+func (t *Tokenizers) Follow(ws []catalog.Worker, synced bool) {
 	urls, leftOut, ofModel := t.urls(ws)
 	if err := t.pool.SetBaseURLs(urls); err != nil { // discovery checked the endpoints: not expected
 		t.log.Warn("the discovered workers' tokenizer URLs were refused; the tokenizer pool keeps its endpoints", "err", err)
 	}
 	if !slices.Equal(leftOut, t.leftOut) && len(leftOut) > 0 {
 		t.log.Info("workers left out of the tokenizer pool: their engine label names another engine than the tokenizer protocol's",
-			"label", engineLabel, "protocol_engine", t.engine, "workers", leftOut)
+			"label", EngineLabel, "protocol_engine", t.engine, "workers", leftOut)
 	}
 	t.leftOut = leftOut
 	starved := synced && ofModel > 0 && len(urls) == 0
 	if starved && !t.starved {
-		t.log.Warn("no discovered worker can serve as a tokenizer; requests are routed on load alone until one can: set DYN_EPP_TOKENIZER_SERVICE_URL to a render service (TensorRT-LLM serves no tokenizer endpoint)",
-			"workers", ofModel, "left_out", len(leftOut), "label", engineLabel)
+		t.log.Warn("no discovered worker can serve as a tokenizer; requests are routed on load alone until one can: give a render service's URL (DYN_EPP_TOKENIZER_SERVICE_URL; TensorRT-LLM serves no tokenizer endpoint)",
+			"workers", ofModel, "left_out", len(leftOut), "label", EngineLabel)
 	}
 	t.starved = starved
 }
