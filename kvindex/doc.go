@@ -31,6 +31,10 @@
 // node holds, per storage tier (device, host, disk), the set of worker ranks that
 // have the block, as a sparse bitset over small dense slot numbers, so walking a
 // request intersects a few machine words per block however many workers match.
+// Most blocks have their parent's holders (a prompt's blocks are stored and
+// evicted together), and a node that is its parent's only child and has them
+// on every tier carries a mark: the walk then compares its key and nothing
+// else, whatever the number of workers.
 // Each worker rank has a map from its engine block hashes to nodes, which makes
 // removing a block, clearing a worker rank and removing a worker cost only the
 // blocks that worker holds, never a scan of the tree.
@@ -106,4 +110,10 @@
 //     block (a block stored twice needs two removes).
 //   - A node's set never claims a worker rank for a block it does not hold, so
 //     FindMatches never overcounts.
+//   - A node is marked as having its parent's holders only when it is its
+//     parent's only child and has the same holders on every tier. Each store
+//     or removal of a block recomputes the marks next to the nodes it
+//     changes; removing a worker rank keeps the marks as they are (each stays
+//     true), so nodes it leaves equal to their parents are walked unmarked
+//     until their holders next change.
 package kvindex

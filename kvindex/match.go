@@ -82,6 +82,9 @@ func (t *tree) appendMatches(dst []Match, seqs []uint64, opts MatchOptions) []Ma
 }
 
 // walkDevice is the walk when no worker holds anything below the device tier.
+// A marked node (markSame) costs it a key comparison; a node whose holders fit
+// its inline word, against a single candidate word, a few instructions; other
+// nodes the merge of narrow.
 func (t *tree) walkDevice(dst []Match, sc *matchScratch, n *node, seqs []uint64, mask []sword, stopAtOne bool) []Match {
 	cand := sc.intersectInto(sc.c[0][:0], n.devWords(), mask)
 	sc.c[0] = cand
@@ -96,10 +99,29 @@ func (t *tree) walkDevice(dst []Match, sc *matchScratch, n *node, seqs []uint64,
 		if c == nil {
 			break
 		}
-		cand, gone = narrow(cand, c.devWords(), gone[:0])
+		switch {
+		case c.same(): // the parent's holders: cand stays as it is
+		case len(cand) == 1 && c.ext == nil:
+			// One candidate word against c's inline word, without the merge.
+			w := cand[0]
+			keep := w.bits & c.dev.bits
+			if c.dev.idx != w.idx {
+				keep = 0
+			}
+			if keep != w.bits {
+				gone = append(gone[:0], sword{idx: w.idx, bits: w.bits &^ keep})
+				cand[0].bits = keep
+				if keep == 0 {
+					cand = cand[:0]
+				}
+			}
+		default:
+			cand, gone = narrow(cand, c.devWords(), gone[:0])
+		}
 		if len(gone) != 0 { // rare: kept out of the loop, which stays in registers
 			dst = t.appendDevice(dst, gone, depth)
 			live -= countWords(gone)
+			gone = gone[:0]
 		}
 		n = c
 		depth++
@@ -147,6 +169,11 @@ func (t *tree) walkTiers(dst []Match, sc *matchScratch, n *node, seqs []uint64, 
 		ch := n.childFor(seqs[depth])
 		if ch == nil {
 			break
+		}
+		if ch.same() { // the parent's holders on every tier: nothing leaves
+			n = ch
+			depth++
+			continue
 		}
 		dev, dh, anyTier = sc.tierWords(ch)
 		c[0], gone = narrow(c[0], dev, gone[:0])

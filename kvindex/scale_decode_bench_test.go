@@ -1,6 +1,7 @@
 package kvindex_test
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
@@ -109,4 +110,49 @@ func BenchmarkScaleDecodeApply(b *testing.B) {
 			b.ReportMetric(float64(blocks*seq/2)/b.Elapsed().Seconds(), "blocks/s")
 		})
 	}
+}
+
+// BenchmarkDecodeApplyLongBlocks is the entries=0 case of
+// BenchmarkScaleDecodeApply with blocks of 128 tokens (index and engine),
+// their ids drawn from a 128,256-token vocabulary (Llama 3), so that decoding
+// the token ids and hashing them weigh as they do with long engine blocks.
+// blocks/s counts stored blocks.
+func BenchmarkDecodeApplyLongBlocks(b *testing.B) {
+	const blocks, bs = 16, 128
+	hashes := make([]uint64, blocks)
+	for i := range hashes {
+		hashes[i] = 1<<63 | 0x9e3779b97f4a7c15*uint64(i+1)>>1
+	}
+	r := rand.New(rand.NewPCG(128, 256))
+	tokens := make([]uint32, blocks*bs)
+	for i := range tokens {
+		tokens[i] = uint32(r.IntN(128256))
+	}
+	ix, err := kvindex.New(kvindex.Options{BlockSize: bs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, parent := catalog.WorkerRank{Worker: "engine-0"}, uint64(42)
+	if err := ix.Apply(w, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{parent}, Tokens: make([]uint32, bs)}); err != nil {
+		b.Fatal(err)
+	}
+	h, err := kvevents.NewIndexHandler(ix, kvevents.HandlerOptions{BlockSize: bs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	stored, removed := storedBatch(hashes, parent, tokens, bs), removedBatch(hashes)
+	b.ReportAllocs()
+	seq := uint64(0)
+	for b.Loop() {
+		for range decodeApplyRounds {
+			h.HandleBatch(w, seq, stored)
+			h.HandleBatch(w, seq+1, removed)
+			seq += 2
+		}
+	}
+	b.StopTimer()
+	if st := h.Stats(w); st.SkippedTotal() != 0 || st.EventsApplied != seq {
+		b.Fatalf("applied %d of %d events: %+v", st.EventsApplied, seq, st)
+	}
+	b.ReportMetric(float64(blocks*seq/2)/b.Elapsed().Seconds(), "blocks/s")
 }

@@ -2,13 +2,18 @@ package kvindex
 
 import (
 	"math/bits"
+	"slices"
 	"unsafe"
 )
 
 // sword is one 64-slot word of a sparse slot set: bit b set means slot idx*64+b is
 // a member.
 type sword struct {
-	idx  uint32
+	idx uint32
+	// The padding is spelled out so that a node's inline devWord, which keeps
+	// the node's marks there, has the same layout on every platform. It is not
+	// part of the set: == ignores blank fields.
+	_    uint32
 	bits uint64
 }
 
@@ -105,6 +110,14 @@ func (s *slotSet) remove(slot uint32) bool {
 		return true
 	}
 	return false
+}
+
+// equal reports whether s and o have the same members.
+func (s *slotSet) equal(o *slotSet) bool {
+	if s.more == nil && o.more == nil {
+		return s.one == o.one
+	}
+	return slices.Equal(s.words(), o.words())
 }
 
 // count returns the number of members.

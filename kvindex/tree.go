@@ -20,10 +20,30 @@ type node struct {
 	// children when it has two or more (then child is nil).
 	child *node
 	// dev is the device-tier holder set when it fits one word; when it spans
-	// several words it lives in ext.devWide and dev is zero.
-	dev sword
+	// several words it lives in ext.devWide and dev's word is zero. Its padding
+	// carries the node's marks.
+	dev devWord
 	ext *nodeExt
 }
+
+// devWord is a node's inline device word. It has sword's layout, field for
+// field, with the node's marks where sword has its padding, so devWords reads
+// it in place as a one-word set.
+type devWord struct {
+	idx   uint32
+	marks uint32
+	bits  uint64
+}
+
+// Node marks.
+const (
+	// markSame: the node is its parent's only child and has the same holders
+	// as its parent on every tier, so a walk that reaches it from its parent
+	// keeps its candidates as they are. A change of a node's holders
+	// recomputes the node's mark and its only child's (except while a worker
+	// rank is dropped: see tree.dropping).
+	markSame uint32 = 1 << iota
+)
 
 // nodeExt holds what few nodes need.
 type nodeExt struct {
@@ -64,7 +84,65 @@ func (n *node) devWords() []sword {
 	if n.dev.bits == 0 {
 		return nil
 	}
-	return unsafe.Slice(&n.dev, 1)
+	return unsafe.Slice((*sword)(unsafe.Pointer(&n.dev)), 1)
+}
+
+// devSet returns the device-tier holders as a slotSet sharing n's wide words.
+func (n *node) devSet() slotSet {
+	s := slotSet{one: sword{idx: n.dev.idx, bits: n.dev.bits}}
+	if n.ext != nil {
+		s.more = n.ext.devWide
+	}
+	return s
+}
+
+func (n *node) same() bool { return n.dev.marks&markSame != 0 }
+
+func (n *node) setSame(same bool) {
+	if same {
+		n.dev.marks |= markSame
+	} else {
+		n.dev.marks &^= markSame
+	}
+}
+
+// emptySet stands for the lower tiers of a node without ext; never written.
+var emptySet slotSet
+
+// sameHolders reports whether a and b have the same holders on every tier.
+func sameHolders(a, b *node) bool {
+	if a.ext != b.ext { // two nodes never share an ext: equal pointers are nil
+		return sameExtHolders(a, b)
+	}
+	return a.dev.bits == b.dev.bits && a.dev.idx == b.dev.idx
+}
+
+func sameExtHolders(a, b *node) bool {
+	ad, bd := a.devSet(), b.devSet()
+	return ad.equal(&bd) && a.lower(TierHost).equal(b.lower(TierHost)) && a.lower(TierDisk).equal(b.lower(TierDisk))
+}
+
+// lower returns n's holders on the host or disk tier.
+func (n *node) lower(tier Tier) *slotSet {
+	switch {
+	case n.ext == nil:
+		return &emptySet
+	case tier == TierDisk:
+		return &n.ext.disk
+	default:
+		return &n.ext.host
+	}
+}
+
+// remark recomputes the marks that n's holders decide, after they changed:
+// n's own, when n is its parent's only child, and its only child's.
+func remark(n *node) {
+	if p := n.parent; p != nil && p.child == n {
+		n.setSame(sameHolders(n, p))
+	}
+	if c := n.child; c != nil {
+		c.setSame(sameHolders(c, n))
+	}
 }
 
 func (n *node) hasLower() bool {
@@ -127,7 +205,11 @@ type heldKey struct {
 //   - a detached node is referenced by nothing but spare (at most maxSpareNodes
 //     of them), so child may reuse it;
 //   - a node's ext.extras is the number of extra entries naming it (its ext
-//     exists while that is not zero).
+//     exists while that is not zero);
+//   - a node has markSame only if it is its parent's only child (child, not
+//     in a kids map) and has its parent's holders on every tier, and then it
+//     has it unless dropWorker left it unmarked (see dropping): every other
+//     change of holders or children recomputes the marks it affects.
 type tree struct {
 	root    node
 	workers map[catalog.WorkerRank]*workerState
@@ -140,6 +222,13 @@ type tree struct {
 	// extra counts memberships beyond the first of a (node, tier, slot); almost
 	// always empty.
 	extra map[extraKey]uint32
+
+	// dropping is set while dropWorker runs. Taking one worker rank's slot
+	// off every node it holds keeps each mark true (a marked node and its
+	// parent both lose it), so the marks are not recomputed then; the cost is
+	// that nodes it leaves equal to their parents stay unmarked until their
+	// holders next change, and a walk merges there meanwhile.
+	dropping bool
 
 	nodes        int
 	entries      int // memberships on any tier
@@ -211,8 +300,10 @@ func (t *tree) child(parent *node, key uint64) *node {
 		t.kidMapBytes += 24
 	case parent.child == nil:
 		parent.child = c
+		c.setSame(sameHolders(c, parent))
 	default:
 		t.ensureExt(parent)
+		parent.child.setSame(false)
 		parent.ext.kids = map[uint64]*node{parent.child.key: parent.child, key: c}
 		parent.child = nil
 		t.kidMapBytes += 96
@@ -237,59 +328,61 @@ func (t *tree) freeExtIfIdle(n *node) {
 
 // addSlot adds slot to n's holders on tier and reports whether it was absent.
 func (t *tree) addSlot(n *node, tier Tier, slot uint32) bool {
+	var added bool
 	if tier == TierDevice {
-		s := slotSet{one: n.dev}
-		if n.ext != nil {
-			s.more = n.ext.devWide
-		}
+		s := n.devSet()
 		before := s.extraBytes()
-		added := s.add(slot)
+		added = s.add(slot)
 		t.setBytes += s.extraBytes() - before
 		t.storeDev(n, s)
-		return added
+	} else {
+		t.ensureExt(n)
+		s := &n.ext.host
+		if tier == TierDisk {
+			s = &n.ext.disk
+		}
+		before := s.extraBytes()
+		added = s.add(slot)
+		t.setBytes += s.extraBytes() - before
 	}
-	t.ensureExt(n)
-	s := &n.ext.host
-	if tier == TierDisk {
-		s = &n.ext.disk
+	if added {
+		remark(n)
 	}
-	before := s.extraBytes()
-	added := s.add(slot)
-	t.setBytes += s.extraBytes() - before
 	return added
 }
 
 // removeSlot removes slot from n's holders on tier and reports whether it was
 // present.
 func (t *tree) removeSlot(n *node, tier Tier, slot uint32) bool {
+	var removed bool
 	if tier == TierDevice {
-		s := slotSet{one: n.dev}
-		if n.ext != nil {
-			s.more = n.ext.devWide
-		}
+		s := n.devSet()
 		before := s.extraBytes()
-		removed := s.remove(slot)
+		removed = s.remove(slot)
 		t.setBytes += s.extraBytes() - before
 		t.storeDev(n, s)
-		return removed
+	} else {
+		if n.ext == nil {
+			return false
+		}
+		s := &n.ext.host
+		if tier == TierDisk {
+			s = &n.ext.disk
+		}
+		before := s.extraBytes()
+		removed = s.remove(slot)
+		t.setBytes += s.extraBytes() - before
+		t.freeExtIfIdle(n)
 	}
-	if n.ext == nil {
-		return false
+	if removed && !t.dropping {
+		remark(n)
 	}
-	s := &n.ext.host
-	if tier == TierDisk {
-		s = &n.ext.disk
-	}
-	before := s.extraBytes()
-	removed := s.remove(slot)
-	t.setBytes += s.extraBytes() - before
-	t.freeExtIfIdle(n)
 	return removed
 }
 
 // storeDev writes a device set back into n's inline word or ext.
 func (t *tree) storeDev(n *node, s slotSet) {
-	n.dev = s.one
+	n.dev.idx, n.dev.bits = s.one.idx, s.one.bits
 	if s.more != nil {
 		t.ensureExt(n)
 		n.ext.devWide = s.more
@@ -356,6 +449,7 @@ func (t *tree) prune(n *node) {
 			if len(kids) == 1 && p != &t.root {
 				for _, only := range kids {
 					p.child = only
+					only.setSame(sameHolders(only, p))
 				}
 				p.ext.kids = nil
 				t.kidMapBytes -= 72
@@ -384,6 +478,7 @@ func (t *tree) releaseBlock(ws *workerState, n *node, tier Tier, ratio int) {
 // dropWorker releases every block of ws and frees its slot. Cost is proportional
 // to the blocks ws holds.
 func (t *tree) dropWorker(ws *workerState) {
+	t.dropping = true
 	ratio := max(ws.ratio, 1)
 	for tier := range Tier(numTiers) {
 		m := &ws.blocks[tier]
@@ -392,6 +487,7 @@ func (t *tree) dropWorker(ws *workerState) {
 		}
 		t.mapEntries -= m.count()
 	}
+	t.dropping = false
 	delete(t.workers, ws.key)
 	t.slots[ws.slot] = nil
 	t.free = append(t.free, ws.slot)

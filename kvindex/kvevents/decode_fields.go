@@ -143,6 +143,37 @@ func readToken(b []byte) (uint32, []byte, SkipReason) {
 	return uint32(v), rest, keep
 }
 
+// readTokenIDs reads len(out) token ids into out.
+func readTokenIDs(b []byte, out []uint32) ([]byte, SkipReason) {
+	for i := range out {
+		// Inline the forms token ids take (msgpack writes the shortest):
+		// a positive fixint, 16 bits (most of a vocabulary) or 32 bits
+		// (ids from 65,536). Five bytes left cover any of them.
+		if len(b) >= 5 {
+			switch c := b[0]; {
+			case c == 0xcd:
+				out[i] = uint32(b[1])<<8 | uint32(b[2])
+				b = b[3:]
+				continue
+			case c == 0xce:
+				out[i] = binary.BigEndian.Uint32(b[1:5])
+				b = b[5:]
+				continue
+			case c <= 0x7f:
+				out[i] = uint32(c)
+				b = b[1:]
+				continue
+			}
+		}
+		t, rest, r := readToken(b)
+		if r != keep {
+			return nil, r
+		}
+		out[i], b = t, rest
+	}
+	return b, keep
+}
+
 // readTokens reads token_ids: an array of ints, or SGLang's bigram (EAGLE) form
 // [[t0,t1],[t1,t2],...,[t(n-1),t(n)]], one pair per token position, whose tokens
 // are the first elements t0..t(n-1) (the last pair looks one token ahead, into
@@ -169,31 +200,21 @@ func (d *Decoder) readTokens(b []byte, f *eventFields) ([]byte, SkipReason) {
 	}
 	d.tokens = slices.Grow(d.tokens, int(count))
 	start := len(d.tokens)
+	if !bigram {
+		var r SkipReason
+		if b, r = readTokenIDs(b, d.tokens[start:start+int(n)]); r != keep {
+			return nil, r
+		}
+		d.tokens = d.tokens[:start+int(n)]
+		f.tOff, f.tLen = start, int(n)
+		return b, keep
+	}
 	var ahead uint32 // the second element of the previous pair
 	for i := uint32(0); i < n; i++ {
 		var (
-			t uint32
+			m uint32
 			r SkipReason
 		)
-		if !bigram {
-			// Inline the two forms nearly every token id takes.
-			if len(b) >= 5 && b[0] == 0xce {
-				d.tokens = append(d.tokens, binary.BigEndian.Uint32(b[1:]))
-				b = b[5:]
-				continue
-			}
-			if len(b) > 0 && b[0] <= 0x7f {
-				d.tokens = append(d.tokens, uint32(b[0]))
-				b = b[1:]
-				continue
-			}
-			if t, b, r = readToken(b); r != keep {
-				return nil, r
-			}
-			d.tokens = append(d.tokens, t)
-			continue
-		}
-		var m uint32
 		if m, b, err = msgp.ReadArrayHeaderBytes(b); err != nil || m != 2 {
 			return nil, SkipMalformed
 		}

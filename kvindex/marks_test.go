@@ -1,0 +1,144 @@
+package kvindex
+
+import (
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"unsafe"
+
+	"github.com/kvselect/kvselect/catalog"
+	"github.com/stretchr/testify/require"
+)
+
+// TestSameHoldersMark drives an index with 150 worker ranks, so holder sets
+// span three words, on every tier, with prefix stores and removals of random
+// ranges. After every step it requires that exactly the nodes that are their
+// parent's only child and have their parent's holders on every tier carry
+// markSame, recomputed here from the slots themselves, and every few steps
+// that lookups agree with the oracle. With removed workers too (odd seeds),
+// marks must still imply equal holders, and may be missing.
+func TestSameHoldersMark(t *testing.T) {
+	workers := make([]catalog.WorkerRank, 150)
+	for i := range workers {
+		workers[i] = catalog.WorkerRank{Worker: fmt.Sprintf("m%03d", i/2), Rank: i % 2}
+	}
+	for seed := range uint64(4) {
+		drops := seed%2 == 1
+		t.Run(fmt.Sprintf("%d/drops=%v", seed, drops), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 33))
+			docs := newDocs(r)
+			ix := mustIndex(t, oracleBS)
+			o := newOracle(oracleBS)
+			nEngine := len(docs[0]) / oracleBS
+			for step := range 2500 {
+				// Few workers at first, so stores pile up on shared prefixes.
+				w := workers[r.IntN(min(len(workers), 20+step/10))]
+				d := r.IntN(len(docs))
+				tier := TierDevice
+				if r.IntN(5) == 0 {
+					tier = Tier(1 + r.IntN(2))
+				}
+				ops := 19
+				if drops {
+					ops = 20
+				}
+				switch op := r.IntN(ops); {
+				case op < 11: // a prefix of a document, from its first block
+					n := 1 + r.IntN(nEngine)
+					ev := Event{Kind: EventStored, Tier: tier, Tokens: slices.Clone(docs[d][:n*oracleBS])}
+					for j := range n {
+						ev.BlockHashes = append(ev.BlockHashes, engineHash(d, j, 1, ""))
+					}
+					require.Equal(t, o.apply(w, ev), ix.Apply(w, ev) == nil, "step %d", step)
+				case op < 19: // a range of blocks, tail first or head first
+					from := r.IntN(nEngine)
+					ev := Event{Kind: EventRemoved, Tier: tier}
+					for j := from; j < min(nEngine, from+1+r.IntN(12)); j++ {
+						ev.BlockHashes = append(ev.BlockHashes, engineHash(d, j, 1, ""))
+					}
+					if r.IntN(2) == 0 {
+						slices.Reverse(ev.BlockHashes)
+					}
+					if o.apply(w, ev) {
+						require.NoError(t, ix.Apply(w, ev))
+					} else {
+						require.ErrorIs(t, ix.Apply(w, ev), ErrUnknownBlock)
+					}
+				default:
+					for k := range o.workers {
+						if k.Worker == w.Worker {
+							delete(o.workers, k)
+						}
+					}
+					ix.RemoveWorker(w.Worker)
+				}
+				checkMarks(t, ix, !drops)
+				if step%5 == 0 {
+					h, _ := NewHasher(oracleBS, HashOptions{})
+					toks := slices.Clone(docs[d])
+					if r.IntN(2) == 0 {
+						toks[r.IntN(len(toks))] = 99999
+					}
+					seqs := h.SeqHashes(toks)
+					got := ix.FindMatches(seqs, MatchOptions{})
+					sortMatches(got)
+					require.Equal(t, o.findMatches(seqs, nil), got, "step %d", step)
+				}
+			}
+		})
+	}
+}
+
+// checkMarks requires markSame only on nodes that are their parent's only
+// child and have the same holder slots as their parent on every tier, and
+// when exact on all of them.
+func checkMarks(t *testing.T, ix *Index, exact bool) {
+	t.Helper()
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	var walk func(n *node)
+	walk = func(n *node) {
+		var kids []*node
+		if n.child != nil {
+			kids = append(kids, n.child)
+		}
+		for _, c := range n.kids() {
+			kids = append(kids, c)
+		}
+		for _, c := range kids {
+			want := n != &ix.t.root && n.child == c && slices.Equal(holderSlots(c), holderSlots(n))
+			if exact || c.same() {
+				require.Equal(t, want, c.same(), "mark of node %#x", c.key)
+			}
+			walk(c)
+		}
+	}
+	walk(&ix.t.root)
+}
+
+// holderSlots lists n's holders as tier*1e6+slot, in order.
+func holderSlots(n *node) []int {
+	var out []int
+	add := func(tier int, ws []sword) {
+		for _, w := range ws {
+			for b := w.bits; b != 0; b &= b - 1 {
+				out = append(out, tier*1_000_000+int(w.idx)*64+bits.TrailingZeros64(b))
+			}
+		}
+	}
+	add(0, n.devWords())
+	if n.ext != nil {
+		add(1, n.ext.host.words())
+		add(2, n.ext.disk.words())
+	}
+	return out
+}
+
+// TestDevWordHasSwordLayout: devWords reads a node's inline word as a sword.
+func TestDevWordHasSwordLayout(t *testing.T) {
+	require.Equal(t, unsafe.Sizeof(sword{}), unsafe.Sizeof(devWord{}))
+	require.Equal(t, unsafe.Offsetof(sword{}.idx), unsafe.Offsetof(devWord{}.idx))
+	require.Equal(t, unsafe.Offsetof(sword{}.bits), unsafe.Offsetof(devWord{}.bits))
+}
