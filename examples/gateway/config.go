@@ -69,9 +69,6 @@ type config struct {
 	FeedTrust selection.FeedTrust
 }
 
-// maxTokenizerURLs bounds --tokenizer-url's list (the EPP's bound).
-const maxTokenizerURLs = 64
-
 // protocols are the tokenizer protocols tokenize.New accepts.
 var protocols = tokenize.Protocols()
 
@@ -107,9 +104,9 @@ func (c *config) settings() []envconf.Var {
 				c.MetricsAddr = v
 				return nil
 			}},
-		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Help: fmt.Sprintf("absolute http(s) base URL of the engines' tokenizer/render service, or several, comma-separated (at most %d); a list set here wins. Unset: the workers file's workers of --model are the tokenizers, each at http://<endpoint> (every vLLM and SGLang engine serves render/tokenize), following the file, except those whose %s label names another engine than the protocol's. Calls go round robin, fail over to the next URL on an error or timeout, are hedged on a second URL past the recent calls' p95 (at least 50 ms), and skip a URL for 5 s after 3 failures in a row", maxTokenizerURLs, discovery.EngineLabel),
+		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Help: fmt.Sprintf("absolute http(s) base URL of the engines' tokenizer/render service, or several, comma-separated (at most %d); a list set here wins. Unset: the workers file's workers of --model (the first %[1]d by id) are the tokenizers, each at http://<endpoint> (every vLLM and SGLang engine serves render/tokenize), following the file, except those whose %s label names another engine than the protocol's. Calls go round robin, fail over to the next URL on an error or timeout, are hedged on a second URL past the recent calls' p95 (at least 50 ms), and skip a URL for 5 s after 3 failures in a row", discovery.MaxTokenizers, discovery.EngineLabel),
 			Set: func(v string) error {
-				urls, err := tokenize.ParseBaseURLs(v, maxTokenizerURLs)
+				urls, err := tokenize.ParseBaseURLs(v, discovery.MaxTokenizers)
 				c.TokenizerURLs = urls
 				return err
 			}},

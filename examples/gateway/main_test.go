@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/kvselect/kvselect/examples/epp/discovery"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
@@ -60,8 +61,8 @@ func TestLoadConfig(t *testing.T) {
 	require.NotContains(t, err.Error(), "--tokenizer-url", "without one, the workers are the tokenizers")
 
 	// The tokenizer URLs: each one an absolute http(s) URL, none twice, at
-	// most maxTokenizerURLs.
-	many := make([]string, maxTokenizerURLs+1)
+	// most discovery.MaxTokenizers.
+	many := make([]string, discovery.MaxTokenizers+1)
 	for i := range many {
 		many[i] = fmt.Sprintf("http://10.0.0.%d:8000", i)
 	}
@@ -70,7 +71,7 @@ func TestLoadConfig(t *testing.T) {
 		"http://10.0.0.1:8000,ftp://10.0.0.2":        `"ftp://10.0.0.2" is not an absolute http(s) URL`,
 		"http://10.0.0.1:8000, http://10.0.0.1:8000": `"http://10.0.0.1:8000" is listed twice`,
 		" , ":                   "names no URL",
-		strings.Join(many, ","): fmt.Sprintf("%d URLs, at most %d", maxTokenizerURLs+1, maxTokenizerURLs),
+		strings.Join(many, ","): fmt.Sprintf("%d URLs, at most %d", discovery.MaxTokenizers+1, discovery.MaxTokenizers),
 	} {
 		fs = flag.NewFlagSet("t", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/examples/epp/discovery"
+	"github.com/kvselect/kvselect/internal/logtest"
+	"github.com/kvselect/kvselect/tokenize"
 )
 
 // wideFile is a workers file of n workers of dpSize ranks each, every field
@@ -112,4 +114,26 @@ func TestStaticReloadPastLimits(t *testing.T) {
 	s := e.next(t)
 	require.Equal(t, []string{"w000", "w001"}, ids(s))
 	require.Equal(t, 8, catalog.TotalRanks(s.Workers))
+}
+
+// A pool larger than MaxTokenizers gives its tokenizer pool the first
+// MaxTokenizers workers (by id, the snapshot's order), one endpoint each,
+// and says how many it left out.
+func TestTokenizersBounded(t *testing.T) {
+	pool, err := tokenize.NewClientPool(tokenize.Options{Protocol: tokenize.ProtocolVLLMRender}, nil, tokenize.PoolOptions{})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var log logtest.Buffer
+	tk := discovery.NewTokenizers(pool, "", tokenize.ProtocolVLLMRender, slog.New(slog.NewTextHandler(&log, nil)))
+	ws := make([]catalog.Worker, discovery.MaxTokenizers+6)
+	for i := range ws {
+		ws[i] = catalog.Worker{ID: fmt.Sprintf("w%03d", i), Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1)}
+	}
+	tk.Follow(ws, true)
+	eps := pool.Stats().Endpoints
+	require.Len(t, eps, discovery.MaxTokenizers)
+	require.Equal(t, "http://10.0.0.1:8000", eps[0].Name)
+	require.Equal(t, fmt.Sprintf("http://10.0.0.%d:8000", discovery.MaxTokenizers), eps[len(eps)-1].Name)
+	require.Contains(t, log.String(), "past its bound")
+	require.Contains(t, log.String(), "left_out=6")
 }

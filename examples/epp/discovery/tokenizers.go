@@ -45,6 +45,7 @@ type Tokenizers struct {
 	// none of them can tokenize. Both only to log changes once.
 	leftOut []string
 	starved bool
+	over    int // workers past MaxTokenizers in the last snapshot
 }
 
 // NewTokenizers returns a Tokenizers that gives pool the tokenizers of
@@ -65,10 +66,17 @@ func modelOf(m string) string {
 	return m
 }
 
+// MaxTokenizers bounds the workers a Tokenizers gives its pool: the first
+// of a snapshot's (in its order, by worker id), as many as the EPP takes
+// configured URLs. A large pool does not make a client per pod; the rest
+// are logged as left out.
+const MaxTokenizers = 64
+
 // urls returns the tokenizer base URLs of ws, in ws's order and each once,
-// the ids of the workers of the model left out by their engine label, and
-// how many workers of the model there were.
-func (t *Tokenizers) urls(ws []catalog.Worker) (urls, leftOut []string, ofModel int) {
+// at most MaxTokenizers of them, the ids of the workers of the model left
+// out by their engine label, how many workers of the model there were, and
+// how many that could tokenize were past the bound.
+func (t *Tokenizers) urls(ws []catalog.Worker) (urls, leftOut []string, ofModel, over int) {
 	for _, w := range ws {
 		if modelOf(w.Model) != t.model || w.Endpoint == "" {
 			continue
@@ -79,17 +87,21 @@ func (t *Tokenizers) urls(ws []catalog.Worker) (urls, leftOut []string, ofModel 
 			continue
 		}
 		if u := "http://" + w.Endpoint; !slices.Contains(urls, u) {
+			if len(urls) == MaxTokenizers {
+				over++
+				continue
+			}
 			urls = append(urls, u)
 		}
 	}
-	return urls, leftOut, ofModel
+	return urls, leftOut, ofModel, over
 }
 
 // Follow gives the pool the tokenizers of a discovery snapshot's workers,
 // and logs the workers left out when they change, and a WARN when a synced
 // snapshot leaves no worker of the model to tokenize.
 func (t *Tokenizers) Follow(ws []catalog.Worker, synced bool) {
-	urls, leftOut, ofModel := t.urls(ws)
+	urls, leftOut, ofModel, over := t.urls(ws)
 	if err := t.pool.SetBaseURLs(urls); err != nil { // discovery checked the endpoints: not expected
 		t.log.Warn("the discovered workers' tokenizer URLs were refused; the tokenizer pool keeps its endpoints", "err", err)
 	}
@@ -98,6 +110,11 @@ func (t *Tokenizers) Follow(ws []catalog.Worker, synced bool) {
 			"label", EngineLabel, "protocol_engine", t.engine, "workers", leftOut)
 	}
 	t.leftOut = leftOut
+	if over != t.over && over > 0 {
+		t.log.Info("workers left out of the tokenizer pool: past its bound; the first by worker id are the tokenizers",
+			"max", MaxTokenizers, "left_out", over)
+	}
+	t.over = over
 	starved := synced && ofModel > 0 && len(urls) == 0
 	if starved && !t.starved {
 		t.log.Warn("no discovered worker can serve as a tokenizer; requests are routed on load alone until one can: give a render service's URL (DYN_EPP_TOKENIZER_SERVICE_URL; TensorRT-LLM serves no tokenizer endpoint)",

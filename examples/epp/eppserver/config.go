@@ -174,9 +174,6 @@ const maxPort = 65535
 // maxPeers bounds DYN_EPP_PEERS (and the peers discovery routes to).
 const maxPeers = 256
 
-// maxTokenizerURLs bounds DYN_EPP_TOKENIZER_SERVICE_URL's list.
-const maxTokenizerURLs = 64
-
 // tokenizerProtocols are DYN_EPP_TOKENIZER_PROTOCOL's values.
 var tokenizerProtocols = tokenize.Protocols()
 
@@ -227,9 +224,9 @@ func (c *Config) settings() []envconf.Var {
 		{Env: "POD_NAMESPACE", Flag: "namespace", Required: "with Kubernetes discovery", Help: "namespace of the pool and its pods (downward API)", Set: str(&c.Namespace)},
 		{Env: "POD_IP", Flag: "pod-ip", Help: "this EPP's own IP (downward API status.podIP): required with DYN_EPP_PEER_SERVICE (self is no peer); the replica sync listener binds it", Set: str(&c.PodIP)},
 		{Env: "DYN_MODEL_NAME", Flag: "model", Default: "default", Help: "model name: the selection partition of every worker and request", Set: str(&c.Model)},
-		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Help: fmt.Sprintf("absolute http(s) base URL of the engines' tokenizer/render service, or several, comma-separated (at most %d); a list set here wins. Unset: the discovered workers of DYN_MODEL_NAME are the tokenizers, each at `http://<endpoint>` (every vLLM and SGLang pod serves render/tokenize), following discovery as workers come and go, except those whose `%s` label names another engine than the protocol's (`vllm` or `sglang`; label TensorRT-LLM pods `trtllm`: they serve no tokenizer, so give such a pool a render service here). Calls go round robin, fail over to the next URL on an error or timeout, are hedged on a second URL past the recent calls' p95 (at least 50 ms), and skip a URL for 5 s after 3 failures in a row", maxTokenizerURLs, discovery.EngineLabel),
+		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Help: fmt.Sprintf("absolute http(s) base URL of the engines' tokenizer/render service, or several, comma-separated (at most %d); a list set here wins. Unset: the discovered workers of DYN_MODEL_NAME (the first %[1]d by worker id) are the tokenizers, each at `http://<endpoint>` (every vLLM and SGLang pod serves render/tokenize), following discovery as workers come and go, except those whose `%s` label names another engine than the protocol's (`vllm` or `sglang`; label TensorRT-LLM pods `trtllm`: they serve no tokenizer, so give such a pool a render service here). Calls go round robin, fail over to the next URL on an error or timeout, are hedged on a second URL past the recent calls' p95 (at least 50 ms), and skip a URL for 5 s after 3 failures in a row", discovery.MaxTokenizers, discovery.EngineLabel),
 			Set: func(v string) error {
-				urls, err := tokenize.ParseBaseURLs(v, maxTokenizerURLs)
+				urls, err := tokenize.ParseBaseURLs(v, discovery.MaxTokenizers)
 				c.TokenizerURLs = urls
 				return err
 			}},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvselect/kvselect/examples/epp/discovery"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
 )
@@ -260,11 +261,11 @@ func TestConfigTokenizerURLs(t *testing.T) {
 		require.ErrorContains(t, err, want, v)
 	}
 	var many []string
-	for i := range maxTokenizerURLs + 1 {
+	for i := range discovery.MaxTokenizers + 1 {
 		many = append(many, fmt.Sprintf("http://10.0.0.%d:8000", i))
 	}
 	_, err = load(t, map[string]string{"DYN_EPP_TOKENIZER_SERVICE_URL": strings.Join(many, ",")})
-	require.ErrorContains(t, err, fmt.Sprintf("at most %d", maxTokenizerURLs))
+	require.ErrorContains(t, err, fmt.Sprintf("at most %d", discovery.MaxTokenizers))
 }
 
 // DYN_EPP_TOKENIZER_PROTOCOL takes the four protocols, Dynamo's
