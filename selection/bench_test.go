@@ -189,23 +189,57 @@ func BenchmarkPredictiveCost(b *testing.B) {
 		}
 	}
 	ids := benchIDs("r")
-	svcs := []*SelectionService{dyn, pred, cal, burst}
-	times := make([]time.Duration, len(svcs))
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; b.Loop(); i++ {
-		for k := range svcs { // each goes first in turn: a later one finds the prompt's memory warm
-			j := (k + i) % len(svcs)
-			times[j] += bookFree(ctx, b, svcs[j], ids[i%len(ids)], prompts[i%len(prompts)])
-		}
+	run := func(s *SelectionService) func(int) time.Duration {
+		return func(i int) time.Duration { return bookFree(ctx, b, s, ids[i%len(ids)], prompts[i%len(prompts)]) }
+	}
+	bookBurst := run(burst)
+	burstRun := func(i int) time.Duration {
+		d := bookBurst(i)
 		if i%4 == 3 {
 			clk.Advance(time.Second) // the next run of four
 		}
+		return d
 	}
-	b.ReportMetric(float64(times[0].Nanoseconds())/float64(b.N), "dynamo-ns/op")
-	b.ReportMetric(float64(times[1])/float64(times[0]), "predictive/dynamo")
-	b.ReportMetric(float64(times[2])/float64(times[0]), "calibrated/dynamo")
-	b.ReportMetric(float64(times[3])/float64(times[0]), "burst/dynamo")
+	times := interleaved(b, run(dyn), run(pred), run(cal), burstRun)
+	dynT := sum(times[0])
+	b.ReportMetric(float64(dynT.Nanoseconds())/float64(b.N), "dynamo-ns/op")
+	b.ReportMetric(float64(sum(times[1]))/float64(dynT), "predictive/dynamo")
+	b.ReportMetric(float64(sum(times[2]))/float64(dynT), "calibrated/dynamo")
+	b.ReportMetric(float64(sum(times[3]))/float64(dynT), "burst/dynamo")
+}
+
+// interleaved runs each of runs once per iteration of b's loop, a different
+// one first each time (a later one finds the prompt's memory warm), so that
+// all see the same machine moment by moment, and returns each one's times,
+// in the order of the iterations.
+func interleaved(b *testing.B, runs ...func(i int) time.Duration) [][]time.Duration {
+	times := make([][]time.Duration, len(runs))
+	for k := range times {
+		times[k] = make([]time.Duration, 0, b.N)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		for k := range runs {
+			j := (k + i) % len(runs)
+			times[j] = append(times[j], runs[j](i))
+		}
+	}
+	return times
+}
+
+// sum adds ds up.
+func sum(ds []time.Duration) (t time.Duration) {
+	for _, d := range ds {
+		t += d
+	}
+	return t
+}
+
+// median sorts ds and returns its middle.
+func median(ds []time.Duration) time.Duration {
+	slices.Sort(ds)
+	return ds[len(ds)/2]
 }
 
 // BenchmarkSelectAndReserveParallel runs the same with RunParallel: throughput
@@ -440,24 +474,11 @@ func BenchmarkSelectAndReserveFleet(b *testing.B) {
 			small.s.scan, big.s.scan = scanAuto, scanAuto
 			ctx := context.Background()
 			ids := benchIDs("v")
-			once := func(f *fleetBench, i int) time.Duration {
-				return bookFree(ctx, b, f.s, ids[i%len(ids)], f.prompts[i%len(f.prompts)])
+			once := func(f *fleetBench) func(int) time.Duration {
+				return func(i int) time.Duration { return bookFree(ctx, b, f.s, ids[i%len(ids)], f.prompts[i%len(f.prompts)]) }
 			}
-			ds, db := make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; b.Loop(); i++ {
-				if i%2 == 0 {
-					ds = append(ds, once(small, i))
-					db = append(db, once(big, i))
-				} else {
-					db = append(db, once(big, i))
-					ds = append(ds, once(small, i))
-				}
-			}
-			slices.Sort(ds)
-			slices.Sort(db)
-			ps, pb := ds[len(ds)/2], db[len(db)/2]
+			times := interleaved(b, once(small), once(big))
+			ps, pb := median(times[0]), median(times[1])
 			b.ReportMetric(float64(pb.Nanoseconds()), "p50-ns")
 			b.ReportMetric(float64(ps.Nanoseconds()), "ranks64-p50-ns")
 			b.ReportMetric(float64(pb)/float64(ps), "x-ranks64")

@@ -578,28 +578,15 @@ func BenchmarkPolicySeams(b *testing.B) {
 			}
 			ctx := context.Background()
 			ids := benchIDs("p")
-			once := func(f fleet, i int) time.Duration {
-				return bookFree(ctx, b, f.s, ids[i%len(ids)], f.prompts[i%len(f.prompts)])
+			once := func(f fleet) func(int) time.Duration {
+				return func(i int) time.Duration { return bookFree(ctx, b, f.s, ids[i%len(ids)], f.prompts[i%len(f.prompts)]) }
 			}
-			dn, dw := make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; b.Loop(); i++ {
-				if i%2 == 0 {
-					dn = append(dn, once(none, i))
-					dw = append(dw, once(with, i))
-				} else {
-					dw = append(dw, once(with, i))
-					dn = append(dn, once(none, i))
-				}
-			}
-			slices.Sort(dn)
-			slices.Sort(dw)
-			pn, pw := dn[len(dn)/2], dw[len(dw)/2]
+			times := interleaved(b, once(none), once(with))
+			pn, pw := median(times[0]), median(times[1])
 			b.ReportMetric(float64(pw.Nanoseconds()), "p50-ns")
 			b.ReportMetric(float64(pn.Nanoseconds()), "none-p50-ns")
 			b.ReportMetric(float64(pw)/float64(pn), "x-none")
-			b.ReportMetric(float64(with.s.Stats().PolicyFullScans)/float64(len(dw)), "full-scans/op")
+			b.ReportMetric(float64(with.s.Stats().PolicyFullScans)/float64(len(times[1])), "full-scans/op")
 		})
 	}
 }
