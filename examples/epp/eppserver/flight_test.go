@@ -103,7 +103,7 @@ func (r *flightRig) expire() { r.svc().Reservations().Expire(); r.e.pairs.Expire
 
 // chunks returns the response body chunks the EPP has followed.
 func (r *flightRig) chunks(t *testing.T) uint64 {
-	return uint64(counterValue(t, r.e, "kvselect_epp_response_chunks_total", nil))
+	return uint64(seriesValue(t, r.e, "kvselect_epp_response_chunks_total", nil))
 }
 
 // flightReq is one request whose upstream answer the test writes itself:
@@ -299,7 +299,7 @@ func TestServedFallbackMovesTheBooking(t *testing.T) {
 	require.Positive(t, rig.load(t, served).ActiveBlocks)
 	fr.end(t)
 	require.Empty(t, rig.busy())
-	require.Equal(t, 1.0, counterValue(t, rig.e, "kvselect_epp_rebookings_total", map[string]string{"result": "moved"}))
+	require.Equal(t, 1.0, seriesValue(t, rig.e, "kvselect_epp_rebookings_total", map[string]string{"result": "moved"}))
 
 	// The session moves with it: its next request goes to the served worker.
 	session := http.Header{"X-Session-Id": {"conv"}}
@@ -319,34 +319,11 @@ func TestServedFallbackMovesTheBooking(t *testing.T) {
 	require.Eventually(t, func() bool { return len(rig.busy()) == 0 }, 10*time.Second, time.Millisecond,
 		"freed: its load belongs to no known worker")
 	fr.end(t)
-	require.Equal(t, 1.0, counterValue(t, rig.e, "kvselect_epp_rebookings_total", map[string]string{"result": "freed"}))
+	require.Equal(t, 1.0, seriesValue(t, rig.e, "kvselect_epp_rebookings_total", map[string]string{"result": "freed"}))
 	eventually(t, 10*time.Second, func() error { return uncounted(rig.svc().Stats()) })
 	st := rig.svc().Stats()
 	require.Equal(t, st.Bookings, st.Frees, "every booking freed once (%+v)", st)
 	require.EqualValues(t, 2, st.Moves)
-}
-
-// counterValue reads one series of a metric from the EPP's registry.
-func counterValue(t *testing.T, e *EPP, name string, labels map[string]string) float64 {
-	t.Helper()
-	families, err := e.reg.Gather()
-	require.NoError(t, err)
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
-					continue metrics
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no %s%v", name, labels)
-	return 0
 }
 
 // The debug header names the booked worker and the cheapest candidates'
@@ -415,14 +392,14 @@ func TestFailedWorkersAreEjected(t *testing.T) {
 		return picked
 	}
 	failed := roundtrip(http.StatusBadGateway)
-	require.Equal(t, 1.0, counterValue(t, rig.e, "kvselect_epp_workers_marked_failed_total", map[string]string{"cause": "status"}))
+	require.Equal(t, 1.0, seriesValue(t, rig.e, "kvselect_epp_workers_marked_failed_total", map[string]string{"cause": "status"}))
 	for range 6 {
 		require.NotEqual(t, failed, roundtrip(http.StatusOK), "an ejected worker is not picked")
 	}
-	require.Equal(t, 1.0, counterValue(t, rig.e, "kvselect_epp_workers_marked_failed_total", map[string]string{"cause": "status"}),
+	require.Equal(t, 1.0, seriesValue(t, rig.e, "kvselect_epp_workers_marked_failed_total", map[string]string{"cause": "status"}),
 		"a 2xx marks nothing")
 	roundtrip(http.StatusNotImplemented) // the request's answer, not the worker's health
-	require.Equal(t, 1.0, counterValue(t, rig.e, "kvselect_epp_workers_marked_failed_total", map[string]string{"cause": "status"}))
+	require.Equal(t, 1.0, seriesValue(t, rig.e, "kvselect_epp_workers_marked_failed_total", map[string]string{"cause": "status"}))
 
 	// Served on the fallback: the pick could not answer.
 	var list []string
@@ -430,7 +407,7 @@ func TestFailedWorkersAreEjected(t *testing.T) {
 	rig.write(t, fr, sseEvent, 1)
 	fr.end(t)
 	require.Len(t, list, 2)
-	require.Equal(t, 1.0, counterValue(t, rig.e, "kvselect_epp_workers_marked_failed_total", map[string]string{"cause": "fallback"}))
+	require.Equal(t, 1.0, seriesValue(t, rig.e, "kvselect_epp_workers_marked_failed_total", map[string]string{"cause": "fallback"}))
 	second := workerAt[list[0]]
 	require.NotEqual(t, failed, second)
 	for range 6 {
