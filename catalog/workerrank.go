@@ -12,15 +12,15 @@ import (
 // service all key by this pair. The zero Rank is the only rank of an engine
 // without data parallelism.
 type WorkerRank struct {
-	Worker string
-	Rank   int
+	WorkerID string
+	Rank     int
 }
 
 // String returns "worker/rank".
-func (w WorkerRank) String() string { return fmt.Sprintf("%s/%d", w.Worker, w.Rank) }
+func (w WorkerRank) String() string { return fmt.Sprintf("%s/%d", w.WorkerID, w.Rank) }
 
 // Compare orders worker ranks by worker id, then rank: -1, 0 or +1, for
 // slices.SortFunc.
 func (w WorkerRank) Compare(o WorkerRank) int {
-	return cmp.Or(strings.Compare(w.Worker, o.Worker), cmp.Compare(w.Rank, o.Rank))
+	return cmp.Or(strings.Compare(w.WorkerID, o.WorkerID), cmp.Compare(w.Rank, o.Rank))
 }

@@ -115,7 +115,7 @@ const maxInt64 = int64(^uint64(0) >> 1)
 // rank w: w is assumed to hold every block of it until the TTL passes. Recording
 // an empty request or an invalid worker rank does nothing.
 func (a *Approx) Record(w catalog.WorkerRank, seqs []uint64) {
-	if len(seqs) == 0 || w.Worker == "" || w.Rank < 0 {
+	if len(seqs) == 0 || w.WorkerID == "" || w.Rank < 0 {
 		return
 	}
 	a.mu.Lock()
@@ -228,7 +228,7 @@ func (a *Approx) RemoveWorker(worker string) int {
 	defer a.mu.Unlock()
 	n := 0
 	for w, ws := range a.t.workers {
-		if w.Worker != worker {
+		if w.WorkerID != worker {
 			continue
 		}
 		for seq := range ws.blocks[TierDevice].all() {

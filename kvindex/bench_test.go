@@ -77,7 +77,7 @@ func getFixture(b *testing.B) *benchFixture {
 		r := rand.New(rand.NewPCG(1, 1))
 		var all []benchSeq
 		for w := range benchWorkers {
-			wr := catalog.WorkerRank{Worker: fmt.Sprintf("worker-%03d", w)}
+			wr := catalog.WorkerRank{WorkerID: fmt.Sprintf("worker-%03d", w)}
 			for s := range benchSeqPerWkr {
 				hd := benchSeq{group: r.IntN(benchGroups), conv: w*benchSeqPerWkr + s}
 				all = append(all, hd)
@@ -252,7 +252,7 @@ func BenchmarkApplyStored(b *testing.B) {
 	}
 	workers := make([]catalog.WorkerRank, 8)
 	for i := range workers {
-		workers[i] = catalog.WorkerRank{Worker: fmt.Sprintf("w%d", i)}
+		workers[i] = catalog.WorkerRank{WorkerID: fmt.Sprintf("w%d", i)}
 	}
 	b.ReportAllocs()
 	i := 0
@@ -285,7 +285,7 @@ func BenchmarkIndexMemory(b *testing.B) {
 				ix, _ := New(Options{BlockSize: benchBS})
 				r := rand.New(rand.NewPCG(7, 7))
 				for w := range benchWorkers {
-					wr := catalog.WorkerRank{Worker: fmt.Sprintf("worker-%03d", w)}
+					wr := catalog.WorkerRank{WorkerID: fmt.Sprintf("worker-%03d", w)}
 					for s := range benchSeqPerWkr {
 						group := r.IntN(benchGroups)
 						if shape == "unshared" {

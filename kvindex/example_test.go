@@ -33,8 +33,8 @@ func ExampleIndex_FindMatches() {
 		panic(err)
 	}
 	prompt := []uint32{10, 11, 12, 13, 14, 15}
-	a := catalog.WorkerRank{Worker: "pod-a"}
-	b := catalog.WorkerRank{Worker: "pod-b"}
+	a := catalog.WorkerRank{WorkerID: "pod-a"}
+	b := catalog.WorkerRank{WorkerID: "pod-b"}
 
 	// pod-a cached all three blocks; pod-b only the first. Engine hashes (101,
 	// 102, ...) are opaque: the index hashes the tokens itself.
@@ -45,14 +45,14 @@ func ExampleIndex_FindMatches() {
 
 	h, _ := kvindex.NewHasher(2, kvindex.HashOptions{})
 	matches := ix.FindMatches(h.SeqHashes(prompt), kvindex.MatchOptions{})
-	slices.SortFunc(matches, func(x, y kvindex.Match) int { return strings.Compare(x.Worker.Worker, y.Worker.Worker) })
+	slices.SortFunc(matches, func(x, y kvindex.Match) int { return strings.Compare(x.Worker.WorkerID, y.Worker.WorkerID) })
 	for _, m := range matches {
-		fmt.Println(m.Worker.Worker, m.Device)
+		fmt.Println(m.Worker.WorkerID, m.Device)
 	}
 	// pod-a evicts its middle block: only the first block is a usable prefix.
 	_ = ix.Apply(a, kvindex.Event{Kind: kvindex.EventRemoved, BlockHashes: []uint64{102}})
 	for _, m := range ix.FindMatches(h.SeqHashes(prompt), kvindex.MatchOptions{Candidates: []catalog.WorkerRank{a}}) {
-		fmt.Println(m.Worker.Worker, m.Device)
+		fmt.Println(m.Worker.WorkerID, m.Device)
 	}
 	// Output:
 	// pod-a 3
@@ -69,7 +69,7 @@ func ExampleApprox() {
 	h, _ := kvindex.NewHasher(2, kvindex.HashOptions{})
 	seqs := h.SeqHashes([]uint32{1, 2, 3, 4})
 	// The router sent this request to pod-a: assume pod-a caches it for a minute.
-	a.Record(catalog.WorkerRank{Worker: "pod-a"}, seqs)
+	a.Record(catalog.WorkerRank{WorkerID: "pod-a"}, seqs)
 	fmt.Println(a.FindMatches(seqs, kvindex.MatchOptions{})[0].Device)
 	now = now.Add(61 * time.Second)
 	fmt.Println(len(a.FindMatches(seqs, kvindex.MatchOptions{})))

@@ -131,9 +131,9 @@ var planPool = sync.Pool{New: func() any { return new(storePlan) }}
 // ErrUnknownBlock. Clearing an unknown worker rank and a stored event with no
 // blocks are counted no-ops, not errors.
 func (ix *Index) Apply(w catalog.WorkerRank, ev Event) error {
-	if w.Worker == "" || w.Rank < 0 {
+	if w.WorkerID == "" || w.Rank < 0 {
 		ix.rejected.Add(1)
-		return fmt.Errorf("%w: worker rank %q/%d", ErrInvalidEvent, w.Worker, w.Rank)
+		return fmt.Errorf("%w: worker rank %q/%d", ErrInvalidEvent, w.WorkerID, w.Rank)
 	}
 	if !ev.Tier.valid() {
 		ix.rejected.Add(1)
@@ -223,7 +223,7 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 		return fmt.Errorf("%w: event block size %d differs from the %d this worker rank used before", ErrBlockSize, bs, ws.ratio*ix.blockSize)
 	}
 	limit, held := ix.maxBlocks, 0
-	if l, ok := ix.limits[w.Worker]; ok {
+	if l, ok := ix.limits[w.WorkerID]; ok {
 		limit = l
 	}
 	if ws != nil {
@@ -427,7 +427,7 @@ func (ix *Index) RemoveWorker(worker string) int {
 	delete(ix.limits, worker)
 	n := 0
 	for w, ws := range ix.t.workers {
-		if w.Worker == worker {
+		if w.WorkerID == worker {
 			ix.t.dropWorker(ws)
 			n++
 		}

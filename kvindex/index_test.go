@@ -41,7 +41,7 @@ func TestNewRejectsBadBlockSize(t *testing.T) {
 
 func TestBadInputIsCountedNotFatal(t *testing.T) {
 	ix := mustIndex(t, 2)
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	// Empty events, unknown removes and clears change nothing and are counted;
 	// an unknown remove says so.
 	require.NoError(t, ix.Apply(w, Event{Kind: EventStored}))
@@ -58,7 +58,7 @@ func TestBadInputIsCountedNotFatal(t *testing.T) {
 		err  error
 	}{
 		{"empty worker", catalog.WorkerRank{}, Event{Kind: EventCleared}, ErrInvalidEvent},
-		{"negative rank", catalog.WorkerRank{Worker: "w", Rank: -1}, Event{Kind: EventCleared}, ErrInvalidEvent},
+		{"negative rank", catalog.WorkerRank{WorkerID: "w", Rank: -1}, Event{Kind: EventCleared}, ErrInvalidEvent},
 		{"bad kind", w, Event{Kind: 9}, ErrInvalidEvent},
 		{"bad tier", w, Event{Kind: EventStored, Tier: 7}, ErrInvalidEvent},
 		{"short tokens", w, Event{Kind: EventStored, BlockHashes: []uint64{1}, Tokens: []uint32{1}}, ErrTokenCount},
@@ -90,7 +90,7 @@ func TestBadInputIsCountedNotFatal(t *testing.T) {
 // which sorts instead of comparing every pair.
 func TestLongRunRepeats(t *testing.T) {
 	ix := mustIndex(t, 1)
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	run := func() Event {
 		ev := Event{Kind: EventStored, Tokens: make([]uint32, 40)}
 		for i := range 40 {
@@ -113,7 +113,7 @@ func TestLongRunRepeats(t *testing.T) {
 
 func TestUnknownParentIsNotPlacedAtRoot(t *testing.T) {
 	ix := mustIndex(t, 2)
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	toks := []uint32{1, 2, 3, 4}
 	// Block 2 arrives without block 1: applying it at the root would claim the
 	// worker holds a prefix starting with tokens 3,4.
@@ -124,7 +124,7 @@ func TestUnknownParentIsNotPlacedAtRoot(t *testing.T) {
 
 func TestEngineBlockSplitting(t *testing.T) {
 	ix := mustIndex(t, 2)
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
 	// Engine blocks of 4 tokens = two index blocks each.
 	require.NoError(t, ix.Apply(w, Event{Kind: EventStored, BlockSize: 4, BlockHashes: []uint64{100, 200}, Tokens: toks}))
@@ -143,7 +143,7 @@ func TestEngineBlockSplitting(t *testing.T) {
 
 func TestTiersExtendTheDeviceMatch(t *testing.T) {
 	ix := mustIndex(t, 1)
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	toks := []uint32{1, 2, 3, 4, 5}
 	hs := []uint64{11, 12, 13, 14, 15}
 	// Device holds blocks 1-2, host holds 1-4, disk holds 1-5.
@@ -154,7 +154,7 @@ func TestTiersExtendTheDeviceMatch(t *testing.T) {
 	require.Equal(t, Match{Worker: w, Device: 2, Host: 2, Disk: 1}, m)
 	require.Equal(t, 5, m.Total())
 	// A host store may chain from a device parent.
-	w2 := catalog.WorkerRank{Worker: "w2"}
+	w2 := catalog.WorkerRank{WorkerID: "w2"}
 	require.NoError(t, ix.Apply(w2, Event{Kind: EventStored, BlockHashes: hs[:1], Tokens: toks[:1]}))
 	require.NoError(t, ix.Apply(w2, Event{Kind: EventStored, Tier: TierHost, HasParent: true, ParentHash: 11, BlockHashes: hs[1:3], Tokens: toks[1:3]}))
 	require.Equal(t, Match{Worker: w2, Device: 1, Host: 2}, only(ix.FindMatches(seqsOf(t, 1, toks), MatchOptions{}), w2))
@@ -165,7 +165,7 @@ func TestTiersExtendTheDeviceMatch(t *testing.T) {
 
 func TestDuplicateStoresNeedMatchingRemoves(t *testing.T) {
 	ix := mustIndex(t, 1)
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	ev := Event{Kind: EventStored, BlockHashes: []uint64{1}, Tokens: []uint32{9}}
 	require.NoError(t, ix.Apply(w, ev))
 	require.NoError(t, ix.Apply(w, ev))
@@ -179,7 +179,7 @@ func TestDuplicateStoresNeedMatchingRemoves(t *testing.T) {
 
 func TestLoRAAndSaltIsolate(t *testing.T) {
 	ix := mustIndex(t, 2)
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	toks := []uint32{1, 2, 3, 4}
 	require.NoError(t, ix.Apply(w, Event{Kind: EventStored, BlockHashes: []uint64{1, 2}, Tokens: toks, LoRAName: "sql"}))
 	require.Empty(t, ix.FindMatches(seqsOf(t, 2, toks), MatchOptions{}))
@@ -190,7 +190,7 @@ func TestLoRAAndSaltIsolate(t *testing.T) {
 
 	// The salt seeds the first block only: a run that continues a salted chain
 	// carries no salt (vLLM puts it in block 0's extra keys) and still matches.
-	w2 := catalog.WorkerRank{Worker: "w2"}
+	w2 := catalog.WorkerRank{WorkerID: "w2"}
 	require.NoError(t, ix.Apply(w2, Event{Kind: EventStored, BlockHashes: []uint64{1}, Tokens: toks[:2], CacheSalt: "t1"}))
 	require.NoError(t, ix.Apply(w2, Event{Kind: EventStored, HasParent: true, ParentHash: 1, BlockHashes: []uint64{2}, Tokens: toks[2:]}))
 	plain, _ := NewHasher(2, HashOptions{CacheSalt: "t1"})
@@ -207,7 +207,7 @@ func TestRemoveWorkerAndChurnLeaveNothingBehind(t *testing.T) {
 	}
 	for round := range 50 {
 		for r := range 3 {
-			w := catalog.WorkerRank{Worker: fmt.Sprintf("pod-%d", round%5), Rank: r}
+			w := catalog.WorkerRank{WorkerID: fmt.Sprintf("pod-%d", round%5), Rank: r}
 			hs := make([]uint64, 64)
 			for i := range hs {
 				hs[i] = uint64(round*1000 + i + 1)
@@ -232,7 +232,7 @@ func TestRemoveWorkerAndChurnLeaveNothingBehind(t *testing.T) {
 func TestSlotsAreReused(t *testing.T) {
 	ix := mustIndex(t, 1)
 	for i := range 1000 {
-		w := catalog.WorkerRank{Worker: fmt.Sprint(i)}
+		w := catalog.WorkerRank{WorkerID: fmt.Sprint(i)}
 		require.NoError(t, ix.Apply(w, Event{Kind: EventStored, BlockHashes: []uint64{1}, Tokens: []uint32{uint32(i)}}))
 		ix.ClearRank(w)
 	}
@@ -243,7 +243,7 @@ func TestManyWorkersShareABlock(t *testing.T) {
 	ix := mustIndex(t, 2)
 	toks := []uint32{1, 2, 3, 4}
 	for i := range 300 { // several bitset words
-		w := catalog.WorkerRank{Worker: fmt.Sprintf("w%03d", i)}
+		w := catalog.WorkerRank{WorkerID: fmt.Sprintf("w%03d", i)}
 		n := 1 + i%2
 		require.NoError(t, ix.Apply(w, Event{Kind: EventStored, BlockHashes: []uint64{1, 2}[:n], Tokens: toks[:2*n]}))
 	}
@@ -251,10 +251,10 @@ func TestManyWorkersShareABlock(t *testing.T) {
 	require.Len(t, ms, 300)
 	for _, m := range ms {
 		var i int
-		_, _ = fmt.Sscanf(m.Worker.Worker, "w%d", &i)
+		_, _ = fmt.Sscanf(m.Worker.WorkerID, "w%d", &i)
 		require.Equal(t, 1+i%2, m.Device, m.Worker)
 	}
-	sub := []catalog.WorkerRank{{Worker: "w007"}, {Worker: "w200"}, {Worker: "missing"}}
+	sub := []catalog.WorkerRank{{WorkerID: "w007"}, {WorkerID: "w200"}, {WorkerID: "missing"}}
 	ms = ix.FindMatches(seqsOf(t, 2, toks), MatchOptions{Candidates: sub})
 	sortMatches(ms)
 	require.Equal(t, []Match{{Worker: sub[0], Device: 2}, {Worker: sub[1], Device: 1}}, ms)
@@ -308,7 +308,7 @@ func TestConcurrentLookupsNeverOvercount(t *testing.T) {
 				buf = ix.AppendMatches(buf[:0], seqs, MatchOptions{StopAtOne: (i+r)%3 == 0})
 				for _, m := range buf {
 					var w int
-					_, _ = fmt.Sscanf(m.Worker.Worker, "w%d", &w)
+					_, _ = fmt.Sscanf(m.Worker.WorkerID, "w%d", &w)
 					limit := int64(0)
 					for v := before[w]; v <= versions[w].Load(); v++ {
 						limit = max(limit, bounds[w][v].Load())
@@ -329,7 +329,7 @@ func TestConcurrentLookupsNeverOvercount(t *testing.T) {
 		wwg.Add(1)
 		go func() {
 			defer wwg.Done()
-			wr := catalog.WorkerRank{Worker: fmt.Sprintf("w%d", w)}
+			wr := catalog.WorkerRank{WorkerID: fmt.Sprintf("w%d", w)}
 			for round := range rounds {
 				for i := range depth {
 					ev := Event{Kind: EventStored, BlockHashes: []uint64{uint64(i + 1)}, Tokens: toks[i*bs : (i+1)*bs]}
@@ -374,9 +374,9 @@ func TestApproxTTLAndRefresh(t *testing.T) {
 	require.NoError(t, err)
 	toks := []uint32{1, 2, 3, 4, 5, 6}
 	seqs := seqsOf(t, 2, toks)
-	w := catalog.WorkerRank{Worker: "a"}
+	w := catalog.WorkerRank{WorkerID: "a"}
 	a.Record(w, seqs)
-	a.Record(catalog.WorkerRank{Worker: "b"}, seqs[:1])
+	a.Record(catalog.WorkerRank{WorkerID: "b"}, seqs[:1])
 	require.Len(t, a.FindMatches(seqs, MatchOptions{}), 2)
 	now = now.Add(6 * time.Second)
 	a.Record(w, seqs[:2]) // refresh the first two blocks only
@@ -400,12 +400,12 @@ func TestApproxSizeCapPrunesDeepestFirst(t *testing.T) {
 		toks[i] = uint32(i)
 	}
 	seqs := seqsOf(t, 2, toks) // 10 blocks
-	w := catalog.WorkerRank{Worker: "a"}
+	w := catalog.WorkerRank{WorkerID: "a"}
 	a.Record(w, seqs)
 	require.Equal(t, 10, a.stats().Entries)
 	now = now.Add(time.Second)
 	other := seqsOf(t, 2, []uint32{99, 98})
-	a.Record(catalog.WorkerRank{Worker: "b"}, other) // 11 > 10: prune to 8
+	a.Record(catalog.WorkerRank{WorkerID: "b"}, other) // 11 > 10: prune to 8
 	st := a.stats()
 	require.Equal(t, 8, st.Entries)
 	require.EqualValues(t, 3, st.Pruned)
@@ -426,14 +426,14 @@ func TestApproxOptions(t *testing.T) {
 	require.Equal(t, DefaultApproxTTL, a.ttl)
 	require.Equal(t, DefaultApproxMaxBlocks, a.max)
 	a.Record(catalog.WorkerRank{}, []uint64{1}) // invalid worker: ignored
-	a.Record(catalog.WorkerRank{Worker: "x"}, nil)
+	a.Record(catalog.WorkerRank{WorkerID: "x"}, nil)
 	require.Zero(t, a.stats().Entries)
 }
 
 func TestRankLimitRefusesStoresBeyondIt(t *testing.T) {
 	ix, err := New(Options{BlockSize: 1, MaxBlocksPerRank: 3})
 	require.NoError(t, err)
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	store := func(w catalog.WorkerRank, hs ...uint64) error {
 		toks := make([]uint32, len(hs))
 		for i, h := range hs {
@@ -445,7 +445,7 @@ func TestRankLimitRefusesStoresBeyondIt(t *testing.T) {
 	require.ErrorIs(t, store(w, 3, 4), ErrRankFull, "2 held + 2 > 3")
 	require.NoError(t, store(w, 5))
 	require.ErrorIs(t, store(w, 6), ErrRankFull)
-	require.ErrorIs(t, store(catalog.WorkerRank{Worker: "x"}, 1, 2, 3, 4), ErrRankFull, "one run beyond the limit")
+	require.ErrorIs(t, store(catalog.WorkerRank{WorkerID: "x"}, 1, 2, 3, 4), ErrRankFull, "one run beyond the limit")
 	// Another tier has its own count; a removal makes room.
 	require.NoError(t, ix.Apply(w, Event{Kind: EventStored, Tier: TierHost, BlockHashes: []uint64{7}, Tokens: []uint32{7}}))
 	require.NoError(t, ix.Apply(w, Event{Kind: EventRemoved, BlockHashes: []uint64{5}}))
@@ -453,12 +453,12 @@ func TestRankLimitRefusesStoresBeyondIt(t *testing.T) {
 
 	// A per-worker limit wins over the default, and is forgotten with the worker.
 	ix.SetRankLimit("big", 10)
-	require.NoError(t, store(catalog.WorkerRank{Worker: "big", Rank: 1}, 1, 2, 3, 4, 5, 6))
+	require.NoError(t, store(catalog.WorkerRank{WorkerID: "big", Rank: 1}, 1, 2, 3, 4, 5, 6))
 	require.Equal(t, 1, ix.RemoveWorker("big"))
-	require.ErrorIs(t, store(catalog.WorkerRank{Worker: "big"}, 1, 2, 3, 4), ErrRankFull)
+	require.ErrorIs(t, store(catalog.WorkerRank{WorkerID: "big"}, 1, 2, 3, 4), ErrRankFull)
 	ix.SetRankLimit("big", 10)
 	ix.SetRankLimit("big", 0)
-	require.ErrorIs(t, store(catalog.WorkerRank{Worker: "big"}, 1, 2, 3, 4), ErrRankFull)
+	require.ErrorIs(t, store(catalog.WorkerRank{WorkerID: "big"}, 1, 2, 3, 4), ErrRankFull)
 
 	_, err = New(Options{BlockSize: 1, MaxBlocksPerRank: -1})
 	require.Error(t, err)
@@ -472,7 +472,7 @@ func TestOnStoredSeesTheRouterKeysOfEveryStoredBlock(t *testing.T) {
 		got = append(got, append([]uint64(nil), keys...))
 	}})
 	require.NoError(t, err)
-	w := catalog.WorkerRank{Worker: "w", Rank: 1}
+	w := catalog.WorkerRank{WorkerID: "w", Rank: 1}
 	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
 	want := seqsOf(t, 2, toks)
 	// Engine blocks of 4 tokens, stored in two runs: every index block's key,

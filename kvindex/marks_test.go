@@ -22,7 +22,7 @@ import (
 func TestSameHoldersMark(t *testing.T) {
 	workers := make([]catalog.WorkerRank, 150)
 	for i := range workers {
-		workers[i] = catalog.WorkerRank{Worker: fmt.Sprintf("m%03d", i/2), Rank: i % 2}
+		workers[i] = catalog.WorkerRank{WorkerID: fmt.Sprintf("m%03d", i/2), Rank: i % 2}
 	}
 	for seed := range uint64(4) {
 		drops := seed%2 == 1
@@ -68,11 +68,11 @@ func TestSameHoldersMark(t *testing.T) {
 					}
 				default:
 					for k := range o.workers {
-						if k.Worker == w.Worker {
+						if k.WorkerID == w.WorkerID {
 							delete(o.workers, k)
 						}
 					}
-					ix.RemoveWorker(w.Worker)
+					ix.RemoveWorker(w.WorkerID)
 				}
 				checkMarks(t, ix, !drops)
 				if step%5 == 0 {

@@ -211,8 +211,8 @@ func (o *oracle) findMatches(seqs []uint64, cands []catalog.WorkerRank) []Match 
 
 func sortMatches(ms []Match) {
 	sort.Slice(ms, func(i, j int) bool {
-		if ms[i].Worker.Worker != ms[j].Worker.Worker {
-			return ms[i].Worker.Worker < ms[j].Worker.Worker
+		if ms[i].Worker.WorkerID != ms[j].Worker.WorkerID {
+			return ms[i].Worker.WorkerID < ms[j].Worker.WorkerID
 		}
 		return ms[i].Worker.Rank < ms[j].Worker.Rank
 	})
@@ -250,11 +250,11 @@ func newDocs(r *rand.Rand) [][]uint32 {
 	return docs
 }
 
-var oracleWorkers = []catalog.WorkerRank{{Worker: "a", Rank: 0}, {Worker: "a", Rank: 1}, {Worker: "b", Rank: 0}, {Worker: "c", Rank: 0}, {Worker: "d", Rank: 3}}
+var oracleWorkers = []catalog.WorkerRank{{WorkerID: "a", Rank: 0}, {WorkerID: "a", Rank: 1}, {WorkerID: "b", Rank: 0}, {WorkerID: "c", Rank: 0}, {WorkerID: "d", Rank: 3}}
 
 // ratioOf gives workers fixed engine block sizes: "b" uses twice the index block.
 func ratioOf(w catalog.WorkerRank) int {
-	if w.Worker == "b" {
+	if w.WorkerID == "b" {
 		return 2
 	}
 	return 1
@@ -350,7 +350,7 @@ func (g *opGen) query() ([]uint64, []catalog.WorkerRank) {
 				cands = append(cands, w)
 			}
 		}
-		cands = append(cands, catalog.WorkerRank{Worker: "nobody"})
+		cands = append(cands, catalog.WorkerRank{WorkerID: "nobody"})
 	}
 	return seqs, cands
 }
@@ -393,12 +393,12 @@ func runOracle(t testing.TB, next func(n int) int, docs [][]uint32, steps int) {
 			trace = append(trace, fmt.Sprintf("%d clear %v", step, w))
 		case op < 16:
 			for k := range o.workers {
-				if k.Worker == w.Worker {
+				if k.WorkerID == w.WorkerID {
 					delete(o.workers, k)
 				}
 			}
-			ix.RemoveWorker(w.Worker)
-			trace = append(trace, fmt.Sprintf("%d removeworker %v", step, w.Worker))
+			ix.RemoveWorker(w.WorkerID)
+			trace = append(trace, fmt.Sprintf("%d removeworker %v", step, w.WorkerID))
 		default:
 			seqs, cands := g.query()
 			want := o.findMatches(seqs, cands)

@@ -66,7 +66,7 @@ func getScale() *scaleFixture {
 		f := &scaleFixture{}
 		r := rand.New(rand.NewPCG(3, 3))
 		for w := range scaleWorkers {
-			f.workers = append(f.workers, catalog.WorkerRank{Worker: fmt.Sprintf("worker-%04d", w)})
+			f.workers = append(f.workers, catalog.WorkerRank{WorkerID: fmt.Sprintf("worker-%04d", w)})
 			for s := range scaleSeqPerWkr {
 				f.seqs = append(f.seqs, benchSeq{group: r.IntN(benchGroups), conv: w*scaleSeqPerWkr + s})
 			}
@@ -183,7 +183,7 @@ func BenchmarkScaleRemoveWorker(b *testing.B) {
 		f := getFixture(b)
 		ws := make([]catalog.WorkerRank, benchWorkers)
 		for w := range ws {
-			ws[w] = catalog.WorkerRank{Worker: fmt.Sprintf("worker-%03d", w)}
+			ws[w] = catalog.WorkerRank{WorkerID: fmt.Sprintf("worker-%03d", w)}
 		}
 		return fleet{f.ix, ws, f.seqs, benchSeqPerWkr}
 	}
@@ -206,7 +206,7 @@ func BenchmarkScaleRemoveWorker(b *testing.B) {
 			for i := range b.N {
 				k := i % len(f.workers)
 				start := time.Now()
-				if f.ix.RemoveWorker(f.workers[k].Worker) != 1 {
+				if f.ix.RemoveWorker(f.workers[k].WorkerID) != 1 {
 					b.Fatalf("%s not removed", f.workers[k])
 				}
 				durs = append(durs, time.Since(start))

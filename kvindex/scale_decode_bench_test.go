@@ -71,7 +71,7 @@ func BenchmarkScaleDecodeApply(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		w, parent := catalog.WorkerRank{Worker: "engine-0"}, uint64(42)
+		w, parent := catalog.WorkerRank{WorkerID: "engine-0"}, uint64(42)
 		if err := ix.Apply(w, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{parent}, Tokens: make([]uint32, bs)}); err != nil {
 			b.Fatal(err)
 		}
@@ -132,7 +132,7 @@ func BenchmarkDecodeApplyLongBlocks(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	w, parent := catalog.WorkerRank{Worker: "engine-0"}, uint64(42)
+	w, parent := catalog.WorkerRank{WorkerID: "engine-0"}, uint64(42)
 	if err := ix.Apply(w, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{parent}, Tokens: make([]uint32, bs)}); err != nil {
 		b.Fatal(err)
 	}

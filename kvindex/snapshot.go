@@ -320,7 +320,7 @@ func (ix *Index) WriteSnapshot(w io.Writer, sources map[catalog.WorkerRank]uint6
 func (s *Snapshot) Encode(w io.Writer, sources map[catalog.WorkerRank]uint64) error {
 	size := snapHeaderLen + 64 + 9*len(s.keys) + 10*s.blocks + 4
 	for _, r := range s.ranks {
-		size += len(r.w.Worker) + 32
+		size += len(r.w.WorkerID) + 32
 	}
 	for _, l := range s.limits {
 		size += len(l.worker) + 12
@@ -337,7 +337,7 @@ func (s *Snapshot) Encode(w io.Writer, sources map[catalog.WorkerRank]uint64) er
 	srcs := slices.SortedFunc(maps.Keys(sources), compareWorkerRanks)
 	buf = binary.AppendUvarint(buf, uint64(len(srcs)))
 	for _, src := range srcs {
-		buf = binfmt.AppendString(buf, src.Worker)
+		buf = binfmt.AppendString(buf, src.WorkerID)
 		buf = binary.AppendVarint(buf, int64(src.Rank))
 		buf = binary.AppendUvarint(buf, sources[src])
 	}
@@ -348,7 +348,7 @@ func (s *Snapshot) Encode(w io.Writer, sources map[catalog.WorkerRank]uint64) er
 	}
 	buf = binary.AppendUvarint(buf, uint64(len(s.ranks)))
 	for _, r := range s.ranks {
-		buf = binfmt.AppendString(buf, r.w.Worker)
+		buf = binfmt.AppendString(buf, r.w.WorkerID)
 		buf = binary.AppendUvarint(buf, uint64(r.w.Rank))
 		buf = binary.AppendUvarint(buf, uint64(r.ratio))
 		for _, st := range r.tiers {
@@ -387,5 +387,5 @@ func seal(buf []byte) []byte {
 }
 
 func compareWorkerRanks(a, b catalog.WorkerRank) int {
-	return cmp.Or(strings.Compare(a.Worker, b.Worker), cmp.Compare(a.Rank, b.Rank))
+	return cmp.Or(strings.Compare(a.WorkerID, b.WorkerID), cmp.Compare(a.Rank, b.Rank))
 }

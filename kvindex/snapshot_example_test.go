@@ -14,7 +14,7 @@ func ExampleIndex_WriteSnapshot() {
 	if err != nil {
 		panic(err)
 	}
-	pod := catalog.WorkerRank{Worker: "pod-a"}
+	pod := catalog.WorkerRank{WorkerID: "pod-a"}
 	prompt := []uint32{10, 11, 12, 13}
 	_ = ix.Apply(pod, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{101, 102}, Tokens: prompt})
 
@@ -33,7 +33,7 @@ func ExampleIndex_WriteSnapshot() {
 	}
 	h, _ := kvindex.NewHasher(2, kvindex.HashOptions{})
 	m := warm.FindMatches(h.SeqHashes(prompt), kvindex.MatchOptions{})
-	fmt.Println(m[0].Worker.Worker, m[0].Device, seqs[pod]+1)
+	fmt.Println(m[0].Worker.WorkerID, m[0].Device, seqs[pod]+1)
 
 	// A snapshot cut short in transit is refused whole.
 	_, _, err = kvindex.ReadSnapshot(bytes.NewReader(snap[:len(snap)-1]), kvindex.ReadOptions{})

@@ -23,7 +23,7 @@ func TestLoadRanksAll(t *testing.T) {
 			peer, _ := readSnapshot(t, writeSnapshot(t, orig, sources))
 
 			other := newSnapGen(seed + 1000)
-			other.workers = append(slices.Clone(sg.workers), catalog.WorkerRank{Worker: "zz"})
+			other.workers = append(slices.Clone(sg.workers), catalog.WorkerRank{WorkerID: "zz"})
 			target := randomIndex(t, other, 300)
 			all := slices.Collect(maps.Keys(rankBlocks(target)))
 			for _, w := range sg.workers {
@@ -32,7 +32,7 @@ func TestLoadRanksAll(t *testing.T) {
 				}
 			}
 			for _, w := range all {
-				target.SetRankLimit(w.Worker, 0)
+				target.SetRankLimit(w.WorkerID, 0)
 			}
 			orig.mu.RLock()
 			for w, n := range orig.limits {

@@ -262,7 +262,7 @@ func (d *snapDecoder) decode() (*Index, map[catalog.WorkerRank]uint64) {
 		if d.Err() == nil && (rank < math.MinInt || rank > math.MaxInt) {
 			d.corrupt("source rank %d out of range", rank)
 		}
-		src := catalog.WorkerRank{Worker: w, Rank: int(rank)}
+		src := catalog.WorkerRank{WorkerID: w, Rank: int(rank)}
 		if _, dup := sources[src]; dup && d.Err() == nil {
 			d.corrupt("source %v repeats", src)
 		}
@@ -330,7 +330,7 @@ func (d *snapDecoder) rank(t *tree, nodes []*node, depths []uint32, hashes []uin
 	worker := d.str("worker name")
 	rank := d.integer("rank", 0, math.MaxInt)
 	ratio := d.integer("ratio", 1, math.MaxInt)
-	w := catalog.WorkerRank{Worker: worker, Rank: rank}
+	w := catalog.WorkerRank{WorkerID: worker, Rank: rank}
 	switch {
 	case d.Err() != nil:
 		return hashes

@@ -68,7 +68,7 @@ func newSnapGen(seed uint64) *snapGen {
 	names := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
 	seen := map[catalog.WorkerRank]bool{}
 	for range 2 + r.IntN(12) {
-		w := catalog.WorkerRank{Worker: names[r.IntN(len(names))], Rank: r.IntN(4)}
+		w := catalog.WorkerRank{WorkerID: names[r.IntN(len(names))], Rank: r.IntN(4)}
 		if !seen[w] {
 			seen[w] = true
 			sg.workers = append(sg.workers, w)
@@ -88,7 +88,7 @@ func (sg *snapGen) op() snapOp {
 		sg.forget(func(k frontierKey) bool { return k.w == w })
 		return snapOp{kind: snapClear, w: w}
 	case p < 97:
-		sg.forget(func(k frontierKey) bool { return k.w.Worker == w.Worker })
+		sg.forget(func(k frontierKey) bool { return k.w.WorkerID == w.WorkerID })
 		return snapOp{kind: snapRemoveWorker, w: w}
 	default:
 		return snapOp{kind: snapSetLimit, w: w, limit: []int{0, 30, 300}[sg.r.IntN(3)]}
@@ -183,9 +183,9 @@ func (op snapOp) apply(ix *Index) string {
 		ix.ClearRank(op.w)
 		return "cleared"
 	case snapRemoveWorker:
-		return fmt.Sprint(ix.RemoveWorker(op.w.Worker))
+		return fmt.Sprint(ix.RemoveWorker(op.w.WorkerID))
 	default:
-		ix.SetRankLimit(op.w.Worker, op.limit)
+		ix.SetRankLimit(op.w.WorkerID, op.limit)
 		return "limit"
 	}
 }
@@ -195,7 +195,7 @@ func (sg *snapGen) query() ([]uint64, MatchOptions) {
 	seqs, _ := sg.g.query()
 	var opts MatchOptions
 	if sg.r.IntN(4) == 0 {
-		opts.Candidates = []catalog.WorkerRank{{Worker: "nobody"}}
+		opts.Candidates = []catalog.WorkerRank{{WorkerID: "nobody"}}
 		for _, w := range sg.workers {
 			if sg.r.IntN(2) == 0 {
 				opts.Candidates = append(opts.Candidates, w)
@@ -450,7 +450,7 @@ func TestSnapshotEmpty(t *testing.T) {
 	require.Equal(t, Stats{}, loaded.Stats())
 	equalIndexes(t, ix, loaded)
 	toks := make([]uint32, 32)
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	require.NoError(t, loaded.Apply(w, Event{Kind: EventStored, BlockHashes: []uint64{1, 2}, Tokens: toks}))
 	require.Equal(t, 2, only(loaded.FindMatches(seqsOf(t, 16, toks), MatchOptions{}), w).Device)
 }
@@ -459,11 +459,11 @@ func TestSnapshotEmpty(t *testing.T) {
 // rank key, with or without blocks in the index.
 func TestSnapshotSources(t *testing.T) {
 	src := map[catalog.WorkerRank]uint64{
-		{Worker: "a"}:                       0,
-		{Worker: "a", Rank: 7}:              1,
-		{Worker: "b", Rank: math.MaxInt32}:  math.MaxUint64,
-		{Worker: "", Rank: -1}:              42,
-		{Worker: strings.Repeat("x", 1024)}: 1 << 40,
+		{WorkerID: "a"}:                       0,
+		{WorkerID: "a", Rank: 7}:              1,
+		{WorkerID: "b", Rank: math.MaxInt32}:  math.MaxUint64,
+		{WorkerID: "", Rank: -1}:              42,
+		{WorkerID: strings.Repeat("x", 1024)}: 1 << 40,
 	}
 	_, got := readSnapshot(t, writeSnapshot(t, mustIndex(t, 4), src))
 	require.Equal(t, src, got)
@@ -474,7 +474,7 @@ func TestSnapshotSources(t *testing.T) {
 // block, a repeated store.
 func smallSnapshot(t testing.TB) []byte {
 	ix := mustIndex(t, 2)
-	a, b := catalog.WorkerRank{Worker: "a"}, catalog.WorkerRank{Worker: "b", Rank: 1}
+	a, b := catalog.WorkerRank{WorkerID: "a"}, catalog.WorkerRank{WorkerID: "b", Rank: 1}
 	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
 	store := func(w catalog.WorkerRank, ev Event) {
 		ev.Kind = EventStored
@@ -557,7 +557,7 @@ func TestSnapshotLimits(t *testing.T) {
 	for i := range 3 {
 		// Three ranks of two chained blocks each, sharing the first: 4 nodes,
 		// 6 blocks.
-		w := catalog.WorkerRank{Worker: long, Rank: i}
+		w := catalog.WorkerRank{WorkerID: long, Rank: i}
 		require.NoError(t, ix.Apply(w, Event{Kind: EventStored, BlockHashes: []uint64{1, uint64(2 + i)}, Tokens: []uint32{1, 1, 2, uint32(i)}}))
 		if i < 2 {
 			srcs[w] = uint64(i)
@@ -605,8 +605,8 @@ func TestSnapshotLimits(t *testing.T) {
 	_, _, err = ReadSnapshot(bytes.NewReader(writeSnapshot(t, ix, nil)), ReadOptions{MaxWorkerRanks: 3})
 	require.ErrorIs(t, err, ErrSnapshotLimit)
 	require.ErrorContains(t, err, "4 limits")
-	srcs[catalog.WorkerRank{Worker: "x"}] = 1
-	srcs[catalog.WorkerRank{Worker: "y"}] = 1
+	srcs[catalog.WorkerRank{WorkerID: "x"}] = 1
+	srcs[catalog.WorkerRank{WorkerID: "y"}] = 1
 	_, _, err = ReadSnapshot(bytes.NewReader(writeSnapshot(t, mustIndex(t, 2), srcs)), ReadOptions{MaxWorkerRanks: 3})
 	require.ErrorIs(t, err, ErrSnapshotLimit)
 	require.ErrorContains(t, err, "4 sources")
@@ -649,7 +649,7 @@ func TestSnapshotMalformed(t *testing.T) {
 	valid := payloadChain2().uv(1).str("w").uv(0, 1).uv(2, 0).u64(6).uv(1).u64(7).uv(0).noTiers()
 	ix, _, err := ReadSnapshot(bytes.NewReader(valid.sealed()), ReadOptions{})
 	require.NoError(t, err, "the base payload must be valid")
-	require.Equal(t, 2, only(ix.FindMatches([]uint64{1, 2}, MatchOptions{}), catalog.WorkerRank{Worker: "w"}).Device)
+	require.Equal(t, 2, only(ix.FindMatches([]uint64{1, 2}, MatchOptions{}), catalog.WorkerRank{WorkerID: "w"}).Device)
 
 	cases := []struct {
 		name, msg string
@@ -709,7 +709,7 @@ func TestSnapshotReadOptions(t *testing.T) {
 	}})
 	require.NoError(t, err)
 	require.Empty(t, stored, "OnStored is not called for loaded blocks")
-	a := catalog.WorkerRank{Worker: "a"}
+	a := catalog.WorkerRank{WorkerID: "a"}
 	require.NoError(t, ix.Apply(a, Event{Kind: EventStored, BlockHashes: []uint64{31}, Tokens: []uint32{5, 5}}))
 	require.Len(t, stored, 1)
 	require.ErrorIs(t, ix.Apply(a, Event{Kind: EventStored, BlockHashes: []uint64{32}, Tokens: []uint32{6, 6}}), ErrRankFull)
@@ -803,7 +803,7 @@ func TestSnapshotConsistentCut(t *testing.T) {
 			if n > 0 {
 				ev.HasParent, ev.ParentHash = true, uint64(2*n)
 			}
-			if err := ix.Apply(catalog.WorkerRank{Worker: fmt.Sprint(w)}, ev); err != nil {
+			if err := ix.Apply(catalog.WorkerRank{WorkerID: fmt.Sprint(w)}, ev); err != nil {
 				t.Error(err)
 				return
 			}
@@ -829,10 +829,10 @@ func TestSnapshotConsistentCut(t *testing.T) {
 		blocks := rankBlocks(loaded)
 		k := 0
 		for w := range workers {
-			k += blocks[catalog.WorkerRank{Worker: fmt.Sprint(w)}][TierDevice] / 2
+			k += blocks[catalog.WorkerRank{WorkerID: fmt.Sprint(w)}][TierDevice] / 2
 		}
 		for w := range workers {
-			wr := catalog.WorkerRank{Worker: fmt.Sprint(w)}
+			wr := catalog.WorkerRank{WorkerID: fmt.Sprint(w)}
 			want := 2 * ((k - w + workers - 1) / workers) // blocks after k events
 			require.Equal(t, want, blocks[wr][TierDevice], "cut after %d events, worker %d", k, w)
 			require.Equal(t, want, only(loaded.FindMatches(chains[w], MatchOptions{}), wr).Device)

@@ -64,7 +64,7 @@ func TestChurnSoak(t *testing.T) {
 		g := rng.IntN(systems)
 		toks := append(append([]uint32(nil), system[g]...), tokens(convBlocks*bs)...)
 		hs := append(append([]uint64(nil), sysHashes[g]...), hashes(convBlocks)...)
-		w := catalog.WorkerRank{Worker: names[i]}
+		w := catalog.WorkerRank{WorkerID: names[i]}
 		if err := ix.Apply(w, Event{Kind: EventStored, BlockHashes: hs, Tokens: toks}); err != nil {
 			t.Fatal(err)
 		}

@@ -53,7 +53,7 @@ func buildPrefixFleet(shape prefixShape) *prefixFleet {
 	r := rand.New(rand.NewPCG(33, uint64(shape.workers)))
 	toks := make([]uint32, benchDepth*benchBS)
 	for w := range shape.workers {
-		wr := catalog.WorkerRank{Worker: fmt.Sprintf("worker-%03d", w)}
+		wr := catalog.WorkerRank{WorkerID: fmt.Sprintf("worker-%03d", w)}
 		for range shape.perRank {
 			group, conv := r.IntN(benchGroups), r.IntN(prefixConvs)
 			n := 1 + r.IntN(benchDepth)

@@ -36,7 +36,7 @@ func ExampleFollower() {
 	defer f.Done()
 
 	load := func() selection.WorkerLoad { return svc.Loads("")[0] }
-	fmt.Println("booked on", b.Worker, "blocks", load().ActiveBlocks)
+	fmt.Println("booked on", b.WorkerID, "blocks", load().ActiveBlocks)
 	f.Response(200, "text/event-stream")
 	fmt.Println("first output:", f.Body([]byte("data: {\"choices\":[]}\n\n")))
 	f.Body([]byte("data: a\n\ndata: b\n\ndata: c\n\n")) // four tokens so far: one block

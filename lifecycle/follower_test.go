@@ -32,7 +32,7 @@ func (r *recorder) Generated(tokens int) error {
 	r.log("generated " + strings.Repeat("|", tokens))
 	return nil
 }
-func (r *recorder) Move(to catalog.WorkerRank) error { r.log("move " + to.Worker); return r.move }
+func (r *recorder) Move(to catalog.WorkerRank) error { r.log("move " + to.WorkerID); return r.move }
 func (r *recorder) MarkFailed() error                { r.log("failed"); return nil }
 func (r *recorder) Done() error                      { r.log("done"); return errors.New("gone") }
 
@@ -129,13 +129,13 @@ func TestFollowAFailureStatus(t *testing.T) {
 // by a retry elsewhere: it moves only. Move's error goes to the caller.
 func TestFollowServedElsewhere(t *testing.T) {
 	f, h, causes := follow(t, lifecycle.Options{})
-	require.NoError(t, f.Served(catalog.WorkerRank{Worker: "b"}, true))
+	require.NoError(t, f.Served(catalog.WorkerRank{WorkerID: "b"}, true))
 	require.Equal(t, []string{"failed", "move b"}, h.take())
 	require.Equal(t, []lifecycle.Cause{lifecycle.CauseFallback}, *causes)
 
 	f, h, causes = follow(t, lifecycle.Options{})
 	h.move = errors.New("no such rank")
-	require.EqualError(t, f.Served(catalog.WorkerRank{Worker: "c"}, false), "no such rank")
+	require.EqualError(t, f.Served(catalog.WorkerRank{WorkerID: "c"}, false), "no such rank")
 	require.Equal(t, []string{"move c"}, h.take())
 	require.Empty(t, *causes)
 	f.Fail()

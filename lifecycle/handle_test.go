@@ -64,7 +64,7 @@ func bookings(t *testing.T) handles {
 		pick: func(t *testing.T) string {
 			res, err := svc.Select(context.Background(), selection.Request{Tokens: make([]uint32, 16), Allowed: []string{"a", "b"}})
 			require.NoError(t, err)
-			return res.Worker
+			return res.WorkerID
 		},
 		gone: selection.ErrUnknownReservation,
 	}
@@ -93,7 +93,7 @@ func plans(t *testing.T) handles {
 		pick: func(t *testing.T) string {
 			res, err := dec.Select(context.Background(), selection.Request{Tokens: make([]uint32, 16), Allowed: []string{"a", "b"}})
 			require.NoError(t, err)
-			return res.Worker
+			return res.WorkerID
 		},
 		gone: roles.ErrUnknownPlan,
 	}
@@ -119,7 +119,7 @@ func TestHandleContract(t *testing.T) {
 			require.NoError(t, h.PrefillComplete(), "a repeat changes nothing")
 			require.NoError(t, h.Renew())
 			require.NoError(t, h.Generated(64))
-			require.NoError(t, h.Move(catalog.WorkerRank{Worker: "b"}))
+			require.NoError(t, h.Move(catalog.WorkerRank{WorkerID: "b"}))
 			require.True(t, hs.picksB(t))
 			require.NoError(t, h.MarkFailed())
 			require.False(t, hs.picksB(t), "the worker moved to is marked failed")
@@ -131,7 +131,7 @@ func TestHandleContract(t *testing.T) {
 			require.NoError(t, h.PrefillComplete(), "nor does a first output after Done")
 			require.ErrorIs(t, h.Renew(), hs.gone)
 			require.ErrorIs(t, h.Generated(128), hs.gone)
-			require.ErrorIs(t, h.Move(catalog.WorkerRank{Worker: "a"}), hs.gone)
+			require.ErrorIs(t, h.Move(catalog.WorkerRank{WorkerID: "a"}), hs.gone)
 		})
 	}
 }

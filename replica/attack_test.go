@@ -141,7 +141,7 @@ func TestPeerBookingsBounded(t *testing.T) {
 		for k := range hs {
 			hs[k] = uint64(i)<<20 | uint64(k)
 		}
-		return replica.ForgedBooking{ID: fmt.Sprintf("f%05d", i), Worker: catalog.WorkerRank{Worker: testWorkers[i%len(testWorkers)]},
+		return replica.ForgedBooking{ID: fmt.Sprintf("f%05d", i), Worker: catalog.WorkerRank{WorkerID: testWorkers[i%len(testWorkers)]},
 			Hashes: hs, LeaseMS: 1 << 31 / 2}
 	}
 	// 200 bookings of one block, in order, in batches of 10: 50 held.
@@ -189,7 +189,7 @@ func TestSlowSnapshotResponderBlocksNoOne(t *testing.T) {
 		case <-t.Context().Done():
 		}
 		return replica.ForgePage("slow", 9, 1, true, replica.ForgedBooking{
-			ID: fmt.Sprintf("s%08d", n), Worker: catalog.WorkerRank{Worker: "w1"}, Hashes: []uint64{uint64(n)}, LeaseMS: 60000})
+			ID: fmt.Sprintf("s%08d", n), Worker: catalog.WorkerRank{WorkerID: "w1"}, Hashes: []uint64{uint64(n)}, LeaseMS: 60000})
 	})
 	require.NoError(t, err)
 	t.Cleanup(stop)
@@ -224,7 +224,7 @@ func TestOriginMustMatchSubject(t *testing.T) {
 	requireConverged(t, a, b)
 	st := a.r.Stats()
 	forge(t, h, "x", replica.ForgeBatch(st.ID, st.Epoch, st.Seq+1, replica.ForgedBooking{
-		ID: "forged", Worker: catalog.WorkerRank{Worker: "w1"}, Hashes: []uint64{1}, LeaseMS: 60000}))
+		ID: "forged", Worker: catalog.WorkerRank{WorkerID: "w1"}, Hashes: []uint64{1}, LeaseMS: 60000}))
 	require.Equal(t, uint64(1), b.r.Stats().Refused["origin_mismatch"])
 	require.NotContains(t, b.r.RemoteIDs("a"), "forged")
 	require.Empty(t, b.r.RemoteIDs("x"))
@@ -276,7 +276,7 @@ func TestMessageBoundFollowsBroker(t *testing.T) {
 func TestPeerOutputGrowthBounded(t *testing.T) {
 	h := newHub()
 	b := newNode(t, h, "b", func(o *replica.Options) { o.MaxPeerBlocks = 10 })
-	forge(t, h, "x", replica.ForgeBatch("x", 7, 1, replica.ForgedBooking{ID: "g", Worker: catalog.WorkerRank{Worker: "w1"},
+	forge(t, h, "x", replica.ForgeBatch("x", 7, 1, replica.ForgedBooking{ID: "g", Worker: catalog.WorkerRank{WorkerID: "w1"},
 		Hashes: []uint64{1, 2, 3, 4, 5, 6, 7, 8}, LeaseMS: 60000}))
 	for seq := uint64(2); seq < 12; seq++ {
 		forge(t, h, "x", replica.ForgeSettle("x", 7, seq, "g", selection.SettleOutputBlock))

@@ -33,7 +33,7 @@ func TestRetiredEntryNotReusedBeforeFlush(t *testing.T) {
 	r, err := New(Options{Bus: bus, ID: "a"})
 	require.NoError(t, err)
 	defer r.Close()
-	w := catalog.WorkerRank{Worker: "w1"}
+	w := catalog.WorkerRank{WorkerID: "w1"}
 	ev := func(id string, h uint64) selection.BookingEvent {
 		return selection.BookingEvent{ID: id, Worker: w, SeqHashes: []uint64{h, h, h}, Lease: time.Minute}
 	}

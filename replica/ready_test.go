@@ -111,9 +111,9 @@ func TestSessionsSharedAcrossReplicas(t *testing.T) {
 			res, err := n.svc.SelectAndReserve(context.Background(), selection.Request{Tokens: toks, SessionID: session})
 			require.NoError(t, err)
 			if turn == 0 {
-				pinned = res.Worker
+				pinned = res.WorkerID
 			}
-			require.Equal(t, pinned, res.Worker, "session %s turn %d through replica %s", session, turn, n.r.ID())
+			require.Equal(t, pinned, res.WorkerID, "session %s turn %d through replica %s", session, turn, n.r.ID())
 			require.NoError(t, n.r.Flush())
 			requireConverged(t, nodes...) // the next replica has the pin
 		}
@@ -133,16 +133,16 @@ func TestGrowthAndMoveReplicated(t *testing.T) {
 	require.NoError(t, bk.Generated(16*5))
 	require.NoError(t, a.r.Flush())
 	requireConverged(t, a, b)
-	require.NoError(t, bk.Move(catalog.WorkerRank{Worker: "w2"}))
+	require.NoError(t, bk.Move(catalog.WorkerRank{WorkerID: "w2"}))
 	require.NoError(t, a.r.Flush())
 	requireConverged(t, a, b)
 	for _, l := range b.svc.Loads("") {
-		switch l.Worker {
+		switch l.WorkerID {
 		case "w2":
 			require.Equal(t, 1, l.ActiveRequests)
 			require.Equal(t, 4+5, l.ActiveBlocks, "4 prompt blocks and 5 output blocks")
 		default:
-			require.Zero(t, l.ActiveRequests, l.Worker)
+			require.Zero(t, l.ActiveRequests, l.WorkerID)
 		}
 	}
 	require.NoError(t, bk.Done())

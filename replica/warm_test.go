@@ -106,7 +106,7 @@ func (g *engines) route(svc *selection.SelectionService, n int) {
 		res, err := svc.SelectAndReserve(context.Background(), selection.Request{Tokens: p})
 		require.NoError(g.t, err)
 		var i int
-		_, err = fmt.Sscanf(res.Worker, "e%d", &i)
+		_, err = fmt.Sscanf(res.WorkerID, "e%d", &i)
 		require.NoError(g.t, err)
 		_, err = g.es[i].Serve(fakeengine.Request{Tokens: p})
 		require.NoError(g.t, err)

@@ -152,7 +152,7 @@ type booked struct {
 }
 
 func (b *booked) size() int {
-	return 1 + binfmt.StringLen(b.id) + binfmt.StringLen(b.model) + binfmt.StringLen(b.worker.Worker) +
+	return 1 + binfmt.StringLen(b.id) + binfmt.StringLen(b.model) + binfmt.StringLen(b.worker.WorkerID) +
 		binfmt.UvarintLen(uint64(b.worker.Rank)) + binfmt.UvarintLen(uint64(len(b.hashes))) + 8*len(b.hashes) +
 		binfmt.UvarintLen(uint64(b.private)) + binfmt.UvarintLen(uint64(b.prefill)) +
 		binfmt.UvarintLen(uint64(b.expected)) + binfmt.UvarintLen(uint64(b.leaseMS)) +
@@ -161,8 +161,8 @@ func (b *booked) size() int {
 
 // sendable reports whether every field of b is within the decoder's bounds.
 func (b *booked) sendable() bool {
-	return b.id != "" && len(b.id) <= maxStr && len(b.model) <= maxStr && b.worker.Worker != "" &&
-		len(b.worker.Worker) <= maxStr && inNumber(b.worker.Rank) && inNumber(b.private) &&
+	return b.id != "" && len(b.id) <= maxStr && len(b.model) <= maxStr && b.worker.WorkerID != "" &&
+		len(b.worker.WorkerID) <= maxStr && inNumber(b.worker.Rank) && inNumber(b.private) &&
 		inNumber(b.prefill) && inNumber(b.expected) && b.leaseMS >= 0 && b.leaseMS <= maxNumber &&
 		b.remainingMS >= 0 && b.remainingMS <= maxNumber && len(b.session) <= selection.MaxSessionIDLen
 }
@@ -173,7 +173,7 @@ func appendBooked(dst []byte, b *booked) []byte {
 	dst = append(dst, opBooked)
 	dst = binfmt.AppendString(dst, b.id)
 	dst = binfmt.AppendString(dst, b.model)
-	dst = binfmt.AppendString(dst, b.worker.Worker)
+	dst = binfmt.AppendString(dst, b.worker.WorkerID)
 	dst = binary.AppendUvarint(dst, uint64(b.worker.Rank))
 	dst = binary.AppendUvarint(dst, uint64(len(b.hashes)))
 	dst = appendHashes(dst, b.hashes)
@@ -297,8 +297,8 @@ func (r *reader) op(o *wireOp, flat *[]uint64, onlyBooked bool) {
 	case r.Err() != nil:
 	case o.kind == opBooked:
 		o.model = r.String(maxStr)
-		o.worker.Worker = r.String(maxStr)
-		if r.Err() == nil && o.worker.Worker == "" {
+		o.worker.WorkerID = r.String(maxStr)
+		if r.Err() == nil && o.worker.WorkerID == "" {
 			r.Fail(errField)
 		}
 		o.worker.Rank = r.num()

@@ -15,7 +15,7 @@ import (
 
 func sampleBooked() booked {
 	return booked{
-		id: "req-1", model: "m", worker: catalog.WorkerRank{Worker: "w1", Rank: 3}, hashes: []uint64{1, 2, 1 << 63},
+		id: "req-1", model: "m", worker: catalog.WorkerRank{WorkerID: "w1", Rank: 3}, hashes: []uint64{1, 2, 1 << 63},
 		private: 1, prefill: 900, expected: 128, leaseMS: 300000, remainingMS: 299000, session: "conv-9",
 	}
 }

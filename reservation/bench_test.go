@@ -28,7 +28,7 @@ func benchLedgerShared(b *testing.B, nWorkers, perWorker, groups int) (*Ledger, 
 	workers := make([]catalog.WorkerRank, nWorkers)
 	next := uint64(1 << 32)
 	for i := range workers {
-		workers[i] = catalog.WorkerRank{Worker: fmt.Sprintf("pod-%03d", i)}
+		workers[i] = catalog.WorkerRank{WorkerID: fmt.Sprintf("pod-%03d", i)}
 		for j := range perWorker {
 			seqs := make([]uint64, 128)
 			for k := range 64 {

@@ -24,7 +24,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	pod := catalog.WorkerRank{Worker: "pod-a"}
+	pod := catalog.WorkerRank{WorkerID: "pod-a"}
 	show := func(step string) {
 		ld := ledger.Load(pod)
 		fmt.Printf("%-16s prefill=%d blocks=%d requests=%d\n", step, ld.ActivePrefillTokens, ld.ActiveBlocks, ld.ActiveRequests)
@@ -65,7 +65,7 @@ func Example() {
 func ExampleLedger_Expire() {
 	clock := &stepClock{now: time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)}
 	ledger, _ := reservation.New(reservation.Options{Now: clock.Now, DefaultLease: time.Minute})
-	pod := catalog.WorkerRank{Worker: "pod-a"}
+	pod := catalog.WorkerRank{WorkerID: "pod-a"}
 	_ = ledger.Book(reservation.Booking{ID: "orphan", Worker: pod, PrefillTokens: 100})
 	_ = ledger.Book(reservation.Booking{ID: "long", Worker: pod, Lease: time.Hour})
 

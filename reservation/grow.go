@@ -71,7 +71,7 @@ func (l *Ledger) Holder(id string) (catalog.WorkerRank, bool) {
 // wrapping ErrConflict when the id was booked again while it moved (the moved
 // booking is then freed).
 func (l *Ledger) Move(id string, to catalog.WorkerRank) (Booking, error) {
-	if to.Worker == "" || to.Rank < 0 {
+	if to.WorkerID == "" || to.Rank < 0 {
 		l.invalid.Add(1)
 		return Booking{}, fmt.Errorf("%w: move %q to %s", ErrInvalid, id, to)
 	}

@@ -25,7 +25,7 @@ var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 func newFakeClock() *fakeClock { return clocktest.New(epoch) }
 
 func wr(worker string, rank int) catalog.WorkerRank {
-	return catalog.WorkerRank{Worker: worker, Rank: rank}
+	return catalog.WorkerRank{WorkerID: worker, Rank: rank}
 }
 
 func newLedger(t testing.TB, opts Options) *Ledger {

@@ -236,7 +236,7 @@ func validate(b *Booking) error {
 	if b.ID == "" {
 		errs = append(errs, errors.New("ID is empty"))
 	}
-	if b.Worker.Worker == "" {
+	if b.Worker.WorkerID == "" {
 		errs = append(errs, errors.New("Worker.Worker is empty"))
 	}
 	if b.Worker.Rank < 0 {

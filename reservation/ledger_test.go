@@ -58,7 +58,7 @@ func TestBookValidation(t *testing.T) {
 		wants []string
 	}{
 		{name: "empty id", edit: func(b *Booking) { b.ID = "" }, wants: []string{"ID is empty"}},
-		{name: "empty worker", edit: func(b *Booking) { b.Worker.Worker = "" }, wants: []string{"Worker.Worker is empty"}},
+		{name: "empty worker", edit: func(b *Booking) { b.Worker.WorkerID = "" }, wants: []string{"Worker.Worker is empty"}},
 		{name: "negative rank", edit: func(b *Booking) { b.Worker.Rank = -1 }, wants: []string{"Worker.Rank -1 is negative"}},
 		{name: "negative prefill", edit: func(b *Booking) { b.PrefillTokens = -3 }, wants: []string{"PrefillTokens -3 is negative"}},
 		{name: "negative output", edit: func(b *Booking) { b.ExpectedOutputTokens = -1 }, wants: []string{"ExpectedOutputTokens -1 is negative"}},
@@ -601,7 +601,7 @@ func TestChurnDoesNotGrow(t *testing.T) {
 func TestFirstLease(t *testing.T) {
 	clk := newFakeClock()
 	l := newLedger(t, Options{Now: clk.Now})
-	w := catalog.WorkerRank{Worker: "a"}
+	w := catalog.WorkerRank{WorkerID: "a"}
 	require.NoError(t, l.Book(Booking{ID: "copy", Worker: w, Lease: time.Minute, FirstLease: 10 * time.Second}))
 	require.NoError(t, l.Book(Booking{ID: "renewed", Worker: w, Lease: time.Minute, FirstLease: 10 * time.Second}))
 	require.NoError(t, l.Book(Booking{ID: "longer", Worker: w, Lease: time.Minute, FirstLease: time.Hour}))

@@ -249,7 +249,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			var want []catalog.WorkerRank
 			n := 0
 			for id, b := range m.live {
-				if b.worker.Worker == name {
+				if b.worker.WorkerID == name {
 					if !slices.Contains(want, b.worker) {
 						want = append(want, b.worker)
 					}

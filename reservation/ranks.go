@@ -85,7 +85,7 @@ func (l *Ledger) rankFor(w catalog.WorkerRank) *rankState {
 	}
 	l.setSlot(r)
 	l.ranks[w] = r
-	l.byWorker[w.Worker] = append(l.byWorker[w.Worker], r)
+	l.byWorker[w.WorkerID] = append(l.byWorker[w.WorkerID], r)
 	return r
 }
 

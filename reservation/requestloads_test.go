@@ -48,7 +48,7 @@ func TestAppendRequestLoads(t *testing.T) {
 			_ = l.Free(live[j])
 			live = slices.Delete(live, j, j+1)
 		case op == 6:
-			l.RemoveWorker(keys[r.IntN(len(keys))].Worker)
+			l.RemoveWorker(keys[r.IntN(len(keys))].WorkerID)
 		}
 		refs := l.AppendRanks(nil, keys)
 		req := seqs()

@@ -82,7 +82,7 @@ func benchRoles(b *testing.B, mode TopologyMode, prompts [][]uint32) *RoleSelect
 					hs[j] = uint64(i*4+k)<<20 | uint64(j) + 1
 				}
 				ev := kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: p}
-				if err := svc.Events().Apply(catalog.WorkerRank{Worker: rec.Worker.ID}, ev); err != nil {
+				if err := svc.Events().Apply(catalog.WorkerRank{WorkerID: rec.Worker.ID}, ev); err != nil {
 					b.Fatal(err)
 				}
 			}

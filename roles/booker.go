@@ -220,7 +220,7 @@ func (p Plan) Move(to catalog.WorkerRank) error {
 	if err := p.b.dest.MoveSessionReservation(legs.Decode, to, legs.Session); err != nil {
 		return roleError(p.b.destRole, err)
 	}
-	p.b.plans.MovedOf(p.pl, to.Worker)
+	p.b.plans.MovedOf(p.pl, to.WorkerID)
 	return nil
 }
 
@@ -551,7 +551,7 @@ func (b *PairBooker) book(ctx context.Context, req selection.Request) (Plan, err
 	}
 	if perr == nil && derr == nil && ended == nil {
 		legs := planLegs{Prefill: preq.ReservationID, Decode: dreq.ReservationID, Session: req.SessionID, BlockSize: dres.BlockSize}
-		pl, err := b.plans.Register(id, legs, dres.Worker)
+		pl, err := b.plans.Register(id, legs, dres.WorkerID)
 		if err != nil {
 			b.compensate(b.prefill, preq.ReservationID)
 			b.compensate(b.dest, dreq.ReservationID)
@@ -671,7 +671,7 @@ func (b *PairBooker) bookLocal(ctx context.Context, id string, req selection.Req
 		b.compensate(b.dest, r.ReservationID)
 		return Plan{}, fmt.Errorf("roles: plan %q abandoned: %w", id, err)
 	}
-	pl, err := b.plans.Register(id, planLegs{Decode: r.ReservationID, Session: req.SessionID, BlockSize: res.BlockSize}, res.Worker)
+	pl, err := b.plans.Register(id, planLegs{Decode: r.ReservationID, Session: req.SessionID, BlockSize: res.BlockSize}, res.WorkerID)
 	if err != nil {
 		b.compensate(b.dest, r.ReservationID)
 		return Plan{}, fmt.Errorf("roles: plan %q: %w", id, err)

@@ -52,13 +52,13 @@ func (f *fakeLeg) SelectAndReserve(ctx context.Context, req selection.Request) (
 		return selection.Result{}, fmt.Errorf("%w: %q", selection.ErrConflict, req.ReservationID)
 	}
 	f.booked[req.ReservationID] = true
-	return selection.Result{ReservationID: req.ReservationID, WorkerRank: catalog.WorkerRank{Worker: f.name + "-0"}, Endpoint: f.name + ":8000"}, nil
+	return selection.Result{ReservationID: req.ReservationID, WorkerRank: catalog.WorkerRank{WorkerID: f.name + "-0"}, Endpoint: f.name + ":8000"}, nil
 }
 
 // Select answers as a booking would, without booking (conditional
 // disaggregation's advisory read).
 func (f *fakeLeg) Select(_ context.Context, req selection.Request) (selection.Result, error) {
-	return selection.Result{WorkerRank: catalog.WorkerRank{Worker: f.name + "-0"}, Endpoint: f.name + ":8000",
+	return selection.Result{WorkerRank: catalog.WorkerRank{WorkerID: f.name + "-0"}, Endpoint: f.name + ":8000",
 		EffectivePrefillTokens: len(req.Tokens)}, nil
 }
 
@@ -450,7 +450,7 @@ func TestDecodeOnlyFallbackTracksPrefill(t *testing.T) {
 	plan, err := b.Book(ctx, selection.Request{Tokens: toks(40, 1)})
 	require.NoError(t, err)
 	require.True(t, plan.LocalPrefill)
-	require.Equal(t, "d", plan.Decode.Worker)
+	require.Equal(t, "d", plan.Decode.WorkerID)
 	dl := load(t, rs, Decode, "d")
 	require.Equal(t, int64(40), dl.ActivePrefillTokens, "a local prefill is tracked")
 	require.Equal(t, 1, dl.ActiveRequests)
@@ -688,7 +688,7 @@ func TestDecodeLegWithoutPrefixPicksTheSame(t *testing.T) {
 			require.NoError(t, err)
 			got[k] = p
 		}
-		require.Equal(t, got[1].Decode.Worker, got[0].Decode.Worker, "request %d", i)
+		require.Equal(t, got[1].Decode.WorkerID, got[0].Decode.WorkerID, "request %d", i)
 		require.Equal(t, got[1].Decode.Cost, got[0].Decode.Cost, "request %d", i)
 		require.Equal(t, got[1].Decode.PotentialDecodeBlocks, got[0].Decode.PotentialDecodeBlocks)
 		live = append(live, got)
@@ -737,7 +737,7 @@ func TestPlanHandle(t *testing.T) {
 	require.Equal(t, []string{"h/prefill"}, pre.renewed, "a handed-off prefill leg is not renewed")
 	require.Equal(t, []string{"h/decode", "h/decode"}, dec.renewed)
 
-	require.NoError(t, p.Move(catalog.WorkerRank{Worker: "decode-9"}))
+	require.NoError(t, p.Move(catalog.WorkerRank{WorkerID: "decode-9"}))
 	require.NoError(t, p.MarkFailed())
 	require.NoError(t, copyOf.MarkFailed(), "a second mark changes nothing")
 	require.Equal(t, []string{"decode-9"}, dec.failed, "the worker the plan moved to is marked, once")
@@ -748,7 +748,7 @@ func TestPlanHandle(t *testing.T) {
 	require.NoError(t, copyOf.PrefillComplete(), "nor does a hand-off after Done")
 	require.ErrorIs(t, p.Renew(), ErrUnknownPlan)
 	require.ErrorIs(t, p.Generated(64), ErrUnknownPlan)
-	require.ErrorIs(t, p.Move(catalog.WorkerRank{Worker: "decode-0"}), ErrUnknownPlan)
+	require.ErrorIs(t, p.Move(catalog.WorkerRank{WorkerID: "decode-0"}), ErrUnknownPlan)
 	require.ErrorIs(t, Plan{ID: "x"}.Done(), ErrUnknownPlan, "a Plan not from Book settles nothing")
 	st := b.Stats()
 	require.Equal(t, int64(1), st.Plans.Completed)
@@ -821,10 +821,10 @@ func TestPredictiveCostPairs(t *testing.T) {
 	require.NoError(t, err)
 	p2, err := b.Book(ctx, selection.Request{Tokens: toks(40, 1)})
 	require.NoError(t, err)
-	require.NotEqual(t, p1.Decode.Worker, p2.Decode.Worker, "the second decode leg avoids the first one's blocks, not follows its prompt")
+	require.NotEqual(t, p1.Decode.WorkerID, p2.Decode.WorkerID, "the second decode leg avoids the first one's blocks, not follows its prompt")
 	p3, err := b.Book(ctx, selection.Request{Tokens: toks(40, 2)})
 	require.NoError(t, err)
-	require.Equal(t, "p", p1.Prefill.Worker)
+	require.Equal(t, "p", p1.Prefill.WorkerID)
 	require.Equal(t, 40, p3.Prefill.EffectivePrefillTokens)
 	require.Greater(t, p3.Prefill.Cost, p1.Prefill.Cost, "the third prefill waits behind the first's")
 	for _, p := range []Plan{p1, p2, p3} {

@@ -45,7 +45,7 @@ func TestConditionalDisaggregation(t *testing.T) {
 	again, err := b.Book(ctx, selection.Request{Tokens: append(toks(64, 2), 7, 7, 7, 7)})
 	require.NoError(t, err)
 	require.True(t, again.LocalPrefill, "the decode worker holds 64 of 68 tokens")
-	require.Equal(t, long.Decode.Worker, again.Decode.Worker)
+	require.Equal(t, long.Decode.WorkerID, again.Decode.WorkerID)
 	require.NoError(t, again.Done())
 
 	st := b.Stats()

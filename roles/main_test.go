@@ -108,7 +108,7 @@ func requireIdle(t testing.TB, rs *RoleSelectors) {
 func load(t testing.TB, rs *RoleSelectors, r Role, worker string) selection.WorkerLoad {
 	t.Helper()
 	for _, l := range rs.Service(r).Loads("") {
-		if l.Worker == worker {
+		if l.WorkerID == worker {
 			return l
 		}
 	}

@@ -30,7 +30,7 @@ func TestPlanGeneratedGrowsTheDecodeLeg(t *testing.T) {
 			dest := mode.Destination()
 			p, err := b.Book(testCtx(t), selection.Request{Tokens: toks(8, 1)})
 			require.NoError(t, err)
-			worker := p.Decode.Worker
+			worker := p.Decode.WorkerID
 			start := load(t, rs, dest, worker).ActiveBlocks
 
 			require.NoError(t, p.Generated(3), "under one block (of 4)")
@@ -64,16 +64,16 @@ func TestPlanMoveToServedWorker(t *testing.T) {
 	ctx := testCtx(t)
 	p, err := b.Book(ctx, selection.Request{Tokens: toks(16, 1), SessionID: "conv", Allowed: []string{"p", "d1"}, Fallbacks: 2})
 	require.NoError(t, err)
-	require.Equal(t, "d1", p.Decode.Worker)
+	require.Equal(t, "d1", p.Decode.WorkerID)
 	require.Empty(t, p.Prefill.Fallbacks, "fallbacks are destinations: none for the prefill leg")
 	require.NoError(t, p.Generated(8))
 	picked := load(t, rs, Decode, "d1")
 
-	require.ErrorIs(t, p.Move(catalog.WorkerRank{Worker: "p"}), selection.ErrNotFound, "a prefill worker is no destination")
-	require.ErrorIs(t, p.Move(catalog.WorkerRank{Worker: "nope"}), selection.ErrNotFound)
+	require.ErrorIs(t, p.Move(catalog.WorkerRank{WorkerID: "p"}), selection.ErrNotFound, "a prefill worker is no destination")
+	require.ErrorIs(t, p.Move(catalog.WorkerRank{WorkerID: "nope"}), selection.ErrNotFound)
 	require.Equal(t, picked, load(t, rs, Decode, "d1"), "a refused move changes nothing")
 
-	require.NoError(t, p.Move(catalog.WorkerRank{Worker: "d2"}))
+	require.NoError(t, p.Move(catalog.WorkerRank{WorkerID: "d2"}))
 	served := load(t, rs, Decode, "d2")
 	require.Equal(t, picked.ActiveRequests, served.ActiveRequests)
 	require.Equal(t, picked.ActiveBlocks, served.ActiveBlocks, "output blocks included")
@@ -84,11 +84,11 @@ func TestPlanMoveToServedWorker(t *testing.T) {
 	// plan's settlement frees the legs where they are now.
 	next, err := b.Book(ctx, selection.Request{Tokens: toks(8, 2), SessionID: "conv"})
 	require.NoError(t, err)
-	require.Equal(t, "d2", next.Decode.Worker)
+	require.Equal(t, "d2", next.Decode.WorkerID)
 	require.NoError(t, p.PrefillComplete())
 	require.NoError(t, p.Done())
 	require.NoError(t, next.Done())
-	require.ErrorIs(t, p.Move(catalog.WorkerRank{Worker: "d1"}), ErrUnknownPlan)
+	require.ErrorIs(t, p.Move(catalog.WorkerRank{WorkerID: "d1"}), ErrUnknownPlan)
 	requireIdle(t, rs)
 }
 

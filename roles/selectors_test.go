@@ -194,13 +194,13 @@ func TestRoutingInvariant(t *testing.T) {
 						}
 					default:
 						require.NoError(t, err)
-						require.True(t, p.decode[plan.Decode.Worker], "destination %q is not a decode worker", plan.Decode.Worker)
-						require.True(t, allowed(plan.Decode.Worker))
+						require.True(t, p.decode[plan.Decode.WorkerID], "destination %q is not a decode worker", plan.Decode.WorkerID)
+						require.True(t, allowed(plan.Decode.WorkerID))
 						require.Equal(t, plan.Decode.Endpoint, plan.Destination())
 						if prefillOK {
 							require.False(t, plan.LocalPrefill)
-							require.True(t, p.prefill[plan.Prefill.Worker], "prefill hint %q is not a prefill worker", plan.Prefill.Worker)
-							require.True(t, allowed(plan.Prefill.Worker))
+							require.True(t, p.prefill[plan.Prefill.WorkerID], "prefill hint %q is not a prefill worker", plan.Prefill.WorkerID)
+							require.True(t, allowed(plan.Prefill.WorkerID))
 							hint, ok := plan.PrefillHint()
 							require.True(t, ok)
 							require.Equal(t, plan.Prefill.Endpoint, hint)
@@ -276,8 +276,8 @@ func TestLabelFlipsRemovalAndInvalidValues(t *testing.T) {
 	// A plan whose prefill leg sits on a.
 	plan, err := b.Book(ctx, selection.Request{Tokens: toks(40, 1), Allowed: []string{"a", "b"}})
 	require.NoError(t, err)
-	require.Equal(t, "a", plan.Prefill.Worker)
-	require.Equal(t, "b", plan.Decode.Worker)
+	require.Equal(t, "a", plan.Prefill.WorkerID)
+	require.Equal(t, "b", plan.Decode.WorkerID)
 	require.Equal(t, int64(40), load(t, rs, Prefill, "a").ActivePrefillTokens)
 
 	// Flip a to decode and c to prefill: each moves on this reconcile.
@@ -439,7 +439,7 @@ func TestAggregatedParity(t *testing.T) {
 		require.NoError(t, err)
 		want, err := plain.SelectAndReserve(ctx, req)
 		require.NoError(t, err)
-		require.Equal(t, want.Worker, plan.Decode.Worker, "request %d", i)
+		require.Equal(t, want.WorkerID, plan.Decode.WorkerID, "request %d", i)
 		require.Equal(t, want.Cost, plan.Decode.Cost)
 		require.True(t, plan.LocalPrefill)
 		require.Equal(t, plan.ID+suffixAggregated, plan.Decode.ReservationID)

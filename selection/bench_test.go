@@ -402,7 +402,7 @@ func buildBenchFleet(b *testing.B, n int, seams func(*SelectionServiceBuilder)) 
 	}
 	var engine uint64
 	for i := range n {
-		wr := catalog.WorkerRank{Worker: fmt.Sprintf("w%05d", i/8), Rank: i % 8}
+		wr := catalog.WorkerRank{WorkerID: fmt.Sprintf("w%05d", i/8), Rank: i % 8}
 		p := conv(i%groups, 1024)
 		hs := make([]uint64, len(p)/16)
 		for j := range hs {

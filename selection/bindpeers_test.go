@@ -70,7 +70,7 @@ func (r *bindRig) overlap(id string, tokens []uint32) int {
 	r.t.Helper()
 	ov, err := overlapScores(r.s, context.Background(), Request{Tokens: tokens})
 	require.NoError(r.t, err)
-	return ov[catalog.WorkerRank{Worker: id}].Device
+	return ov[catalog.WorkerRank{WorkerID: id}].Device
 }
 
 func TestBindRefusesPeersAtNoWorkersAddress(t *testing.T) {
@@ -102,7 +102,7 @@ func TestBindTakesOnlyTheSendersOwnTopic(t *testing.T) {
 	p := r.serveUntil(own, func() bool { return len(r.s.Events().Sources()) == 1 })
 	st := r.s.Events().Sources()
 	require.Len(t, st, 1)
-	require.Equal(t, "a", st[0].Worker.Worker)
+	require.Equal(t, "a", st[0].Worker.WorkerID)
 	require.Eventually(t, func() bool { return r.overlap("a", p) == 4 }, 20*time.Second, 5*time.Millisecond)
 	require.Zero(t, r.overlap("b", p))
 	require.Zero(t, r.overlap("c", p))

@@ -79,7 +79,7 @@ func (b *Booking) MarkFailed() error {
 		return nil
 	}
 	b.failed = true
-	worker := b.Worker
+	worker := b.WorkerID
 	b.mu.Unlock()
 	return b.svc.MarkFailed(worker)
 }

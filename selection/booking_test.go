@@ -90,30 +90,30 @@ func TestMarkFailedEjectsAndForgetsAffinity(t *testing.T) {
 	first, err := s.Book(context.Background(), Request{Tokens: prompt})
 	require.NoError(t, err)
 	require.NoError(t, first.Done())
-	warm := first.Worker
+	warm := first.WorkerID
 	// Affinity: the same prefix returns to the warm worker.
 	again, err := s.Book(context.Background(), Request{Tokens: prompt})
 	require.NoError(t, err)
-	require.Equal(t, warm, again.Worker)
+	require.Equal(t, warm, again.WorkerID)
 	require.NoError(t, again.Done())
 
 	ov, err := overlapScores(s, context.Background(), Request{Tokens: prompt})
 	require.NoError(t, err)
-	require.Positive(t, ov[catalog.WorkerRank{Worker: warm}].Device)
+	require.Positive(t, ov[catalog.WorkerRank{WorkerID: warm}].Device)
 	require.NoError(t, s.MarkFailed(warm))
 	ov, err = overlapScores(s, context.Background(), Request{Tokens: prompt})
 	require.NoError(t, err)
-	require.Zero(t, ov[catalog.WorkerRank{Worker: warm}].Device, "its affinity is forgotten")
+	require.Zero(t, ov[catalog.WorkerRank{WorkerID: warm}].Device, "its affinity is forgotten")
 	for range 20 {
 		b, err := s.Book(context.Background(), Request{Tokens: prompt})
 		require.NoError(t, err)
-		require.NotEqual(t, warm, b.Worker, "an ejected worker is not picked")
+		require.NotEqual(t, warm, b.WorkerID, "an ejected worker is not picked")
 		require.NoError(t, b.Done())
 	}
 	// Only the ejected worker allowed: ejection yields rather than failing.
 	b, err := s.Book(context.Background(), Request{Tokens: prompt, Allowed: []string{warm}})
 	require.NoError(t, err)
-	require.Equal(t, warm, b.Worker)
+	require.Equal(t, warm, b.WorkerID)
 	require.NoError(t, b.Done())
 
 	clk.Advance(5 * time.Second)
@@ -121,7 +121,7 @@ func TestMarkFailedEjectsAndForgetsAffinity(t *testing.T) {
 	for i := range 60 {
 		b, err := s.Book(context.Background(), Request{Tokens: toks(8, 100+i)})
 		require.NoError(t, err)
-		seen[b.Worker] = true
+		seen[b.WorkerID] = true
 		require.NoError(t, b.Done())
 	}
 	require.True(t, seen[warm], "back in the picks after the ejection")
@@ -152,7 +152,7 @@ func TestSetDraining(t *testing.T) {
 	for i := range 20 {
 		b, err := s.Book(context.Background(), Request{Tokens: toks(8, 10+i)})
 		require.NoError(t, err)
-		require.Equal(t, "b", b.Worker)
+		require.Equal(t, "b", b.WorkerID)
 		require.NoError(t, b.Done())
 	}
 	_, err = s.Book(context.Background(), Request{Tokens: toks(8, 1), Allowed: []string{"a"}})

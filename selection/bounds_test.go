@@ -22,7 +22,7 @@ func TestEventsOfMadeUpRanksAndOverfullRanksAreRefused(t *testing.T) {
 		for i, h := range hs {
 			toks[i] = uint32(h)
 		}
-		return s.Events().Apply(catalog.WorkerRank{Worker: "w", Rank: rank}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: toks})
+		return s.Events().Apply(catalog.WorkerRank{WorkerID: "w", Rank: rank}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: toks})
 	}
 	for _, r := range []int{0, 1, 4, 30000} {
 		require.ErrorIs(t, store(r, 1), kvevents.ErrUnknownRank, "rank %d", r)

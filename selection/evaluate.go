@@ -126,7 +126,7 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 		filter := func(skipEjected bool) {
 			cands, refs = sc.cands[:0], sc.refs[:0]
 			try := func(i int32) {
-				if until, ok := ejected[rs.ranks[i].key.Worker]; skipEjected && ok && until > nowNanos {
+				if until, ok := ejected[rs.ranks[i].key.WorkerID]; skipEjected && ok && until > nowNanos {
 					return
 				}
 				byIdx[i] = int32(len(cands))

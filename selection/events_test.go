@@ -53,13 +53,13 @@ func TestRoutesToTheEngineHoldingThePrefix(t *testing.T) {
 	h, _ := kvindex.NewHasher(4, kvindex.HashOptions{})
 	require.Eventually(t, func() bool {
 		ov, err := overlapScores(s, context.Background(), Request{Tokens: prompt})
-		return err == nil && ov[catalog.WorkerRank{Worker: "e1"}].Device == len(h.SeqHashes(prompt))
+		return err == nil && ov[catalog.WorkerRank{WorkerID: "e1"}].Device == len(h.SeqHashes(prompt))
 	}, 20*time.Second, 2*time.Millisecond)
 	require.NotEmpty(t, s.Events().Sources())
 
 	res, err := s.SelectAndReserve(context.Background(), Request{ReservationID: "hit", Tokens: prompt})
 	require.NoError(t, err)
-	require.Equal(t, "e1", res.Worker)
+	require.Equal(t, "e1", res.WorkerID)
 	require.Equal(t, 12, res.Overlap.Device)
 	require.Zero(t, res.EffectivePrefillTokens)
 
@@ -69,7 +69,7 @@ func TestRoutesToTheEngineHoldingThePrefix(t *testing.T) {
 	require.NoError(t, err)
 	res2, err := s.SelectAndReserve(context.Background(), Request{ReservationID: "miss", Tokens: prompt})
 	require.NoError(t, err)
-	require.NotEqual(t, "e1", res2.Worker)
+	require.NotEqual(t, "e1", res2.WorkerID)
 	for _, id := range []string{"hit", "load", "miss"} {
 		require.NoError(t, s.Reservations().Free(id))
 	}
@@ -79,7 +79,7 @@ func TestRoutesToTheEngineHoldingThePrefix(t *testing.T) {
 	require.NoError(t, err)
 	ov, err := overlapScores(s, context.Background(), Request{Tokens: prompt})
 	require.NoError(t, err)
-	require.Zero(t, ov[catalog.WorkerRank{Worker: "e1"}].Device)
+	require.Zero(t, ov[catalog.WorkerRank{WorkerID: "e1"}].Device)
 	_, err = engines[1].Serve(fakeengine.Request{Tokens: toks(16, 9)})
 	require.NoError(t, err)
 	require.Zero(t, s.partition("").index.Stats().WorkerRanks, "only e1 ever held blocks")

@@ -32,7 +32,7 @@ func policyExampleService(b *selection.SelectionServiceBuilder) *selection.Selec
 			panic(err)
 		}
 	}
-	_ = svc.Events().Apply(catalog.WorkerRank{Worker: "pod-b"}, kvindex.Event{
+	_ = svc.Events().Apply(catalog.WorkerRank{WorkerID: "pod-b"}, kvindex.Event{
 		Kind: kvindex.EventStored, BlockHashes: []uint64{901, 902}, Tokens: examplePrompt[:8],
 	})
 	return svc
@@ -50,7 +50,7 @@ func ExampleSelectionServiceBuilder_Filter() {
 	ctx := context.Background()
 
 	res, _ := svc.Select(ctx, selection.Request{Tokens: examplePrompt, LoRAName: "sql"})
-	fmt.Println("sql:", res.Worker)
+	fmt.Println("sql:", res.WorkerID)
 	_, err := svc.Select(ctx, selection.Request{Tokens: examplePrompt, LoRAName: "chat"})
 	fmt.Println("chat:", selection.RefusalReason(err), selection.HTTPStatus(err))
 	fmt.Println("excluded:", svc.Stats().Filtered["lora"])
@@ -79,7 +79,7 @@ func ExampleSelectionServiceBuilder_CostTerm() {
 	} {
 		svc := policyExampleService(b)
 		res, _ := svc.Select(ctx, selection.Request{Tokens: examplePrompt})
-		fmt.Println(res.Worker, res.Overlap.Device)
+		fmt.Println(res.WorkerID, res.Overlap.Device)
 		svc.Close()
 	}
 	// Output:
@@ -122,7 +122,7 @@ func ExampleScopedCostTerm() {
 	svc := policyExampleService(selection.NewSelectionServiceBuilder(cfg).CostTerm("lora-affinity", affinity))
 	defer svc.Close()
 	res, _ := svc.Select(context.Background(), selection.Request{Tokens: examplePrompt, LoRAName: "sql"})
-	fmt.Println(res.Worker, "full scans for the policy:", svc.Stats().PolicyFullScans)
+	fmt.Println(res.WorkerID, "full scans for the policy:", svc.Stats().PolicyFullScans)
 	// Output:
 	// pod-a full scans for the policy: 0
 }
@@ -152,7 +152,7 @@ func ExampleSelectionServiceBuilder_Picker() {
 	var picks []string
 	for range 4 {
 		res, _ := svc.Select(context.Background(), selection.Request{Tokens: examplePrompt})
-		picks = append(picks, res.Worker)
+		picks = append(picks, res.WorkerID)
 	}
 	fmt.Println(picks) // pod-b when it is drawn: it caches the prompt
 	// Output:
@@ -179,7 +179,7 @@ func ExampleSelectionServiceBuilder_Classifier() {
 
 	ctx := context.WithValue(context.Background(), tenantKey{}, "interactive")
 	b, err := svc.Book(ctx, selection.Request{Tokens: examplePrompt})
-	fmt.Println(b.Worker, err)
+	fmt.Println(b.WorkerID, err)
 	_ = b.Done()
 	_, err = svc.Book(context.Background(), selection.Request{Tokens: examplePrompt})
 	fmt.Println(errors.Is(err, selection.ErrRefused), selection.RefusalReason(err), selection.HTTPStatus(err))

@@ -22,7 +22,7 @@ func exampleService(prompt []uint32) *selection.SelectionService {
 			panic(err)
 		}
 	}
-	_ = svc.Events().Apply(catalog.WorkerRank{Worker: "pod-b"}, kvindex.Event{
+	_ = svc.Events().Apply(catalog.WorkerRank{WorkerID: "pod-b"}, kvindex.Event{
 		Kind: kvindex.EventStored, BlockHashes: []uint64{901, 902}, Tokens: prompt[:8],
 	})
 	return svc
@@ -35,7 +35,7 @@ func ExampleSelectionService_Select() {
 	svc := exampleService(examplePrompt)
 	defer svc.Close()
 	res, _ := svc.Select(context.Background(), selection.Request{Tokens: examplePrompt})
-	fmt.Println(res.Worker, res.Overlap.Device, "booked:", res.ReservationID != "")
+	fmt.Println(res.WorkerID, res.Overlap.Device, "booked:", res.ReservationID != "")
 	fmt.Println("active requests:", svc.Loads("")[1].ActiveRequests)
 	// Output:
 	// pod-b 2 booked: false
@@ -49,8 +49,8 @@ func ExampleSelectionService_SelectAndReserve() {
 	defer svc.Close()
 	id := selection.NewReservationID()
 	res, _ := svc.SelectAndReserve(context.Background(), selection.Request{ReservationID: id, Tokens: examplePrompt})
-	fmt.Println(res.Worker, "prefill load:", svc.Loads("")[1].ActivePrefillTokens) // the 4 uncached tokens
-	_ = svc.Reservations().PrefillComplete(id)                                     // first response byte
+	fmt.Println(res.WorkerID, "prefill load:", svc.Loads("")[1].ActivePrefillTokens) // the 4 uncached tokens
+	_ = svc.Reservations().PrefillComplete(id)                                       // first response byte
 	fmt.Println("after first byte:", svc.Loads("")[1].ActivePrefillTokens, "requests:", svc.Loads("")[1].ActiveRequests)
 	_ = svc.Reservations().Free(id) // end of stream, cancel or error
 	fmt.Println("after free:", svc.Loads("")[1].ActiveRequests, len(id))
@@ -71,10 +71,10 @@ func ExampleSelectionService_PotentialLoads() {
 	scored, _ := svc.PotentialLoads(context.Background(), selection.Request{Tokens: examplePrompt})
 	for _, s := range scored {
 		fmt.Printf("%s overlap=%d to-prefill=%d decode-blocks=%d cost=%.2fms\n",
-			s.Worker, s.Overlap.Device, s.EffectivePrefillTokens, s.PotentialDecodeBlock, 1000*s.Cost)
+			s.WorkerID, s.Overlap.Device, s.EffectivePrefillTokens, s.PotentialDecodeBlock, 1000*s.Cost)
 	}
 	for _, l := range svc.Loads("") {
-		fmt.Println(l.Worker, "active:", l.ActiveRequests)
+		fmt.Println(l.WorkerID, "active:", l.ActiveRequests)
 	}
 	// Output:
 	// pod-a overlap=0 to-prefill=12 decode-blocks=3 cost=1.95ms
@@ -118,7 +118,7 @@ func ExampleSelectionService_SetDraining() {
 	fmt.Println(rec.Lifecycle, rec.Reasons)
 	for range 3 {
 		res, _ := svc.Select(context.Background(), selection.Request{Tokens: make([]uint32, 32)})
-		fmt.Println("picked", res.Worker)
+		fmt.Println("picked", res.WorkerID)
 	}
 	fmt.Println("done:", b.Done())
 	rec, _ = svc.SetDraining("pod-a", false)
@@ -147,7 +147,7 @@ func ExampleSelectionService_approximate() {
 	_ = first.Done()
 	next, _ := svc.Book(context.Background(), selection.Request{Tokens: append(system, 5, 6, 7, 8)})
 	_ = next.Done()
-	fmt.Println(next.Worker == first.Worker, "cached blocks:", next.Overlap.Device)
+	fmt.Println(next.WorkerID == first.WorkerID, "cached blocks:", next.Overlap.Device)
 	// Output:
 	// true cached blocks: 3
 }
@@ -159,7 +159,7 @@ func ExampleSelectionService_MarkFailed() {
 	defer svc.Close()
 	_ = svc.MarkFailed("pod-b") // connection refused: out of the picks for FailureEjection
 	res, _ := svc.Select(context.Background(), selection.Request{Tokens: examplePrompt})
-	fmt.Println(res.Worker)
+	fmt.Println(res.WorkerID)
 	rec, _ := svc.SetDraining("pod-a", true)
 	fmt.Println(rec.Lifecycle, svc.Ready().Schedulable)
 	// Output:
@@ -205,7 +205,7 @@ func ExampleSessionConfig() {
 	other := []uint32{90, 91, 92, 93, 94, 95, 96, 97}
 	next, _ := svc.Book(context.Background(), selection.Request{Tokens: other, SessionID: "conv-42"})
 	defer next.Done()
-	fmt.Println(next.Worker == first.Worker, svc.Stats().SessionHits)
+	fmt.Println(next.WorkerID == first.WorkerID, svc.Stats().SessionHits)
 	// Output:
 	// true 1
 }
@@ -217,11 +217,11 @@ func ExampleBooking_Move() {
 	svc := exampleService(examplePrompt)
 	defer svc.Close()
 	b, _ := svc.Book(context.Background(), selection.Request{Tokens: examplePrompt, Fallbacks: 1})
-	fmt.Println("picked", b.Worker, "fallback", b.Fallbacks[0].Worker, b.Fallbacks[0].Endpoint)
+	fmt.Println("picked", b.WorkerID, "fallback", b.Fallbacks[0].WorkerID, b.Fallbacks[0].Endpoint)
 
 	// pod-b refused the connection; the gateway's retry reached pod-a.
 	_ = b.Move(b.Fallbacks[0].WorkerRank)
-	fmt.Println("booked on", b.Worker, b.Endpoint, "requests:", svc.Loads("")[0].ActiveRequests, svc.Loads("")[1].ActiveRequests)
+	fmt.Println("booked on", b.WorkerID, b.Endpoint, "requests:", svc.Loads("")[0].ActiveRequests, svc.Loads("")[1].ActiveRequests)
 
 	before := svc.Loads("")[0].ActiveBlocks
 	_ = b.Generated(8) // 8 tokens generated so far: two more blocks of 4
@@ -254,7 +254,7 @@ func (s printSpan) End(d *selection.Decision, err error) {
 		fmt.Println(s.name, "error:", err)
 		return
 	}
-	fmt.Printf("%s -> %s (overlap %d of %d blocks, %d candidates)\n", s.name, d.Worker, d.ChosenOverlapBlocks, d.RequestBlocks, d.Candidates)
+	fmt.Printf("%s -> %s (overlap %d of %d blocks, %d candidates)\n", s.name, d.WorkerID, d.ChosenOverlapBlocks, d.RequestBlocks, d.Candidates)
 }
 
 // A Tracer sees every decision call as a span; the library imports no tracing
@@ -266,7 +266,7 @@ func ExampleTracer() {
 	for i, id := range []string{"pod-a", "pod-b"} {
 		_, _ = svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
 	}
-	_ = svc.Events().Apply(catalog.WorkerRank{Worker: "pod-b"}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{1, 2}, Tokens: examplePrompt[:8]})
+	_ = svc.Events().Apply(catalog.WorkerRank{WorkerID: "pod-b"}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{1, 2}, Tokens: examplePrompt[:8]})
 	b, _ := svc.Book(context.Background(), selection.Request{Tokens: examplePrompt})
 	_ = b.Done()
 	_, _ = svc.Select(context.Background(), selection.Request{Tokens: examplePrompt, Model: "other"})

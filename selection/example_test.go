@@ -31,7 +31,7 @@ func ExampleSelectionServiceBuilder() {
 	}
 	prompt := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
 	// pod-b's engine reports it cached the first two blocks of the prompt.
-	_ = svc.Events().Apply(catalog.WorkerRank{Worker: "pod-b"}, kvindex.Event{
+	_ = svc.Events().Apply(catalog.WorkerRank{WorkerID: "pod-b"}, kvindex.Event{
 		Kind: kvindex.EventStored, BlockHashes: []uint64{901, 902}, Tokens: prompt[:8],
 	})
 

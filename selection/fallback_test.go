@@ -32,19 +32,19 @@ func TestFallbacks(t *testing.T) {
 	}
 	res, err := s.Select(context.Background(), Request{Tokens: toks(16, 99), Fallbacks: 3})
 	require.NoError(t, err)
-	require.Equal(t, "a", res.Worker)
+	require.Equal(t, "a", res.WorkerID)
 	var got []string
 	for _, f := range res.Fallbacks {
-		got = append(got, f.Worker+"@"+f.Endpoint)
+		got = append(got, f.WorkerID+"@"+f.Endpoint)
 		require.GreaterOrEqual(t, f.Cost, res.Cost)
 	}
 	require.Equal(t, []string{"b@10.0.0.2:8000", "c@10.0.0.3:8000", "d@10.0.0.4:8000"}, got)
 
 	res, err = s.Select(context.Background(), Request{Tokens: toks(16, 99), Fallbacks: 1, Allowed: []string{"c", "d"}})
 	require.NoError(t, err)
-	require.Equal(t, "c", res.Worker)
+	require.Equal(t, "c", res.WorkerID)
 	require.Len(t, res.Fallbacks, 1)
-	require.Equal(t, "d", res.Fallbacks[0].Worker)
+	require.Equal(t, "d", res.Fallbacks[0].WorkerID)
 
 	res, err = s.Select(context.Background(), Request{Tokens: toks(16, 99)})
 	require.NoError(t, err)

@@ -265,7 +265,7 @@ func (s *SelectionService) dropHealthLocked(p *partition, id string, keep map[ca
 	s.healthMu.Lock()
 	defer s.healthMu.Unlock()
 	for wr, h := range s.health {
-		if wr.Worker != id {
+		if wr.WorkerID != id {
 			continue
 		}
 		if keep[wr] {
@@ -529,7 +529,7 @@ func (s *SelectionService) setTrusted(h *rankHealth, trusted bool) {
 		return // forgotten meanwhile, or already so
 	}
 	h.untrusted.Store(!trusted)
-	if p := s.workerPart[h.key.Worker]; p != nil {
+	if p := s.workerPart[h.key.WorkerID]; p != nil {
 		if trusted {
 			p.untrusted.Add(-1)
 		} else {
@@ -586,7 +586,7 @@ func (s *SelectionService) judgeParity(h *rankHealth, now time.Time, heard bool)
 		return // a feed that never spoke says nothing of parity
 	}
 	s.mu.RLock()
-	p := s.workerPart[h.key.Worker]
+	p := s.workerPart[h.key.WorkerID]
 	s.mu.RUnlock()
 	if p == nil || p.index == nil {
 		return

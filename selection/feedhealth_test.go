@@ -83,7 +83,7 @@ func (r *feedRig) settle(id string) {
 	want := r.engines[id].NextSeq()
 	require.Eventually(r.t, func() bool {
 		for _, st := range r.s.Events().Sources() {
-			if st.Worker.Worker == id {
+			if st.Worker.WorkerID == id {
 				return st.Handler.Batches == want && st.Applied == want
 			}
 		}
@@ -94,7 +94,7 @@ func (r *feedRig) settle(id string) {
 func (r *feedRig) health(id string) FeedHealth {
 	r.t.Helper()
 	for _, h := range r.s.Events().Health() {
-		if h.Worker.Worker == id {
+		if h.Worker.WorkerID == id {
 			return h
 		}
 	}
@@ -107,7 +107,7 @@ func (r *feedRig) book(id string, tokens []uint32) Result {
 	r.t.Helper()
 	res, err := r.s.SelectAndReserve(context.Background(), Request{Tokens: tokens, Allowed: []string{id}})
 	require.NoError(r.t, err)
-	require.Equal(r.t, id, res.Worker)
+	require.Equal(r.t, id, res.WorkerID)
 	require.NoError(r.t, r.s.Reservations().Free(res.ReservationID))
 	return res
 }
@@ -116,7 +116,7 @@ func (r *feedRig) overlap(id string, tokens []uint32) int {
 	r.t.Helper()
 	ov, err := overlapScores(r.s, context.Background(), Request{Tokens: tokens})
 	require.NoError(r.t, err)
-	return ov[catalog.WorkerRank{Worker: id}].Device
+	return ov[catalog.WorkerRank{WorkerID: id}].Device
 }
 
 // rootless publishes what engine e would store for tokens, but with every run
@@ -165,7 +165,7 @@ func TestFeedThatDropsEveryRootFallsBackAndHeals(t *testing.T) {
 	require.Equal(t, 6, r.overlap("bad", fresh))
 	res, err := r.s.Select(context.Background(), Request{Tokens: fresh})
 	require.NoError(t, err)
-	require.Equal(t, "bad", res.Worker)
+	require.Equal(t, "bad", res.WorkerID)
 	require.Equal(t, 6, res.Overlap.Device)
 
 	// Quiet for a whole window is not healed: too few stores to judge.
@@ -384,7 +384,7 @@ func TestBoundEngineReplaysGapsFromItsWorkerRecord(t *testing.T) {
 	last := prompts[len(prompts)-1]
 	ov, err := overlapScores(s, context.Background(), Request{Tokens: last})
 	require.NoError(t, err)
-	require.Equal(t, 4, ov[catalog.WorkerRank{Worker: "w"}].Device)
+	require.Equal(t, 4, ov[catalog.WorkerRank{WorkerID: "w"}].Device)
 }
 
 // A feed that never delivered a batch says nothing of parity: its samples

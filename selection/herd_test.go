@@ -21,7 +21,7 @@ func burstOver(t *testing.T, routers []*SelectionService, n int) map[string]int 
 		s := routers[i%len(routers)]
 		r, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(64, 10+i)})
 		require.NoError(t, err)
-		got[r.Worker]++
+		got[r.WorkerID]++
 	}
 	return got
 }

@@ -26,9 +26,9 @@ func TestInFlightHitWeight(t *testing.T) {
 		next, err := s.Select(context.Background(), Request{Tokens: append(prompt[:60:60], 7, 7, 7, 7)})
 		require.NoError(t, err)
 		if w == 0 {
-			require.Equal(t, "b", next.Worker, "without the credit, the loaded worker loses")
+			require.Equal(t, "b", next.WorkerID, "without the credit, the loaded worker loses")
 		} else {
-			require.Equal(t, first.Worker, next.Worker, "the prefix being computed on a draws the next request")
+			require.Equal(t, first.WorkerID, next.WorkerID, "the prefix being computed on a draws the next request")
 			require.Zero(t, next.Overlap.Device, "the index itself holds nothing yet")
 		}
 	}
@@ -55,7 +55,7 @@ func TestOverlapCreditDecay(t *testing.T) {
 		h, _ := kvindex.NewHasher(4, kvindex.HashOptions{})
 		hashes := h.AppendSeqHashes(nil, prompt)
 		for _, w := range []string{"a", "b"} {
-			require.NoError(t, s.Events().Apply(catalog.WorkerRank{Worker: w}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hashes, Tokens: prompt}))
+			require.NoError(t, s.Events().Apply(catalog.WorkerRank{WorkerID: w}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hashes, Tokens: prompt}))
 		}
 		_, err = s.SelectAndReserve(context.Background(), Request{Tokens: toks(40, 9), Allowed: []string{"a"}})
 		require.NoError(t, err)

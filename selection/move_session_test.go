@@ -22,21 +22,21 @@ func TestMoveSessionReservationMovesThePin(t *testing.T) {
 
 	first, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(8, 1), SessionID: "s1", Allowed: []string{"a"}})
 	require.NoError(t, err)
-	require.NoError(t, s.Reservations().Move(first.ReservationID, catalog.WorkerRank{Worker: "c"}, ""))
+	require.NoError(t, s.Reservations().Move(first.ReservationID, catalog.WorkerRank{WorkerID: "c"}, ""))
 	require.Equal(t, 1, loadOf(t, s, "c").ActiveRequests)
 	again, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(4, 2), SessionID: "s1"})
 	require.NoError(t, err)
-	require.Equal(t, "a", again.Worker, "MoveReservation leaves the pin where it was booked")
+	require.Equal(t, "a", again.WorkerID, "MoveReservation leaves the pin where it was booked")
 
-	require.NoError(t, s.Reservations().Move(again.ReservationID, catalog.WorkerRank{Worker: "b"}, "s1"))
+	require.NoError(t, s.Reservations().Move(again.ReservationID, catalog.WorkerRank{WorkerID: "b"}, "s1"))
 	require.Equal(t, 1, loadOf(t, s, "b").ActiveRequests)
 	require.Zero(t, loadOf(t, s, "a").ActiveRequests)
 	next, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(4, 3), SessionID: "s1"})
 	require.NoError(t, err)
-	require.Equal(t, "b", next.Worker, "the pin followed the move")
+	require.Equal(t, "b", next.WorkerID, "the pin followed the move")
 
-	require.ErrorIs(t, s.Reservations().Move("gone", catalog.WorkerRank{Worker: "b"}, "s1"), ErrUnknownReservation)
-	require.ErrorIs(t, s.Reservations().Move(next.ReservationID, catalog.WorkerRank{Worker: "nope"}, "s1"), ErrNotFound)
+	require.ErrorIs(t, s.Reservations().Move("gone", catalog.WorkerRank{WorkerID: "b"}, "s1"), ErrUnknownReservation)
+	require.ErrorIs(t, s.Reservations().Move(next.ReservationID, catalog.WorkerRank{WorkerID: "nope"}, "s1"), ErrNotFound)
 	for _, id := range []string{first.ReservationID, again.ReservationID, next.ReservationID} {
 		require.NoError(t, s.Reservations().Free(id))
 	}

@@ -228,7 +228,7 @@ func (p *partition) build() *rankSet {
 		for r := range m.ranks {
 			i := len(rs.ranks)
 			ri := rankInfo{
-				key:        catalog.WorkerRank{Worker: m.id, Rank: m.dpStart + r},
+				key:        catalog.WorkerRank{WorkerID: m.id, Rank: m.dpStart + r},
 				endpoint:   m.endpoint,
 				blockSize:  m.blockSize,
 				maxBatched: m.maxBatched,

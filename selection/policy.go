@@ -407,7 +407,7 @@ func (s *SelectionService) applyFilters(pr *prepared, sc *evalScratch, cands []c
 	cands = cands[:n]
 	if ejected != nil {
 		out := func(c *candidate) bool {
-			until, ok := ejected[rs.ranks[c.idx].key.Worker]
+			until, ok := ejected[rs.ranks[c.idx].key.WorkerID]
 			return ok && until > nowNanos
 		}
 		kept := 0

@@ -45,7 +45,7 @@ func policyService(t testing.TB, mod func(*Config), seams func(*SelectionService
 		require.NoError(t, err)
 		require.Equal(t, catalog.Schedulable, rec.Lifecycle, rec.Reasons)
 	}
-	require.NoError(t, s.Events().Apply(catalog.WorkerRank{Worker: "b"}, kvindex.Event{
+	require.NoError(t, s.Events().Apply(catalog.WorkerRank{WorkerID: "b"}, kvindex.Event{
 		Kind: kvindex.EventStored, BlockHashes: []uint64{1, 2}, Tokens: policyPrompt[:8],
 	}))
 	return s
@@ -62,7 +62,7 @@ func TestFilterExcludesWithItsReason(t *testing.T) {
 	s := policyService(t, nil, func(b *SelectionServiceBuilder) {
 		b.Filter("h100", labelFilter("gpu", "h100")).
 			Filter("not-b", FilterFunc(func(_ context.Context, req *Request, c *Scored) bool {
-				return c.Worker != "b" || req.LoRAName == ""
+				return c.WorkerID != "b" || req.LoRAName == ""
 			}))
 	})
 	ctx := context.Background()
@@ -70,14 +70,14 @@ func TestFilterExcludesWithItsReason(t *testing.T) {
 	// c is filtered out: b, which caches the prompt, wins.
 	res, err := s.SelectAndReserve(ctx, Request{Tokens: policyPrompt})
 	require.NoError(t, err)
-	require.Equal(t, "b", res.Worker)
+	require.Equal(t, "b", res.WorkerID)
 	require.NoError(t, s.Reservations().Free(res.ReservationID))
 	require.Equal(t, map[string]uint64{"h100": 1, "not-b": 0}, s.Stats().Filtered)
 
 	// The second filter leaves a only.
 	res, err = s.SelectAndReserve(ctx, Request{Tokens: policyPrompt, LoRAName: "x"})
 	require.NoError(t, err)
-	require.Equal(t, "a", res.Worker)
+	require.Equal(t, "a", res.WorkerID)
 	require.NoError(t, s.Reservations().Free(res.ReservationID))
 
 	// PotentialLoads sees what the filters keep, and counts nothing.
@@ -125,7 +125,7 @@ func TestFilterSeesLabelChanges(t *testing.T) {
 	s := policyService(t, nil, func(b *SelectionServiceBuilder) { b.Filter("a10", labelFilter("gpu", "a10")) })
 	res, err := s.Select(context.Background(), Request{Tokens: policyPrompt})
 	require.NoError(t, err)
-	require.Equal(t, "c", res.Worker)
+	require.Equal(t, "c", res.WorkerID)
 	_, err = s.UpsertWorker(catalog.Worker{ID: "c", Endpoint: "10.0.0.3:8000", DPSize: 1, BlockSize: 4, Labels: map[string]string{"gpu": "h100"}})
 	require.NoError(t, err)
 	_, err = s.Select(context.Background(), Request{Tokens: policyPrompt})
@@ -136,17 +136,17 @@ func TestFilterSeesLabelChanges(t *testing.T) {
 // among all candidates without them.
 func TestFilterAndEjection(t *testing.T) {
 	s := policyService(t, nil, func(b *SelectionServiceBuilder) {
-		b.Filter("not-c", FilterFunc(func(_ context.Context, _ *Request, c *Scored) bool { return c.Worker != "c" }))
+		b.Filter("not-c", FilterFunc(func(_ context.Context, _ *Request, c *Scored) bool { return c.WorkerID != "c" }))
 	})
 	ctx := context.Background()
 	require.NoError(t, s.MarkFailed("b"))
 	res, err := s.Select(ctx, Request{Tokens: policyPrompt})
 	require.NoError(t, err)
-	require.Equal(t, "a", res.Worker, "b is ejected")
+	require.Equal(t, "a", res.WorkerID, "b is ejected")
 	require.NoError(t, s.MarkFailed("a"))
 	res, err = s.Select(ctx, Request{Tokens: policyPrompt})
 	require.NoError(t, err)
-	require.Equal(t, "b", res.Worker, "every kept worker is ejected: ejection yields, and c stays filtered out")
+	require.Equal(t, "b", res.WorkerID, "every kept worker is ejected: ejection yields, and c stays filtered out")
 }
 
 func TestCostTermChangesThePick(t *testing.T) {
@@ -158,7 +158,7 @@ func TestCostTermChangesThePick(t *testing.T) {
 			before := costsOf(t, plain, Request{Tokens: policyPrompt})
 			res, err := plain.Select(ctx, Request{Tokens: policyPrompt})
 			require.NoError(t, err)
-			require.Equal(t, "b", res.Worker, "b caches the prompt")
+			require.Equal(t, "b", res.WorkerID, "b caches the prompt")
 
 			var seen []Scored
 			var mu sync.Mutex
@@ -167,7 +167,7 @@ func TestCostTermChangesThePick(t *testing.T) {
 					mu.Lock()
 					seen = append(seen, *c)
 					mu.Unlock()
-					if c.Worker == "b" {
+					if c.WorkerID == "b" {
 						if c.Predicted {
 							return 10 // seconds
 						}
@@ -175,7 +175,7 @@ func TestCostTermChangesThePick(t *testing.T) {
 					}
 					return 0
 				})).CostTerm("prefer-a", CostTermFunc(func(_ context.Context, _ *Request, c *Scored) float64 {
-					if c.Worker == "a" {
+					if c.WorkerID == "a" {
 						return -0.5 * c.Cost // the cost so far, terms before it included
 					}
 					return 0
@@ -187,14 +187,14 @@ func TestCostTermChangesThePick(t *testing.T) {
 			require.InDelta(t, before["c"], after["c"], 1e-9)
 			for _, v := range seen {
 				require.Equal(t, model == CostPredictive, v.Predicted)
-				require.Equal(t, v.Worker == "b", v.Overlap.Device == 2, v)
+				require.Equal(t, v.WorkerID == "b", v.Overlap.Device == 2, v)
 			}
 
 			res, err = s.SelectAndReserve(ctx, Request{Tokens: policyPrompt, Fallbacks: 2})
 			require.NoError(t, err)
-			require.Equal(t, "a", res.Worker)
+			require.Equal(t, "a", res.WorkerID)
 			require.InDelta(t, after["a"], res.Cost, 1e-9, "the result's cost has the terms")
-			require.Equal(t, "c", res.Fallbacks[0].Worker, "fallbacks are ordered with the terms too")
+			require.Equal(t, "c", res.Fallbacks[0].WorkerID, "fallbacks are ordered with the terms too")
 			require.InDelta(t, after["c"], res.Fallbacks[0].Cost, 1e-9)
 			require.InDelta(t, after["b"], res.Fallbacks[1].Cost, 1e-9)
 			require.NoError(t, s.Reservations().Free(res.ReservationID))
@@ -219,7 +219,7 @@ func TestPickerIsUsed(t *testing.T) {
 	var got []Scored
 	s := policyService(t, nil, func(b *SelectionServiceBuilder) {
 		b.CostTerm("c-first", CostTermFunc(func(_ context.Context, _ *Request, c *Scored) float64 {
-			if c.Worker == "c" {
+			if c.WorkerID == "c" {
 				return -1000
 			}
 			return 0
@@ -238,9 +238,9 @@ func TestPickerIsUsed(t *testing.T) {
 	res, err := s.SelectAndReserve(ctx, Request{Tokens: policyPrompt})
 	require.NoError(t, err)
 	require.Len(t, got, 3)
-	require.Equal(t, []string{"a", "b", "c"}, []string{got[0].Worker, got[1].Worker, got[2].Worker}, "sorted by worker")
+	require.Equal(t, []string{"a", "b", "c"}, []string{got[0].WorkerID, got[1].WorkerID, got[2].WorkerID}, "sorted by worker")
 	require.Less(t, got[2].Cost, got[1].Cost, "with the terms")
-	require.Equal(t, "a", res.Worker, "a costs most: no cache, no credit")
+	require.Equal(t, "a", res.WorkerID, "a costs most: no cache, no credit")
 	require.NoError(t, s.Reservations().Free(res.ReservationID))
 
 	_, err = s.SelectAndReserve(ctx, Request{Tokens: policyPrompt, LoRAName: "out-of-range"})
@@ -266,13 +266,13 @@ func TestPickerComesAfterTheSessionPin(t *testing.T) {
 	})
 	ctx := context.Background()
 	p := s.partition(DefaultModel)
-	p.sessions.put("s1", catalog.WorkerRank{Worker: "c"}, s.now().UnixNano())
+	p.sessions.put("s1", catalog.WorkerRank{WorkerID: "c"}, s.now().UnixNano())
 	res, err := s.Select(ctx, Request{Tokens: policyPrompt, SessionID: "s1"})
 	require.NoError(t, err)
-	require.Equal(t, "c", res.Worker)
+	require.Equal(t, "c", res.WorkerID)
 	res, err = s.Select(ctx, Request{Tokens: policyPrompt})
 	require.NoError(t, err)
-	require.Equal(t, "a", res.Worker)
+	require.Equal(t, "a", res.WorkerID)
 }
 
 type tenantKey struct{}
@@ -343,7 +343,7 @@ func TestClassifierSetsThePriority(t *testing.T) {
 	for i, w := range []string{"a", "b", "c"} {
 		res, err := s.SelectAndReserve(ctx, Request{ReservationID: w, Tokens: toks(200, 10+i), Allowed: []string{w}})
 		require.NoError(t, err)
-		require.Equal(t, w, res.Worker)
+		require.Equal(t, w, res.WorkerID)
 	}
 	done := make(chan outcome, 2)
 	go func() {
@@ -409,7 +409,7 @@ func TestSparseWithScopedTermMatchesFullScan(t *testing.T) {
 type tableTerm struct{ price map[string]float64 }
 
 func (tt *tableTerm) Cost(_ context.Context, _ *Request, c *Scored) float64 {
-	return tt.price[c.Worker]
+	return tt.price[c.WorkerID]
 }
 
 func (tt *tableTerm) Scope(_ context.Context, _ *Request, dst []string) []string {
@@ -440,7 +440,7 @@ func TestSeamsAndTheSparseDecision(t *testing.T) {
 		}, true},
 		{"picker", func(b *SelectionServiceBuilder) {
 			b.Picker(PickerFunc(func(_ context.Context, _ *Request, cs []Scored) int {
-				return slices.IndexFunc(cs, func(c Scored) bool { return c.Worker == "w3" })
+				return slices.IndexFunc(cs, func(c Scored) bool { return c.WorkerID == "w3" })
 			}))
 		}, true},
 		{"classifier", func(b *SelectionServiceBuilder) {
@@ -462,7 +462,7 @@ func TestSeamsAndTheSparseDecision(t *testing.T) {
 			res, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(64, 1)})
 			require.NoError(t, err)
 			if tc.name == "scoped-term" || tc.name == "unscoped-term" || tc.name == "picker" {
-				require.Equal(t, "w3", res.Worker)
+				require.Equal(t, "w3", res.WorkerID)
 			}
 			want := uint64(0)
 			if tc.full {
@@ -487,7 +487,7 @@ func TestPolicyConcurrent(t *testing.T) {
 				}
 			}
 			s := policyService(t, mod, func(b *SelectionServiceBuilder) {
-				b.Filter("not-c", FilterFunc(func(_ context.Context, _ *Request, c *Scored) bool { return c.Worker != "c" })).
+				b.Filter("not-c", FilterFunc(func(_ context.Context, _ *Request, c *Scored) bool { return c.WorkerID != "c" })).
 					CostTerm("load", CostTermFunc(func(_ context.Context, _ *Request, c *Scored) float64 { return float64(c.ActiveRequests) })).
 					Picker(PickerFunc(func(_ context.Context, _ *Request, cs []Scored) int {
 						return slices.IndexFunc(cs, func(c Scored) bool {
@@ -513,7 +513,7 @@ func TestPolicyConcurrent(t *testing.T) {
 							refused.Store(fmt.Sprint(g, i), true)
 							continue
 						}
-						assert.NotEqual(t, "c", b.Worker)
+						assert.NotEqual(t, "c", b.WorkerID)
 						booked.Store(fmt.Sprint(g, i), true)
 						assert.NoError(t, b.Done())
 					}

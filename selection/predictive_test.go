@@ -79,7 +79,7 @@ func TestPredictiveCostWaitsOrMoves(t *testing.T) {
 			addWorkers(t, s, "a", "b")
 			h, err := kvindex.NewHasher(4, kvindex.HashOptions{})
 			require.NoError(t, err)
-			require.NoError(t, s.Events().Apply(catalog.WorkerRank{Worker: "a"},
+			require.NoError(t, s.Events().Apply(catalog.WorkerRank{WorkerID: "a"},
 				kvindex.Event{Kind: kvindex.EventStored, BlockHashes: h.AppendSeqHashes(nil, prompt[:60]), Tokens: prompt[:60]}))
 			// 100 ms of prefill queued on a (100 tokens at 1,000 a second).
 			_, err = s.SelectAndReserve(context.Background(), Request{Tokens: toks(100, 7), Allowed: []string{"a"}})
@@ -88,7 +88,7 @@ func TestPredictiveCostWaitsOrMoves(t *testing.T) {
 			// On a: the rest of the queue, then 4 tokens; on b: 64 tokens.
 			got, err := s.Select(context.Background(), Request{Tokens: prompt})
 			require.NoError(t, err)
-			require.Equal(t, tc.want, got.Worker, "cost %v", got.Cost)
+			require.Equal(t, tc.want, got.WorkerID, "cost %v", got.Cost)
 		})
 	}
 }
@@ -122,7 +122,7 @@ func TestPredictiveLearnsRates(t *testing.T) {
 		}
 		rates := map[string]float64{}
 		for _, l := range s.Loads("") {
-			rates[l.Worker] = l.PrefillRate
+			rates[l.WorkerID] = l.PrefillRate
 		}
 		require.InEpsilon(t, 2000, rates["fast"], 0.05, "calibrated whatever the cost's FixedRate")
 		require.InEpsilon(t, 1000, rates["slow"], 0.05)
@@ -139,7 +139,7 @@ func TestPredictiveLearnsRates(t *testing.T) {
 		scored, err := s.PotentialLoads(context.Background(), Request{Tokens: toks(40, 5)})
 		require.NoError(t, err)
 		for _, sc := range scored {
-			costs[sc.WorkerRank.Worker] = sc.Cost
+			costs[sc.WorkerRank.WorkerID] = sc.Cost
 		}
 		if fixed {
 			require.InDelta(t, costs["slow"], costs["fast"], 1e-9, "one rate for all")
@@ -224,7 +224,7 @@ func TestPredictiveBalance(t *testing.T) {
 		addWorkers(t, s, "a", "b", "c")
 		h, err := kvindex.NewHasher(4, kvindex.HashOptions{})
 		require.NoError(t, err)
-		require.NoError(t, s.Events().Apply(catalog.WorkerRank{Worker: "a"},
+		require.NoError(t, s.Events().Apply(catalog.WorkerRank{WorkerID: "a"},
 			kvindex.Event{Kind: kvindex.EventStored, BlockHashes: h.AppendSeqHashes(nil, prompt[:60]), Tokens: prompt[:60]}))
 		book := func(w string, n int) { // n requests to w, finished at once: arrivals, no load
 			for i := range n {
@@ -250,14 +250,14 @@ func TestPredictiveBalance(t *testing.T) {
 		res, err := s.Select(context.Background(), Request{Tokens: prompt})
 		require.NoError(t, err)
 		if weight == 0 {
-			require.Equal(t, "a", res.Worker)
+			require.Equal(t, "a", res.WorkerID)
 		} else {
-			require.NotEqual(t, "a", res.Worker)
+			require.NotEqual(t, "a", res.WorkerID)
 			// Decayed over a few windows the excess fades and the prefix wins.
 			clk.Advance(10 * DefaultBalanceWindow)
 			res, err = s.Select(context.Background(), Request{Tokens: prompt})
 			require.NoError(t, err)
-			require.Equal(t, "a", res.Worker, "after ten windows the mean is below one booking")
+			require.Equal(t, "a", res.WorkerID, "after ten windows the mean is below one booking")
 		}
 	}
 }

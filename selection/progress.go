@@ -63,9 +63,9 @@ func (s *SelectionService) moveReservation(id string, to catalog.WorkerRank, ses
 	// and the move (as in ReplicaPlane.Book).
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	p := s.workerPart[to.Worker]
+	p := s.workerPart[to.WorkerID]
 	var endpoint string
-	if p != nil && p == s.workerPart[from.Worker] {
+	if p != nil && p == s.workerPart[from.WorkerID] {
 		rs := p.ranksOf()
 		if i, ok := rs.pos[to]; ok {
 			endpoint = rs.ranks[i].endpoint

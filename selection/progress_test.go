@@ -22,7 +22,7 @@ func (r *recorder) Settled(_ string, h Settlement) { r.settled = append(r.settle
 func loadOf(t *testing.T, s *SelectionService, id string) WorkerLoad {
 	t.Helper()
 	for _, l := range s.Loads("") {
-		if l.Worker == id {
+		if l.WorkerID == id {
 			return l
 		}
 	}
@@ -50,7 +50,7 @@ func TestGeneratedGrowsTheBooking(t *testing.T) {
 	require.NoError(t, err)
 	costOf := func(sc []Scored, w string) float64 {
 		for _, x := range sc {
-			if x.Worker == w {
+			if x.WorkerID == w {
 				return x.Cost
 			}
 		}
@@ -87,28 +87,28 @@ func TestMoveToServedWorker(t *testing.T) {
 	picked := loadOf(t, s, "a")
 	require.Equal(t, 1, picked.ActiveRequests)
 
-	require.ErrorIs(t, b.Move(catalog.WorkerRank{Worker: "other-model"}), ErrNotFound)
-	require.ErrorIs(t, b.Move(catalog.WorkerRank{Worker: "nope"}), ErrNotFound)
-	require.ErrorIs(t, b.Move(catalog.WorkerRank{Worker: "b", Rank: 3}), ErrNotFound)
-	require.NoError(t, b.Move(catalog.WorkerRank{Worker: "b"}))
-	require.Equal(t, "b", b.Worker)
+	require.ErrorIs(t, b.Move(catalog.WorkerRank{WorkerID: "other-model"}), ErrNotFound)
+	require.ErrorIs(t, b.Move(catalog.WorkerRank{WorkerID: "nope"}), ErrNotFound)
+	require.ErrorIs(t, b.Move(catalog.WorkerRank{WorkerID: "b", Rank: 3}), ErrNotFound)
+	require.NoError(t, b.Move(catalog.WorkerRank{WorkerID: "b"}))
+	require.Equal(t, "b", b.WorkerID)
 	require.Equal(t, "10.0.0.1:8000", b.Endpoint)
 	served := loadOf(t, s, "b")
 	require.Equal(t, picked.ActiveRequests, served.ActiveRequests)
 	require.Equal(t, picked.ActiveBlocks, served.ActiveBlocks)
 	require.Equal(t, picked.ActivePrefillTokens, served.ActivePrefillTokens)
 	require.Zero(t, loadOf(t, s, "a").ActiveRequests)
-	require.NoError(t, b.Move(catalog.WorkerRank{Worker: "b"}), "moving to the holder does nothing")
+	require.NoError(t, b.Move(catalog.WorkerRank{WorkerID: "b"}), "moving to the holder does nothing")
 
 	// The session follows the served worker.
 	next, err := s.Book(context.Background(), Request{Tokens: toks(4, 9), SessionID: "conv"})
 	require.NoError(t, err)
-	require.Equal(t, "b", next.Worker)
+	require.Equal(t, "b", next.WorkerID)
 
 	require.Equal(t, []Settlement{SettleOutputBlock, SettleOutputBlock, SettleFree}, rec.settled)
 	require.Len(t, rec.booked, 3)
 	mv := rec.booked[1]
-	require.Equal(t, "b", mv.Worker.Worker)
+	require.Equal(t, "b", mv.Worker.WorkerID)
 	require.Equal(t, b.ReservationID, mv.ID)
 	require.Equal(t, "conv", mv.Session)
 	require.Equal(t, picked.ActiveBlocks-len(mv.SeqHashes), mv.PrivateBlocks, "the output blocks travel as private ones")
@@ -119,6 +119,6 @@ func TestMoveToServedWorker(t *testing.T) {
 	st := s.Stats()
 	require.EqualValues(t, 1, st.Moves)
 	require.EqualValues(t, 1, st.Ledger.Moved)
-	require.ErrorIs(t, s.Reservations().Move(b.ReservationID, catalog.WorkerRank{Worker: "a"}, ""), ErrUnknownReservation)
+	require.ErrorIs(t, s.Reservations().Move(b.ReservationID, catalog.WorkerRank{WorkerID: "a"}, ""), ErrUnknownReservation)
 	requireIdle(t, s)
 }

@@ -66,11 +66,11 @@ func TestLoadOnlyRequest(t *testing.T) {
 	require.NoError(t, err)
 	b, err := svc.Book(context.Background(), selection.Request{ISL: 40})
 	require.NoError(t, err)
-	require.Equal(t, "b", b.Worker, "the less loaded worker")
+	require.Equal(t, "b", b.WorkerID, "the less loaded worker")
 	require.Zero(t, b.Overlap.Device)
 	require.Equal(t, 40, b.EffectivePrefillTokens)
 	for _, l := range svc.Loads("") {
-		if l.Worker == "b" {
+		if l.WorkerID == "b" {
 			require.EqualValues(t, 40, l.ActivePrefillTokens)
 		}
 	}

@@ -94,8 +94,8 @@ func TestRegisterBuildsOnce(t *testing.T) {
 	rs := p.set.Load()
 	require.NotNil(t, rs)
 	require.Len(t, rs.ranks, 100)
-	require.Equal(t, "w000", rs.ranks[0].key.Worker, "sorted by worker id")
-	require.Equal(t, "w099", rs.ranks[99].key.Worker)
+	require.Equal(t, "w000", rs.ranks[0].key.WorkerID, "sorted by worker id")
+	require.Equal(t, "w099", rs.ranks[99].key.WorkerID)
 	_, err = s.SelectAndReserve(context.Background(), Request{Tokens: toks(8, 2)})
 	require.NoError(t, err)
 	require.Same(t, rs, p.set.Load(), "nothing changed: no build")
@@ -117,13 +117,13 @@ func TestChangeHeldDecision(t *testing.T) {
 		want   Result
 	}{
 		{"delete", func(s *SelectionService) error { _, err := s.DeleteWorker("a"); return err },
-			Result{WorkerRank: catalog.WorkerRank{Worker: "b"}, Endpoint: "10.0.0.2:8000"}},
+			Result{WorkerRank: catalog.WorkerRank{WorkerID: "b"}, Endpoint: "10.0.0.2:8000"}},
 		{"endpoint", func(s *SelectionService) error {
 			_, err := s.UpsertWorker(worker("a", func(w *catalog.Worker) { w.Endpoint = "10.0.0.9:8000" }))
 			return err
-		}, Result{WorkerRank: catalog.WorkerRank{Worker: "a"}, Endpoint: "10.0.0.9:8000"}},
+		}, Result{WorkerRank: catalog.WorkerRank{WorkerID: "a"}, Endpoint: "10.0.0.9:8000"}},
 		{"draining", func(s *SelectionService) error { _, err := s.SetDraining("a", true); return err },
-			Result{WorkerRank: catalog.WorkerRank{Worker: "b"}, Endpoint: "10.0.0.2:8000"}},
+			Result{WorkerRank: catalog.WorkerRank{WorkerID: "b"}, Endpoint: "10.0.0.2:8000"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s, _ := newTestService(t, nil)
@@ -230,7 +230,7 @@ func TestChurnWhileDeciding(t *testing.T) {
 						mu.Lock()
 						ok := before[res.Endpoint] || added[res.Endpoint] > g0
 						mu.Unlock()
-						assert.True(t, ok, "booked %s at %s, taken away before the decision began", res.Worker, res.Endpoint)
+						assert.True(t, ok, "booked %s at %s, taken away before the decision began", res.WorkerID, res.Endpoint)
 						// Deleting the worker may have dropped it already.
 						if err := s.Reservations().Free(res.ReservationID); !errors.Is(err, ErrUnknownReservation) {
 							assert.NoError(t, err)

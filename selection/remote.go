@@ -107,7 +107,7 @@ func (view ReplicaPlane) Book(origin string, ev BookingEvent) error {
 	// it drops the worker's load) cannot run between the check and the book.
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	p := s.workerPart[ev.Worker.Worker]
+	p := s.workerPart[ev.Worker.WorkerID]
 	if p == nil || p.model != modelOf(ev.Model) || !s.rankKnownLocked(ev.Worker) {
 		return fmt.Errorf("%w: remote booking on %v of model %q", ErrNotFound, ev.Worker, modelOf(ev.Model))
 	}
@@ -168,7 +168,7 @@ func (view ReplicaPlane) Settle(origin, id string, how Settlement) error {
 // rankKnownLocked reports whether w is a rank of a registered worker. s.mu is
 // held.
 func (s *SelectionService) rankKnownLocked(w catalog.WorkerRank) bool {
-	rr, ok := s.rankRange[w.Worker]
+	rr, ok := s.rankRange[w.WorkerID]
 	return ok && w.Rank >= rr[0] && w.Rank < rr[0]+rr[1]
 }
 

@@ -45,7 +45,7 @@ func TestObserverAndRemoteBookings(t *testing.T) {
 	require.Len(t, obs.booked, 1)
 	ev := obs.booked[0]
 	require.Equal(t, bk.ReservationID, ev.ID)
-	require.Equal(t, bk.Worker, ev.Worker.Worker)
+	require.Equal(t, bk.WorkerID, ev.Worker.WorkerID)
 	require.NoError(t, b.Replicas().Book("replica-a", ev))
 	require.Equal(t, a.Loads(""), b.Loads(""), "the peer carries the same load")
 	require.ErrorIs(t, b.Replicas().Book("replica-a", ev), ErrConflict)
@@ -64,12 +64,12 @@ func TestObserverAndRemoteBookings(t *testing.T) {
 	require.Zero(t, b.Stats().Bookings, "remote bookings are not the service's own")
 
 	// A booking on a worker or rank the peer does not know is refused.
-	ev.Worker = catalog.WorkerRank{Worker: "w3"}
+	ev.Worker = catalog.WorkerRank{WorkerID: "w3"}
 	require.ErrorIs(t, b.Replicas().Book("replica-a", ev), ErrNotFound)
-	ev.Worker = catalog.WorkerRank{Worker: "w1", Rank: 5}
+	ev.Worker = catalog.WorkerRank{WorkerID: "w1", Rank: 5}
 	require.ErrorIs(t, b.Replicas().Book("replica-a", ev), ErrNotFound)
 	// A remote id never collides with a local one.
-	ev.Worker = catalog.WorkerRank{Worker: "w1"}
+	ev.Worker = catalog.WorkerRank{WorkerID: "w1"}
 	ev.ID = "same"
 	require.NoError(t, b.Replicas().Book("replica-a", ev))
 	_, err = b.SelectAndReserve(context.Background(), Request{ReservationID: "same", Tokens: toks(8, 2)})
@@ -84,7 +84,7 @@ func TestObserverAndRemoteBookings(t *testing.T) {
 func TestBookRemoteRemainingLease(t *testing.T) {
 	b, clk := newTestService(t, func(c *Config) { c.ActiveRequestExpiry = time.Minute })
 	addWorkers(t, b, "w1")
-	ev := BookingEvent{ID: "x", Worker: catalog.WorkerRank{Worker: "w1"}, SeqHashes: []uint64{1, 2}, Lease: time.Minute, Remaining: 10 * time.Second}
+	ev := BookingEvent{ID: "x", Worker: catalog.WorkerRank{WorkerID: "w1"}, SeqHashes: []uint64{1, 2}, Lease: time.Minute, Remaining: 10 * time.Second}
 	require.NoError(t, b.Replicas().Book("peer", ev))
 	ev.ID = "y"
 	require.NoError(t, b.Replicas().Book("peer", ev))
@@ -107,7 +107,7 @@ func TestBookRemoteLeaseClamped(t *testing.T) {
 	addWorkers(t, b, "w1")
 	require.Equal(t, time.Minute, b.Replicas().LeaseLimit())
 	huge := time.Duration(1<<31-1) * time.Millisecond
-	ev := BookingEvent{ID: "x", Worker: catalog.WorkerRank{Worker: "w1"}, SeqHashes: []uint64{1}, PrivateBlocks: 1 << 30,
+	ev := BookingEvent{ID: "x", Worker: catalog.WorkerRank{WorkerID: "w1"}, SeqHashes: []uint64{1}, PrivateBlocks: 1 << 30,
 		Lease: huge, Remaining: huge}
 	require.NoError(t, b.Replicas().Book("peer", ev))
 	clk.Advance(30 * time.Second)

@@ -18,8 +18,8 @@ func rankSetOf(keys ...catalog.WorkerRank) *rankSet {
 }
 
 func TestResolveReusesOnlyWhatStillHolds(t *testing.T) {
-	a, b, c := catalog.WorkerRank{Worker: "a"}, catalog.WorkerRank{Worker: "b"}, catalog.WorkerRank{Worker: "c"}
-	a1 := catalog.WorkerRank{Worker: "a", Rank: 1}
+	a, b, c := catalog.WorkerRank{WorkerID: "a"}, catalog.WorkerRank{WorkerID: "b"}, catalog.WorkerRank{WorkerID: "c"}
+	a1 := catalog.WorkerRank{WorkerID: "a", Rank: 1}
 	rs := rankSetOf(a, b, a1)
 	sc := &evalScratch{}
 	resolve := func(rs *rankSet, ws ...catalog.WorkerRank) []int32 {

@@ -231,13 +231,13 @@ var errUnroutable = errors.New("selection: event for a worker not in the catalog
 func (r routingApplier) Apply(w catalog.WorkerRank, ev kvindex.Event) error {
 	r.s.mu.RLock()
 	defer r.s.mu.RUnlock()
-	p := r.s.workerPart[w.Worker]
+	p := r.s.workerPart[w.WorkerID]
 	if p == nil || p.index == nil {
 		return errUnroutable
 	}
 	if !r.s.rankKnownLocked(w) {
-		rr := r.s.rankRange[w.Worker]
-		return fmt.Errorf("%w: rank %d of worker %q (ranks %d..%d)", kvevents.ErrUnknownRank, w.Rank, w.Worker, rr[0], rr[0]+rr[1]-1)
+		rr := r.s.rankRange[w.WorkerID]
+		return fmt.Errorf("%w: rank %d of worker %q (ranks %d..%d)", kvevents.ErrUnknownRank, w.Rank, w.WorkerID, rr[0], rr[0]+rr[1]-1)
 	}
 	return p.index.Apply(w, ev)
 }
@@ -259,7 +259,7 @@ func (view EventPlane) Apply(w catalog.WorkerRank, ev kvindex.Event) error {
 	}
 	err := routingApplier{s}.Apply(w, ev)
 	if errors.Is(err, errUnroutable) {
-		return fmt.Errorf("%w: worker %q", ErrNotFound, w.Worker)
+		return fmt.Errorf("%w: worker %q", ErrNotFound, w.WorkerID)
 	}
 	return err
 }
@@ -267,7 +267,7 @@ func (view EventPlane) Apply(w catalog.WorkerRank, ev kvindex.Event) error {
 func (r routingApplier) ClearRank(w catalog.WorkerRank) {
 	r.s.mu.RLock()
 	defer r.s.mu.RUnlock()
-	if p := r.s.workerPart[w.Worker]; p != nil && p.index != nil {
+	if p := r.s.workerPart[w.WorkerID]; p != nil && p.index != nil {
 		p.index.ClearRank(w)
 	}
 }
@@ -490,7 +490,7 @@ func (s *SelectionService) memberLocked(p *partition, rec catalog.Record) bool {
 	if s.healthOn() {
 		m.health = make([]*rankHealth, m.ranks)
 		for i := range m.health {
-			m.health[i] = s.healthFor(catalog.WorkerRank{Worker: w.ID, Rank: w.DPStart + i})
+			m.health[i] = s.healthFor(catalog.WorkerRank{WorkerID: w.ID, Rank: w.DPStart + i})
 		}
 	}
 	return p.setMember(m)
@@ -625,7 +625,7 @@ func ranksWithin(old, w catalog.Worker) bool {
 func ranksOf(w catalog.Worker) []catalog.WorkerRank {
 	var out []catalog.WorkerRank
 	for _, r := range w.Ranks() {
-		out = append(out, catalog.WorkerRank{Worker: w.ID, Rank: r})
+		out = append(out, catalog.WorkerRank{WorkerID: w.ID, Rank: r})
 	}
 	return out
 }
@@ -640,7 +640,7 @@ func sourcesOf(w catalog.Worker) map[catalog.WorkerRank]sourceCfg {
 		if !ok || ep == "" {
 			continue
 		}
-		out[catalog.WorkerRank{Worker: w.ID, Rank: r}] = sourceCfg{endpoint: ep, replay: kvevents.OffsetPort(w.ReplayEndpoint, r-w.DPStart)}
+		out[catalog.WorkerRank{WorkerID: w.ID, Rank: r}] = sourceCfg{endpoint: ep, replay: kvevents.OffsetPort(w.ReplayEndpoint, r-w.DPStart)}
 	}
 	return out
 }
@@ -658,7 +658,7 @@ func NewReservationID() string {
 // replayOf returns the replay endpoint of a worker rank attributed by the bind
 // listener: the worker record's, offset by the rank like its event endpoints.
 func (s *SelectionService) replayOf(wr catalog.WorkerRank) (string, bool) {
-	rec, ok := s.cat.Get(wr.Worker)
+	rec, ok := s.cat.Get(wr.WorkerID)
 	if !ok || rec.Worker.ReplayEndpoint == "" {
 		return "", false
 	}

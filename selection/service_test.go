@@ -69,7 +69,7 @@ func costsOf(t testing.TB, s *SelectionService, req Request) map[string]float64 
 	require.NoError(t, err)
 	out := map[string]float64{}
 	for _, sc := range scored {
-		out[sc.Worker] = sc.Cost
+		out[sc.WorkerID] = sc.Cost
 	}
 	return out
 }
@@ -123,12 +123,12 @@ func TestRequestLifecycle(t *testing.T) {
 	require.Equal(t, 10, res.RequestBlocks)
 	require.Equal(t, 40, res.EffectivePrefillTokens)
 	require.Equal(t, 10, res.PotentialDecodeBlocks)
-	first := res.Worker
+	first := res.WorkerID
 
 	loads := s.Loads("")
 	require.Len(t, loads, 2)
 	for _, l := range loads {
-		if l.Worker == first {
+		if l.WorkerID == first {
 			require.EqualValues(t, 40, l.ActivePrefillTokens)
 			require.Equal(t, 10, l.ActiveBlocks)
 			require.Equal(t, 1, l.ActiveRequests)
@@ -144,7 +144,7 @@ func TestRequestLifecycle(t *testing.T) {
 	require.NoError(t, s.Reservations().PrefillComplete("r1"))
 	res2, err := s.SelectAndReserve(ctx, Request{ReservationID: "r2", Tokens: prompt})
 	require.NoError(t, err)
-	require.Equal(t, first, res2.Worker)
+	require.Equal(t, first, res2.WorkerID)
 	require.Equal(t, 10, res2.Overlap.Device)
 	require.Zero(t, res2.EffectivePrefillTokens)
 
@@ -171,7 +171,7 @@ func TestSelectDoesNotBook(t *testing.T) {
 	addWorkers(t, s, "a")
 	res, err := s.Select(context.Background(), Request{Tokens: toks(8, 1)})
 	require.NoError(t, err)
-	require.Equal(t, "a", res.Worker)
+	require.Equal(t, "a", res.WorkerID)
 	require.Empty(t, res.ReservationID)
 	requireIdle(t, s)
 }
@@ -192,7 +192,7 @@ func TestBadRequestsAndPartitions(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotReady)
 	res, err := s.SelectAndReserve(ctx, Request{Model: "m1", Tokens: toks(8, 1)})
 	require.NoError(t, err)
-	require.Equal(t, "m1-a", res.Worker)
+	require.Equal(t, "m1-a", res.WorkerID)
 	require.NotEmpty(t, res.ReservationID)
 	require.NoError(t, s.Reservations().Free(res.ReservationID))
 
@@ -268,7 +268,7 @@ func TestLoadSpreadsAcrossWorkers(t *testing.T) {
 	for i := range 40 {
 		res, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(64, i)})
 		require.NoError(t, err)
-		count[res.Worker]++
+		count[res.WorkerID]++
 		ids = append(ids, res.ReservationID)
 	}
 	for _, w := range []string{"a", "b", "c", "d"} {
@@ -288,7 +288,7 @@ func TestDeleteWorkerDropsItsLoad(t *testing.T) {
 	for i := range 6 {
 		res, err := s.SelectAndReserve(ctx, Request{Tokens: toks(16, i)})
 		require.NoError(t, err)
-		if res.Worker == "a" {
+		if res.WorkerID == "a" {
 			onA = append(onA, res.ReservationID)
 		}
 	}
@@ -302,7 +302,7 @@ func TestDeleteWorkerDropsItsLoad(t *testing.T) {
 	for range 5 {
 		res, err := s.SelectAndReserve(ctx, Request{Tokens: toks(16, 1)})
 		require.NoError(t, err)
-		require.Equal(t, "b", res.Worker)
+		require.Equal(t, "b", res.WorkerID)
 	}
 	require.Len(t, s.Loads(""), 1)
 }
@@ -467,7 +467,7 @@ func TestNewWorkerAdmitsWaiters(t *testing.T) {
 	addWorkers(t, s, "b")
 	o := <-done
 	require.NoError(t, o.err)
-	require.Equal(t, "b", o.res.Worker)
+	require.Equal(t, "b", o.res.WorkerID)
 }
 
 // TestConcurrentChurn runs bookings, prefill completions, frees and worker
@@ -589,10 +589,10 @@ func TestStaleDecisionIsMadeAgain(t *testing.T) {
 	<-first // "held" chose a and waits to book it
 	other, err := s.SelectAndReserve(ctx, Request{ReservationID: "other", Tokens: toks(64, 3)})
 	require.NoError(t, err)
-	require.Equal(t, "a", other.Worker)
+	require.Equal(t, "a", other.WorkerID)
 	close(release)
 	res := <-held
-	require.Equal(t, "b", res.Worker, "the held decision saw the booking on a")
+	require.Equal(t, "b", res.WorkerID, "the held decision saw the booking on a")
 	require.Equal(t, uint64(1), s.Stats().Retries)
 	require.Equal(t, int64(1), s.Stats().Ledger.Stale)
 }
@@ -610,7 +610,7 @@ func TestTemperaturePicksByCost(t *testing.T) {
 	for i := range 200 {
 		res, err := s.Select(ctx, Request{Tokens: toks(8, i)})
 		require.NoError(t, err)
-		if res.Worker == "b" {
+		if res.WorkerID == "b" {
 			b++
 		}
 	}
@@ -629,7 +629,7 @@ func TestPotentialLoadsAndOverlap(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, sc, 2)
 	for _, x := range sc {
-		if x.Worker == res.Worker {
+		if x.WorkerID == res.WorkerID {
 			require.Equal(t, 5, x.Overlap.Device)
 			require.Zero(t, x.EffectivePrefillTokens)
 			require.Equal(t, 5, x.PotentialDecodeBlock)
@@ -642,7 +642,7 @@ func TestPotentialLoadsAndOverlap(t *testing.T) {
 	}
 	ov, err := overlapScores(s, ctx, Request{Tokens: prompt})
 	require.NoError(t, err)
-	require.Equal(t, 5, ov[catalog.WorkerRank{Worker: res.Worker}].Device)
+	require.Equal(t, 5, ov[catalog.WorkerRank{WorkerID: res.WorkerID}].Device)
 	require.NoError(t, s.Reservations().Free("r"))
 }
 
@@ -723,12 +723,12 @@ func TestPrivateBlocksAreCounted(t *testing.T) {
 				want := []int{c.first, c.second}[i]
 				require.Equal(t, want, res.PotentialDecodeBlocks)
 				require.Equal(t, want, s.Loads("")[0].ActiveBlocks, "the potential became the load")
-				require.Equal(t, want, s.ledger.Load(catalog.WorkerRank{Worker: "a"}).ActiveBlocks)
+				require.Equal(t, want, s.ledger.Load(catalog.WorkerRank{WorkerID: "a"}).ActiveBlocks)
 			}
 			require.NoError(t, s.Reservations().Free("x"))
 			require.NoError(t, s.Reservations().Free("y"))
 			requireIdle(t, s)
-			require.Zero(t, s.ledger.Load(catalog.WorkerRank{Worker: "a"}), "nothing left on the rank")
+			require.Zero(t, s.ledger.Load(catalog.WorkerRank{WorkerID: "a"}), "nothing left on the rank")
 		})
 	}
 }
@@ -765,7 +765,7 @@ func TestQueuedRequestThatFailsLeavesTheQueue(t *testing.T) {
 	require.Zero(t, s.Stats().Waiting, "the failed request left the queue")
 	next, err := s.SelectAndReserve(ctx, Request{Model: "m1", ReservationID: "next", Tokens: toks(8, 4)})
 	require.NoError(t, err, "capacity is free and nobody waits ahead")
-	require.Equal(t, "a", next.Worker)
+	require.Equal(t, "a", next.WorkerID)
 }
 
 // TestQueuedHeadThatFailsWakesTheNext: when the head of the queue fails on
@@ -800,7 +800,7 @@ func TestQueuedHeadThatFailsWakesTheNext(t *testing.T) {
 	require.ErrorIs(t, <-headErr, ErrNoEndpoints)
 	got := <-nextRes
 	require.NoError(t, got.err)
-	require.Equal(t, "a", got.res.Worker)
+	require.Equal(t, "a", got.res.WorkerID)
 }
 
 // holdFirstBooking makes the first decision that reaches its booking wait

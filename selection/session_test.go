@@ -16,7 +16,7 @@ func bookSession(t *testing.T, s *SelectionService, session string, tokens []uin
 	t.Helper()
 	res, err := s.SelectAndReserve(context.Background(), Request{Tokens: tokens, SessionID: session})
 	require.NoError(t, err)
-	return res.Worker
+	return res.WorkerID
 }
 
 // Unrelated prompts of one session, kept in flight so the load spreads any
@@ -173,7 +173,7 @@ func TestSessionPinFromRemoteBooking(t *testing.T) {
 	s, _ := newTestService(t, func(c *Config) { c.Sessions.Mode = SessionHard })
 	addWorkers(t, s, "a", "b", "c")
 	require.NoError(t, s.Replicas().Book("peer", BookingEvent{
-		ID: "r1", Worker: catalog.WorkerRank{Worker: "c"}, PrivateBlocks: 1, Lease: time.Minute, Session: "conv",
+		ID: "r1", Worker: catalog.WorkerRank{WorkerID: "c"}, PrivateBlocks: 1, Lease: time.Minute, Session: "conv",
 	}))
 	for i := range 5 {
 		require.Equal(t, "c", bookSession(t, s, "conv", toks(16, i)))

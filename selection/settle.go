@@ -75,7 +75,7 @@ func (view Reservations) Expire() int {
 // request may now fit, and the partition's cost order follows it. It runs outside the ledger's lock and takes no service lock
 // that a ledger caller might hold.
 func (s *SelectionService) loadDropped(w catalog.WorkerRank) {
-	if p, ok := s.partOf.Load(w.Worker); ok {
+	if p, ok := s.partOf.Load(w.WorkerID); ok {
 		p := p.(*partition)
 		p.signalIfWaiting()
 		p.syncLoad(w, s.ledger)
@@ -85,7 +85,7 @@ func (s *SelectionService) loadDropped(w catalog.WorkerRank) {
 // loadRaised is the ledger's hook for a load that went up (a booking, output
 // blocks): the partition's cost order follows it.
 func (s *SelectionService) loadRaised(w catalog.WorkerRank) {
-	if p, ok := s.partOf.Load(w.Worker); ok {
+	if p, ok := s.partOf.Load(w.WorkerID); ok {
 		p.(*partition).syncLoad(w, s.ledger)
 	}
 }

@@ -99,7 +99,7 @@ func checkSparseModelWith(t *testing.T, seed uint64, steps int, seams func(*Sele
 		_, err := s.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:80", w+1), DPSize: dp, BlockSize: bs})
 		require.NoError(t, err)
 		for k := range dp {
-			ranks = append(ranks, catalog.WorkerRank{Worker: id, Rank: k})
+			ranks = append(ranks, catalog.WorkerRank{WorkerID: id, Rank: k})
 		}
 	}
 	var engine uint64
@@ -149,7 +149,7 @@ func checkSparseModelWith(t *testing.T, seed uint64, steps int, seams func(*Sele
 			require.NoError(t, err)
 		case op == 8:
 			if r.IntN(2) == 0 {
-				require.NoError(t, s.MarkFailed(ranks[r.IntN(len(ranks))].Worker))
+				require.NoError(t, s.MarkFailed(ranks[r.IntN(len(ranks))].WorkerID))
 			} else {
 				now = now.Add(cfg.FailureEjection / 2) // some ejections end
 			}
@@ -284,7 +284,7 @@ func TestSparseTiesUniform(t *testing.T) {
 	for range n {
 		res, err := s.Select(context.Background(), Request{Tokens: toks})
 		require.NoError(t, err)
-		counts[res.Worker]++
+		counts[res.WorkerID]++
 	}
 	require.Len(t, counts, 10)
 	require.NotContains(t, counts, "w3")

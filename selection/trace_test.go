@@ -71,10 +71,10 @@ func TestTracerSpans(t *testing.T) {
 	first, second := tr.ended[0], tr.ended[1]
 	require.True(t, first.reserve)
 	require.NoError(t, first.err)
-	require.Equal(t, "a", first.d.Worker)
+	require.Equal(t, "a", first.d.WorkerID)
 	require.Zero(t, first.d.Margin, "alone in its allowed set")
 	require.False(t, second.reserve)
-	require.Equal(t, "b", second.d.Worker, "a carries a booking")
+	require.Equal(t, "b", second.d.WorkerID, "a carries a booking")
 	require.Equal(t, res.Cost, second.d.Cost)
 	require.Greater(t, second.d.Margin, 0.0, "b was strictly cheaper")
 	require.Equal(t, 2, second.d.Candidates)

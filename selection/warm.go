@@ -164,7 +164,7 @@ func (s *SelectionService) cutIndexes() []indexCut {
 		if !st.has || !applied[src] {
 			return true
 		}
-		if p := s.workerPart[src.Worker]; p != nil {
+		if p := s.workerPart[src.WorkerID]; p != nil {
 			if c := byModel[p.model]; c != nil {
 				c.sources[src] = st.seq
 			}
@@ -260,7 +260,7 @@ func (view EventPlane) LoadSnapshot(ctx context.Context, r io.Reader) (IndexLoad
 func (s *SelectionService) loadable(model string, src catalog.WorkerRank) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	p := s.workerPart[src.Worker]
+	p := s.workerPart[src.WorkerID]
 	return p != nil && p.model == model && p.index != nil && s.rankKnownLocked(src)
 }
 
@@ -276,7 +276,7 @@ func (s *SelectionService) installer(model string, from *kvindex.Index, src cata
 		defer s.gate.mu.RUnlock()
 		s.handler.ResetSource(src)
 		s.mu.RLock()
-		if p := s.workerPart[src.Worker]; p != nil && p.model == model && p.index != nil && s.rankKnownLocked(src) {
+		if p := s.workerPart[src.WorkerID]; p != nil && p.model == model && p.index != nil && s.rankKnownLocked(src) {
 			p.index.LoadRanks(from, []catalog.WorkerRank{src})
 		}
 		s.mu.RUnlock()

@@ -237,7 +237,7 @@ func TestIndexSnapshotRefused(t *testing.T) {
 // repaired, so that mutations reach the parser behind the checksum.
 func FuzzReadIndexSnapshot(f *testing.F) {
 	ix, _ := kvindex.New(kvindex.Options{BlockSize: 4})
-	w := catalog.WorkerRank{Worker: "a"}
+	w := catalog.WorkerRank{WorkerID: "a"}
 	_ = ix.Apply(w, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{1, 2}, Tokens: []uint32{1, 2, 3, 4, 5, 6, 7, 8}})
 	seed := encodeWarm(f, []indexCut{{model: "m", snap: ix.Snapshot(), sources: map[catalog.WorkerRank]uint64{w: 7}}})
 	f.Add(seed)

@@ -441,8 +441,8 @@ func feedReport(ctx context.Context, svc *selection.SelectionService, trust sele
 		if i, ok := index[wr]; ok {
 			return &rows[i]
 		}
-		name := wr.Worker
-		if multi[wr.Worker] {
+		name := wr.WorkerID
+		if multi[wr.WorkerID] {
 			name = wr.String()
 		}
 		index[wr] = len(rows)
@@ -462,11 +462,11 @@ func feedReport(ctx context.Context, svc *selection.SelectionService, trust sele
 	}
 	seen := map[string]bool{}
 	for wr := range index {
-		seen[wr.Worker] = true
+		seen[wr.WorkerID] = true
 	}
 	for _, w := range workers { // workers the service follows no feed of
 		if !seen[w.ID] {
-			row(catalog.WorkerRank{Worker: w.ID, Rank: w.DPStart})
+			row(catalog.WorkerRank{WorkerID: w.ID, Rank: w.DPStart})
 		}
 	}
 	return rows, nil
@@ -526,7 +526,7 @@ func printCalibration(out io.Writer, results []result) {
 		var slow []string
 		for _, l := range r.loads {
 			if l.Slowness > 0 {
-				slow = append(slow, fmt.Sprintf("%s %.2f", l.Worker, l.Slowness))
+				slow = append(slow, fmt.Sprintf("%s %.2f", l.WorkerID, l.Slowness))
 			}
 		}
 		if len(slow) > 0 {

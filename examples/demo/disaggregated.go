@@ -97,7 +97,7 @@ func (r *pdRig) unsettled() error {
 	for _, role := range []roles.Role{roles.Prefill, roles.Decode} {
 		for _, l := range r.e.Service(role).Loads(r.model) {
 			if l.ActiveRequests != 0 || l.ActiveBlocks != 0 || l.ActivePrefillTokens != 0 {
-				return fmt.Errorf("%v: load left on %s: %+v", role, l.Worker, l)
+				return fmt.Errorf("%v: load left on %s: %+v", role, l.WorkerID, l)
 			}
 		}
 	}

@@ -73,7 +73,7 @@ func Warm(s Service, f Fleet) ([][]uint32, error) {
 			for i := range hs {
 				hs[i] = uint64(seq)<<16 | uint64(i) + 1
 			}
-			if err := s.ApplyEvent(catalog.WorkerRank{Worker: id}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: p}); err != nil {
+			if err := s.ApplyEvent(catalog.WorkerRank{WorkerID: id}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: hs, Tokens: p}); err != nil {
 				return nil, fmt.Errorf("benchfleet: worker %s, prompt %d: %w", id, k, err)
 			}
 			if k == 0 {

@@ -200,7 +200,7 @@ func newKVRouter(ctx context.Context, s *sim, events bool) (*kvRouter, error) {
 		id := "worker-" + strconv.Itoa(i)
 		k.ids = append(k.ids, id)
 		k.byID[id] = i
-		k.ranks = append(k.ranks, catalog.WorkerRank{Worker: id})
+		k.ranks = append(k.ranks, catalog.WorkerRank{WorkerID: id})
 	}
 	for r := range s.opts.Replicas {
 		svc, err := k.newService(ctx, r)
@@ -274,12 +274,12 @@ func (k *kvRouter) route(ctx context.Context, r *simRequest) (int, int, error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("replay: routing request %s: %w", r.id, err)
 	}
-	w, ok := k.byID[res.Worker]
+	w, ok := k.byID[res.WorkerID]
 	if !ok {
-		return 0, 0, fmt.Errorf("replay: the service picked unknown worker %q", res.Worker)
+		return 0, 0, fmt.Errorf("replay: the service picked unknown worker %q", res.WorkerID)
 	}
 	if k.explain != nil {
-		k.explainDecision(scored, res.Worker)
+		k.explainDecision(scored, res.WorkerID)
 	}
 	return w, res.Overlap.Device, nil
 }
@@ -291,7 +291,7 @@ func (k *kvRouter) explainDecision(scored []selection.Scored, chosenID string) {
 	var chosen, best *selection.Scored
 	for i := range scored {
 		c := &scored[i]
-		if c.Worker == chosenID {
+		if c.WorkerID == chosenID {
 			chosen = c
 		}
 		if best == nil || c.Overlap.Device > best.Overlap.Device ||

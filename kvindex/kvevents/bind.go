@@ -96,7 +96,7 @@ func TopicWorker(topic string) (catalog.WorkerRank, bool) {
 	if !ok || worker == "" {
 		return catalog.WorkerRank{}, false
 	}
-	return catalog.WorkerRank{Worker: worker}, true
+	return catalog.WorkerRank{WorkerID: worker}, true
 }
 
 // maxTopicCache bounds a listener's topic-to-source cache; topics beyond it are
@@ -267,7 +267,7 @@ func (b *binding) recvLoop(ctx context.Context) {
 // bound source of its worker rank, or nil.
 func (b *binding) sourceFor(topic string) *source {
 	wr, ok := b.attribute(topic)
-	if !ok || wr.Worker == "" || wr.Rank < 0 {
+	if !ok || wr.WorkerID == "" || wr.Rank < 0 {
 		return nil
 	}
 	cfg := SourceConfig{Worker: wr, Endpoint: b.endpoint()}

@@ -79,7 +79,7 @@ func (a *nopApplier) ClearRank(catalog.WorkerRank) {}
 
 func BenchmarkDecodeApply(b *testing.B) {
 	payload := benchBatch(true)
-	src := catalog.WorkerRank{Worker: "engine-0"}
+	src := catalog.WorkerRank{WorkerID: "engine-0"}
 
 	b.Run("nop", func(b *testing.B) {
 		a := &nopApplier{}

@@ -156,7 +156,7 @@ func TestDialectIntegrationDial(t *testing.T) {
 		t.Run(d.String(), func(t *testing.T) {
 			r := newDialectRig(t)
 			e := startDialectEngine(t, d, nil)
-			w := catalog.WorkerRank{Worker: "pod-" + d.String()}
+			w := catalog.WorkerRank{WorkerID: "pod-" + d.String()}
 			// Batches published before the feed subscribes come from the first
 			// replay.
 			r.serve(e, 8)
@@ -182,7 +182,7 @@ func TestDialectIntegrationBind(t *testing.T) {
 	for _, d := range []fakeengine.Dialect{fakeengine.DialectTRTLLM, fakeengine.DialectExternal} {
 		t.Run(d.String(), func(t *testing.T) {
 			r := newDialectRig(t)
-			w := catalog.WorkerRank{Worker: "bound-" + d.String(), Rank: 0}
+			w := catalog.WorkerRank{WorkerID: "bound-" + d.String(), Rank: 0}
 			topic := fmt.Sprintf("kv@10.1.0.%d:8000@fake-model", d)
 			var replay atomic.Pointer[string]
 			addr, err := r.feed.Bind(BindConfig{

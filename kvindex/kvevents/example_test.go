@@ -62,7 +62,7 @@ func ExampleIndexHandler() {
 		panic(err)
 	}
 	// A transport calls HandleBatch for each payload of a source, in sequence order.
-	src := catalog.WorkerRank{Worker: "10.0.0.5:8000"}
+	src := catalog.WorkerRank{WorkerID: "10.0.0.5:8000"}
 	h.HandleBatch(src, 0, mustHex(payloadA))
 
 	st := h.Stats(src)

@@ -40,7 +40,7 @@ func BenchmarkFeedThroughput(b *testing.B) {
 	h := &countingHandler{last: uint64(b.N - 1), done: make(chan struct{})}
 	f, err := NewFeed(FeedOptions{Handler: h})
 	require.NoError(b, err)
-	w := catalog.WorkerRank{Worker: "bench"}
+	w := catalog.WorkerRank{WorkerID: "bench"}
 	require.NoError(b, f.AddSource(SourceConfig{Worker: w, Endpoint: "tcp://" + pub.Addr().String()}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -47,10 +47,10 @@ func TestNewFeedValidation(t *testing.T) {
 func TestAddSourceValidation(t *testing.T) {
 	f, err := NewFeed(FeedOptions{Handler: newBatchRecorder(t)})
 	require.NoError(t, err)
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	for _, cfg := range []SourceConfig{
 		{Worker: catalog.WorkerRank{}, Endpoint: "tcp://10.0.0.5:5557"},
-		{Worker: catalog.WorkerRank{Worker: "w", Rank: -1}, Endpoint: "tcp://10.0.0.5:5557"},
+		{Worker: catalog.WorkerRank{WorkerID: "w", Rank: -1}, Endpoint: "tcp://10.0.0.5:5557"},
 		{Worker: w, Endpoint: ""},
 		{Worker: w, Endpoint: "10.0.0.5:5557"},
 		{Worker: w, Endpoint: "udp://10.0.0.5:5557"},
@@ -64,7 +64,7 @@ func TestAddSourceValidation(t *testing.T) {
 	}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: "tcp://10.0.0.5:5557", ReplayEndpoint: "tcp://10.0.0.5:5558"}))
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: "ipc:///tmp/kv.sock"}))
-	require.ErrorIs(t, f.RemoveSource(catalog.WorkerRank{Worker: "other"}), ErrUnknownSource)
+	require.ErrorIs(t, f.RemoveSource(catalog.WorkerRank{WorkerID: "other"}), ErrUnknownSource)
 	require.NoError(t, f.RemoveSource(w))
 	require.ErrorIs(t, f.RemoveSource(w), ErrUnknownSource)
 }
@@ -89,7 +89,7 @@ func TestTopicWorker(t *testing.T) {
 	for _, tc := range cases {
 		wr, ok := TopicWorker(tc.topic)
 		require.Equal(t, tc.ok, ok, tc.topic)
-		require.Equal(t, catalog.WorkerRank{Worker: tc.want}, wr, tc.topic)
+		require.Equal(t, catalog.WorkerRank{WorkerID: tc.want}, wr, tc.topic)
 	}
 }
 
@@ -98,7 +98,7 @@ func TestFeedInOrder(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	eng := newTestEngine(t, engineOpts{topic: "kv@a@m"})
-	w := catalog.WorkerRank{Worker: "a", Rank: 1}
+	w := catalog.WorkerRank{WorkerID: "a", Rank: 1}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr}))
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr}), "same config again is a no-op")
 	runFeed(t, f)
@@ -126,7 +126,7 @@ func TestFeedDialsBeforePublisherExists(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	ep := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	w := catalog.WorkerRank{Worker: "late"}
+	w := catalog.WorkerRank{WorkerID: "late"}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: ep}))
 	runFeed(t, f)
 	st, _ := f.SourceStats(w)
@@ -163,7 +163,7 @@ func TestFeedGapReplay(t *testing.T) {
 			f, err := NewFeed(testOpts(rec))
 			require.NoError(t, err)
 			eng := newTestEngine(t, engineOpts{topic: "t", replay: true, replayTopic: withTopic})
-			w := catalog.WorkerRank{Worker: "w"}
+			w := catalog.WorkerRank{WorkerID: "w"}
 			require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr, ReplayEndpoint: eng.replayAddr}))
 			runFeed(t, f)
 			eng.waitSubscribed(t)
@@ -195,7 +195,7 @@ func TestFeedStartReplaysAnIdleEngine(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	eng := newTestEngine(t, engineOpts{replay: true})
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	eng.publish(t, 12) // before the feed exists; nobody receives these live
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr, ReplayEndpoint: eng.replayAddr}))
 	runFeed(t, f)
@@ -221,7 +221,7 @@ func TestFeedJoinMidStreamReplaysFromZero(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	eng := newTestEngine(t, engineOpts{replay: true, replayTopic: true})
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	// History the feed never saw live.
 	eng.publish(t, 20)
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr, ReplayEndpoint: eng.replayAddr}))
@@ -254,7 +254,7 @@ func TestFeedReplayIncomplete(t *testing.T) {
 			f, err := NewFeed(testOpts(rec))
 			require.NoError(t, err)
 			eng := newTestEngine(t, engineOpts{replay: true})
-			w := catalog.WorkerRank{Worker: "w"}
+			w := catalog.WorkerRank{WorkerID: "w"}
 			require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr, ReplayEndpoint: eng.replayAddr}))
 			runFeed(t, f)
 			eng.waitSubscribed(t)
@@ -279,7 +279,7 @@ func TestFeedReplayUnreachable(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	eng := newTestEngine(t, engineOpts{})
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	dead := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr, ReplayEndpoint: dead}))
 	runFeed(t, f)
@@ -297,7 +297,7 @@ func TestFeedGapWithoutReplayIsDegraded(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	eng := newTestEngine(t, engineOpts{})
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr}))
 	runFeed(t, f)
 	eng.waitSubscribed(t)
@@ -317,7 +317,7 @@ func TestFeedSequenceBackwardsResets(t *testing.T) {
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
 	eng := newTestEngine(t, engineOpts{})
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr}))
 	runFeed(t, f)
 	eng.waitSubscribed(t)
@@ -346,7 +346,7 @@ func TestFeedOverflowResyncs(t *testing.T) {
 			f, err := NewFeed(opts)
 			require.NoError(t, err)
 			eng := newTestEngine(t, engineOpts{replay: withReplay})
-			w := catalog.WorkerRank{Worker: "w"}
+			w := catalog.WorkerRank{WorkerID: "w"}
 			cfg := SourceConfig{Worker: w, Endpoint: eng.addr}
 			if withReplay {
 				cfg.ReplayEndpoint = eng.replayAddr
@@ -413,8 +413,8 @@ func TestFeedBindMode(t *testing.T) {
 	b.publish(t, 10)
 	stray.publish(t, 4)
 
-	wa := catalog.WorkerRank{Worker: "10.0.0.1:8000", Rank: 2}
-	wb := catalog.WorkerRank{Worker: "10.0.0.2:8000", Rank: 2}
+	wa := catalog.WorkerRank{WorkerID: "10.0.0.1:8000", Rank: 2}
+	wb := catalog.WorkerRank{WorkerID: "10.0.0.2:8000", Rank: 2}
 	rec.waitLast(t, wa, 19)
 	rec.waitLast(t, wb, 9)
 	applied, _ := rec.state(wb)
@@ -452,7 +452,7 @@ func TestFeedBindCustomAttribution(t *testing.T) {
 	rec := newBatchRecorder(t)
 	f, err := NewFeed(testOpts(rec))
 	require.NoError(t, err)
-	w := catalog.WorkerRank{Worker: "pod-a", Rank: 3}
+	w := catalog.WorkerRank{WorkerID: "pod-a", Rank: 3}
 	addr, err := f.Bind(BindConfig{Endpoint: "tcp://127.0.0.1:0", Attribute: func(topic string) (catalog.WorkerRank, bool) {
 		return w, topic == "A"
 	}})
@@ -470,7 +470,7 @@ func TestFeedRemoveAndReplaceWhileRunning(t *testing.T) {
 	require.NoError(t, err)
 	runFeed(t, f)
 	e1 := newTestEngine(t, engineOpts{})
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: e1.addr}))
 	e1.waitSubscribed(t)
 	e1.publish(t, 5)
@@ -506,7 +506,7 @@ func TestFeedRunOnce(t *testing.T) {
 	require.NoError(t, err)
 	// Sources and binds registered before Run are served and cleaned up by it.
 	eng := newTestEngine(t, engineOpts{})
-	w := catalog.WorkerRank{Worker: "w"}
+	w := catalog.WorkerRank{WorkerID: "w"}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: eng.addr}))
 	_, err = f.Bind(BindConfig{Endpoint: "tcp://127.0.0.1:0"})
 	require.NoError(t, err)
@@ -570,7 +570,7 @@ func TestFeedStopsDuringStalledHandshake(t *testing.T) {
 
 	f, err := NewFeed(testOpts(newBatchRecorder(t)))
 	require.NoError(t, err)
-	w := catalog.WorkerRank{Worker: "mute"}
+	w := catalog.WorkerRank{WorkerID: "mute"}
 	require.NoError(t, f.AddSource(SourceConfig{Worker: w, Endpoint: "tcp://" + l.Addr().String()}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -322,7 +322,7 @@ func (h *IndexHandler) ResetSource(src catalog.WorkerRank) {
 	st := v.(*sourceState)
 	for _, r := range st.ranks {
 		if r != src.Rank {
-			h.applier.ClearRank(catalog.WorkerRank{Worker: src.Worker, Rank: r})
+			h.applier.ClearRank(catalog.WorkerRank{WorkerID: src.WorkerID, Rank: r})
 		}
 	}
 	st.ranks = st.ranks[:0]

@@ -75,7 +75,7 @@ func TestNewIndexHandlerValidates(t *testing.T) {
 func TestIndexHandlerAppliesToBatchRank(t *testing.T) {
 	rec := &recorder{}
 	h := newTestHandler(t, rec, HandlerOptions{})
-	src := catalog.WorkerRank{Worker: "w1", Rank: 0}
+	src := catalog.WorkerRank{WorkerID: "w1", Rank: 0}
 
 	h.HandleBatch(src, 0, payloadA(t))                                                                            // dp_rank 0
 	h.HandleBatch(src, 1, arrayBatch(2, storedArr([]uint64{9}, nil, seqTokens(0, 4), 4)))                         // dp_rank 2
@@ -83,21 +83,21 @@ func TestIndexHandlerAppliesToBatchRank(t *testing.T) {
 
 	require.Equal(t, []applyCall{
 		{src, storedA()},
-		{catalog.WorkerRank{Worker: "w1", Rank: 2}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{9}, Tokens: seqTokens(0, 4), BlockSize: 4}},
+		{catalog.WorkerRank{WorkerID: "w1", Rank: 2}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{9}, Tokens: seqTokens(0, 4), BlockSize: 4}},
 		{src, kvindex.Event{Kind: kvindex.EventRemoved, BlockHashes: []uint64{9}}},
 	}, rec.applied)
 	require.Equal(t, HandlerStats{Batches: 3, EventsApplied: 3, StoresApplied: 2, LastSeq: 2}, h.Stats(src))
 
 	// Reset clears the registered rank and the override seen, once.
 	h.ResetSource(src)
-	require.ElementsMatch(t, []catalog.WorkerRank{src, {Worker: "w1", Rank: 2}}, rec.cleared)
+	require.ElementsMatch(t, []catalog.WorkerRank{src, {WorkerID: "w1", Rank: 2}}, rec.cleared)
 	rec.cleared = nil
 	h.ResetSource(src)
 	require.Equal(t, []catalog.WorkerRank{src}, rec.cleared)
 	require.Equal(t, uint64(2), h.Stats(src).Resets)
 
 	// A source never seen is still cleared, and has zero stats.
-	other := catalog.WorkerRank{Worker: "w2", Rank: 3}
+	other := catalog.WorkerRank{WorkerID: "w2", Rank: 3}
 	rec.cleared = nil
 	h.ResetSource(other)
 	require.Equal(t, []catalog.WorkerRank{other}, rec.cleared)
@@ -127,7 +127,7 @@ func TestIndexHandlerCountsSkipsAndRejections(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	now := time.Unix(1000, 0)
 	h := newTestHandler(t, rec, HandlerOptions{BlockSize: 4, Logger: logger, now: func() time.Time { return now }})
-	src := catalog.WorkerRank{Worker: "w", Rank: 1}
+	src := catalog.WorkerRank{WorkerID: "w", Rank: 1}
 	toks := seqTokens(0, 12)
 	batch := arrayBatch(noRank,
 		storedArr([]uint64{1}, nil, toks[:4], 4),
@@ -193,8 +193,8 @@ func TestIndexHandlerCountsSkipsAndRejections(t *testing.T) {
 
 func TestIndexHandlerStatsAndForget(t *testing.T) {
 	h := newTestHandler(t, &recorder{}, HandlerOptions{})
-	a := catalog.WorkerRank{Worker: "a"}
-	b := catalog.WorkerRank{Worker: "b", Rank: 1}
+	a := catalog.WorkerRank{WorkerID: "a"}
+	b := catalog.WorkerRank{WorkerID: "b", Rank: 1}
 	h.HandleBatch(a, 5, payloadA(t))
 	h.HandleBatch(b, 7, payloadB(t))
 	all := h.AllStats()
@@ -229,7 +229,7 @@ func TestIndexHandlerConcurrentSources(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			src := catalog.WorkerRank{Worker: fmt.Sprintf("w%d", s)}
+			src := catalog.WorkerRank{WorkerID: fmt.Sprintf("w%d", s)}
 			for i := range batches {
 				h.HandleBatch(src, uint64(i), arrayBatch(s%3, storedArr([]uint64{uint64(i)}, nil, seqTokens(i, 4), 4)))
 			}
@@ -241,12 +241,12 @@ func TestIndexHandlerConcurrentSources(t *testing.T) {
 	<-readerDone
 	require.Len(t, rec.applied, sources*batches)
 	for s := range sources {
-		st := h.Stats(catalog.WorkerRank{Worker: fmt.Sprintf("w%d", s)})
+		st := h.Stats(catalog.WorkerRank{WorkerID: fmt.Sprintf("w%d", s)})
 		require.Equal(t, HandlerStats{Batches: batches, EventsApplied: batches, StoresApplied: batches, LastSeq: batches - 1, Resets: 1}, st)
 	}
 	for _, c := range rec.applied {
 		var s int
-		_, err := fmt.Sscanf(c.W.Worker, "w%d", &s)
+		_, err := fmt.Sscanf(c.W.WorkerID, "w%d", &s)
 		require.NoError(t, err)
 		require.Equal(t, s%3, c.W.Rank, "dp_rank of the batch")
 	}
@@ -257,7 +257,7 @@ func TestIndexHandlerWithIndex(t *testing.T) {
 	ix, err := kvindex.New(kvindex.Options{BlockSize: 4})
 	require.NoError(t, err)
 	h := newTestHandler(t, ix, HandlerOptions{BlockSize: ix.BlockSize()})
-	src := catalog.WorkerRank{Worker: "engine-0"}
+	src := catalog.WorkerRank{WorkerID: "engine-0"}
 
 	toks := seqTokens(1, 16)
 	h.HandleBatch(src, 0, arrayBatch(0,
@@ -288,7 +288,7 @@ func TestIndexHandlerWithIndex(t *testing.T) {
 func TestIndexHandlerRefusedRanksAreNotRemembered(t *testing.T) {
 	rec := &recorder{}
 	h := newTestHandler(t, rec, HandlerOptions{})
-	src := catalog.WorkerRank{Worker: "w"}
+	src := catalog.WorkerRank{WorkerID: "w"}
 	rec.fail = func(ev kvindex.Event) error {
 		if ev.BlockHashes[0] == 7 {
 			return fmt.Errorf("rank 7: %w", ErrUnknownRank)
@@ -306,5 +306,5 @@ func TestIndexHandlerRefusedRanksAreNotRemembered(t *testing.T) {
 	require.EqualValues(t, 1, st.Skipped[SkipRankFull])
 	require.EqualValues(t, 2, st.StoresRejected)
 	h.ResetSource(src)
-	require.ElementsMatch(t, []catalog.WorkerRank{src, {Worker: "w", Rank: 2}}, rec.cleared)
+	require.ElementsMatch(t, []catalog.WorkerRank{src, {WorkerID: "w", Rank: 2}}, rec.cleared)
 }

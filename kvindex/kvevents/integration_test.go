@@ -132,7 +132,7 @@ func TestIntegrationDialReplayRestart(t *testing.T) {
 		t.Run(enc.String(), func(t *testing.T) {
 			r := newRig(t, nil, 0)
 			e := newEngine(t, func(o *fakeengine.Options) { o.Encoding = enc })
-			w := catalog.WorkerRank{Worker: "pod-a"}
+			w := catalog.WorkerRank{WorkerID: "pod-a"}
 			// Batches published before the feed subscribes are recovered by the
 			// first replay (the feed starts at seq 0 or replays from it).
 			r.serve(e, 10)
@@ -164,7 +164,7 @@ func TestIntegrationDialReplayRestart(t *testing.T) {
 func TestIntegrationNoReplayIsDegraded(t *testing.T) {
 	r := newRig(t, nil, 0)
 	e := newEngine(t, func(o *fakeengine.Options) { o.EnableReplay = false })
-	w := catalog.WorkerRank{Worker: "pod-b"}
+	w := catalog.WorkerRank{WorkerID: "pod-b"}
 	require.NoError(t, r.feed.AddSource(kvevents.SourceConfig{Worker: w, Endpoint: e.PubEndpoint()}))
 	require.NoError(t, e.WaitSubscribed(context.Background()))
 	r.serve(e, 20)
@@ -204,7 +204,7 @@ func TestIntegrationBindMode(t *testing.T) {
 		engines = append(engines, e)
 	}
 	for i, e := range engines {
-		w := catalog.WorkerRank{Worker: fmt.Sprintf("10.0.0.%d:8000", i+1)}
+		w := catalog.WorkerRank{WorkerID: fmt.Sprintf("10.0.0.%d:8000", i+1)}
 		r.prompts = nil
 		r.serve(e, 25)
 		r.converge(e, w)
@@ -234,7 +234,7 @@ func TestIntegrationFloodResyncs(t *testing.T) {
 	g := &gate{open: make(chan struct{})}
 	r := newRig(t, func(h kvevents.Handler) kvevents.Handler { g.Handler = h; return g }, 8)
 	e := newEngine(t, nil)
-	w := catalog.WorkerRank{Worker: "pod-c"}
+	w := catalog.WorkerRank{WorkerID: "pod-c"}
 	require.NoError(t, r.feed.AddSource(kvevents.SourceConfig{Worker: w, Endpoint: e.PubEndpoint(), ReplayEndpoint: e.ReplayEndpoint()}))
 	require.NoError(t, e.WaitSubscribed(context.Background()))
 	r.serve(e, 200) // far more than the queue of 8 while the handler is stuck

@@ -91,7 +91,7 @@ func (p *Peers) workerLocked(topic string) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("%w: %q", ErrTopicUnknown, topic)
 	}
-	ids := p.byHost[wr.Worker]
+	ids := p.byHost[wr.WorkerID]
 	switch len(ids) {
 	case 0:
 		return "", fmt.Errorf("%w: %q", ErrTopicUnknown, topic)
@@ -109,7 +109,7 @@ func (p *Peers) Attribute(topic string) (catalog.WorkerRank, bool) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	id, err := p.workerLocked(topic)
-	return catalog.WorkerRank{Worker: id}, err == nil
+	return catalog.WorkerRank{WorkerID: id}, err == nil
 }
 
 // Admit admits a connection only from the IP address of a known worker's

@@ -28,7 +28,7 @@ type SourceConfig struct {
 
 func (c SourceConfig) validate() error {
 	var errs []error
-	if c.Worker.Worker == "" {
+	if c.Worker.WorkerID == "" {
 		errs = append(errs, fmt.Errorf("%w: Worker.Worker is empty", ErrInvalidSource))
 	}
 	if c.Worker.Rank < 0 {

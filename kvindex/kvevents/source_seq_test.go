@@ -29,7 +29,7 @@ func (r *fakeReplay) fn(ctx context.Context, start uint64, yield func(frame)) er
 func newTestSequencer(t *testing.T, rp *fakeReplay) (*sequencer, *batchRecorder, *counters) {
 	rec := newBatchRecorder(t)
 	st := &counters{}
-	q := &sequencer{src: catalog.WorkerRank{Worker: "w"}, h: rec, st: st}
+	q := &sequencer{src: catalog.WorkerRank{WorkerID: "w"}, h: rec, st: st}
 	if rp != nil {
 		q.replay = rp.fn
 	}
@@ -43,7 +43,7 @@ func feedLive(q *sequencer, seqs ...uint64) {
 }
 
 func TestSequencer(t *testing.T) {
-	src := catalog.WorkerRank{Worker: "w"}
+	src := catalog.WorkerRank{WorkerID: "w"}
 	type want struct {
 		applied                []uint64
 		resets                 int

@@ -87,7 +87,7 @@ func TestResumeSourceFromPeer(t *testing.T) {
 	// 48 blocks a prefix could be evicted and stored again within the
 	// buffer, and the premise below held only by chance.)
 	e := newEngine(t, func(o *fakeengine.Options) { o.ReplayBuffer = buffer; o.CapacityBlocks = 256 })
-	w := catalog.WorkerRank{Worker: "pod-a"}
+	w := catalog.WorkerRank{WorkerID: "pod-a"}
 	src := kvevents.SourceConfig{Worker: w, Endpoint: e.PubEndpoint(), ReplayEndpoint: e.ReplayEndpoint()}
 	peer := newRig(t, nil, 0)
 	require.NoError(t, peer.feed.AddSource(src))
@@ -122,7 +122,7 @@ func TestResumeSourceFromPeer(t *testing.T) {
 // source degraded, as on any gap a replay cannot close.
 func TestResumeSourcePastTheBuffer(t *testing.T) {
 	e := newEngine(t, func(o *fakeengine.Options) { o.ReplayBuffer = 10 })
-	w := catalog.WorkerRank{Worker: "pod-b"}
+	w := catalog.WorkerRank{WorkerID: "pod-b"}
 	src := kvevents.SourceConfig{Worker: w, Endpoint: e.PubEndpoint(), ReplayEndpoint: e.ReplayEndpoint()}
 	peer := newRig(t, nil, 0)
 	require.NoError(t, peer.feed.AddSource(src))
@@ -151,7 +151,7 @@ func TestResumeSourcePastTheBuffer(t *testing.T) {
 // and ends with exactly the new cache.
 func TestResumeSourceEngineRestarted(t *testing.T) {
 	e := newEngine(t, nil)
-	w := catalog.WorkerRank{Worker: "pod-c"}
+	w := catalog.WorkerRank{WorkerID: "pod-c"}
 	src := kvevents.SourceConfig{Worker: w, Endpoint: e.PubEndpoint(), ReplayEndpoint: e.ReplayEndpoint()}
 	peer := newRig(t, nil, 0)
 	require.NoError(t, peer.feed.AddSource(src))
@@ -176,7 +176,7 @@ func TestResumeSourceEngineRestarted(t *testing.T) {
 // decides; the next batch after the cut continues exactly.
 func TestResumeSourceWithoutReplay(t *testing.T) {
 	e := newEngine(t, func(o *fakeengine.Options) { o.EnableReplay = false })
-	w := catalog.WorkerRank{Worker: "pod-d"}
+	w := catalog.WorkerRank{WorkerID: "pod-d"}
 	src := kvevents.SourceConfig{Worker: w, Endpoint: e.PubEndpoint()}
 	peer := newRig(t, nil, 0)
 	require.NoError(t, peer.feed.AddSource(src))
@@ -212,7 +212,7 @@ func TestResumeSourceWithoutReplay(t *testing.T) {
 // refused, and one that can no longer run is dropped, its channel closed.
 func TestResumeSourceBeforeRun(t *testing.T) {
 	e := newEngine(t, nil)
-	w := catalog.WorkerRank{Worker: "pod-e"}
+	w := catalog.WorkerRank{WorkerID: "pod-e"}
 	ix, err := kvindex.New(kvindex.Options{BlockSize: itBlock})
 	require.NoError(t, err)
 	h, err := kvevents.NewIndexHandler(ix, kvevents.HandlerOptions{BlockSize: itBlock})

@@ -110,7 +110,7 @@ func TestWarmStartOverNATS(t *testing.T) {
 		res, err := a.SelectAndReserve(context.Background(), selection.Request{Tokens: p})
 		require.NoError(t, err)
 		var i int
-		_, err = fmt.Sscanf(res.Worker, "e%d", &i)
+		_, err = fmt.Sscanf(res.WorkerID, "e%d", &i)
 		require.NoError(t, err)
 		_, err = engines[i].Serve(fakeengine.Request{Tokens: p})
 		require.NoError(t, err)

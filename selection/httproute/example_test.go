@@ -78,7 +78,7 @@ func Example() {
 	_, _ = svc.UpsertWorker(catalog.Worker{ID: "engine-b", Endpoint: b.Listener.Addr().String(), DPSize: 1})
 	ask()
 	for _, l := range svc.Loads("") {
-		fmt.Println(l.Worker, "active requests:", l.ActiveRequests)
+		fmt.Println(l.WorkerID, "active requests:", l.ActiveRequests)
 	}
 	fmt.Println("bookings:", svc.Stats().Bookings, "freed:", svc.Stats().Frees)
 	// Output:

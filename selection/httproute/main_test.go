@@ -157,7 +157,7 @@ func (env *testEnv) waitServed(t *testing.T, n int) {
 func (env *testEnv) load(t *testing.T, model, id string) selection.WorkerLoad {
 	t.Helper()
 	for _, l := range env.svc.Loads(model) {
-		if l.Worker == id {
+		if l.WorkerID == id {
 			return l
 		}
 	}

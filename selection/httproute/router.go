@@ -75,7 +75,7 @@ func (s single) Book(ctx context.Context, req selection.Request) (Booked, error)
 	if err != nil {
 		return Booked{}, err
 	}
-	return Booked{Handle: b, Endpoint: b.Endpoint, Worker: b.Worker, ID: b.ReservationID}, nil
+	return Booked{Handle: b, Endpoint: b.Endpoint, Worker: b.WorkerID, ID: b.ReservationID}, nil
 }
 
 // Pairs is the Service that books each request with pb: a prefill worker
@@ -91,7 +91,7 @@ func (p pairs) Book(ctx context.Context, req selection.Request) (Booked, error) 
 	if err != nil {
 		return Booked{}, err
 	}
-	b := Booked{Handle: plan, Endpoint: plan.Destination(), Worker: plan.Decode.Worker, ID: plan.ID}
+	b := Booked{Handle: plan, Endpoint: plan.Destination(), Worker: plan.Decode.WorkerID, ID: plan.ID}
 	if hint, ok := plan.PrefillHint(); ok {
 		b.Prefiller = hint
 	}

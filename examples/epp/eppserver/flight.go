@@ -53,7 +53,7 @@ var (
 // newFlight starts following plan; with renewal on, the renewer holds it
 // until Done.
 func (r *router) newFlight(plan roles.Plan) *flight {
-	fl := &flight{r: r, plan: plan, worker: plan.Decode.Worker}
+	fl := &flight{r: r, plan: plan, worker: plan.Decode.WorkerID}
 	var h lifecycle.Handle = plan
 	if r.handleOf != nil {
 		h = r.handleOf(plan)
@@ -115,10 +115,10 @@ func (r *router) rebook(fl *flight, endpoint string) {
 	var err error
 	if known {
 		if err = fl.follow.Served(to, fallback); err == nil {
-			fl.worker = to.Worker
+			fl.worker = to.WorkerID
 			r.m.Rebooked(prommetrics.RebookMoved)
 			r.log.Info("booking moved to the served worker", "plan", fl.plan.ID,
-				"picked", fl.plan.Decode.Worker, "served", to.Worker, "rank", to.Rank, "endpoint", endpoint)
+				"picked", fl.plan.Decode.WorkerID, "served", to.WorkerID, "rank", to.Rank, "endpoint", endpoint)
 			return
 		}
 		if errors.Is(err, roles.ErrUnknownPlan) || errors.Is(err, selection.ErrUnknownReservation) {
@@ -127,7 +127,7 @@ func (r *router) rebook(fl *flight, endpoint string) {
 	}
 	fl.Done()
 	r.m.Rebooked(prommetrics.RebookFreed)
-	attrs := []any{"plan", fl.plan.ID, "picked", fl.plan.Decode.Worker, "served", endpoint}
+	attrs := []any{"plan", fl.plan.ID, "picked", fl.plan.Decode.WorkerID, "served", endpoint}
 	if err != nil {
 		attrs = append(attrs, "err", err)
 	}
@@ -290,7 +290,7 @@ func explain(chosen catalog.WorkerRank, sc []selection.Scored) string {
 const maxExplainedID = 64
 
 func writeRank(b *strings.Builder, wr catalog.WorkerRank) {
-	id := wr.Worker
+	id := wr.WorkerID
 	if len(id) > maxExplainedID {
 		id = id[:maxExplainedID]
 	}

@@ -78,7 +78,7 @@ func (r *flightRig) svc() *selection.SelectionService { return r.e.rs.Service(ro
 func (r *flightRig) load(t *testing.T, id string) selection.WorkerLoad {
 	t.Helper()
 	for _, l := range r.svc().Loads(r.e.cfg.Model) {
-		if l.Worker == id {
+		if l.WorkerID == id {
 			return l
 		}
 	}
@@ -91,7 +91,7 @@ func (r *flightRig) busy() []string {
 	var out []string
 	for _, l := range r.svc().Loads(r.e.cfg.Model) {
 		if l.ActiveRequests > 0 {
-			out = append(out, l.Worker)
+			out = append(out, l.WorkerID)
 		}
 	}
 	return out
@@ -347,20 +347,20 @@ func TestDebugHeaderExplainsTheDecision(t *testing.T) {
 
 	many := make([]selection.Scored, 40)
 	for i := range many {
-		many[i] = selection.Scored{WorkerLoad: selection.WorkerLoad{WorkerRank: catalog.WorkerRank{Worker: strings.Repeat("x", 300) + fmt.Sprint(i)}},
+		many[i] = selection.Scored{WorkerLoad: selection.WorkerLoad{WorkerRank: catalog.WorkerRank{WorkerID: strings.Repeat("x", 300) + fmt.Sprint(i)}},
 			Cost: float64(40 - i)}
 	}
-	v = explain(catalog.WorkerRank{Worker: "bad id\n"}, many)
+	v = explain(catalog.WorkerRank{WorkerID: "bad id\n"}, many)
 	require.Equal(t, explainCandidates, strings.Count(v, "cost="))
 	require.Contains(t, v, "cost=1.00", "the cheapest are kept")
 	require.True(t, strings.HasPrefix(v, "chosen=bad_id_/0"), v)
 	require.LessOrEqual(t, len(v), extproc.MaxDebugLen)
 	// The predictive cost's seconds keep three significant digits.
-	v = explain(catalog.WorkerRank{Worker: "a"}, []selection.Scored{{Cost: 0.01637}})
+	v = explain(catalog.WorkerRank{WorkerID: "a"}, []selection.Scored{{Cost: 0.01637}})
 	require.Contains(t, v, "cost=0.0164 ", v)
 	require.NotContains(t, v, "rate=", "no calibrated rate yet")
 	// A calibrated rank shows its rate and slowness.
-	v = explain(catalog.WorkerRank{Worker: "a"}, []selection.Scored{{Cost: 0.01, WorkerLoad: selection.WorkerLoad{PrefillRate: 12345.6, Slowness: 1.5}}})
+	v = explain(catalog.WorkerRank{WorkerID: "a"}, []selection.Scored{{Cost: 0.01, WorkerLoad: selection.WorkerLoad{PrefillRate: 12345.6, Slowness: 1.5}}})
 	require.Contains(t, v, " rate=12346 slow=1.50", v)
 }
 

@@ -493,7 +493,7 @@ func (env *loadEnv) waitIdle(t *testing.T) {
 			}
 			for _, l := range svc.Loads(model) {
 				if l.ActiveRequests != 0 || l.ActiveBlocks != 0 || l.ActivePrefillTokens != 0 {
-					return fmt.Errorf("%s: load left on %s: %+v", role, l.Worker, l)
+					return fmt.Errorf("%s: load left on %s: %+v", role, l.WorkerID, l)
 				}
 			}
 		}

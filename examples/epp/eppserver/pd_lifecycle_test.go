@@ -85,7 +85,7 @@ func (r *pdRig) held() map[roles.Role]map[string]int {
 		out[role] = map[string]int{}
 		for _, l := range r.e.rs.Service(role).Loads(r.e.cfg.Model) {
 			if l.ActiveRequests != 0 {
-				out[role][l.Worker] = l.ActiveRequests
+				out[role][l.WorkerID] = l.ActiveRequests
 			}
 		}
 	}

@@ -118,9 +118,9 @@ func (r *router) setWorkers(ws []catalog.Worker) {
 	firstRank := make(map[string]catalog.WorkerRank, len(ws))
 	for _, w := range ws {
 		if rs := w.Ranks(); len(rs) > 0 {
-			firstRank[w.ID] = catalog.WorkerRank{Worker: w.ID, Rank: rs[0]}
+			firstRank[w.ID] = catalog.WorkerRank{WorkerID: w.ID, Rank: rs[0]}
 		} else {
-			firstRank[w.ID] = catalog.WorkerRank{Worker: w.ID}
+			firstRank[w.ID] = catalog.WorkerRank{WorkerID: w.ID}
 		}
 		ep, err := extproc.CanonicalEndpoint(w.Endpoint)
 		if err != nil {
@@ -353,8 +353,8 @@ func (r *router) leastLoaded(allowed []string) (extproc.Pick, error) {
 	}
 	best, bestLoad := "", math.MaxInt
 	for _, l := range r.loads.Loads(r.model) {
-		if ok(l.Worker) && l.ActiveRequests < bestLoad {
-			best, bestLoad = l.Worker, l.ActiveRequests
+		if ok(l.WorkerID) && l.ActiveRequests < bestLoad {
+			best, bestLoad = l.WorkerID, l.ActiveRequests
 		}
 	}
 	r.mu.RLock()

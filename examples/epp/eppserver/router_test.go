@@ -155,7 +155,7 @@ func TestRouterSubsetHint(t *testing.T) {
 }
 
 func TestRouterBodylessGoesToLeastLoaded(t *testing.T) {
-	svc := &fakeSvc{loads: []selection.WorkerLoad{{WorkerRank: catalog.WorkerRank{Worker: "a"}, ActiveRequests: 3}, {WorkerRank: catalog.WorkerRank{Worker: "b"}, ActiveRequests: 1}, {WorkerRank: catalog.WorkerRank{Worker: "c"}, ActiveRequests: 0}}}
+	svc := &fakeSvc{loads: []selection.WorkerLoad{{WorkerRank: catalog.WorkerRank{WorkerID: "a"}, ActiveRequests: 3}, {WorkerRank: catalog.WorkerRank{WorkerID: "b"}, ActiveRequests: 1}, {WorkerRank: catalog.WorkerRank{WorkerID: "c"}, ActiveRequests: 0}}}
 	r := newTestRouter(svc, fakeTok{})
 	p, err := r.Pick(context.Background(), extproc.PickRequest{})
 	require.NoError(t, err)

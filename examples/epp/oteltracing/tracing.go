@@ -94,7 +94,7 @@ func (s decisionSpan) End(d *selection.Decision, err error) {
 	}
 	if d != nil {
 		s.span.SetAttributes(
-			AttrWorker.String(d.Worker), AttrRank.Int(d.Rank), AttrCandidates.Int(d.Candidates),
+			AttrWorker.String(d.WorkerID), AttrRank.Int(d.Rank), AttrCandidates.Int(d.Candidates),
 			AttrChosenOverlap.Int(d.ChosenOverlapBlocks), AttrBestOverlap.Int(d.BestOverlapBlocks),
 			AttrRequestBlocks.Int(d.RequestBlocks), AttrPrefill.Int(d.EffectivePrefill),
 			AttrQueueWait.Float64(d.QueueWait.Seconds()), AttrCost.Float64(d.Cost), AttrMargin.Float64(d.Margin),

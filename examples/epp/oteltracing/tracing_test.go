@@ -51,7 +51,7 @@ func TestSpansOfAPick(t *testing.T) {
 	oteltracing.EndTokenize(tok, tokenize.Result{Tokens: make([]uint32, 48)}, nil)
 	dt, err := oteltracing.NewDecisionTracer(tr, "decode")
 	require.NoError(t, err)
-	dt.StartDecision(ctx, "m", true).End(&selection.Decision{WorkerRank: catalog.WorkerRank{Worker: "w1", Rank: 2}, Candidates: 3,
+	dt.StartDecision(ctx, "m", true).End(&selection.Decision{WorkerRank: catalog.WorkerRank{WorkerID: "w1", Rank: 2}, Candidates: 3,
 		RequestBlocks: 3, QueueWait: 250 * time.Millisecond, Cost: 1.5, Retries: 1}, nil)
 	dt.StartDecision(ctx, "m", false).End(nil, errors.New("no endpoints"))
 	pick.End()
@@ -129,7 +129,7 @@ func ExampleNewDecisionTracer() {
 	}
 	// In an EPP: builder.Tracer(dt) on the role's SelectionServiceBuilder.
 	ctx, pick := oteltracing.StartPick(context.Background(), tr, nil)
-	dt.StartDecision(ctx, "qwen", true).End(&selection.Decision{WorkerRank: catalog.WorkerRank{Worker: "pod-a"}, Candidates: 4}, nil)
+	dt.StartDecision(ctx, "qwen", true).End(&selection.Decision{WorkerRank: catalog.WorkerRank{WorkerID: "pod-a"}, Candidates: 4}, nil)
 	pick.End()
 	for _, s := range sr.Ended() {
 		a := attrs(s)

@@ -152,7 +152,7 @@ func TestServiceCollector(t *testing.T) {
 	require.NoError(t, err)
 	res, err := svc.SelectAndReserve(context.Background(), selection.Request{Model: "m", ReservationID: "r1", Tokens: make([]uint32, 64)})
 	require.NoError(t, err)
-	require.Equal(t, "a", res.Worker)
+	require.Equal(t, "a", res.WorkerID)
 
 	sc, err := prommetrics.NewServiceCollector(prommetrics.ServiceOptions{Services: map[string]*selection.SelectionService{"aggregated": svc}, Model: "m"})
 	require.NoError(t, err)

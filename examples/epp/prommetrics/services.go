@@ -173,7 +173,7 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(dWorkers, float64(byLife[l]), role, l.String())
 		}
 		for _, l := range s.Loads(c.model) {
-			lv := []string{role, l.Worker, strconv.Itoa(l.Rank)}
+			lv := []string{role, l.WorkerID, strconv.Itoa(l.Rank)}
 			gauge(dLoadRequests, float64(l.ActiveRequests), lv...)
 			gauge(dLoadBlocks, float64(l.ActiveBlocks), lv...)
 			gauge(dLoadPrefill, float64(l.ActivePrefillTokens), lv...)
@@ -183,7 +183,7 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(dLoadRecent, l.RecentBookings, lv...)
 		}
 		for _, e := range s.Events().Sources() {
-			lv := []string{role, e.Worker.Worker, strconv.Itoa(e.Worker.Rank)}
+			lv := []string{role, e.Worker.WorkerID, strconv.Itoa(e.Worker.Rank)}
 			counter(dEvApplied, float64(e.Handler.EventsApplied), lv...)
 			for r, n := range e.Handler.Skipped {
 				counter(dEvSkipped, float64(n), append(lv, kvevents.SkipReason(r).String())...)
@@ -218,7 +218,7 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(dBindMsgs, float64(b.Unattributed), role, b.Endpoint, "unattributed")
 		}
 		for _, h := range s.Events().Health() {
-			lv := []string{role, h.Worker.Worker, strconv.Itoa(h.Worker.Rank)}
+			lv := []string{role, h.Worker.WorkerID, strconv.Itoa(h.Worker.Rank)}
 			for _, st := range []selection.FeedState{selection.FeedHealthy, selection.FeedSilent, selection.FeedMisSpeaking, selection.FeedNeverHeard} {
 				gauge(dFeedState, b2f(h.State == st), append(lv, st.String())...)
 			}
