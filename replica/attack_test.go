@@ -200,7 +200,7 @@ func TestSlowSnapshotResponderBlocksNoOne(t *testing.T) {
 	a.bus.setDown(true)
 	var booked []string
 	for range 5 {
-		booked = append(booked, b.book(t, rng, 2))
+		booked = append(booked, string(b.book(t, rng, 2)))
 	}
 	require.NoError(t, b.r.Flush())
 	require.Empty(t, a.r.RemoteIDs("b"))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvselect/kvselect/internal/benchfleet"
 	"github.com/kvselect/kvselect/replica"
+	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -76,10 +77,10 @@ func BenchmarkSelectAndReserveReplicated(b *testing.B) {
 	ctx := context.Background()
 	once := func(tb testing.TB, s *selection.SelectionService, i int) {
 		k := i % len(prompts)
-		if _, err := s.SelectAndReserve(ctx, selection.Request{ReservationID: ids[k], Tokens: prompts[k]}); err != nil {
+		if _, err := s.SelectAndReserve(ctx, selection.Request{ReservationID: reservation.ID(ids[k]), Tokens: prompts[k]}); err != nil {
 			tb.Fatal(err)
 		}
-		if err := s.Reservations().Free(ids[k]); err != nil {
+		if err := s.Reservations().Free(reservation.ID(ids[k])); err != nil {
 			tb.Fatal(err)
 		}
 	}

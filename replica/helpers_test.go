@@ -15,6 +15,7 @@ import (
 	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/replica/internal/replicatest"
+	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -78,7 +79,7 @@ func (n *node) close() {
 
 // book books a request of blocks full blocks (random tokens) and returns its
 // id.
-func (n *node) book(t testing.TB, rng *rand.Rand, blocks int) string {
+func (n *node) book(t testing.TB, rng *rand.Rand, blocks int) reservation.ID {
 	t.Helper()
 	toks := make([]uint32, blocks*16+3)
 	for i := range toks {
@@ -86,7 +87,7 @@ func (n *node) book(t testing.TB, rng *rand.Rand, blocks int) string {
 	}
 	res, err := n.svc.SelectAndReserve(context.Background(), selection.Request{Tokens: toks})
 	require.NoError(t, err)
-	return res.ReservationID
+	return reservation.ID(string(res.ReservationID))
 }
 
 // views reports how the nodes' views differ, "" when they agree

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -35,7 +36,7 @@ func TestRetiredEntryNotReusedBeforeFlush(t *testing.T) {
 	defer r.Close()
 	w := catalog.WorkerRank{WorkerID: "w1"}
 	ev := func(id string, h uint64) selection.BookingEvent {
-		return selection.BookingEvent{ID: id, Worker: w, SeqHashes: []uint64{h, h, h}, Lease: time.Minute}
+		return selection.BookingEvent{ID: reservation.ID(id), Worker: w, SeqHashes: []uint64{h, h, h}, Lease: time.Minute}
 	}
 	// Warm the spare list so that the next entry is a recycled one.
 	r.Booked(ev("warm", 9))

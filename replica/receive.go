@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -260,7 +261,7 @@ func (r *Replicator) applyOpLocked(p *peer, o *wireOp, now int64) {
 		r.refuse(reasonPeerFull) // output growth counts against the bound too
 		return
 	}
-	err := r.svc.Replicas().Settle(p.origin, o.id, o.how)
+	err := r.svc.Replicas().Settle(p.origin, reservation.ID(o.id), o.how)
 	switch {
 	case err == nil && o.how == selection.SettleFree:
 		r.forgetLocked(p, o.id)
@@ -319,7 +320,7 @@ func (r *Replicator) bookLocked(p *peer, o *wireOp, now int64) {
 	lease := min(max(time.Duration(o.leaseMS)*time.Millisecond, remaining), limit)
 	remaining = min(remaining, limit)
 	err := r.svc.Replicas().Book(p.origin, selection.BookingEvent{
-		ID: o.id, Model: o.model, Worker: o.worker, SeqHashes: o.hashes, PrivateBlocks: o.private,
+		ID: reservation.ID(o.id), Model: o.model, Worker: o.worker, SeqHashes: o.hashes, PrivateBlocks: o.private,
 		PrefillTokens: o.prefill, ExpectedOutputTokens: o.expected, Lease: lease, Remaining: remaining,
 		Session: o.session,
 	})
@@ -345,7 +346,7 @@ func (r *Replicator) bookLocked(p *peer, o *wireOp, now int64) {
 // dropViewLocked frees every booking of p held in the service.
 func (r *Replicator) dropViewLocked(p *peer) {
 	for id := range p.ids {
-		_ = r.svc.Replicas().Settle(p.origin, id, selection.SettleFree)
+		_ = r.svc.Replicas().Settle(p.origin, reservation.ID(id), selection.SettleFree)
 	}
 	if len(p.ids) > 1024 {
 		p.ids = map[string]remote{} // a cleared map keeps its buckets
@@ -753,7 +754,7 @@ func (r *Replicator) checkPeers() {
 		}
 		for id, h := range p.ids {
 			if h.deadline <= now {
-				_ = r.svc.Replicas().Settle(p.origin, id, selection.SettleFree)
+				_ = r.svc.Replicas().Settle(p.origin, reservation.ID(id), selection.SettleFree)
 				r.forgetLocked(p, id)
 			}
 		}
@@ -833,14 +834,14 @@ func (r *Replicator) Peers() []Peer {
 
 // RemoteIDs returns the ids of origin's bookings held in the service, sorted
 // (nil for an unknown peer).
-func (r *Replicator) RemoteIDs(origin string) []string {
+func (r *Replicator) RemoteIDs(origin string) []reservation.ID {
 	r.pmu.Lock()
 	p := r.peers[origin]
-	var ids []string
+	var ids []reservation.ID
 	if p != nil {
-		ids = make([]string, 0, len(p.ids))
+		ids = make([]reservation.ID, 0, len(p.ids))
 		for id := range p.ids {
-			ids = append(ids, id)
+			ids = append(ids, reservation.ID(id))
 		}
 	}
 	r.pmu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -386,7 +387,7 @@ func (r *Replicator) Booked(ev selection.BookingEvent) {
 		return
 	}
 	b := booked{
-		id: ev.ID, model: ev.Model, worker: ev.Worker, hashes: ev.SeqHashes, private: ev.PrivateBlocks,
+		id: string(ev.ID), model: ev.Model, worker: ev.Worker, hashes: ev.SeqHashes, private: ev.PrivateBlocks,
 		prefill: ev.PrefillTokens, expected: ev.ExpectedOutputTokens, leaseMS: leaseMS(ev.Lease),
 		session: ev.Session,
 	}
@@ -405,12 +406,12 @@ func (r *Replicator) Booked(ev selection.BookingEvent) {
 	e.model, e.worker, e.private, e.prefill, e.expected = ev.Model, ev.Worker, ev.PrivateBlocks, ev.PrefillTokens, ev.ExpectedOutputTokens
 	e.lease, e.deadline, e.prefilled = time.Duration(b.leaseMS)*time.Millisecond, deadline, false
 	e.session = ev.Session
-	if old := r.mu.local[ev.ID]; old != nil {
+	if old := r.mu.local[string(ev.ID)]; old != nil {
 		r.retireLocked(old)
 	}
-	r.mu.local[ev.ID] = e
+	r.mu.local[string(ev.ID)] = e
 	kick, overflow := r.queueLocked(pendingOp{
-		id: ev.ID, model: ev.Model, worker: ev.Worker, hashes: e.hashes, private: int32(ev.PrivateBlocks),
+		id: string(ev.ID), model: ev.Model, worker: ev.Worker, hashes: e.hashes, private: int32(ev.PrivateBlocks),
 		prefill: int32(ev.PrefillTokens), expected: int32(ev.ExpectedOutputTokens), leaseMS: int32(b.leaseMS),
 		size: int32(size), kind: opBooked, session: ev.Session,
 	})
@@ -420,7 +421,7 @@ func (r *Replicator) Booked(ev selection.BookingEvent) {
 
 // Settled records a settling call on one of the service's own bookings and
 // queues it for the peers (selection.BookingObserver).
-func (r *Replicator) Settled(id string, how selection.Settlement) {
+func (r *Replicator) Settled(id reservation.ID, how selection.Settlement) {
 	if r.closed.Load() {
 		return
 	}
@@ -433,20 +434,20 @@ func (r *Replicator) Settled(id string, how selection.Settlement) {
 		now = r.o.Now().UnixNano()
 	}
 	r.mu.Lock()
-	if e := r.mu.local[id]; e != nil {
+	if e := r.mu.local[string(id)]; e != nil {
 		switch how {
 		case selection.SettlePrefill:
 			e.prefilled = true
 		case selection.SettleRenew:
 			e.deadline = max(e.deadline, now+int64(e.lease))
 		case selection.SettleFree:
-			delete(r.mu.local, id)
+			delete(r.mu.local, string(id))
 			r.retireLocked(e)
 		case selection.SettleOutputBlock:
 			e.private++
 		}
 	}
-	kick, overflow := r.queueLocked(pendingOp{id: id, size: int32(settledSize(id)), kind: opSettled, how: how})
+	kick, overflow := r.queueLocked(pendingOp{id: string(id), size: int32(settledSize(string(id))), kind: opSettled, how: how})
 	r.mu.Unlock()
 	r.queued(kick, overflow)
 }
@@ -530,13 +531,13 @@ func (r *Replicator) queued(kick, overflow bool) {
 
 // LocalIDs returns the ids of the live local bookings this replica shares
 // (what its snapshot holds), sorted.
-func (r *Replicator) LocalIDs() []string {
+func (r *Replicator) LocalIDs() []reservation.ID {
 	now := r.o.Now().UnixNano()
 	r.mu.Lock()
-	ids := make([]string, 0, len(r.mu.local))
+	ids := make([]reservation.ID, 0, len(r.mu.local))
 	for id, e := range r.mu.local {
 		if e.deadline > now {
-			ids = append(ids, id)
+			ids = append(ids, reservation.ID(id))
 		}
 	}
 	r.mu.Unlock()

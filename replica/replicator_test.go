@@ -15,6 +15,7 @@ import (
 	"github.com/kvselect/kvselect/internal/clocktest"
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/replica/internal/replicatest"
+	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -89,21 +90,21 @@ func TestReplicatesBookingsAndSettlements(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	var ids []string
 	for range 5 {
-		ids = append(ids, a.book(t, rng, 8))
+		ids = append(ids, string(a.book(t, rng, 8)))
 	}
-	ids = append(ids, b.book(t, rng, 3))
-	require.NoError(t, a.svc.Reservations().PrefillComplete(ids[0]))
-	require.NoError(t, a.svc.Reservations().Renew(ids[1]))
-	require.NoError(t, a.svc.Reservations().Free(ids[2]))
+	ids = append(ids, string(b.book(t, rng, 3)))
+	require.NoError(t, a.svc.Reservations().PrefillComplete(reservation.ID(ids[0])))
+	require.NoError(t, a.svc.Reservations().Renew(reservation.ID(ids[1])))
+	require.NoError(t, a.svc.Reservations().Free(reservation.ID(ids[2])))
 	requireConverged(t, a, b, c)
 	require.Equal(t, 5, activeRequests(c))
 	require.Len(t, c.r.RemoteIDs("a"), 4)
 	require.Len(t, c.r.RemoteIDs("b"), 1)
 
 	for _, id := range append(ids[:2:2], ids[3:5]...) {
-		require.NoError(t, a.svc.Reservations().Free(id))
+		require.NoError(t, a.svc.Reservations().Free(reservation.ID(id)))
 	}
-	require.NoError(t, b.svc.Reservations().Free(ids[5]))
+	require.NoError(t, b.svc.Reservations().Free(reservation.ID(ids[5])))
 	requireConverged(t, a, b, c)
 	for _, n := range []*node{a, b, c} {
 		require.Zero(t, activeRequests(n))
@@ -137,9 +138,9 @@ func TestGapTakesSnapshot(t *testing.T) {
 	missed := a.book(t, rng, 4)
 	require.NoError(t, a.r.Flush())
 	require.NotContains(t, b.r.RemoteIDs("a"), missed, "the batch was lost")
-	require.NoError(t, a.svc.Reservations().Free(keep))
+	require.NoError(t, a.svc.Reservations().Free(reservation.ID(keep)))
 	requireConverged(t, a, b)
-	require.Equal(t, []string{missed}, b.r.RemoteIDs("a"))
+	require.Equal(t, []reservation.ID{missed}, b.r.RemoteIDs("a"))
 	st := b.r.Stats()
 	require.Positive(t, st.Gaps)
 	require.Positive(t, st.SnapshotsTaken)
@@ -182,10 +183,10 @@ func TestOverflowAsksResync(t *testing.T) {
 	release := a.bus.hold(t)
 	var ids []string
 	for range 40 {
-		ids = append(ids, a.book(t, rng, 2))
+		ids = append(ids, string(a.book(t, rng, 2)))
 	}
 	for _, id := range ids[:10] {
-		require.NoError(t, a.svc.Reservations().Free(id))
+		require.NoError(t, a.svc.Reservations().Free(reservation.ID(id)))
 	}
 	require.Positive(t, a.r.Stats().Overflow)
 	release()
@@ -252,7 +253,7 @@ func TestPartitionHeals(t *testing.T) {
 	h := newHub()
 	a, b, c := newNode(t, h, "a", nil), newNode(t, h, "b", nil), newNode(t, h, "c", nil)
 	rng := rand.New(rand.NewPCG(7, 7))
-	var live []string
+	var live []reservation.ID
 	for range 6 {
 		live = append(live, a.book(t, rng, 3), c.book(t, rng, 3))
 	}
@@ -337,17 +338,17 @@ func TestConcurrentLossyStream(t *testing.T) {
 		wg.Go(func() {
 			n := nodes[g%3]
 			rng := rand.New(rand.NewPCG(uint64(g), 11))
-			var held []string
+			var held []reservation.ID
 			for range 400 {
 				held = append(held, n.book(t, rng, 1+rng.IntN(8)))
 				if len(held) > 8 || rng.IntN(2) == 0 {
 					k := rng.IntN(len(held))
-					require.NoError(t, n.svc.Reservations().Free(held[k]))
+					require.NoError(t, n.svc.Reservations().Free(reservation.ID(held[k])))
 					held = append(held[:k], held[k+1:]...)
 				}
 			}
 			for _, id := range held {
-				require.NoError(t, n.svc.Reservations().Free(id))
+				require.NoError(t, n.svc.Reservations().Free(reservation.ID(id)))
 			}
 		})
 	}
@@ -374,10 +375,10 @@ func TestPublisherWakesFromIdle(t *testing.T) {
 		require.Eventually(t, func() bool { return activeRequests(b) == 1 }, time.Second, 100*time.Microsecond, "booking %d", i)
 		if i%4 == 0 { // sometimes a burst: the publisher stays awake between its batches
 			for range 5 {
-				require.NoError(t, a.svc.Reservations().Free(a.book(t, rng, 1)))
+				require.NoError(t, a.svc.Reservations().Free(reservation.ID(a.book(t, rng, 1))))
 			}
 		}
-		require.NoError(t, a.svc.Reservations().Free(id))
+		require.NoError(t, a.svc.Reservations().Free(reservation.ID(id)))
 		require.Eventually(t, func() bool { return activeRequests(b) == 0 }, time.Second, 100*time.Microsecond, "free %d", i)
 	}
 	require.Zero(t, a.r.Stats().Heartbeats, "every batch went without a heartbeat's help")

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvselect/kvselect/replica"
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // The tests of this file force, one step at a time, the interleavings of a
@@ -120,7 +121,7 @@ func TestSnapshotDoesNotRebookOverflowedFree(t *testing.T) {
 		a.book(t, rng, 2)
 	}
 	x := a.book(t, rng, 2) // the eighth pending op: the batch seq0+3
-	require.NoError(t, a.svc.Reservations().Free(x))
+	require.NoError(t, a.svc.Reservations().Free(reservation.ID(x)))
 	require.Equal(t, uint64(1), a.r.Stats().Overflow, "x's free was dropped")
 
 	// The publisher stops right after the flagged batch seq0+2 reached b.
@@ -158,15 +159,15 @@ func TestSnapshotDoesNotRebookPendingFree(t *testing.T) {
 	eventually(t, func() bool { return a.r.Stats().Seq == seq0+1 }, "the publisher took the booking")
 	var ys []string
 	for range 3 {
-		ys = append(ys, a.book(t, rng, 2))
+		ys = append(ys, string(a.book(t, rng, 2)))
 	}
 	x := a.book(t, rng, 2) // ys and x: the batch seq0+2
-	require.NoError(t, a.svc.Reservations().Free(x))
+	require.NoError(t, a.svc.Reservations().Free(reservation.ID(x)))
 	held := newGate(t) // x's free: the batch seq0+3
 	blockBatch(a, seq0+3, held)
 
 	b.bus.setDown(false) // b resynchronises: a serves its snapshot now
-	eventually(t, func() bool { return slices.Contains(b.r.RemoteIDs("a"), ys[2]) }, "the snapshot is in")
+	eventually(t, func() bool { return slices.Contains(b.r.RemoteIDs("a"), reservation.ID(ys[2])) }, "the snapshot is in")
 	published := a.r.Stats().PublishedBatches
 	release()
 	eventually(t, func() bool { return a.r.Stats().PublishedBatches >= published+2 }, "x's booking is out")
@@ -212,7 +213,7 @@ func TestPagedSnapshotDoesNotRebookFreeBetweenPages(t *testing.T) {
 	seq := a.r.Stats().Seq
 	held := newGate(t)
 	blockBatch(a, seq+1, held)
-	require.NoError(t, a.svc.Reservations().Free(x))
+	require.NoError(t, a.svc.Reservations().Free(reservation.ID(x)))
 	eventually(t, func() bool { return a.r.Stats().Seq == seq+1 }, "x's free has its batch")
 	resume.open()
 
@@ -262,7 +263,7 @@ func TestResyncDuringSnapshotTakesAnother(t *testing.T) {
 	for range 8 {
 		a.book(t, rng, 2)
 	}
-	require.NoError(t, a.svc.Reservations().Free(x))
+	require.NoError(t, a.svc.Reservations().Free(reservation.ID(x)))
 	require.Equal(t, uint64(1), a.r.Stats().Overflow, "x's free was dropped")
 	release()
 	require.NoError(t, a.r.Flush()) // the flagged batches reach c

@@ -38,7 +38,7 @@ func benchLedgerShared(b *testing.B, nWorkers, perWorker, groups int) (*Ledger, 
 				seqs[k] = next
 				next++
 			}
-			err := l.Book(Booking{ID: fmt.Sprintf("bg-%d-%d", i, j), Worker: workers[i], SeqHashes: seqs, PrefillTokens: 512})
+			err := l.Book(Booking{ID: ID(fmt.Sprintf("bg-%d-%d", i, j)), Worker: workers[i], SeqHashes: seqs, PrefillTokens: 512})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -83,10 +83,10 @@ func BenchmarkBookFree(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				id := ids[i%len(ids)]
-				if err := l.Book(Booking{ID: id, Worker: workers[i%len(workers)], SeqHashes: seqs, PrivateBlocks: private, PrefillTokens: 2048}); err != nil {
+				if err := l.Book(Booking{ID: ID(id), Worker: workers[i%len(workers)], SeqHashes: seqs, PrivateBlocks: private, PrefillTokens: 2048}); err != nil {
 					b.Fatal(err)
 				}
-				if err := l.Free(id); err != nil {
+				if err := l.Free(ID(id)); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -113,10 +113,10 @@ func BenchmarkBookFreeFresh(b *testing.B) {
 			next++
 		}
 		id := ids[i%len(ids)]
-		if err := l.Book(Booking{ID: id, Worker: workers[i%len(workers)], SeqHashes: seqs, PrefillTokens: 2048}); err != nil {
+		if err := l.Book(Booking{ID: ID(id), Worker: workers[i%len(workers)], SeqHashes: seqs, PrefillTokens: 2048}); err != nil {
 			b.Fatal(err)
 		}
-		if err := l.Free(id); err != nil {
+		if err := l.Free(ID(id)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -211,10 +211,10 @@ func BenchmarkBookFreeParallel(b *testing.B) {
 		}
 		for i := 0; pb.Next(); i++ {
 			id := ids[i%len(ids)]
-			if err := l.Book(Booking{ID: id, Worker: workers[i%len(workers)], SeqHashes: seqs, PrefillTokens: 2048}); err != nil {
+			if err := l.Book(Booking{ID: ID(id), Worker: workers[i%len(workers)], SeqHashes: seqs, PrefillTokens: 2048}); err != nil {
 				b.Fatal(err)
 			}
-			if err := l.Free(id); err != nil {
+			if err := l.Free(ID(id)); err != nil {
 				b.Fatal(err)
 			}
 		}

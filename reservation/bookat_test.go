@@ -113,7 +113,7 @@ func TestBookAtSerialises(t *testing.T) {
 						pick, other = 1, 0
 					}
 					mu.Lock()
-					err := l.BookAt(Booking{ID: id, Worker: ranks[pick]}, loads[pick].Stamp)
+					err := l.BookAt(Booking{ID: ID(id), Worker: ranks[pick]}, loads[pick].Stamp)
 					if err == nil {
 						// Now: the chosen rank has at most one more than the
 						// other (nothing is freed in this test).
@@ -168,8 +168,8 @@ func TestIdleBlocksAreReusedThenSwept(t *testing.T) {
 			next++
 		}
 		id := fmt.Sprint("c", i)
-		require.NoError(t, l.Book(Booking{ID: id, Worker: w, SeqHashes: hs}))
-		require.NoError(t, l.Free(id))
+		require.NoError(t, l.Book(Booking{ID: ID(id), Worker: w, SeqHashes: hs}))
+		require.NoError(t, l.Free(ID(id)))
 		_, idle, _, _ := blockCounts(l)
 		require.LessOrEqual(t, idle, blockStripes*maxIdle)
 	}

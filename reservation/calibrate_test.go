@@ -41,16 +41,16 @@ func drive(t *testing.T, l *Ledger, clk *fakeClock, e engineTimes, ranks []strin
 		for j := range reqs {
 			p := rng.IntN(4000)
 			q += p
-			require.NoError(t, l.Book(Booking{ID: fmt.Sprintf("f%d-%d", i, j), Worker: w, PrefillTokens: p}))
+			require.NoError(t, l.Book(Booking{ID: ID(fmt.Sprintf("f%d-%d", i, j)), Worker: w, PrefillTokens: p}))
 		}
 		u := rng.IntN(4000)
 		id := fmt.Sprint("r", i)
-		require.NoError(t, l.Book(Booking{ID: id, Worker: w, PrefillTokens: u}))
+		require.NoError(t, l.Book(Booking{ID: ID(id), Worker: w, PrefillTokens: u}))
 		clk.Advance(e.ttft(rank, q, reqs, u))
-		require.NoError(t, l.PrefillComplete(id))
-		require.NoError(t, l.Free(id))
+		require.NoError(t, l.PrefillComplete(ID(id)))
+		require.NoError(t, l.Free(ID(id)))
 		for j := range reqs {
-			require.NoError(t, l.Free(fmt.Sprintf("f%d-%d", i, j)))
+			require.NoError(t, l.Free(ID(fmt.Sprintf("f%d-%d", i, j))))
 		}
 	}
 }
@@ -105,15 +105,15 @@ func TestCalibrationOverheadIsNotSpeed(t *testing.T) {
 		}
 		w := wr(rank, 0)
 		for j := range i % 3 {
-			require.NoError(t, l.Book(Booking{ID: fmt.Sprintf("f%d-%d", i, j), Worker: w, PrefillTokens: 1000}))
+			require.NoError(t, l.Book(Booking{ID: ID(fmt.Sprintf("f%d-%d", i, j)), Worker: w, PrefillTokens: 1000}))
 		}
 		id := fmt.Sprint("r", i)
-		require.NoError(t, l.Book(Booking{ID: id, Worker: w, PrefillTokens: u}))
+		require.NoError(t, l.Book(Booking{ID: ID(id), Worker: w, PrefillTokens: u}))
 		clk.Advance(e.ttft(rank, 0, 0, u))
-		require.NoError(t, l.PrefillComplete(id))
-		require.NoError(t, l.Free(id))
+		require.NoError(t, l.PrefillComplete(ID(id)))
+		require.NoError(t, l.Free(ID(id)))
 		for j := range i % 3 {
-			require.NoError(t, l.Free(fmt.Sprintf("f%d-%d", i, j)))
+			require.NoError(t, l.Free(ID(fmt.Sprintf("f%d-%d", i, j))))
 		}
 	}
 	cal := l.Calibration()
@@ -196,14 +196,14 @@ func BenchmarkPrefillComplete(b *testing.B) {
 	for b.Loop() {
 		id := ids[i&1]
 		i++
-		if err := l.Book(Booking{ID: id, Worker: w, PrefillTokens: 100 + i%1000}); err != nil {
+		if err := l.Book(Booking{ID: ID(id), Worker: w, PrefillTokens: 100 + i%1000}); err != nil {
 			b.Fatal(err)
 		}
 		clk.Advance(time.Millisecond)
-		if err := l.PrefillComplete(id); err != nil {
+		if err := l.PrefillComplete(ID(id)); err != nil {
 			b.Fatal(err)
 		}
-		if err := l.Free(id); err != nil {
+		if err := l.Free(ID(id)); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -22,13 +22,13 @@ func TestPrefillClockSince(t *testing.T) {
 
 	start := clk.Now()
 	for i := range 3 {
-		require.NoError(t, l.Book(Booking{ID: fmt.Sprint(i), Worker: a, PrefillTokens: 1000 * (i + 1)}))
+		require.NoError(t, l.Book(Booking{ID: ID(fmt.Sprint(i)), Worker: a, PrefillTokens: 1000 * (i + 1)}))
 		clk.Advance(time.Millisecond)
 	}
 	require.Equal(t, start, l.PrefillClock(ref, clk.Now()).Since, "the first booking found the queue empty")
 	for i := range 3 {
 		clk.Advance(100 * time.Millisecond)
-		require.NoError(t, l.PrefillComplete(fmt.Sprint(i)))
+		require.NoError(t, l.PrefillComplete(ID(fmt.Sprint(i))))
 		c := l.PrefillClock(ref, clk.Now())
 		if i < 2 {
 			require.Equal(t, clk.Now(), c.Since, "the next prefill starts when one ends")

@@ -12,7 +12,7 @@ import (
 // generated tokens), so that the worker's active blocks follow what it really
 // holds while a long answer is generated. n >= 0 (0 changes nothing). An
 // unknown id returns a wrapped ErrUnknownReservation and changes nothing.
-func (l *Ledger) AddOutputBlocks(id string, n int) error {
+func (l *Ledger) AddOutputBlocks(id ID, n int) error {
 	if n < 0 {
 		l.invalid.Add(1)
 		return fmt.Errorf("%w: id %q: %d output blocks", ErrInvalid, id, n)
@@ -49,7 +49,7 @@ func (l *Ledger) AddOutputBlocks(id string, n int) error {
 
 // Holder returns the worker rank that holds booking id, and false when the id
 // is not booked.
-func (l *Ledger) Holder(id string) (catalog.WorkerRank, bool) {
+func (l *Ledger) Holder(id ID) (catalog.WorkerRank, bool) {
 	bk := l.find(id)
 	if bk == nil {
 		return catalog.WorkerRank{}, false
@@ -70,7 +70,7 @@ func (l *Ledger) Holder(id string) (catalog.WorkerRank, bool) {
 // (changes nothing), ErrInvalid for a bad rank (changes nothing), and an error
 // wrapping ErrConflict when the id was booked again while it moved (the moved
 // booking is then freed).
-func (l *Ledger) Move(id string, to catalog.WorkerRank) (Booking, error) {
+func (l *Ledger) Move(id ID, to catalog.WorkerRank) (Booking, error) {
 	if to.WorkerID == "" || to.Rank < 0 {
 		l.invalid.Add(1)
 		return Booking{}, fmt.Errorf("%w: move %q to %s", ErrInvalid, id, to)

@@ -289,7 +289,7 @@ type liveBooking struct {
 
 // get returns a snapshot of the live booking id, and false when there is none.
 func (l *Ledger) get(id string) (liveBooking, bool) {
-	bk := l.find(id)
+	bk := l.find(ID(id))
 	if bk == nil {
 		return liveBooking{}, false
 	}
@@ -300,7 +300,7 @@ func (l *Ledger) get(id string) (liveBooking, bool) {
 		return liveBooking{}, false
 	}
 	return liveBooking{
-		ID:                   bk.id,
+		ID:                   string(bk.id),
 		Worker:               bk.worker,
 		PrefillTokens:        bk.prefill,
 		PrefillDone:          bk.prefillDone,

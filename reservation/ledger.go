@@ -78,11 +78,17 @@ type Options struct {
 // DefaultPrefillRate is Options.PrefillRate's default, tokens per second.
 const DefaultPrefillRate = 10_000
 
+// ID names a reservation. A caller chooses it (the request's id, or one the
+// selection service mints); the ledger only requires that it is not empty and
+// not booked already. A pair plan's legs are reservations with ids derived
+// from the plan's.
+type ID string
+
 // Booking is what Book records for one dispatched request.
 type Booking struct {
 	// ID names the reservation; it must not be empty and must not be booked
 	// already.
-	ID string
+	ID ID
 	// Worker is the worker rank the request was sent to: a non-empty worker and
 	// a rank >= 0.
 	Worker catalog.WorkerRank
@@ -119,7 +125,7 @@ type Booking struct {
 // the booking's own figures never change after Book publishes it; settled,
 // prefillDone, the lease fields and the list links are guarded by rank.mu.
 type booking struct {
-	id          string
+	id          ID
 	worker      catalog.WorkerRank
 	rank        *rankState
 	buf         *hashBuf // seqs (in stripe order) and idx; nil once settled
@@ -223,7 +229,7 @@ func New(opts Options) (*Ledger, error) {
 		cal:           newCalibrator(opts.PrefillRate),
 	}
 	for i := range l.ids {
-		l.ids[i].m = make(map[string]*booking)
+		l.ids[i].m = make(map[ID]*booking)
 	}
 	for i := range l.blocks {
 		l.blocks[i].a = newActiveBlocks()
@@ -237,7 +243,7 @@ func validate(b *Booking) error {
 		errs = append(errs, errors.New("ID is empty"))
 	}
 	if b.Worker.WorkerID == "" {
-		errs = append(errs, errors.New("Worker.Worker is empty"))
+		errs = append(errs, errors.New("Worker.WorkerID is empty"))
 	}
 	if b.Worker.Rank < 0 {
 		errs = append(errs, fmt.Errorf("Worker.Rank %d is negative", b.Worker.Rank))
@@ -364,7 +370,7 @@ func (l *Ledger) book(b *Booking, seen Stamp, check bool) error {
 }
 
 // find returns the live booking id, or nil.
-func (l *Ledger) find(id string) *booking {
+func (l *Ledger) find(id ID) *booking {
 	ids := l.idStripe(id)
 	ids.mu.Lock()
 	bk := ids.m[id]
@@ -375,7 +381,7 @@ func (l *Ledger) find(id string) *booking {
 // take removes id from the id map and returns its booking: nil when id is not
 // booked, or when want is set and id's booking is not want (a Free has taken
 // want and will settle it). Whoever takes a booking settles it.
-func (l *Ledger) take(id string, want *booking) *booking {
+func (l *Ledger) take(id ID, want *booking) *booking {
 	ids := l.idStripe(id)
 	ids.mu.Lock()
 	bk := ids.m[id]
@@ -392,7 +398,7 @@ func (l *Ledger) take(id string, want *booking) *booking {
 // prefill; its request and blocks stay until it is freed. A second call for the
 // same booking is a no-op that returns nil. An unknown id returns a wrapped
 // ErrUnknownReservation and changes nothing.
-func (l *Ledger) PrefillComplete(id string) error {
+func (l *Ledger) PrefillComplete(id ID) error {
 	bk := l.find(id)
 	if bk == nil {
 		l.unknown.Add(1)
@@ -431,7 +437,7 @@ func (l *Ledger) PrefillComplete(id string) error {
 // Free settles the booking: everything Book added (and PrefillComplete did not
 // already remove) is removed. An unknown id, including one already freed, expired
 // or removed, returns a wrapped ErrUnknownReservation and changes nothing.
-func (l *Ledger) Free(id string) error {
+func (l *Ledger) Free(id ID) error {
 	bk := l.take(id, nil)
 	if bk == nil {
 		l.unknown.Add(1)
@@ -451,7 +457,7 @@ func (l *Ledger) Free(id string) error {
 // Touch extends the booking's lease to the clock's now plus its lease (a request
 // making progress is not an orphan). It never shortens a lease. An unknown id
 // returns a wrapped ErrUnknownReservation and changes nothing.
-func (l *Ledger) Touch(id string) error {
+func (l *Ledger) Touch(id ID) error {
 	now := l.now()
 	bk := l.find(id)
 	if bk != nil {

@@ -58,7 +58,7 @@ func TestBookValidation(t *testing.T) {
 		wants []string
 	}{
 		{name: "empty id", edit: func(b *Booking) { b.ID = "" }, wants: []string{"ID is empty"}},
-		{name: "empty worker", edit: func(b *Booking) { b.Worker.WorkerID = "" }, wants: []string{"Worker.Worker is empty"}},
+		{name: "empty worker", edit: func(b *Booking) { b.Worker.WorkerID = "" }, wants: []string{"Worker.WorkerID is empty"}},
 		{name: "negative rank", edit: func(b *Booking) { b.Worker.Rank = -1 }, wants: []string{"Worker.Rank -1 is negative"}},
 		{name: "negative prefill", edit: func(b *Booking) { b.PrefillTokens = -3 }, wants: []string{"PrefillTokens -3 is negative"}},
 		{name: "negative output", edit: func(b *Booking) { b.ExpectedOutputTokens = -1 }, wants: []string{"ExpectedOutputTokens -1 is negative"}},
@@ -70,7 +70,7 @@ func TestBookValidation(t *testing.T) {
 				*b = Booking{Worker: wr("", -2), PrefillTokens: -1, ExpectedOutputTokens: -1, PrivateBlocks: -1, Lease: -1}
 			},
 			wants: []string{
-				"ID is empty", "Worker.Worker is empty", "Worker.Rank -2 is negative", "PrefillTokens -1 is negative",
+				"ID is empty", "Worker.WorkerID is empty", "Worker.Rank -2 is negative", "PrefillTokens -1 is negative",
 				"ExpectedOutputTokens -1 is negative", "PrivateBlocks -1 is negative", "Lease -1ns is negative",
 			},
 		},
@@ -172,7 +172,7 @@ func TestUnknownIDsChangeNothing(t *testing.T) {
 	beforeNotified := notified
 	calls := []struct {
 		name string
-		call func(string) error
+		call func(ID) error
 		verb string
 	}{
 		{"Free", l.Free, "free"},
@@ -181,8 +181,8 @@ func TestUnknownIDsChangeNothing(t *testing.T) {
 	}
 	unknown := 0
 	for _, c := range calls {
-		for _, id := range []string{"freed", "expired", "removed", "never", ""} {
-			t.Run(c.name+"/"+id, func(t *testing.T) {
+		for _, id := range []ID{"freed", "expired", "removed", "never", ""} {
+			t.Run(c.name+"/"+string(id), func(t *testing.T) {
 				err := c.call(id)
 				unknown++
 				require.ErrorIs(t, err, ErrUnknownReservation)
@@ -421,7 +421,7 @@ func TestExpire(t *testing.T) {
 	checkInvariants(t, l)
 
 	for _, id := range []string{"early", "mid", "default", "late"} {
-		require.ErrorIs(t, l.Free(id), ErrUnknownReservation, "free after expiry is harmless")
+		require.ErrorIs(t, l.Free(ID(id)), ErrUnknownReservation, "free after expiry is harmless")
 	}
 	require.Equal(t, 0, l.Expire(epoch.Add(time.Minute)), "expiry is not repeated")
 	require.Equal(t, Stats{Booked: 5, Expired: 4, UnknownIDs: 4, Active: 1}, l.Stats())
@@ -433,7 +433,7 @@ func TestExpireNotifiesEachWorkerOnce(t *testing.T) {
 	counts := map[catalog.WorkerRank]int{}
 	l := newLedger(t, Options{Now: clk.Now, OnChange: func(w catalog.WorkerRank) { counts[w]++ }})
 	for i := range 100 {
-		require.NoError(t, l.Book(Booking{ID: fmt.Sprint(i), Worker: wr(fmt.Sprint("w", i%20), i%3), Lease: time.Second}))
+		require.NoError(t, l.Book(Booking{ID: ID(fmt.Sprint(i)), Worker: wr(fmt.Sprint("w", i%20), i%3), Lease: time.Second}))
 	}
 	require.Equal(t, 100, l.Expire(clk.Advance(time.Second)))
 	require.Len(t, counts, 60) // (i%20, i%3) repeats every 60 ids, so all 60 pairs occur
@@ -500,7 +500,7 @@ func TestRemoveWorker(t *testing.T) {
 		wr("gone-too", 0): {ActiveBlocks: 1, ActiveRequests: 1},
 	}, l.loads())
 	for _, id := range []string{"1", "2", "3"} {
-		require.ErrorIs(t, l.Free(id), ErrUnknownReservation)
+		require.ErrorIs(t, l.Free(ID(id)), ErrUnknownReservation)
 		_, ok := l.get(id)
 		require.False(t, ok)
 	}
@@ -573,9 +573,9 @@ func TestChurnDoesNotGrow(t *testing.T) {
 			seqs[i] = next
 			next++
 		}
-		require.NoError(t, l.Book(Booking{ID: id, Worker: wr(fmt.Sprint("w", round%5), round%2), SeqHashes: seqs, PrefillTokens: 3}))
+		require.NoError(t, l.Book(Booking{ID: ID(id), Worker: wr(fmt.Sprint("w", round%5), round%2), SeqHashes: seqs, PrefillTokens: 3}))
 		if round >= live {
-			require.NoError(t, l.Free(fmt.Sprint("r", round-live)))
+			require.NoError(t, l.Free(ID(fmt.Sprint("r", round-live))))
 		}
 	}
 	_, _, _, slab := blockCounts(l)
@@ -585,7 +585,7 @@ func TestChurnDoesNotGrow(t *testing.T) {
 	require.LessOrEqual(t, int(l.nextSlot.Load()), 10, "one slot per worker rank used (5 workers x 2 ranks)")
 	checkInvariants(t, l)
 	for round := 8000 - live; round < 8000; round++ {
-		require.NoError(t, l.Free(fmt.Sprint("r", round)))
+		require.NoError(t, l.Free(ID(fmt.Sprint("r", round))))
 	}
 	require.Empty(t, l.loads())
 	require.Zero(t, l.Stats().Active)

@@ -152,7 +152,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		case k < 35:
 			op = "book"
 			b := Booking{
-				ID: randID(), Worker: workers[rng.IntN(len(workers))], SeqHashes: randSeqs(),
+				ID: ID(randID()), Worker: workers[rng.IntN(len(workers))], SeqHashes: randSeqs(),
 				PrefillTokens: rng.IntN(300), ExpectedOutputTokens: rng.IntN(50),
 				Lease: time.Duration(rng.IntN(4)) * 5 * time.Second,
 			}
@@ -173,7 +173,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			case b.PrefillTokens < 0 || b.PrivateBlocks < 0:
 				require.ErrorIs(t, err, ErrInvalid)
 				m.stats.Invalid++
-			case m.live[b.ID] != nil:
+			case m.live[string(b.ID)] != nil:
 				require.ErrorIs(t, err, ErrConflict)
 				m.stats.Conflicts++
 			default:
@@ -183,7 +183,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 					lease = 20 * time.Second
 				}
 				m.order++
-				m.live[b.ID] = &modelBooking{
+				m.live[string(b.ID)] = &modelBooking{
 					worker: b.Worker, seqs: slices.Clone(b.SeqHashes), private: b.PrivateBlocks, prefill: b.PrefillTokens,
 					lease: lease, deadline: clk.Now().Add(lease), order: m.order,
 				}
@@ -193,7 +193,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		case k < 52:
 			op = "prefill"
 			id := randID()
-			err := l.PrefillComplete(id)
+			err := l.PrefillComplete(ID(id))
 			b := m.live[id]
 			switch {
 			case b == nil:
@@ -216,7 +216,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		case k < 72:
 			op = "free"
 			id := randID()
-			err := l.Free(id)
+			err := l.Free(ID(id))
 			if b := m.live[id]; b != nil {
 				require.NoError(t, err)
 				require.Equal(t, []catalog.WorkerRank{b.worker}, notified)
@@ -264,7 +264,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			op = "touch"
 			id := randID()
 			now := clk.Advance(time.Duration(rng.IntN(3)) * time.Second)
-			err := l.Touch(id)
+			err := l.Touch(ID(id))
 			if b := m.live[id]; b != nil {
 				require.NoError(t, err)
 				if d := now.Add(b.lease); d.After(b.deadline) {
@@ -278,7 +278,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		case k < 93:
 			op = "output blocks"
 			id, n := randID(), rng.IntN(4)
-			err := l.AddOutputBlocks(id, n)
+			err := l.AddOutputBlocks(ID(id), n)
 			if b := m.live[id]; b != nil {
 				require.NoError(t, err)
 				b.private += n
@@ -291,7 +291,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		case k < 97:
 			op = "move"
 			id, to := randID(), workers[rng.IntN(len(workers))]
-			moved, err := l.Move(id, to)
+			moved, err := l.Move(ID(id), to)
 			b := m.live[id]
 			switch {
 			case b == nil:

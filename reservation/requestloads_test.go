@@ -40,12 +40,12 @@ func TestAppendRequestLoads(t *testing.T) {
 			id := fmt.Sprintf("b%d", step)
 			w := keys[r.IntN(len(keys))]
 			raised = raised[:0]
-			require.NoError(t, l.Book(Booking{ID: id, Worker: w, SeqHashes: seqs(), PrivateBlocks: r.IntN(2), PrefillTokens: r.IntN(50)}))
+			require.NoError(t, l.Book(Booking{ID: ID(id), Worker: w, SeqHashes: seqs(), PrivateBlocks: r.IntN(2), PrefillTokens: r.IntN(50)}))
 			require.Equal(t, []catalog.WorkerRank{w}, raised)
 			live = append(live, id)
 		case op < 6 && len(live) > 0:
 			j := r.IntN(len(live))
-			_ = l.Free(live[j])
+			_ = l.Free(ID(live[j]))
 			live = slices.Delete(live, j, j+1)
 		case op == 6:
 			l.RemoveWorker(keys[r.IntN(len(keys))].WorkerID)

@@ -67,7 +67,7 @@ func TestConcurrentBookAndFree(t *testing.T) {
 				if rng.IntN(10) == 0 {
 					lease = time.Second // some bookings will be expired by the sweeper
 				}
-				b := Booking{ID: id, SeqHashes: seqs, PrivateBlocks: private, PrefillTokens: 1 + rng.IntN(500), Lease: lease}
+				b := Booking{ID: ID(id), SeqHashes: seqs, PrivateBlocks: private, PrefillTokens: 1 + rng.IntN(500), Lease: lease}
 				if rng.IntN(2) == 0 {
 					b.Worker = workers[rng.IntN(len(workers))]
 					if err := l.Book(b); err != nil {
@@ -79,20 +79,20 @@ func TestConcurrentBookAndFree(t *testing.T) {
 				}
 				_ = l.AppendLoads(nil, workers, seqs)
 				if rng.IntN(2) == 0 {
-					_ = l.PrefillComplete(id) // may already be expired or removed
+					_ = l.PrefillComplete(ID(id)) // may already be expired or removed
 				}
 				if rng.IntN(4) == 0 {
-					_ = l.Touch(id)
+					_ = l.Touch(ID(id))
 				}
 				if rng.IntN(4) == 0 {
-					_ = l.AddOutputBlocks(id, 1+rng.IntN(3))
+					_ = l.AddOutputBlocks(ID(id), 1+rng.IntN(3))
 				}
 				if rng.IntN(4) == 0 { // served elsewhere; may already be expired or removed
-					if _, err := l.Move(id, workers[rng.IntN(len(workers))]); err != nil && !errors.Is(err, ErrUnknownReservation) {
+					if _, err := l.Move(ID(id), workers[rng.IntN(len(workers))]); err != nil && !errors.Is(err, ErrUnknownReservation) {
 						t.Errorf("move %s: %v", id, err)
 					}
 				}
-				switch err := l.Free(id); {
+				switch err := l.Free(ID(id)); {
 				case err == nil:
 					freedByMe.Add(1)
 				case errors.Is(err, ErrUnknownReservation):

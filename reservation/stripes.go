@@ -47,7 +47,7 @@ type blockStripe struct {
 // idStripe is one part of the map from reservation id to live booking.
 type idStripe struct {
 	mu sync.Mutex
-	m  map[string]*booking
+	m  map[ID]*booking
 	_  [48]byte
 }
 
@@ -57,8 +57,8 @@ func stripeOf(h, seed uint64) int {
 }
 
 // idStripe returns the id-map stripe of id.
-func (l *Ledger) idStripe(id string) *idStripe {
-	return &l.ids[maphash.String(l.idSeed, id)%idStripes]
+func (l *Ledger) idStripe(id ID) *idStripe {
+	return &l.ids[maphash.String(l.idSeed, string(id))%idStripes]
 }
 
 // stripeRuns marks where each block stripe's hashes end in a slice grouped by

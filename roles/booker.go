@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -106,7 +107,7 @@ type BookerOptions struct {
 // lifecycle.Handle's repeat-call contract.
 type Plan struct {
 	// ID names the plan (the request's ReservationID, or a minted one).
-	ID string
+	ID reservation.ID
 	// Prefill is the prefill worker, a hint only (the EPP's
 	// x-prefiller-host-port); the zero Result when LocalPrefill.
 	Prefill selection.Result
@@ -243,7 +244,9 @@ func (p Plan) MarkFailed() error {
 	return nil
 }
 
-func notBooked(id string) error { return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, id) }
+func notBooked(id reservation.ID) error {
+	return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, id)
+}
 
 // Destination returns the endpoint the request is sent to.
 func (p Plan) Destination() string { return p.Decode.Endpoint }
@@ -277,11 +280,11 @@ type BookerStats struct {
 type leg interface {
 	Select(ctx context.Context, req selection.Request) (selection.Result, error)
 	SelectAndReserve(ctx context.Context, req selection.Request) (selection.Result, error)
-	FreeReservation(id string) error
-	PrefillComplete(id string) error
-	RenewReservation(id string) error
-	AddOutputBlocks(id string, n int) error
-	MoveSessionReservation(id string, to catalog.WorkerRank, session string) error
+	FreeReservation(id reservation.ID) error
+	PrefillComplete(id reservation.ID) error
+	RenewReservation(id reservation.ID) error
+	AddOutputBlocks(id reservation.ID, n int) error
+	MoveSessionReservation(id reservation.ID, to catalog.WorkerRank, session string) error
 	MarkFailed(workerID string) error
 	PotentialLoads(ctx context.Context, req selection.Request) ([]selection.Scored, error)
 }
@@ -290,13 +293,15 @@ type leg interface {
 // through the service's Reservations.
 type serviceLeg struct{ *selection.SelectionService }
 
-func (l serviceLeg) FreeReservation(id string) error  { return l.Reservations().Free(id) }
-func (l serviceLeg) PrefillComplete(id string) error  { return l.Reservations().PrefillComplete(id) }
-func (l serviceLeg) RenewReservation(id string) error { return l.Reservations().Renew(id) }
-func (l serviceLeg) AddOutputBlocks(id string, n int) error {
+func (l serviceLeg) FreeReservation(id reservation.ID) error { return l.Reservations().Free(id) }
+func (l serviceLeg) PrefillComplete(id reservation.ID) error {
+	return l.Reservations().PrefillComplete(id)
+}
+func (l serviceLeg) RenewReservation(id reservation.ID) error { return l.Reservations().Renew(id) }
+func (l serviceLeg) AddOutputBlocks(id reservation.ID, n int) error {
 	return l.Reservations().AddOutputBlocks(id, n)
 }
-func (l serviceLeg) MoveSessionReservation(id string, to catalog.WorkerRank, session string) error {
+func (l serviceLeg) MoveSessionReservation(id reservation.ID, to catalog.WorkerRank, session string) error {
 	return l.Reservations().Move(id, to, session)
 }
 
@@ -659,7 +664,7 @@ func prefillUnavailable(err error) bool {
 
 // bookLocal books the destination role alone, as an aggregated worker that
 // prefills the prompt itself.
-func (b *PairBooker) bookLocal(ctx context.Context, id string, req selection.Request, over *selection.Override) (Plan, error) {
+func (b *PairBooker) bookLocal(ctx context.Context, id reservation.ID, req selection.Request, over *selection.Override) (Plan, error) {
 	r := req
 	r.ReservationID = id + suffixAggregated
 	r.Override = mergeOverride(req.Override, over)
@@ -681,7 +686,7 @@ func (b *PairBooker) bookLocal(ctx context.Context, id string, req selection.Req
 
 // compensate frees a leg this booker booked and will not hand out. An unknown
 // reservation (already expired, or dropped with its worker) is fine.
-func (b *PairBooker) compensate(l leg, id string) {
+func (b *PairBooker) compensate(l leg, id reservation.ID) {
 	if l.FreeReservation(id) == nil {
 		b.compensated.Add(1)
 	}

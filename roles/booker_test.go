@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,14 +27,14 @@ type fakeLeg struct {
 	before func(ctx context.Context, req selection.Request) error
 
 	mu       sync.Mutex
-	booked   map[string]bool
+	booked   map[reservation.ID]bool
 	requests []selection.Request
-	done     []string // prefill-complete calls
-	renewed  []string // renew calls
-	failed   []string // workers marked failed
+	done     []reservation.ID // prefill-complete calls
+	renewed  []reservation.ID // renew calls
+	failed   []string         // workers marked failed
 }
 
-func newFakeLeg(name string) *fakeLeg { return &fakeLeg{name: name, booked: map[string]bool{}} }
+func newFakeLeg(name string) *fakeLeg { return &fakeLeg{name: name, booked: map[reservation.ID]bool{}} }
 
 func (f *fakeLeg) SelectAndReserve(ctx context.Context, req selection.Request) (selection.Result, error) {
 	f.mu.Lock()
@@ -62,7 +61,7 @@ func (f *fakeLeg) Select(_ context.Context, req selection.Request) (selection.Re
 		EffectivePrefillTokens: len(req.Tokens)}, nil
 }
 
-func (f *fakeLeg) FreeReservation(id string) error {
+func (f *fakeLeg) FreeReservation(id reservation.ID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.booked[id] {
@@ -72,7 +71,7 @@ func (f *fakeLeg) FreeReservation(id string) error {
 	return nil
 }
 
-func (f *fakeLeg) PrefillComplete(id string) error {
+func (f *fakeLeg) PrefillComplete(id reservation.ID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.booked[id] {
@@ -82,7 +81,7 @@ func (f *fakeLeg) PrefillComplete(id string) error {
 	return nil
 }
 
-func (f *fakeLeg) RenewReservation(id string) error {
+func (f *fakeLeg) RenewReservation(id reservation.ID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.booked[id] {
@@ -92,7 +91,7 @@ func (f *fakeLeg) RenewReservation(id string) error {
 	return nil
 }
 
-func (f *fakeLeg) AddOutputBlocks(id string, n int) error {
+func (f *fakeLeg) AddOutputBlocks(id reservation.ID, n int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.booked[id] {
@@ -101,7 +100,7 @@ func (f *fakeLeg) AddOutputBlocks(id string, n int) error {
 	return nil
 }
 
-func (f *fakeLeg) MoveSessionReservation(id string, _ catalog.WorkerRank, _ string) error {
+func (f *fakeLeg) MoveSessionReservation(id reservation.ID, _ catalog.WorkerRank, _ string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.booked[id] {
@@ -121,14 +120,14 @@ func (f *fakeLeg) PotentialLoads(context.Context, selection.Request) ([]selectio
 	return nil, nil
 }
 
-func (f *fakeLeg) bookedIDs() []string {
+func (f *fakeLeg) bookedIDs() []reservation.ID {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []string
+	var out []reservation.ID
 	for id := range f.booked {
 		out = append(out, id)
 	}
-	sort.Strings(out)
+	slices.Sort(out)
 	return out
 }
 
@@ -303,12 +302,12 @@ func TestPlanIDConflicts(t *testing.T) {
 	ctx := testCtx(t)
 	dup, err := b.Book(ctx, selection.Request{ReservationID: "dup", Tokens: toks(8, 1)})
 	require.NoError(t, err)
-	require.Equal(t, "dup", dup.ID)
+	require.Equal(t, reservation.ID("dup"), dup.ID)
 	_, err = b.Book(ctx, selection.Request{ReservationID: "dup", Tokens: toks(8, 1)})
 	require.ErrorIs(t, err, selection.ErrConflict)
 	require.Equal(t, http.StatusConflict, HTTPStatus(err))
-	require.Equal(t, []string{"dup/prefill"}, pre.bookedIDs(), "the live plan keeps its legs")
-	require.Equal(t, []string{"dup/decode"}, dec.bookedIDs())
+	require.Equal(t, []reservation.ID{"dup/prefill"}, pre.bookedIDs(), "the live plan keeps its legs")
+	require.Equal(t, []reservation.ID{"dup/decode"}, dec.bookedIDs())
 
 	// A live local-prefill plan "x" and a pair plan "x": the legs book (their
 	// ids are free) but the plan id is taken, so both legs are freed.
@@ -319,8 +318,8 @@ func TestPlanIDConflicts(t *testing.T) {
 	pre.before = nil
 	_, err = b.Book(ctx, selection.Request{ReservationID: "x", Tokens: toks(8, 1)})
 	require.ErrorIs(t, err, reservation.ErrConflict)
-	require.Equal(t, []string{"dup/prefill"}, pre.bookedIDs())
-	require.Equal(t, []string{"dup/decode", "x/aggregated"}, dec.bookedIDs())
+	require.Equal(t, []reservation.ID{"dup/prefill"}, pre.bookedIDs())
+	require.Equal(t, []reservation.ID{"dup/decode", "x/aggregated"}, dec.bookedIDs())
 
 	require.NoError(t, dup.Done())
 	require.NoError(t, x.Done())
@@ -363,9 +362,9 @@ func TestDecodeOverrideOnEveryDecodeRequest(t *testing.T) {
 	require.True(t, *l.Override.TrackPrefillTokens)
 	require.True(t, *l.Override.AssumeKVReuse)
 	require.Equal(t, selection.DefaultConfig(4).OverlapScoreCredit, *l.Override.OverlapScoreCredit, "the base credit is restored")
-	require.Equal(t, []string{plan.ID + suffixAggregated}, dec.bookedIDs(), "the decode-override leg was freed")
+	require.Equal(t, []reservation.ID{plan.ID + suffixAggregated}, dec.bookedIDs(), "the decode-override leg was freed")
 	require.NoError(t, plan.PrefillComplete())
-	require.Equal(t, []string{plan.ID + suffixAggregated}, dec.done)
+	require.Equal(t, []reservation.ID{plan.ID + suffixAggregated}, dec.done)
 	require.NoError(t, plan.Done())
 	requireNothingBooked(t, b, pre, dec)
 	st := b.Stats()
@@ -725,17 +724,17 @@ func TestPlanHandle(t *testing.T) {
 	p, err := b.Book(context.Background(), selection.Request{ReservationID: "h", Tokens: make([]uint32, 16)})
 	require.NoError(t, err)
 	require.NoError(t, p.Renew())
-	require.Equal(t, []string{"h/prefill"}, pre.renewed)
-	require.Equal(t, []string{"h/decode"}, dec.renewed)
+	require.Equal(t, []reservation.ID{"h/prefill"}, pre.renewed)
+	require.Equal(t, []reservation.ID{"h/decode"}, dec.renewed)
 
 	copyOf := p
 	require.NoError(t, p.PrefillComplete())
 	require.NoError(t, copyOf.PrefillComplete(), "a copy settles the same plan; a second hand-off is a no-op")
 	require.Empty(t, pre.bookedIDs(), "hand-off frees the prefill leg")
-	require.Equal(t, []string{"h/decode"}, dec.done)
+	require.Equal(t, []reservation.ID{"h/decode"}, dec.done)
 	require.NoError(t, p.Renew())
-	require.Equal(t, []string{"h/prefill"}, pre.renewed, "a handed-off prefill leg is not renewed")
-	require.Equal(t, []string{"h/decode", "h/decode"}, dec.renewed)
+	require.Equal(t, []reservation.ID{"h/prefill"}, pre.renewed, "a handed-off prefill leg is not renewed")
+	require.Equal(t, []reservation.ID{"h/decode", "h/decode"}, dec.renewed)
 
 	require.NoError(t, p.Move(catalog.WorkerRank{WorkerID: "decode-9"}))
 	require.NoError(t, p.MarkFailed())

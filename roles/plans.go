@@ -22,10 +22,10 @@ var ErrUnknownPlan = errors.New("roles: unknown plan")
 type planLegs struct {
 	// Prefill is the reservation on the prefill selector, or "" for a plan
 	// whose decode worker prefills locally (nothing to free at hand-off).
-	Prefill string
+	Prefill reservation.ID
 	// Decode is the reservation on the decode selector: the request's
 	// destination. Required.
-	Decode string
+	Decode reservation.ID
 	// Session is the request's session id ("" for none), which moves its
 	// pin when the decode leg moves (PairBooker.Move).
 	Session string
@@ -36,7 +36,7 @@ type planLegs struct {
 
 // planInfo is a snapshot of one registered plan, as returned by Get.
 type planInfo struct {
-	ID   string
+	ID   reservation.ID
 	Legs planLegs
 	// HandedOff is set once Handoff has run: the prefill leg was released.
 	HandedOff    bool
@@ -52,14 +52,14 @@ type planInfo struct {
 // may have released the booking first).
 type settlement struct {
 	// Plan is the plan the actions belong to.
-	Plan string
+	Plan reservation.ID
 	// FreePrefill is a reservation to free on the prefill service.
-	FreePrefill string
+	FreePrefill reservation.ID
 	// DecodePrefillComplete is a reservation to mark prefill-complete on the
 	// decode service.
-	DecodePrefillComplete string
+	DecodePrefillComplete reservation.ID
 	// FreeDecode is a reservation to free on the decode service.
-	FreeDecode string
+	FreeDecode reservation.ID
 }
 
 // Empty reports whether the settlement asks for nothing.
@@ -78,7 +78,7 @@ type PlanStats struct {
 }
 
 type plan struct {
-	id           string
+	id           reservation.ID
 	legs         planLegs
 	handedOff    bool
 	outputBlocks int // output blocks added to the decode leg (Grow)
@@ -132,7 +132,7 @@ type planTable struct {
 	lease time.Duration
 
 	mu     sync.Mutex
-	plans  map[string]*plan
+	plans  map[reservation.ID]*plan
 	leases *btree.BTreeG[*plan]
 	order  uint64
 
@@ -141,7 +141,7 @@ type planTable struct {
 
 // newPlanTable returns an empty plan table whose plans live lease (> 0).
 func newPlanTable(now func() time.Time, lease time.Duration) *planTable {
-	return &planTable{now: now, lease: lease, plans: make(map[string]*plan), leases: btree.NewG(16, planLess)}
+	return &planTable{now: now, lease: lease, plans: make(map[reservation.ID]*plan), leases: btree.NewG(16, planLess)}
 }
 
 // Register records a plan whose legs are booked, its decode leg on worker,
@@ -150,7 +150,7 @@ func newPlanTable(now func() time.Time, lease time.Duration) *planTable {
 // reservation.ErrInvalid for an empty plan id, an empty decode id or legs
 // that share an id, and reservation.ErrConflict when id is registered
 // already; either way nothing changed.
-func (p *planTable) Register(id string, legs planLegs, worker string) (*plan, error) {
+func (p *planTable) Register(id reservation.ID, legs planLegs, worker string) (*plan, error) {
 	var errs []error
 	if id == "" {
 		errs = append(errs, errors.New("plan id is empty"))
@@ -184,7 +184,7 @@ func (p *planTable) Register(id string, legs planLegs, worker string) (*plan, er
 // settlement {FreePrefill: prefill leg, DecodePrefillComplete: decode leg};
 // later calls return an empty settlement and nil (idempotent). An unknown plan
 // returns a wrapped ErrUnknownPlan.
-func (p *planTable) Handoff(id string) (settlement, error) {
+func (p *planTable) Handoff(id reservation.ID) (settlement, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.handoffLocked(id, p.plans[id])
@@ -205,7 +205,7 @@ func (p *planTable) HandoffOf(pl *plan) (settlement, error) {
 	return p.handoffLocked(id, pl)
 }
 
-func (p *planTable) handoffLocked(id string, pl *plan) (settlement, error) {
+func (p *planTable) handoffLocked(id reservation.ID, pl *plan) (settlement, error) {
 	if pl == nil {
 		return settlement{}, fmt.Errorf("%w: hand-off of %q", ErrUnknownPlan, id)
 	}
@@ -222,7 +222,7 @@ func (p *planTable) handoffLocked(id string, pl *plan) (settlement, error) {
 // was never handed off. Like the ledger's Free, a second call, or a call for a
 // plan that expired, returns a wrapped ErrUnknownPlan and changes nothing, so a
 // repeated Complete is harmless.
-func (p *planTable) Complete(id string) (settlement, error) {
+func (p *planTable) Complete(id reservation.ID) (settlement, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pl := p.plans[id]
@@ -275,7 +275,7 @@ func (p *planTable) MovedOf(pl *plan, worker string) {
 // Touch extends a live plan's lease to now plus the table's lease (its
 // request is making progress); it never shortens one. An unknown plan returns
 // a wrapped ErrUnknownPlan.
-func (p *planTable) Touch(id string) (planLegs, error) {
+func (p *planTable) Touch(id reservation.ID) (planLegs, error) {
 	now := p.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -300,7 +300,7 @@ func (p *planTable) Touch(id string) (planLegs, error) {
 // BlockSize tokens not counted before (0 for a smaller or equal count, or a
 // plan without a block size). An unknown plan returns a wrapped
 // ErrUnknownPlan.
-func (p *planTable) Grow(id string, tokens int) (decode string, blocks int, err error) {
+func (p *planTable) Grow(id reservation.ID, tokens int) (decode reservation.ID, blocks int, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pl := p.plans[id]
@@ -320,7 +320,7 @@ func (p *planTable) Grow(id string, tokens int) (decode string, blocks int, err 
 
 // Legs returns a live plan's legs (the prefill leg "" once handed off). An
 // unknown plan returns a wrapped ErrUnknownPlan.
-func (p *planTable) Legs(id string) (planLegs, error) {
+func (p *planTable) Legs(id reservation.ID) (planLegs, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pl := p.plans[id]
@@ -373,7 +373,7 @@ func (p *planTable) NextExpiry() (time.Time, bool) {
 }
 
 // Get returns a snapshot of a live plan.
-func (p *planTable) Get(id string) (planInfo, bool) {
+func (p *planTable) Get(id reservation.ID) (planInfo, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pl := p.plans[id]

@@ -60,7 +60,7 @@ func TestPlanLifecycle(t *testing.T) {
 	s, err = p.Handoff("p1")
 	require.NoError(t, err)
 	require.True(t, s.Empty())
-	require.Equal(t, "p1", s.Plan)
+	require.Equal(t, reservation.ID("p1"), s.Plan)
 
 	// Complete after hand-off frees the decode leg only.
 	s, err = p.Complete("p1")
@@ -159,13 +159,13 @@ func TestPlansModel(t *testing.T) {
 	prefillDone := map[string]int{}
 	apply := func(s settlement) {
 		if s.FreePrefill != "" {
-			freed[s.FreePrefill]++
+			freed[string(s.FreePrefill)]++
 		}
 		if s.FreeDecode != "" {
-			freed[s.FreeDecode]++
+			freed[string(s.FreeDecode)]++
 		}
 		if s.DecodePrefillComplete != "" {
-			prefillDone[s.DecodePrefillComplete]++
+			prefillDone[string(s.DecodePrefillComplete)]++
 		}
 	}
 	n := 0
@@ -174,7 +174,7 @@ func TestPlansModel(t *testing.T) {
 		case op < 4:
 			id := fmt.Sprintf("plan-%d", n)
 			n++
-			legs := planLegs{Prefill: id + "/prefill", Decode: id + "/decode"}
+			legs := planLegs{Prefill: reservation.ID(id + "/prefill"), Decode: reservation.ID(id + "/decode")}
 			if r.IntN(5) == 0 {
 				legs.Prefill = ""
 			}
@@ -182,7 +182,7 @@ func TestPlansModel(t *testing.T) {
 			model[id] = &state{}
 		case op < 6 && n > 0:
 			id := fmt.Sprintf("plan-%d", r.IntN(n))
-			s, err := p.Handoff(id)
+			s, err := p.Handoff(reservation.ID(id))
 			if st := model[id]; st == nil {
 				require.ErrorIs(t, err, ErrUnknownPlan)
 			} else {
@@ -195,7 +195,7 @@ func TestPlansModel(t *testing.T) {
 			}
 		case op < 8 && n > 0:
 			id := fmt.Sprintf("plan-%d", r.IntN(n))
-			s, err := p.Complete(id)
+			s, err := p.Complete(reservation.ID(id))
 			if model[id] == nil {
 				require.ErrorIs(t, err, ErrUnknownPlan)
 			} else {
@@ -206,8 +206,8 @@ func TestPlansModel(t *testing.T) {
 		case op == 8:
 			clk.Advance(time.Duration(r.IntN(5)) * time.Second)
 			for _, s := range p.Expire(clk.Now()) {
-				require.NotNil(t, model[s.Plan])
-				delete(model, s.Plan)
+				require.NotNil(t, model[string(s.Plan)])
+				delete(model, string(s.Plan))
 				apply(s)
 			}
 		default:
@@ -215,7 +215,7 @@ func TestPlansModel(t *testing.T) {
 		}
 	}
 	for _, s := range p.Expire(clk.Now().Add(time.Hour)) {
-		delete(model, s.Plan)
+		delete(model, string(s.Plan))
 		apply(s)
 	}
 	require.Empty(t, model)
@@ -241,15 +241,15 @@ func TestPlansConcurrent(t *testing.T) {
 			defer wg.Done()
 			for i := range 500 {
 				id := fmt.Sprintf("g%d-%d", g, i)
-				if err := register(p, id, planLegs{Prefill: id + "/p", Decode: id + "/d"}); err != nil {
+				if err := register(p, id, planLegs{Prefill: reservation.ID(id + "/p"), Decode: reservation.ID(id + "/d")}); err != nil {
 					t.Error(err)
 					return
 				}
 				if i%2 == 0 {
-					_, _ = p.Handoff(id)
-					_, _ = p.Handoff(id)
+					_, _ = p.Handoff(reservation.ID(id))
+					_, _ = p.Handoff(reservation.ID(id))
 				}
-				if _, err := p.Complete(id); err != nil {
+				if _, err := p.Complete(reservation.ID(id)); err != nil {
 					t.Error(err)
 					return
 				}
@@ -277,10 +277,10 @@ func BenchmarkPlansRegisterComplete(b *testing.B) {
 		if err := register(p, id, legs); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := p.Handoff(id); err != nil {
+		if _, err := p.Handoff(reservation.ID(id)); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := p.Complete(id); err != nil {
+		if _, err := p.Complete(reservation.ID(id)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -289,6 +289,6 @@ func BenchmarkPlansRegisterComplete(b *testing.B) {
 // register is Register for the tests that need no entry: its decode leg on
 // worker "w".
 func register(p *planTable, id string, legs planLegs) error {
-	_, err := p.Register(id, legs, "w")
+	_, err := p.Register(reservation.ID(id), legs, "w")
 	return err
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/internal/benchfleet"
 	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // benchService builds a service with an exact index fed directly: n workers of
@@ -130,17 +131,17 @@ func BenchmarkSelectAndReserve(b *testing.B) {
 
 // benchIDs returns 4,096 reservation ids, prefix then a number: the ids a
 // benchmark cycles through (each is freed before it comes round again).
-func benchIDs(prefix string) []string {
-	ids := make([]string, 4096)
+func benchIDs(prefix string) []reservation.ID {
+	ids := make([]reservation.ID, 4096)
 	for i := range ids {
-		ids[i] = fmt.Sprintf("%s%d", prefix, i)
+		ids[i] = reservation.ID(fmt.Sprintf("%s%d", prefix, i))
 	}
 	return ids
 }
 
 // bookFree books tokens as id on s, frees it, and returns how long the two
 // took.
-func bookFree(ctx context.Context, b *testing.B, s *SelectionService, id string, tokens []uint32) time.Duration {
+func bookFree(ctx context.Context, b *testing.B, s *SelectionService, id reservation.ID, tokens []uint32) time.Duration {
 	start := time.Now()
 	res, err := s.SelectAndReserve(ctx, Request{ReservationID: id, Tokens: tokens})
 	if err != nil {
@@ -285,7 +286,7 @@ func BenchmarkSelectAndReserveScaling(b *testing.B) {
 			run := func(v svc, ops int) {
 				for range ops {
 					i := next.Add(1)
-					res, err := v.s.SelectAndReserve(ctx, Request{ReservationID: fmt.Sprint(i), Tokens: v.prompts[int(i)%len(v.prompts)]})
+					res, err := v.s.SelectAndReserve(ctx, Request{ReservationID: reservation.ID(fmt.Sprint(i)), Tokens: v.prompts[int(i)%len(v.prompts)]})
 					if err != nil {
 						b.Error(err)
 						return
@@ -326,7 +327,7 @@ func runParallelBookings(b *testing.B, s *SelectionService, prompts [][]uint32) 
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			i := next.Add(1)
-			res, err := s.SelectAndReserve(ctx, Request{ReservationID: fmt.Sprint(i), Tokens: prompts[int(i)%len(prompts)]})
+			res, err := s.SelectAndReserve(ctx, Request{ReservationID: reservation.ID(fmt.Sprint(i)), Tokens: prompts[int(i)%len(prompts)]})
 			if err != nil {
 				b.Error(err)
 				return
@@ -416,7 +417,7 @@ func buildBenchFleet(b *testing.B, n int, seams func(*SelectionServiceBuilder)) 
 	ctx := context.Background()
 	s.scan = scanFull // the background bookings go where the policy sends them either way
 	for k := range n / 4 {
-		if _, err := s.SelectAndReserve(ctx, Request{ReservationID: fmt.Sprintf("bg%d", k), Tokens: conv(r.IntN(groups), 256+r.IntN(1792))}); err != nil {
+		if _, err := s.SelectAndReserve(ctx, Request{ReservationID: reservation.ID(fmt.Sprintf("bg%d", k)), Tokens: conv(r.IntN(groups), 256+r.IntN(1792))}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // TestRoutesToTheEngineHoldingThePrefix runs the real ZeroMQ feed against fake
@@ -71,7 +72,7 @@ func TestRoutesToTheEngineHoldingThePrefix(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, "e1", res2.WorkerID)
 	for _, id := range []string{"hit", "load", "miss"} {
-		require.NoError(t, s.Reservations().Free(id))
+		require.NoError(t, s.Reservations().Free(reservation.ID(id)))
 	}
 
 	// Deleting the worker removes its index state; its late events are refused.

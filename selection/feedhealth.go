@@ -11,6 +11,7 @@ import (
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
 	"github.com/kvselect/kvselect/kvindex/kvevents"
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // FeedTrust configures how the service judges each worker rank's KV-event feed
@@ -200,7 +201,7 @@ type FeedHealth struct {
 // read by the judge, both under the rank's mu; prefilled is set by
 // PrefillComplete (unix nanos) or to -1 by a free before it.
 type paritySample struct {
-	id        string
+	id        reservation.ID
 	keys      []uint64         // the request's router block keys
 	pos       map[uint64]int32 // key -> position in keys
 	seen      []bool           // positions the engine reported storing since the booking
@@ -282,7 +283,7 @@ func (s *SelectionService) dropHealthLocked(p *partition, id string, keep map[ca
 // booked records a booking on the rank for the checks: whether it leaves the
 // engine blocks to store, and (sampled) its hashes for the parity check. It
 // runs on the booking path; h is not nil only while feeds are judged.
-func (s *SelectionService) booked(h *rankHealth, seqs []uint64, cached int, id string) {
+func (s *SelectionService) booked(h *rankHealth, seqs []uint64, cached int, id reservation.ID) {
 	if len(seqs) > cached && h.expect.Add(1) == 1 {
 		h.expectSince.Store(s.now().UnixNano())
 	}
@@ -353,7 +354,7 @@ func (h *rankHealth) forgetSampleLocked(ps *paritySample) {
 // sampleSettled records that booking id reached its first output (prefilled)
 // or was freed; a sample freed before its prefill completed is dropped, since
 // the engine may never have computed it.
-func (s *SelectionService) sampleSettled(id string, prefilled bool) {
+func (s *SelectionService) sampleSettled(id reservation.ID, prefilled bool) {
 	v, ok := s.samples.Load(id)
 	if !ok {
 		return

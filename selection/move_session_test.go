@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // A booking moved by id with its session moves the session's pin too, as
@@ -37,7 +38,7 @@ func TestMoveSessionReservationMovesThePin(t *testing.T) {
 
 	require.ErrorIs(t, s.Reservations().Move("gone", catalog.WorkerRank{WorkerID: "b"}, "s1"), ErrUnknownReservation)
 	require.ErrorIs(t, s.Reservations().Move(next.ReservationID, catalog.WorkerRank{WorkerID: "nope"}, "s1"), ErrNotFound)
-	for _, id := range []string{first.ReservationID, again.ReservationID, next.ReservationID} {
+	for _, id := range []reservation.ID{first.ReservationID, again.ReservationID, next.ReservationID} {
 		require.NoError(t, s.Reservations().Free(id))
 	}
 	requireIdle(t, s)

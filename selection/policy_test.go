@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // policyService builds a service with KV events applied by hand (block size
@@ -341,7 +342,7 @@ func TestClassifierSetsThePriority(t *testing.T) {
 	ctx := testContext(t)
 	// One big request on each worker makes every one busy.
 	for i, w := range []string{"a", "b", "c"} {
-		res, err := s.SelectAndReserve(ctx, Request{ReservationID: w, Tokens: toks(200, 10+i), Allowed: []string{w}})
+		res, err := s.SelectAndReserve(ctx, Request{ReservationID: reservation.ID(w), Tokens: toks(200, 10+i), Allowed: []string{w}})
 		require.NoError(t, err)
 		require.Equal(t, w, res.WorkerID)
 	}
@@ -362,11 +363,11 @@ func TestClassifierSetsThePriority(t *testing.T) {
 	for range 2 {
 		o := <-done
 		require.NoError(t, o.err)
-		got[o.res.ReservationID] = o.res
+		got[string(o.res.ReservationID)] = o.res
 	}
 	require.Less(t, got["interactive"].PotentialDecodeBlocks, got["batch"].PotentialDecodeBlocks, "the classifier's tier was admitted first")
 	for _, id := range []string{"a", "b", "c", "batch", "interactive"} {
-		require.NoError(t, s.Reservations().Free(id))
+		require.NoError(t, s.Reservations().Free(reservation.ID(id)))
 	}
 	requireIdle(t, s)
 }

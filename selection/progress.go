@@ -14,7 +14,7 @@ import (
 // answer runs (Dynamo's add_output_block). Booking.Generated counts them for
 // a caller that knows the tokens generated so far. Unknown id:
 // ErrUnknownReservation; n < 0: ErrBadRequest.
-func (view Reservations) AddOutputBlocks(id string, n int) error {
+func (view Reservations) AddOutputBlocks(id reservation.ID, n int) error {
 	s := view.s
 	if n < 0 {
 		return fmt.Errorf("%w: %d output blocks", ErrBadRequest, n)
@@ -39,7 +39,7 @@ func (view Reservations) AddOutputBlocks(id string, n int) error {
 // moves (a Booking handle serialises its calls). Errors:
 // ErrUnknownReservation, ErrNotFound (to is not a rank of the model),
 // ErrClosed.
-func (view Reservations) Move(id string, to catalog.WorkerRank, session string) error {
+func (view Reservations) Move(id reservation.ID, to catalog.WorkerRank, session string) error {
 	s := view.s
 	_, _, err := s.moveReservation(id, to, session)
 	return err
@@ -47,7 +47,7 @@ func (view Reservations) Move(id string, to catalog.WorkerRank, session string) 
 
 // moveReservation moves id to to and returns whether it moved and to's
 // endpoint.
-func (s *SelectionService) moveReservation(id string, to catalog.WorkerRank, session string) (bool, string, error) {
+func (s *SelectionService) moveReservation(id reservation.ID, to catalog.WorkerRank, session string) (bool, string, error) {
 	if s.closed.Load() {
 		return false, "", ErrClosed
 	}

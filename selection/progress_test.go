@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // recorder is a BookingObserver that keeps what it hears.
@@ -16,8 +17,8 @@ type recorder struct {
 	settled []Settlement
 }
 
-func (r *recorder) Booked(ev BookingEvent)         { r.booked = append(r.booked, ev) }
-func (r *recorder) Settled(_ string, h Settlement) { r.settled = append(r.settled, h) }
+func (r *recorder) Booked(ev BookingEvent)                 { r.booked = append(r.booked, ev) }
+func (r *recorder) Settled(_ reservation.ID, h Settlement) { r.settled = append(r.settled, h) }
 
 func loadOf(t *testing.T, s *SelectionService, id string) WorkerLoad {
 	t.Helper()

@@ -12,7 +12,7 @@ import (
 // BookingEvent is one booking the service made itself, as a peer service
 // needs it to carry the same load (package replica ships it).
 type BookingEvent struct {
-	ID     string
+	ID     reservation.ID
 	Model  string
 	Worker catalog.WorkerRank
 	// SeqHashes are the booking's active block hashes. In a Booked call they
@@ -71,7 +71,7 @@ func (k Settlement) String() string {
 // not block and must not call the service.
 type BookingObserver interface {
 	Booked(ev BookingEvent)
-	Settled(id string, how Settlement)
+	Settled(id reservation.ID, how Settlement)
 }
 
 // Observe sets the observer of the service's own bookings (package replica's
@@ -88,7 +88,9 @@ func (view ReplicaPlane) LeaseLimit() time.Duration { return view.s.cfg.ActiveRe
 
 // remoteID is the ledger id of a peer's booking: ids of different origins, and
 // of the service's own bookings, never collide.
-func remoteID(origin, id string) string { return "\x00" + origin + "\x00" + id }
+func remoteID(origin string, id reservation.ID) reservation.ID {
+	return reservation.ID("\x00" + origin + "\x00" + string(id))
+}
 
 // Book books a peer service's booking (ev, from origin's observer) in
 // this service's ledger: it counts as load exactly as a local booking does,
@@ -140,7 +142,7 @@ func (view ReplicaPlane) Book(origin string, ev BookingEvent) error {
 // Settle applies a peer's settling call to its booking id (see
 // ReplicaPlane.Book). An id that is not booked here (expired, dropped with its
 // worker, never accepted) is ErrUnknownReservation.
-func (view ReplicaPlane) Settle(origin, id string, how Settlement) error {
+func (view ReplicaPlane) Settle(origin string, id reservation.ID, how Settlement) error {
 	s := view.s
 	rid := remoteID(origin, id)
 	var err error
@@ -173,7 +175,7 @@ func (s *SelectionService) rankKnownLocked(w catalog.WorkerRank) bool {
 }
 
 // observeSettled tells the observer of a successful settling call.
-func (s *SelectionService) observeSettled(id string, how Settlement) {
+func (s *SelectionService) observeSettled(id reservation.ID, how Settlement) {
 	if s.obs != nil {
 		s.obs.Settled(id, how)
 	}

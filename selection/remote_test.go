@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/reservation"
 )
 
 type recordingObserver struct {
@@ -24,10 +25,10 @@ func (o *recordingObserver) Booked(ev BookingEvent) {
 	o.booked = append(o.booked, ev)
 }
 
-func (o *recordingObserver) Settled(id string, how Settlement) {
+func (o *recordingObserver) Settled(id reservation.ID, how Settlement) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.settled = append(o.settled, id+":"+how.String())
+	o.settled = append(o.settled, string(id)+":"+how.String())
 }
 
 // What one service books and settles, replayed into another with ReplicaPlane.Book
@@ -56,7 +57,7 @@ func TestObserverAndRemoteBookings(t *testing.T) {
 	require.NoError(t, b.Replicas().Settle("replica-a", ev.ID, SettleRenew))
 	require.Equal(t, a.Loads(""), b.Loads(""))
 	require.NoError(t, bk.Done())
-	require.Equal(t, []string{ev.ID + ":prefill", ev.ID + ":renew", ev.ID + ":free"}, obs.settled)
+	require.Equal(t, []string{string(ev.ID + ":prefill"), string(ev.ID + ":renew"), string(ev.ID + ":free")}, obs.settled)
 	require.NoError(t, b.Replicas().Settle("replica-a", ev.ID, SettleFree))
 	requireIdle(t, b)
 	require.ErrorIs(t, b.Replicas().Settle("replica-a", ev.ID, SettleFree), ErrUnknownReservation)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // Priority orders a request in the admission queue.
@@ -30,7 +31,7 @@ type Request struct {
 	Model string
 	// ReservationID names the booking (SelectAndReserve). Empty: a random id is
 	// minted and returned in the Result.
-	ReservationID string
+	ReservationID reservation.ID
 	// Tokens are the prompt's token ids exactly as the engine will see them.
 	// Alternatively give SeqHashes and ISL.
 	Tokens []uint32
@@ -89,7 +90,7 @@ type Overlap struct {
 // Result is the outcome of Select or SelectAndReserve.
 type Result struct {
 	// ReservationID is the booking's id (empty for Select).
-	ReservationID string
+	ReservationID reservation.ID
 	// WorkerRank is the chosen worker and data-parallel rank.
 	catalog.WorkerRank
 	// Endpoint is the worker's host:port.
@@ -127,12 +128,12 @@ type prepared struct {
 	w        weights
 	allowed  map[string]struct{}
 	priority Priority
-	id       string    // the reservation id
-	expected int       // expected output tokens
-	buf      *[]uint64 // seqs' pooled buffer
-	session  string    // Request.SessionID, "" when sessions are off
-	peek     bool      // an inspection (PotentialLoads): it changes no state
-	decision Decision  // what decided recorded, for the tracer
+	id       reservation.ID // the reservation id
+	expected int            // expected output tokens
+	buf      *[]uint64      // seqs' pooled buffer
+	session  string         // Request.SessionID, "" when sessions are off
+	peek     bool           // an inspection (PotentialLoads): it changes no state
+	decision Decision       // what decided recorded, for the tracer
 	retries  int
 	fallback int // Request.Fallbacks
 	pin      catalog.WorkerRank

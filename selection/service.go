@@ -649,10 +649,10 @@ func sourcesOf(w catalog.Worker) map[catalog.WorkerRank]sourceCfg {
 // SelectAndReserve mints when Request.ReservationID is empty. Callers that
 // must know the id before booking (a plan naming its legs, a gateway logging
 // it) mint it here.
-func NewReservationID() string {
+func NewReservationID() reservation.ID {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	return reservation.ID(hex.EncodeToString(b[:]))
 }
 
 // replayOf returns the replay endpoint of a worker rank attributed by the bind

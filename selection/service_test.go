@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/internal/clocktest"
+	"github.com/kvselect/kvselect/reservation"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -118,7 +119,7 @@ func TestRequestLifecycle(t *testing.T) {
 
 	res, err := s.SelectAndReserve(ctx, Request{ReservationID: "r1", Tokens: prompt})
 	require.NoError(t, err)
-	require.Equal(t, "r1", res.ReservationID)
+	require.Equal(t, reservation.ID("r1"), res.ReservationID)
 	require.Equal(t, "10.0.0.1:8000", res.Endpoint)
 	require.Equal(t, 10, res.RequestBlocks)
 	require.Equal(t, 40, res.EffectivePrefillTokens)
@@ -269,13 +270,13 @@ func TestLoadSpreadsAcrossWorkers(t *testing.T) {
 		res, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(64, i)})
 		require.NoError(t, err)
 		count[res.WorkerID]++
-		ids = append(ids, res.ReservationID)
+		ids = append(ids, string(res.ReservationID))
 	}
 	for _, w := range []string{"a", "b", "c", "d"} {
 		require.Equal(t, 10, count[w], count)
 	}
 	for _, id := range ids {
-		require.NoError(t, s.Reservations().Free(id))
+		require.NoError(t, s.Reservations().Free(reservation.ID(id)))
 	}
 	requireIdle(t, s)
 }
@@ -289,7 +290,7 @@ func TestDeleteWorkerDropsItsLoad(t *testing.T) {
 		res, err := s.SelectAndReserve(ctx, Request{Tokens: toks(16, i)})
 		require.NoError(t, err)
 		if res.WorkerID == "a" {
-			onA = append(onA, res.ReservationID)
+			onA = append(onA, string(res.ReservationID))
 		}
 	}
 	require.NotEmpty(t, onA)
@@ -297,7 +298,7 @@ func TestDeleteWorkerDropsItsLoad(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, catalog.Unschedulable, rec.Lifecycle)
 	for _, id := range onA {
-		require.ErrorIs(t, s.Reservations().Free(id), ErrUnknownReservation)
+		require.ErrorIs(t, s.Reservations().Free(reservation.ID(id)), ErrUnknownReservation)
 	}
 	for range 5 {
 		res, err := s.SelectAndReserve(ctx, Request{Tokens: toks(16, 1)})
@@ -389,7 +390,7 @@ func TestAdmissionQueue(t *testing.T) {
 	for range 2 {
 		o := <-done
 		require.NoError(t, o.err)
-		got[o.res.ReservationID] = o.res
+		got[string(o.res.ReservationID)] = o.res
 	}
 	require.Len(t, got, 2)
 	require.Contains(t, got, "high")
@@ -399,7 +400,7 @@ func TestAdmissionQueue(t *testing.T) {
 	require.EqualValues(t, 2, st.Queued)
 	require.EqualValues(t, 1, st.QueueRejected)
 	for _, id := range []string{"big", "high", "low"} {
-		require.NoError(t, s.Reservations().Free(id))
+		require.NoError(t, s.Reservations().Free(reservation.ID(id)))
 	}
 	requireIdle(t, s)
 }
@@ -495,7 +496,7 @@ func concurrentChurn(t *testing.T, mod func(*Config)) {
 			for i := range 300 {
 				id := fmt.Sprintf("g%d-%d", g, i)
 				c, cancel := context.WithTimeout(ctx, time.Second)
-				_, err := s.SelectAndReserve(c, Request{ReservationID: id, Tokens: toks(8+r.IntN(64), r.IntN(5)), Priority: Priority{Tier: r.IntN(2)}})
+				_, err := s.SelectAndReserve(c, Request{ReservationID: reservation.ID(id), Tokens: toks(8+r.IntN(64), r.IntN(5)), Priority: Priority{Tier: r.IntN(2)}})
 				cancel()
 				if err != nil {
 					if errors.Is(err, context.DeadlineExceeded) {
@@ -507,9 +508,9 @@ func concurrentChurn(t *testing.T, mod func(*Config)) {
 					continue
 				}
 				if r.IntN(2) == 0 {
-					_ = s.Reservations().PrefillComplete(id)
+					_ = s.Reservations().PrefillComplete(reservation.ID(id))
 				}
-				_ = s.Reservations().Free(id) // may be gone with a deleted worker
+				_ = s.Reservations().Free(reservation.ID(id)) // may be gone with a deleted worker
 			}
 		}()
 	}
@@ -662,7 +663,7 @@ func TestActiveBlockTracking(t *testing.T) {
 			s, _ := newTestService(t, c.mod)
 			addWorkers(t, s, "a")
 			for _, id := range []string{"x", "y"} {
-				_, err := s.SelectAndReserve(ctx, Request{ReservationID: id, Tokens: toks(10, 1)})
+				_, err := s.SelectAndReserve(ctx, Request{ReservationID: reservation.ID(id), Tokens: toks(10, 1)})
 				require.NoError(t, err)
 			}
 			require.Equal(t, c.want, s.Loads("")[0].ActiveBlocks)
@@ -713,7 +714,7 @@ func TestPrivateBlocksAreCounted(t *testing.T) {
 			obs := &recordingObserver{}
 			s.obs = obs // the booking as the ledger took it
 			addWorkers(t, s, "a")
-			for i, id := range []string{"x", "y"} {
+			for i, id := range []reservation.ID{"x", "y"} {
 				res, err := s.SelectAndReserve(ctx, Request{ReservationID: id, Tokens: toks(c.tokens, 1), Override: c.override})
 				require.NoError(t, err)
 				ev := obs.booked[len(obs.booked)-1]
@@ -776,7 +777,7 @@ func TestQueuedHeadThatFailsWakesTheNext(t *testing.T) {
 	addWorkers(t, s, "a", "b")
 	ctx := testContext(t)
 	for _, w := range []string{"a", "b"} {
-		_, err := s.SelectAndReserve(ctx, Request{ReservationID: "big-" + w, Tokens: toks(200, 1), Allowed: []string{w}})
+		_, err := s.SelectAndReserve(ctx, Request{ReservationID: reservation.ID("big-" + w), Tokens: toks(200, 1), Allowed: []string{w}})
 		require.NoError(t, err)
 	}
 	headErr := make(chan error, 1)

@@ -11,7 +11,7 @@ import (
 // PrefillComplete marks the end of a booking's prefill (its first output): the
 // prompt tokens stop counting as prefill load; its blocks stay active. Calling it
 // again is a no-op. Unknown id: ErrUnknownReservation (harmless).
-func (view Reservations) PrefillComplete(id string) error {
+func (view Reservations) PrefillComplete(id reservation.ID) error {
 	s := view.s
 	if err := s.ledger.PrefillComplete(id); err != nil {
 		return s.settleError(err)
@@ -27,7 +27,7 @@ func (view Reservations) PrefillComplete(id string) error {
 // Free releases everything a booking added (end of stream, cancel,
 // error). Freeing twice, or an unknown or expired id, is ErrUnknownReservation and
 // changes nothing.
-func (view Reservations) Free(id string) error {
+func (view Reservations) Free(id reservation.ID) error {
 	s := view.s
 	if err := s.ledger.Free(id); err != nil {
 		return s.settleError(err)
@@ -44,7 +44,7 @@ func (view Reservations) Free(id string) error {
 // (Config.ActiveRequestExpiry): call it while a long request makes progress so
 // that its load is not released mid-flight. It never shortens a lease. Unknown,
 // freed or expired id: ErrUnknownReservation, and nothing changes.
-func (view Reservations) Renew(id string) error {
+func (view Reservations) Renew(id reservation.ID) error {
 	s := view.s
 	if err := s.ledger.Touch(id); err != nil {
 		return s.settleError(err)

@@ -132,20 +132,20 @@ func checkSparseModelWith(t *testing.T, seed uint64, steps int, seams func(*Sele
 			nextID++
 			id := fmt.Sprintf("b%d", nextID)
 			require.NoError(t, s.ledger.Book(reservation.Booking{
-				ID: id, Worker: ranks[r.IntN(len(ranks))], SeqHashes: seqs, PrivateBlocks: r.IntN(3),
+				ID: reservation.ID(id), Worker: ranks[r.IntN(len(ranks))], SeqHashes: seqs, PrivateBlocks: r.IntN(3),
 				PrefillTokens: r.IntN(4) * bs,
 			}))
 			live = append(live, id)
 		case op == 4 && len(live) > 0:
 			j := r.IntN(len(live))
-			require.NoError(t, s.ledger.Free(live[j]))
+			require.NoError(t, s.ledger.Free(reservation.ID(live[j])))
 			live = slices.Delete(live, j, j+1)
 		case op == 5 && len(live) > 0:
-			_ = s.ledger.PrefillComplete(live[r.IntN(len(live))])
+			_ = s.ledger.PrefillComplete(reservation.ID(live[r.IntN(len(live))]))
 		case op == 6 && len(live) > 0:
-			require.NoError(t, s.ledger.AddOutputBlocks(live[r.IntN(len(live))], 1+r.IntN(2)))
+			require.NoError(t, s.ledger.AddOutputBlocks(reservation.ID(live[r.IntN(len(live))]), 1+r.IntN(2)))
 		case op == 7 && len(live) > 0:
-			_, err := s.ledger.Move(live[r.IntN(len(live))], ranks[r.IntN(len(ranks))])
+			_, err := s.ledger.Move(reservation.ID(live[r.IntN(len(live))]), ranks[r.IntN(len(ranks))])
 			require.NoError(t, err)
 		case op == 8:
 			if r.IntN(2) == 0 {
@@ -316,21 +316,21 @@ func TestSparseConcurrent(t *testing.T) {
 				for j := range toks {
 					toks[j] = uint32(r.IntN(4))
 				}
-				res, err := s.SelectAndReserve(context.Background(), Request{ReservationID: fmt.Sprintf("g%d-%d", g, i), Tokens: toks})
+				res, err := s.SelectAndReserve(context.Background(), Request{ReservationID: reservation.ID(fmt.Sprintf("g%d-%d", g, i)), Tokens: toks})
 				if !assert.NoError(t, err) {
 					return
 				}
-				held = append(held, res.ReservationID)
+				held = append(held, string(res.ReservationID))
 				if r.IntN(3) == 0 {
 					assert.NoError(t, s.Reservations().AddOutputBlocks(res.ReservationID, 1))
 				}
 				for len(held) > r.IntN(4) {
-					assert.NoError(t, s.Reservations().Free(held[0]))
+					assert.NoError(t, s.Reservations().Free(reservation.ID(held[0])))
 					held = held[1:]
 				}
 			}
 			for _, id := range held {
-				assert.NoError(t, s.Reservations().Free(id))
+				assert.NoError(t, s.Reservations().Free(reservation.ID(id)))
 			}
 		})
 	}

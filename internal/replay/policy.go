@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvselect/kvselect/catalog"
 	"github.com/kvselect/kvselect/kvindex"
+	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -147,8 +148,8 @@ func (l replicaLink) Booked(ev selection.BookingEvent) {
 	l.k.send(syncOp{from: l.from, book: true, ev: ev})
 }
 
-func (l replicaLink) Settled(id string, how selection.Settlement) {
-	l.k.send(syncOp{from: l.from, ev: selection.BookingEvent{ID: id}, how: how})
+func (l replicaLink) Settled(id reservation.ID, how selection.Settlement) {
+	l.k.send(syncOp{from: l.from, ev: selection.BookingEvent{ID: reservation.ID(id)}, how: how})
 }
 
 func (k *kvRouter) send(op syncOp) {
@@ -262,7 +263,7 @@ func (k *kvRouter) route(ctx context.Context, r *simRequest) (int, int, error) {
 	// requests over the Endpoint Pickers behind it.
 	r.replica, k.next = k.next, (k.next+1)%len(k.svcs)
 	svc := k.svcs[r.replica]
-	req := selection.Request{ReservationID: r.id, Tokens: r.tokens, ExpectedOutputTokens: r.out}
+	req := selection.Request{ReservationID: reservation.ID(r.id), Tokens: r.tokens, ExpectedOutputTokens: r.out}
 	var scored []selection.Scored
 	if k.explain != nil {
 		var err error
@@ -325,12 +326,14 @@ func (k *kvRouter) explainDecision(scored []selection.Scored, chosenID string) {
 }
 
 func (k *kvRouter) prefillDone(r *simRequest) error {
-	return k.svcs[r.replica].Reservations().PrefillComplete(r.id)
+	return k.svcs[r.replica].Reservations().PrefillComplete(reservation.ID(r.id))
 }
-func (k *kvRouter) finished(r *simRequest) error { return k.svcs[r.replica].Reservations().Free(r.id) }
+func (k *kvRouter) finished(r *simRequest) error {
+	return k.svcs[r.replica].Reservations().Free(reservation.ID(r.id))
+}
 func (k *kvRouter) grew(r *simRequest) error {
 	k.grown++
-	return k.svcs[r.replica].Reservations().AddOutputBlocks(r.id, 1)
+	return k.svcs[r.replica].Reservations().AddOutputBlocks(reservation.ID(r.id), 1)
 }
 
 // apply gives a worker's event to every replica: each subscribes to every

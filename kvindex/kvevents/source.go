@@ -15,7 +15,7 @@ import (
 // rank) and its endpoints. With data parallelism each rank publishes on its own port
 // (vLLM adds the rank to the configured port), so each rank is its own source.
 type SourceConfig struct {
-	// Worker is the worker rank the batches belong to. Worker.Worker must be non-empty
+	// Worker is the worker rank the batches belong to. Worker.WorkerID must be non-empty
 	// and Worker.Rank >= 0.
 	Worker catalog.WorkerRank
 	// Endpoint is the engine's PUB endpoint, "tcp://host:port" (port 1-65535) or
@@ -29,7 +29,7 @@ type SourceConfig struct {
 func (c SourceConfig) validate() error {
 	var errs []error
 	if c.Worker.WorkerID == "" {
-		errs = append(errs, fmt.Errorf("%w: Worker.Worker is empty", ErrInvalidSource))
+		errs = append(errs, fmt.Errorf("%w: Worker.WorkerID is empty", ErrInvalidSource))
 	}
 	if c.Worker.Rank < 0 {
 		errs = append(errs, fmt.Errorf("%w: Worker.Rank %d < 0", ErrInvalidSource, c.Worker.Rank))

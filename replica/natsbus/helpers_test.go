@@ -19,6 +19,7 @@ import (
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/replica/internal/replicatest"
 	"github.com/kvselect/kvselect/replica/natsbus"
+	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -102,7 +103,7 @@ func newNodeOn(t testing.TB, nc *nats.Conn, id string, wrap func(replica.Bus) re
 }
 
 // book books a request of blocks full blocks of random tokens.
-func (n *node) book(t testing.TB, rng *rand.Rand, blocks int) string {
+func (n *node) book(t testing.TB, rng *rand.Rand, blocks int) reservation.ID {
 	toks := make([]uint32, blocks*16+5)
 	for i := range toks {
 		toks[i] = rng.Uint32N(32000)
@@ -114,7 +115,7 @@ func (n *node) book(t testing.TB, rng *rand.Rand, blocks int) string {
 	return res.ReservationID
 }
 
-func (n *node) free(t testing.TB, id string) {
+func (n *node) free(t testing.TB, id reservation.ID) {
 	if err := n.svc.Reservations().Free(id); err != nil {
 		t.Errorf("free on %s: %v", n.r.ID(), err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/kvselect/kvselect/internal/clocktest"
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/replica/internal/replicatest"
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // Every booking and every free of a replica reaches both of its peers, one
@@ -107,7 +108,7 @@ func TestTenThousandBookings(t *testing.T) {
 		wg.Go(func() {
 			n := nodes[g%len(nodes)]
 			rng := rand.New(rand.NewPCG(uint64(g), 2))
-			var held []string
+			var held []reservation.ID
 			count := total / workers
 			if g < total%workers {
 				count++
@@ -196,7 +197,7 @@ func TestLostBatchRepairedBySnapshot(t *testing.T) {
 	b := newNode(t, srv.ClientURL(), "b", nil, nil)
 	c := newNode(t, srv.ClientURL(), "c", nil, nil)
 	rng := rand.New(rand.NewPCG(4, 4))
-	var ids []string
+	var ids []reservation.ID
 	for range 10 {
 		ids = append(ids, a.book(t, rng, 3))
 	}
@@ -237,7 +238,7 @@ func TestPartitionHeals(t *testing.T) {
 			c := newNode(t, px.url(), "c", nil, nil)
 			nodes := []*node{a, b, c}
 			rng := rand.New(rand.NewPCG(5, 5))
-			held := map[*node][]string{}
+			held := map[*node][]reservation.ID{}
 			churn := func(rounds int) {
 				for range rounds {
 					for _, n := range nodes {

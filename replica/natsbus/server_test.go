@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvselect/kvselect/replica/natsbus"
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // clusterTimeout bounds every wait for routes to form or to go.
@@ -105,7 +106,7 @@ func TestServersCluster(t *testing.T) {
 		nodes = append(nodes, newNodeOn(t, cl.Bus().Conn(), id, nil, nil))
 	}
 	rng := rand.New(rand.NewPCG(3, 3))
-	var held [3][]string
+	var held [3][]reservation.ID
 	for i := range 60 {
 		held[i%3] = append(held[i%3], nodes[i%3].book(t, rng, 1+rng.IntN(8)))
 	}

@@ -102,7 +102,7 @@ func (ex *exchange) settle(o outcome) {
 			st.ended.Add(1)
 		case outcomeCanceled:
 			st.canceled.Add(1)
-			ex.r.log.Debug("httproute: client left", slog.String("worker", ex.b.Worker), slog.String("booking", ex.b.ID))
+			ex.r.log.Debug("httproute: client left", slog.String("worker", ex.b.Worker), slog.String("booking", string(ex.b.ID)))
 		case outcomeFailed:
 			st.failed.Add(1)
 		default:

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvselect/kvselect/gaie"
 	"github.com/kvselect/kvselect/lifecycle"
+	"github.com/kvselect/kvselect/reservation"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
@@ -59,9 +60,10 @@ type Booked struct {
 	// x-prefiller-host-port. Empty when the destination prefills the prompt
 	// itself.
 	Prefiller string
-	// Worker and ID name the destination worker and the booking (a
-	// reservation or plan id), for the log.
-	Worker, ID string
+	// Worker names the destination worker, for the log.
+	Worker string
+	// ID names the booking (a reservation or plan id), for the log.
+	ID reservation.ID
 }
 
 // Single is the Service that books one worker of svc per request

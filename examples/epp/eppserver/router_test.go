@@ -62,7 +62,7 @@ func (fakeHandle) Generated(int) error           { return nil }
 func (fakeHandle) Move(catalog.WorkerRank) error { return nil }
 func (fakeHandle) MarkFailed() error             { return nil }
 func handlesOf(s settles) func(roles.Plan) lifecycle.Handle {
-	return func(p roles.Plan) lifecycle.Handle { return fakeHandle{s: s, id: p.ID} }
+	return func(p roles.Plan) lifecycle.Handle { return fakeHandle{s: s, id: string(p.ID)} }
 }
 
 type fakeSvc struct {
