@@ -47,7 +47,7 @@
 //
 //	svc, _ := selection.NewSelectionServiceBuilder(selection.DefaultConfig(16)).Build(ctx)
 //	defer svc.Close()
-//	svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.5:8000", DPSize: 1, BlockSize: 16,
+//	svc.Workers().Upsert(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.5:8000", DPSize: 1, BlockSize: 16,
 //		KVEventEndpoints: map[int]string{0: "tcp://10.0.0.5:5557"}})
 //	b, _ := svc.Book(ctx, selection.Request{Tokens: promptTokens})
 //	// send the request to b.Endpoint; then, or let a lifecycle.Follower do it:

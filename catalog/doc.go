@@ -11,7 +11,7 @@
 // The catalog only keeps records: it starts nothing and notifies no one. The
 // selection service keeps a Catalog, routes only to its Schedulable records,
 // and starts and stops each worker's KV-event sources itself, from the worker's
-// record before and after each UpsertWorker and DeleteWorker.
+// record before and after each Workers().Upsert and Workers().Delete.
 //
 // # Lifecycle
 //

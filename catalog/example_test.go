@@ -70,3 +70,17 @@ func ExampleCatalog_SetDraining() {
 	// draining [draining]
 	// unschedulable [deleted] 0
 }
+
+// Check a desired set as a whole against a rank limit before applying any of
+// it: a DPSize past MaxDPSize counts as MaxDPSize, as Ranks clamps it.
+func ExampleTotalRanks() {
+	desired := []catalog.Worker{
+		{ID: "a", DPSize: 1},
+		{ID: "b", DPSize: 8},
+		{ID: "c", DPSize: catalog.MaxDPSize + 100},
+	}
+	n := catalog.TotalRanks(desired)
+	fmt.Println(n, n <= catalog.DefaultMaxRanks)
+	// Output:
+	// 4105 true
+}

@@ -31,8 +31,8 @@ type Invalid struct {
 // Reconcile plans the writes that turn current into desired: upsert every
 // desired worker that is new or differs from its current record, delete every
 // current id that is not desired. The caller applies the plan, deletes first
-// (Catalog.Delete and Upsert, or the selection service's DeleteWorker and
-// UpsertWorker, which also stop and start the workers' event feeds).
+// (Catalog.Delete and Upsert, or the selection service's Workers().Delete and
+// Workers().Upsert, which also stop and start the workers' event feeds).
 //
 // A desired set that names an id twice is rejected up front with
 // ErrDuplicateID listing the ids, and nothing is planned. A desired worker that

@@ -19,7 +19,7 @@ func ExampleFollower() {
 		panic(err)
 	}
 	defer svc.Close()
-	if _, err := svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1, BlockSize: 4}); err != nil {
+	if _, err := svc.Workers().Upsert(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1, BlockSize: 4}); err != nil {
 		panic(err)
 	}
 	b, err := svc.Book(context.Background(), selection.Request{Tokens: []uint32{1, 2, 3, 4, 5, 6, 7, 8}})

@@ -51,7 +51,7 @@ func bookings(t *testing.T) handles {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = svc.Close() })
 	for _, w := range []catalog.Worker{pod("a", "10.0.0.1", ""), pod("b", "10.0.0.2", "")} {
-		_, err := svc.UpsertWorker(w)
+		_, err := svc.Workers().Upsert(w)
 		require.NoError(t, err)
 	}
 	return handles{

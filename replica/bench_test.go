@@ -44,7 +44,7 @@ func benchService(b *testing.B, obs selection.BookingObserver) (*selection.Selec
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = s.Close() })
-	prompts, err := benchfleet.Warm(benchfleet.Service{UpsertWorker: s.UpsertWorker, ApplyEvent: s.Events().Apply}, benchfleet.Fleet{Workers: 16, PerWorker: 16, Fresh: 16})
+	prompts, err := benchfleet.Warm(benchfleet.Service{Upsert: s.Workers().Upsert, ApplyEvent: s.Events().Apply}, benchfleet.Fleet{Workers: 16, PerWorker: 16, Fresh: 16})
 	if err != nil {
 		b.Fatal(err)
 	}

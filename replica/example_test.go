@@ -69,7 +69,7 @@ func Example() {
 		if err != nil {
 			panic(err)
 		}
-		_, _ = svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1})
+		_, _ = svc.Workers().Upsert(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1})
 		if err := r.Start(svc); err != nil {
 			panic(err)
 		}

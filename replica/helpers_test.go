@@ -63,7 +63,7 @@ func newNodeWith(t testing.TB, h *hub, id string, wrap func(*member) replica.Bus
 	svc, err := selection.NewSelectionServiceBuilder(cfg).Observe(r).Build(context.Background())
 	require.NoError(t, err)
 	for i, w := range testWorkers {
-		_, err := svc.UpsertWorker(catalog.Worker{ID: w, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1, MaxNumBatchedTokens: 8192})
+		_, err := svc.Workers().Upsert(catalog.Worker{ID: w, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1, MaxNumBatchedTokens: 8192})
 		require.NoError(t, err)
 	}
 	require.NoError(t, r.Start(svc))

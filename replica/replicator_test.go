@@ -280,7 +280,7 @@ func TestPartitionHeals(t *testing.T) {
 func TestRefusesUnknownWorker(t *testing.T) {
 	h := newHub()
 	a, b := newNode(t, h, "a", nil), newNode(t, h, "b", nil)
-	_, err := b.svc.DeleteWorker("w4")
+	_, err := b.svc.Workers().Delete("w4")
 	require.NoError(t, err)
 	res, err := a.svc.SelectAndReserve(context.Background(), selection.Request{Tokens: make([]uint32, 64), Allowed: []string{"w4"}})
 	require.NoError(t, err)
@@ -401,7 +401,7 @@ func TestTellsTheServiceOfItsPeers(t *testing.T) {
 		svc, err := selection.NewSelectionServiceBuilder(cfg).Observe(r).Clock(clk.Now).Build(context.Background())
 		require.NoError(t, err)
 		for i, w := range testWorkers {
-			_, err := svc.UpsertWorker(catalog.Worker{ID: w, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
+			_, err := svc.Workers().Upsert(catalog.Worker{ID: w, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
 			require.NoError(t, err)
 		}
 		n.svc, n.r = svc, r

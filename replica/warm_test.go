@@ -76,7 +76,7 @@ func (g *engines) service(r *replica.Replicator) *selection.SelectionService {
 	require.NoError(g.t, err)
 	g.t.Cleanup(func() { _ = svc.Close() })
 	for _, w := range g.workers {
-		_, err := svc.UpsertWorker(w)
+		_, err := svc.Workers().Upsert(w)
 		require.NoError(g.t, err)
 	}
 	// A PUB drops what it sends before a subscription reaches it and cannot

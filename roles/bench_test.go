@@ -74,7 +74,7 @@ func benchRoles(b *testing.B, mode TopologyMode, prompts [][]uint32) *RoleSelect
 		if !rs.profiles[role].Config.UseKVEvents {
 			continue
 		}
-		for i, rec := range svc.Workers() {
+		for i, rec := range svc.Workers().List() {
 			for k := range 4 {
 				p := prompts[(i*4+k)%len(prompts)]
 				hs := make([]uint64, len(p)/benchBlock)

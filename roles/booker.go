@@ -228,7 +228,7 @@ func (p Plan) Move(to catalog.WorkerRank) error {
 // MarkFailed reports that the worker carrying the plan's decode leg (the
 // destination booked, or the one it moved to) failed the request: the
 // destination role's service leaves it out of its picks for a while
-// (selection.SelectionService.MarkFailed). Only the first call marks; later
+// (selection.Workers.MarkFailed). Only the first call marks; later
 // ones return nil. It may come after Done.
 func (p Plan) MarkFailed() error {
 	if p.b == nil {
@@ -304,6 +304,7 @@ func (l serviceLeg) AddOutputBlocks(id reservation.ID, n int) error {
 func (l serviceLeg) MoveSessionReservation(id reservation.ID, to catalog.WorkerRank, session string) error {
 	return l.Reservations().Move(id, to, session)
 }
+func (l serviceLeg) MarkFailed(workerID string) error { return l.Workers().MarkFailed(workerID) }
 
 var _ leg = serviceLeg{}
 

@@ -83,7 +83,7 @@ func ids(rs *RoleSelectors, r Role) []string {
 		return nil
 	}
 	var out []string
-	for _, rec := range svc.Workers() {
+	for _, rec := range svc.Workers().List() {
 		out = append(out, rec.Worker.ID)
 	}
 	return out

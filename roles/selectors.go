@@ -173,7 +173,7 @@ func (rs *RoleSelectors) Reconcile(desired []catalog.Worker) (ReconcileResult, e
 		for i, w := range ws {
 			prepared[i] = rs.profiles[r].worker(w)
 		}
-		plan, err := catalog.Reconcile(rs.services[r].Workers(), prepared)
+		plan, err := catalog.Reconcile(rs.services[r].Workers().List(), prepared)
 		if err != nil { // duplicates were refused above
 			return ReconcileResult{}, fmt.Errorf("roles: planning the %s catalog: %w", r, err)
 		}
@@ -182,14 +182,14 @@ func (rs *RoleSelectors) Reconcile(desired []catalog.Worker) (ReconcileResult, e
 	var errs []error
 	for _, r := range roles {
 		for _, id := range res.Plans[r].Deletes {
-			if _, err := rs.services[r].DeleteWorker(id); err != nil && !errors.Is(err, selection.ErrNotFound) {
+			if _, err := rs.services[r].Workers().Delete(id); err != nil && !errors.Is(err, selection.ErrNotFound) {
 				errs = append(errs, fmt.Errorf("roles: deleting %s worker %q: %w", r, id, err))
 			}
 		}
 	}
 	for _, r := range roles {
 		for _, w := range res.Plans[r].Upserts {
-			rec, err := rs.services[r].UpsertWorker(w)
+			rec, err := rs.services[r].Workers().Upsert(w)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("roles: upserting %s worker %q: %w", r, w.ID, err))
 				continue

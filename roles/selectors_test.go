@@ -288,8 +288,8 @@ func TestLabelFlipsRemovalAndInvalidValues(t *testing.T) {
 	require.Equal(t, []string{"a"}, res.Plans[Prefill].Deletes)
 	require.Equal(t, []string{"c"}, res.Plans[Decode].Deletes)
 	requireRoles(t, rs, []string{"c"}, []string{"a", "b"})
-	require.Nil(t, rs.Service(Decode).Workers()[0].Worker.KVEventEndpoints, "a decode worker has no event endpoints")
-	rec := rs.Service(Decode).Workers()[0]
+	require.Nil(t, rs.Service(Decode).Workers().List()[0].Worker.KVEventEndpoints, "a decode worker has no event endpoints")
+	rec := rs.Service(Decode).Workers().List()[0]
 	require.Equal(t, catalog.Schedulable, rec.Lifecycle, rec.Reasons)
 	// Leaving the prefill catalog dropped a's prefill booking; the plan
 	// settles without error and nothing is left.
@@ -424,7 +424,7 @@ func TestAggregatedParity(t *testing.T) {
 	require.NoError(t, err)
 	defer plain.Close()
 	for _, w := range p.workers {
-		_, err := plain.UpsertWorker(w)
+		_, err := plain.Workers().Upsert(w)
 		require.NoError(t, err)
 	}
 

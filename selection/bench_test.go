@@ -59,7 +59,7 @@ func benchServiceWith(b *testing.B, n int, mod func(*Config), opt func(*Selectio
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = s.Close() })
-	prompts, err := benchfleet.Warm(benchfleet.Service{UpsertWorker: s.UpsertWorker, ApplyEvent: s.Events().Apply}, benchfleet.Fleet{Workers: n, PerWorker: 32, Fresh: 64})
+	prompts, err := benchfleet.Warm(benchfleet.Service{Upsert: s.Workers().Upsert, ApplyEvent: s.Events().Apply}, benchfleet.Fleet{Workers: n, PerWorker: 32, Fresh: 64})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -397,7 +397,7 @@ func buildBenchFleet(b *testing.B, n int, seams func(*SelectionServiceBuilder)) 
 	}
 	for w := range n / 8 {
 		id := fmt.Sprintf("w%05d", w)
-		if _, err := s.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.%d.%d.%d:8000", w/62500, w/250%250, w%250+1), DPSize: 8, BlockSize: 16, MaxNumBatchedTokens: 8192}); err != nil {
+		if _, err := s.Workers().Upsert(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.%d.%d.%d:8000", w/62500, w/250%250, w%250+1), DPSize: 8, BlockSize: 16, MaxNumBatchedTokens: 8192}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -32,7 +32,7 @@ func newBindRig(t *testing.T, anyPeer bool) *bindRig {
 
 func (r *bindRig) worker(id, endpoint string) {
 	r.t.Helper()
-	_, err := r.s.UpsertWorker(catalog.Worker{ID: id, Endpoint: endpoint, DPSize: 1, BlockSize: rigBlock})
+	_, err := r.s.Workers().Upsert(catalog.Worker{ID: id, Endpoint: endpoint, DPSize: 1, BlockSize: rigBlock})
 	require.NoError(r.t, err)
 }
 
@@ -108,7 +108,7 @@ func TestBindTakesOnlyTheSendersOwnTopic(t *testing.T) {
 	require.Zero(t, r.overlap("c", p))
 
 	// An endpoint change is another engine: a's blocks and its attribution go.
-	_, err := r.s.UpsertWorker(catalog.Worker{ID: "a", Endpoint: "127.0.0.1:8001", DPSize: 1, BlockSize: rigBlock})
+	_, err := r.s.Workers().Upsert(catalog.Worker{ID: "a", Endpoint: "127.0.0.1:8001", DPSize: 1, BlockSize: rigBlock})
 	require.NoError(t, err)
 	require.Zero(t, r.overlap("a", p))
 	require.Empty(t, r.s.Events().Sources())

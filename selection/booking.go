@@ -70,7 +70,7 @@ func (b *Booking) Done() error {
 
 // MarkFailed reports that the worker carrying the booking (the one booked,
 // or the one Move moved it to) failed the request (see
-// SelectionService.MarkFailed). Only the first call marks; later ones return
+// Workers.MarkFailed). Only the first call marks; later ones return
 // nil. It may come after Done.
 func (b *Booking) MarkFailed() error {
 	b.mu.Lock()
@@ -81,7 +81,7 @@ func (b *Booking) MarkFailed() error {
 	b.failed = true
 	worker := b.WorkerID
 	b.mu.Unlock()
-	return b.svc.MarkFailed(worker)
+	return b.svc.Workers().MarkFailed(worker)
 }
 
 // Renew extends the booking's lease from now (see

@@ -65,14 +65,14 @@ func TestNotReadySaysWhy(t *testing.T) {
 	s, _ := newTestService(t, nil)
 	w := worker("a", nil)
 	w.BlockSize = 0
-	rec, err := s.UpsertWorker(w)
+	rec, err := s.Workers().Upsert(w)
 	require.NoError(t, err)
 	require.Equal(t, catalog.Schedulable, rec.Lifecycle, "block size inherited: %v", rec.Reasons)
 	require.Equal(t, 4, rec.Worker.BlockSize)
 
 	bad := worker("b", nil)
 	bad.Model, bad.DPSize = "m1", 0
-	rec, err = s.UpsertWorker(bad)
+	rec, err = s.Workers().Upsert(bad)
 	require.NoError(t, err)
 	require.NotEqual(t, catalog.Schedulable, rec.Lifecycle)
 	_, err = s.SelectAndReserve(context.Background(), Request{Model: "m1", Tokens: toks(8, 1)})
@@ -82,7 +82,7 @@ func TestNotReadySaysWhy(t *testing.T) {
 }
 
 // In approximate mode a failed worker loses its affinity and its picks for the
-// ejection, then comes back; DeleteWorker's dropped bookings are counted.
+// ejection, then comes back; Workers().Delete's dropped bookings are counted.
 func TestMarkFailedEjectsAndForgetsAffinity(t *testing.T) {
 	s, clk := newTestService(t, func(c *Config) { c.FailureEjection = 5 * time.Second })
 	addWorkers(t, s, "a", "b", "c")
@@ -100,7 +100,7 @@ func TestMarkFailedEjectsAndForgetsAffinity(t *testing.T) {
 	ov, err := overlapScores(s, context.Background(), Request{Tokens: prompt})
 	require.NoError(t, err)
 	require.Positive(t, ov[catalog.WorkerRank{WorkerID: warm}].Device)
-	require.NoError(t, s.MarkFailed(warm))
+	require.NoError(t, s.Workers().MarkFailed(warm))
 	ov, err = overlapScores(s, context.Background(), Request{Tokens: prompt})
 	require.NoError(t, err)
 	require.Zero(t, ov[catalog.WorkerRank{WorkerID: warm}].Device, "its affinity is forgotten")
@@ -126,12 +126,12 @@ func TestMarkFailedEjectsAndForgetsAffinity(t *testing.T) {
 	}
 	require.True(t, seen[warm], "back in the picks after the ejection")
 	require.Equal(t, uint64(1), s.Stats().Failures)
-	require.ErrorIs(t, s.MarkFailed("nobody"), ErrNotFound)
+	require.ErrorIs(t, s.Workers().MarkFailed("nobody"), ErrNotFound)
 
 	// A deleted worker's bookings are counted as dropped.
 	live, err := s.Book(context.Background(), Request{Tokens: prompt, Allowed: []string{"c"}})
 	require.NoError(t, err)
-	_, err = s.DeleteWorker("c")
+	_, err = s.Workers().Delete("c")
 	require.NoError(t, err)
 	require.ErrorIs(t, live.Done(), ErrUnknownReservation)
 	st := s.Stats()
@@ -146,7 +146,7 @@ func TestSetDraining(t *testing.T) {
 	addWorkers(t, s, "a", "b")
 	inflight, err := s.Book(context.Background(), Request{Tokens: toks(8, 1), Allowed: []string{"a"}})
 	require.NoError(t, err)
-	rec, err := s.SetDraining("a", true)
+	rec, err := s.Workers().SetDraining("a", true)
 	require.NoError(t, err)
 	require.Equal(t, catalog.Draining, rec.Lifecycle)
 	for i := range 20 {
@@ -158,10 +158,10 @@ func TestSetDraining(t *testing.T) {
 	_, err = s.Book(context.Background(), Request{Tokens: toks(8, 1), Allowed: []string{"a"}})
 	require.ErrorIs(t, err, ErrNoEndpoints)
 	require.NoError(t, inflight.Done(), "a draining worker's booking is freed normally")
-	rec, err = s.SetDraining("a", false)
+	rec, err = s.Workers().SetDraining("a", false)
 	require.NoError(t, err)
 	require.Equal(t, catalog.Schedulable, rec.Lifecycle)
-	_, err = s.SetDraining("zz", true)
+	_, err = s.Workers().SetDraining("zz", true)
 	require.ErrorIs(t, err, ErrNotFound)
 	requireIdle(t, s)
 }

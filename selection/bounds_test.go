@@ -15,7 +15,7 @@ func TestEventsOfMadeUpRanksAndOverfullRanksAreRefused(t *testing.T) {
 	s, err := NewSelectionServiceBuilder(DefaultConfig(1)).ExternalEvents().SweepInterval(-1).Build(context.Background())
 	require.NoError(t, err)
 	defer s.Close()
-	_, err = s.UpsertWorker(catalog.Worker{ID: "w", Endpoint: "10.0.0.1:8000", DPStart: 2, DPSize: 2, BlockSize: 1, TotalKVBlocks: 2})
+	_, err = s.Workers().Upsert(catalog.Worker{ID: "w", Endpoint: "10.0.0.1:8000", DPStart: 2, DPSize: 2, BlockSize: 1, TotalKVBlocks: 2})
 	require.NoError(t, err)
 	store := func(rank int, hs ...uint64) error {
 		toks := make([]uint32, len(hs))
@@ -34,7 +34,7 @@ func TestEventsOfMadeUpRanksAndOverfullRanksAreRefused(t *testing.T) {
 	require.ErrorIs(t, store(2, 9), kvindex.ErrRankFull)
 
 	// A worker that shrinks loses its upper ranks.
-	_, err = s.UpsertWorker(catalog.Worker{ID: "w", Endpoint: "10.0.0.1:8000", DPStart: 2, DPSize: 1, BlockSize: 1})
+	_, err = s.Workers().Upsert(catalog.Worker{ID: "w", Endpoint: "10.0.0.1:8000", DPStart: 2, DPSize: 1, BlockSize: 1})
 	require.NoError(t, err)
 	require.ErrorIs(t, store(3, 10), kvevents.ErrUnknownRank)
 	require.NoError(t, store(2, 9), "no declared capacity: the default limit")
@@ -44,7 +44,7 @@ func TestCancelledCallerBooksNothing(t *testing.T) {
 	s, err := NewSelectionServiceBuilder(DefaultConfig(1)).ExternalEvents().SweepInterval(-1).Build(context.Background())
 	require.NoError(t, err)
 	defer s.Close()
-	_, err = s.UpsertWorker(catalog.Worker{ID: "w", Endpoint: "10.0.0.1:8000", DPSize: 1, BlockSize: 1})
+	_, err = s.Workers().Upsert(catalog.Worker{ID: "w", Endpoint: "10.0.0.1:8000", DPSize: 1, BlockSize: 1})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

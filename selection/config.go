@@ -235,7 +235,7 @@ type Config struct {
 	Endpoints catalog.EndpointPolicy
 	// MaxWorkerRanks bounds the data-parallel ranks of all the service's
 	// workers together (the sum of their DPSize, every model and lifecycle):
-	// an UpsertWorker that would pass it is refused with ErrTooManyRanks
+	// an Workers().Upsert that would pass it is refused with ErrTooManyRanks
 	// (WorkerRefusals counts it under RefusedTooManyRanks) and changes
 	// nothing. >= 0; 0 means DefaultMaxWorkerRanks.
 	MaxWorkerRanks int

@@ -8,10 +8,10 @@
 //
 //  1. Build the service once: NewSelectionServiceBuilder over a validated
 //     Config (DefaultConfig), Build.
-//  2. Keep its workers true: UpsertWorker for every worker added or changed,
-//     DeleteWorker for every one gone (catalog.Reconcile computes both from a
-//     desired set); SetDraining takes a worker out of the picks before it
-//     stops. Ready says whether a worker is schedulable.
+//  2. Keep its workers true through Workers(): Upsert for every worker added
+//     or changed, Delete for every one gone (catalog.Reconcile computes both
+//     from a desired set); SetDraining takes a worker out of the picks before
+//     it stops. Ready says whether a model has a schedulable worker.
 //  3. Book every request (Book) and send it to the Booking's Endpoint.
 //  4. Settle the Booking, a lifecycle.Handle, as the response passes: a
 //     lifecycle.Follower does that from the response, as selection/httproute
@@ -22,9 +22,11 @@
 //     (Config.ActiveRequestExpiry).
 //  5. Close the service at the end.
 //
-// The rest of the surface is reached through three views, so that the
+// The rest of the surface is reached through four views, so that the
 // per-request core stays small:
 //
+//	Workers()       the fleet: Upsert, Delete, SetDraining, MarkFailed (a request
+//	                path's report of a failed worker), List
 //	Reservations()  the same settles by reservation id, for a caller that carries ids
 //	                (roles' pair booker) and tests with a fake clock (Expire)
 //	Events()        the KV-event plane: events applied by hand, the feed's sources,
@@ -62,7 +64,7 @@
 // # Invariants
 //
 //   - A request is only ever routed to a schedulable worker of its own model.
-//   - After DeleteWorker nothing routes to the worker, its event sources are
+//   - After Workers().Delete nothing routes to the worker, its event sources are
 //     stopped, and neither index blocks nor active load of it remain.
 //   - Every booking is settled exactly once: freed, expired, or dropped with its
 //     worker; loads never go negative.

@@ -41,7 +41,7 @@ var (
 	ErrUnknownReservation = errors.New("selection: unknown reservation")
 	// ErrClosed: the service was closed (503).
 	ErrClosed = errors.New("selection: service closed")
-	// ErrTooManyRanks: UpsertWorker refused a worker that would take the
+	// ErrTooManyRanks: Workers().Upsert refused a worker that would take the
 	// service past Config.MaxWorkerRanks data-parallel ranks (400). It wraps
 	// catalog.ErrTooManyRanks.
 	ErrTooManyRanks = errors.New("selection: too many worker ranks")

@@ -37,7 +37,7 @@ func TestRoutesToTheEngineHoldingThePrefix(t *testing.T) {
 		cancel()
 		defer e.Close()
 		engines = append(engines, e)
-		rec, err := s.UpsertWorker(catalog.Worker{
+		rec, err := s.Workers().Upsert(catalog.Worker{
 			ID: fmt.Sprintf("e%d", i), Endpoint: fmt.Sprintf("127.0.0.%d:8000", i+1), DPSize: 1, BlockSize: 4,
 			MaxNumBatchedTokens: 64, KVEventEndpoints: map[int]string{0: e.PubEndpoint()}, ReplayEndpoint: e.ReplayEndpoint(),
 		})
@@ -76,7 +76,7 @@ func TestRoutesToTheEngineHoldingThePrefix(t *testing.T) {
 	}
 
 	// Deleting the worker removes its index state; its late events are refused.
-	_, err = s.DeleteWorker("e1")
+	_, err = s.Workers().Delete("e1")
 	require.NoError(t, err)
 	ov, err := overlapScores(s, context.Background(), Request{Tokens: prompt})
 	require.NoError(t, err)

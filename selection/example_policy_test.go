@@ -28,7 +28,7 @@ func policyExampleService(b *selection.SelectionServiceBuilder) *selection.Selec
 	}
 	for i, id := range []string{"pod-a", "pod-b", "pod-c"} {
 		w := catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1, Labels: labels[i]}
-		if _, err := svc.UpsertWorker(w); err != nil {
+		if _, err := svc.Workers().Upsert(w); err != nil {
 			panic(err)
 		}
 	}

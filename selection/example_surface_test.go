@@ -18,7 +18,7 @@ func exampleService(prompt []uint32) *selection.SelectionService {
 		panic(err)
 	}
 	for i, id := range []string{"pod-a", "pod-b"} {
-		if _, err := svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1}); err != nil {
+		if _, err := svc.Workers().Upsert(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1}); err != nil {
 			panic(err)
 		}
 	}
@@ -83,18 +83,18 @@ func ExampleSelectionService_PotentialLoads() {
 	// pod-b active: 0
 }
 
-// UpsertWorker's record says whether the worker can be routed, and why not;
-// Ready and Workers report the catalog; DeleteWorker removes a worker.
-func ExampleSelectionService_UpsertWorker() {
+// Workers().Upsert's record says whether the worker can be routed, and why not;
+// Ready and Workers report the catalog; Workers().Delete removes a worker.
+func ExampleWorkers_Upsert() {
 	svc, _ := selection.NewSelectionServiceBuilder(selection.DefaultConfig(16)).Build(context.Background())
 	defer svc.Close()
 	// With KV events on (the default), every rank needs an event endpoint.
-	rec, _ := svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1})
+	rec, _ := svc.Workers().Upsert(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1})
 	fmt.Println(rec.Lifecycle, rec.Reasons, svc.Ready().Ready)
-	rec, _ = svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1,
+	rec, _ = svc.Workers().Upsert(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1,
 		KVEventEndpoints: map[int]string{0: "tcp://10.0.0.1:5557"}})
-	fmt.Println(rec.Lifecycle, rec.Worker.BlockSize, svc.Ready().Ready, len(svc.Workers()))
-	rec, _ = svc.DeleteWorker("pod-a")
+	fmt.Println(rec.Lifecycle, rec.Worker.BlockSize, svc.Ready().Ready, len(svc.Workers().List()))
+	rec, _ = svc.Workers().Delete("pod-a")
 	fmt.Printf("%v %+v\n", rec.Lifecycle, svc.Ready())
 	// Output:
 	// incomplete [kv_event_endpoint_missing:rank=0] false
@@ -105,23 +105,23 @@ func ExampleSelectionService_UpsertWorker() {
 // A gateway drains a worker before it stops it (a pod being deleted): the
 // worker leaves the picks at once, its bookings in flight run to their end,
 // and undraining judges it afresh.
-func ExampleSelectionService_SetDraining() {
+func ExampleWorkers_SetDraining() {
 	cfg := selection.DefaultConfig(16)
 	cfg.UseKVEvents = false
 	svc, _ := selection.NewSelectionServiceBuilder(cfg).Build(context.Background())
 	defer svc.Close()
 	for i, id := range []string{"pod-a", "pod-b"} {
-		_, _ = svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
+		_, _ = svc.Workers().Upsert(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
 	}
 	b, _ := svc.Book(context.Background(), selection.Request{Tokens: make([]uint32, 32), Allowed: []string{"pod-a"}})
-	rec, _ := svc.SetDraining("pod-a", true)
+	rec, _ := svc.Workers().SetDraining("pod-a", true)
 	fmt.Println(rec.Lifecycle, rec.Reasons)
 	for range 3 {
 		res, _ := svc.Select(context.Background(), selection.Request{Tokens: make([]uint32, 32)})
 		fmt.Println("picked", res.WorkerID)
 	}
 	fmt.Println("done:", b.Done())
-	rec, _ = svc.SetDraining("pod-a", false)
+	rec, _ = svc.Workers().SetDraining("pod-a", false)
 	fmt.Println(rec.Lifecycle)
 	// Output:
 	// draining [draining]
@@ -140,7 +140,7 @@ func ExampleSelectionService_approximate() {
 	svc, _ := selection.NewSelectionServiceBuilder(cfg).Build(context.Background())
 	defer svc.Close()
 	for i, id := range []string{"pod-a", "pod-b", "pod-c"} {
-		_, _ = svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
+		_, _ = svc.Workers().Upsert(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
 	}
 	system := []uint32{7, 7, 7, 7, 8, 8, 8, 8, 9, 9, 9, 9}
 	first, _ := svc.Book(context.Background(), selection.Request{Tokens: append(system, 1, 2, 3, 4)})
@@ -154,13 +154,13 @@ func ExampleSelectionService_approximate() {
 
 // A gateway that saw a worker fail tells the service; a worker about to stop
 // is drained first.
-func ExampleSelectionService_MarkFailed() {
+func ExampleWorkers_MarkFailed() {
 	svc := exampleService(examplePrompt)
 	defer svc.Close()
-	_ = svc.MarkFailed("pod-b") // connection refused: out of the picks for FailureEjection
+	_ = svc.Workers().MarkFailed("pod-b") // connection refused: out of the picks for FailureEjection
 	res, _ := svc.Select(context.Background(), selection.Request{Tokens: examplePrompt})
 	fmt.Println(res.WorkerID)
-	rec, _ := svc.SetDraining("pod-a", true)
+	rec, _ := svc.Workers().SetDraining("pod-a", true)
 	fmt.Println(rec.Lifecycle, svc.Ready().Schedulable)
 	// Output:
 	// pod-a
@@ -176,7 +176,7 @@ func ExampleReservations_Expire() {
 	svc, _ := selection.NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(func() time.Time { return now }).
 		SweepInterval(-1).Build(context.Background())
 	defer svc.Close()
-	_, _ = svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1})
+	_, _ = svc.Workers().Upsert(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1})
 	_, _ = svc.Book(context.Background(), selection.Request{Tokens: make([]uint32, 32)}) // never settled
 	fmt.Println("expired at once:", svc.Reservations().Expire())
 	now = now.Add(time.Minute)
@@ -198,7 +198,7 @@ func ExampleSessionConfig() {
 	}
 	defer svc.Close()
 	for i, id := range []string{"pod-a", "pod-b"} {
-		_, _ = svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
+		_, _ = svc.Workers().Upsert(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
 	}
 	first, _ := svc.Book(context.Background(), selection.Request{Tokens: examplePrompt, SessionID: "conv-42"})
 	defer first.Done()
@@ -264,7 +264,7 @@ func ExampleTracer() {
 	svc, _ := selection.NewSelectionServiceBuilder(cfg).ExternalEvents().Tracer(printTracer{}).Build(context.Background())
 	defer svc.Close()
 	for i, id := range []string{"pod-a", "pod-b"} {
-		_, _ = svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
+		_, _ = svc.Workers().Upsert(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1})
 	}
 	_ = svc.Events().Apply(catalog.WorkerRank{WorkerID: "pod-b"}, kvindex.Event{Kind: kvindex.EventStored, BlockHashes: []uint64{1, 2}, Tokens: examplePrompt[:8]})
 	b, _ := svc.Book(context.Background(), selection.Request{Tokens: examplePrompt})

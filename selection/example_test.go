@@ -23,7 +23,7 @@ func ExampleSelectionServiceBuilder() {
 
 	for i, id := range []string{"pod-a", "pod-b"} {
 		ep := fmt.Sprintf("10.0.0.%d:8000", i+1) // pod IPs: endpoints are IP literals
-		rec, err := svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: ep, DPSize: 1, BlockSize: 4})
+		rec, err := svc.Workers().Upsert(catalog.Worker{ID: id, Endpoint: ep, DPSize: 1, BlockSize: 4})
 		if err != nil {
 			panic(err)
 		}
@@ -61,7 +61,7 @@ func ExampleSelectionService_Book() {
 		panic(err)
 	}
 	defer svc.Close()
-	_, _ = svc.UpsertWorker(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1})
+	_, _ = svc.Workers().Upsert(catalog.Worker{ID: "pod-a", Endpoint: "10.0.0.1:8000", DPSize: 1})
 
 	b, err := svc.Book(context.Background(), selection.Request{Tokens: make([]uint32, 64)})
 	if err != nil {

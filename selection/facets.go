@@ -10,6 +10,15 @@ type Reservations struct{ s *SelectionService }
 // Reservations returns the by-id view of the service's bookings.
 func (s *SelectionService) Reservations() Reservations { return Reservations{s} }
 
+// Workers is the fleet side of a SelectionService: the workers it routes
+// to, as a discovery loop or an operator changes them, and the failures a
+// request path reports. Get it with SelectionService.Workers; it is a view,
+// safe for concurrent use, valid until Close.
+type Workers struct{ s *SelectionService }
+
+// Workers returns the fleet view of the service.
+func (s *SelectionService) Workers() Workers { return Workers{s} }
+
 // EventPlane is the KV-event side of a SelectionService: events applied by
 // hand, the feed's sources, bind listener and health, and the index
 // snapshot a starting replica warms from. Get it with

@@ -15,7 +15,7 @@ import (
 func TestFallbacks(t *testing.T) {
 	s, _ := newTestService(t, nil)
 	for i, id := range []string{"a", "b", "c", "d"} {
-		_, err := s.UpsertWorker(worker(id, func(w *catalog.Worker) {
+		_, err := s.Workers().Upsert(worker(id, func(w *catalog.Worker) {
 			w.Endpoint = fmt.Sprintf("10.0.0.%d:8000", i+1)
 			if id == "d" {
 				w.DPSize = 2 // two ranks, one endpoint

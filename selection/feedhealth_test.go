@@ -61,7 +61,7 @@ func newFeedRigBlocks(t *testing.T, trust FeedTrust, engineBlock int, ids ...str
 		require.NoError(t, e.Start(ctx))
 		cancel()
 		t.Cleanup(func() { _ = e.Close() })
-		rec, err := s.UpsertWorker(catalog.Worker{
+		rec, err := s.Workers().Upsert(catalog.Worker{
 			ID: id, Endpoint: fmt.Sprintf("127.0.0.%d:8000", i+1), DPSize: 1, BlockSize: rigBlock,
 			KVEventEndpoints: map[int]string{0: e.PubEndpoint()},
 		})
@@ -347,14 +347,14 @@ func TestBoundEngineReplaysGapsFromItsWorkerRecord(t *testing.T) {
 	require.NoError(t, err)
 	// Only a known worker's address may connect: register it first.
 	w := catalog.Worker{ID: "w", Endpoint: "127.0.0.1:8000", DPSize: 1, BlockSize: rigBlock}
-	_, err = s.UpsertWorker(w)
+	_, err = s.Workers().Upsert(w)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, e.Start(ctx))
 	defer e.Close()
 	w.ReplayEndpoint = e.ReplayEndpoint()
-	_, err = s.UpsertWorker(w)
+	_, err = s.Workers().Upsert(w)
 	require.NoError(t, err)
 	var prompts [][]uint32
 	serve := func(seed int) {

@@ -170,7 +170,7 @@ type Stats struct {
 	// router achieved, Best/Request the hit rate it could have reached.
 	ChosenOverlapBlocks, BestOverlapBlocks, RequestBlocks uint64
 	// Expired counts bookings released because their lease passed, Dropped
-	// those released because their worker was deleted (DeleteWorker, or a
+	// those released because their worker was deleted (Workers().Delete, or a
 	// reconcile that removed it): every booking is freed, expired or dropped,
 	// so once nothing is in flight Bookings = Frees + Expired + Dropped.
 	Expired, Dropped uint64
@@ -190,7 +190,7 @@ type Stats struct {
 	// Moves counts bookings moved to the rank that served them
 	// (Reservations.Move, Booking.Move).
 	Moves uint64
-	// WorkerRefusals counts the workers UpsertWorker refused, by reason:
+	// WorkerRefusals counts the workers Workers().Upsert refused, by reason:
 	// RefusedTooManyRanks (ErrTooManyRanks) and RefusedInvalid
 	// (ErrBadRequest). Every reason is present, zero or not.
 	WorkerRefusals map[string]uint64

@@ -41,7 +41,7 @@ func policyService(t testing.TB, mod func(*Config), seams func(*SelectionService
 		if id == "c" {
 			gpu = "a10"
 		}
-		rec, err := s.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1, BlockSize: 4,
+		rec, err := s.Workers().Upsert(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1, BlockSize: 4,
 			MaxNumBatchedTokens: 100, Labels: map[string]string{"gpu": gpu}})
 		require.NoError(t, err)
 		require.Equal(t, catalog.Schedulable, rec.Lifecycle, rec.Reasons)
@@ -127,7 +127,7 @@ func TestFilterSeesLabelChanges(t *testing.T) {
 	res, err := s.Select(context.Background(), Request{Tokens: policyPrompt})
 	require.NoError(t, err)
 	require.Equal(t, "c", res.WorkerID)
-	_, err = s.UpsertWorker(catalog.Worker{ID: "c", Endpoint: "10.0.0.3:8000", DPSize: 1, BlockSize: 4, Labels: map[string]string{"gpu": "h100"}})
+	_, err = s.Workers().Upsert(catalog.Worker{ID: "c", Endpoint: "10.0.0.3:8000", DPSize: 1, BlockSize: 4, Labels: map[string]string{"gpu": "h100"}})
 	require.NoError(t, err)
 	_, err = s.Select(context.Background(), Request{Tokens: policyPrompt})
 	require.Equal(t, "filtered:a10", RefusalReason(err))
@@ -140,11 +140,11 @@ func TestFilterAndEjection(t *testing.T) {
 		b.Filter("not-c", FilterFunc(func(_ context.Context, _ *Request, c *Scored) bool { return c.WorkerID != "c" }))
 	})
 	ctx := context.Background()
-	require.NoError(t, s.MarkFailed("b"))
+	require.NoError(t, s.Workers().MarkFailed("b"))
 	res, err := s.Select(ctx, Request{Tokens: policyPrompt})
 	require.NoError(t, err)
 	require.Equal(t, "a", res.WorkerID, "b is ejected")
-	require.NoError(t, s.MarkFailed("a"))
+	require.NoError(t, s.Workers().MarkFailed("a"))
 	res, err = s.Select(ctx, Request{Tokens: policyPrompt})
 	require.NoError(t, err)
 	require.Equal(t, "b", res.WorkerID, "every kept worker is ejected: ejection yields, and c stays filtered out")
@@ -457,7 +457,7 @@ func TestSeamsAndTheSparseDecision(t *testing.T) {
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = s.Close() })
 			for w := range 20 {
-				_, err := s.UpsertWorker(catalog.Worker{ID: fmt.Sprintf("w%d", w), Endpoint: fmt.Sprintf("10.0.1.%d:80", w+1), DPSize: 8, BlockSize: 16})
+				_, err := s.Workers().Upsert(catalog.Worker{ID: fmt.Sprintf("w%d", w), Endpoint: fmt.Sprintf("10.0.1.%d:80", w+1), DPSize: 8, BlockSize: 16})
 				require.NoError(t, err)
 			}
 			res, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(64, 1)})

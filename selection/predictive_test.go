@@ -284,7 +284,7 @@ func TestCostAuto(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	upsert := func(w int) {
-		_, err := s.UpsertWorker(catalog.Worker{ID: fmt.Sprintf("w%d", w), Endpoint: fmt.Sprintf("10.0.0.%d:80", w+1), DPSize: 8, BlockSize: 16})
+		_, err := s.Workers().Upsert(catalog.Worker{ID: fmt.Sprintf("w%d", w), Endpoint: fmt.Sprintf("10.0.0.%d:80", w+1), DPSize: 8, BlockSize: 16})
 		require.NoError(t, err)
 	}
 	predicted := func() bool {
@@ -301,7 +301,7 @@ func TestCostAuto(t *testing.T) {
 	upsert(15)
 	require.Equal(t, AutoPredictiveMaxRanks+1, len(s.Loads("")))
 	require.False(t, predicted(), "128 ranks: Dynamo's cost")
-	_, err = s.DeleteWorker("w15")
+	_, err = s.Workers().Delete("w15")
 	require.NoError(t, err)
 	require.True(t, predicted(), "120 ranks again")
 }

@@ -79,7 +79,7 @@ func TestMoveToServedWorker(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	addWorkers(t, s, "a", "b")
-	_, err = s.UpsertWorker(worker("other-model", func(w *catalog.Worker) { w.Model = "m2" }))
+	_, err = s.Workers().Upsert(worker("other-model", func(w *catalog.Worker) { w.Model = "m2" }))
 	require.NoError(t, err)
 
 	b, err := s.Book(context.Background(), Request{Tokens: toks(10, 1), SessionID: "conv", Allowed: []string{"a"}})

@@ -30,7 +30,7 @@ func TestRefusalReasons(t *testing.T) {
 
 	// A worker without its data-parallel size is not routable.
 	for _, id := range []string{"a", "b"} {
-		rec, err := svc.UpsertWorker(catalog.Worker{ID: id, Model: "m", Endpoint: "10.0.0.1:8000"})
+		rec, err := svc.Workers().Upsert(catalog.Worker{ID: id, Model: "m", Endpoint: "10.0.0.1:8000"})
 		require.NoError(t, err)
 		require.Equal(t, catalog.Incomplete, rec.Lifecycle)
 	}
@@ -40,7 +40,7 @@ func TestRefusalReasons(t *testing.T) {
 	require.Equal(t, 1, strings.Count(logs.String(), "reason="+string(catalog.ReasonNoDPSize)), "one WARN per reason, not per worker:\n%s", logs.String())
 	require.Contains(t, logs.String(), "level=WARN")
 
-	rec, err := svc.UpsertWorker(catalog.Worker{ID: "c", Model: "m", Endpoint: "10.0.0.3:8000", DPSize: 1})
+	rec, err := svc.Workers().Upsert(catalog.Worker{ID: "c", Model: "m", Endpoint: "10.0.0.3:8000", DPSize: 1})
 	require.NoError(t, err)
 	require.Equal(t, catalog.Schedulable, rec.Lifecycle)
 	require.NoError(t, req("m"))
@@ -59,7 +59,7 @@ func TestLoadOnlyRequest(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = svc.Close() }()
 	for i, id := range []string{"a", "b"} {
-		_, err := svc.UpsertWorker(catalog.Worker{ID: id, Endpoint: "10.0.0." + string(rune('1'+i)) + ":8000", DPSize: 1})
+		_, err := svc.Workers().Upsert(catalog.Worker{ID: id, Endpoint: "10.0.0." + string(rune('1'+i)) + ":8000", DPSize: 1})
 		require.NoError(t, err)
 	}
 	busy, err := svc.Book(context.Background(), selection.Request{Tokens: make([]uint32, 64), Allowed: []string{"a"}})

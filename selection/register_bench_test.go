@@ -44,7 +44,7 @@ func registerOnce(b *testing.B, ws []catalog.Worker) time.Duration {
 	defer b.StopTimer()
 	start := time.Now()
 	for _, w := range ws {
-		if _, err := s.UpsertWorker(w); err != nil {
+		if _, err := s.Workers().Upsert(w); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -61,7 +61,7 @@ func registerOnce(b *testing.B, ws []catalog.Worker) time.Duration {
 
 // BenchmarkRegisterWorkers is a discovery's first snapshot through the
 // library: n workers upserted one by one until the service can pick any of
-// them (UpsertWorker costs O(1) amortised; the model's candidates are built
+// them (Workers().Upsert costs O(1) amortised; the model's candidates are built
 // once, at the first decision). ns/op is one whole registration of n
 // workers, the collector's work included. workers=10000 also reports its
 // time over workers=1000's last, measured before it in the same run

@@ -26,27 +26,27 @@ func TestMaxWorkerRanks(t *testing.T) {
 		return worker(id, func(w *catalog.Worker) { w.DPSize = n })
 	}
 	for _, id := range []string{"a", "b"} {
-		_, err := s.UpsertWorker(wide(id, 4))
+		_, err := s.Workers().Upsert(wide(id, 4))
 		require.NoError(t, err)
 	}
-	_, err := s.UpsertWorker(wide("c", 1))
+	_, err := s.Workers().Upsert(wide("c", 1))
 	require.ErrorIs(t, err, ErrTooManyRanks)
 	require.ErrorIs(t, err, catalog.ErrTooManyRanks)
 	require.ErrorContains(t, err, "above its bound of 8")
 	require.Equal(t, http.StatusBadRequest, HTTPStatus(err))
-	_, err = s.UpsertWorker(wide("b", 5)) // growing a worker counts too
+	_, err = s.Workers().Upsert(wide("b", 5)) // growing a worker counts too
 	require.ErrorIs(t, err, ErrTooManyRanks)
 	require.Equal(t, map[string]uint64{RefusedTooManyRanks: 2, RefusedInvalid: 0}, s.Stats().WorkerRefusals)
-	require.Len(t, s.Workers(), 2)
+	require.Len(t, s.Workers().List(), 2)
 	require.Len(t, s.Loads(""), 8, "b keeps its 4 ranks")
 
-	_, err = s.DeleteWorker("a")
+	_, err = s.Workers().Delete("a")
 	require.NoError(t, err)
-	_, err = s.UpsertWorker(wide("c", 4))
+	_, err = s.Workers().Upsert(wide("c", 4))
 	require.NoError(t, err)
 	require.Len(t, s.Loads(""), 8)
 
-	_, err = s.UpsertWorker(worker("bad", func(w *catalog.Worker) { w.DPSize = -1 }))
+	_, err = s.Workers().Upsert(worker("bad", func(w *catalog.Worker) { w.DPSize = -1 }))
 	require.ErrorIs(t, err, ErrBadRequest)
 	require.Equal(t, uint64(1), s.Stats().WorkerRefusals[RefusedInvalid])
 }
@@ -59,7 +59,7 @@ func TestMaxWorkerRanksDefault(t *testing.T) {
 	var refused []string
 	for i := range 500 {
 		w := worker(fmt.Sprintf("w%03d", i), func(w *catalog.Worker) { w.DPSize = catalog.MaxDPSize })
-		if _, err := s.UpsertWorker(w); err != nil {
+		if _, err := s.Workers().Upsert(w); err != nil {
 			require.ErrorIs(t, err, ErrTooManyRanks)
 			refused = append(refused, w.ID)
 		}
@@ -83,7 +83,7 @@ func TestMaxWorkerRanksValidated(t *testing.T) {
 func TestRegisterBuildsOnce(t *testing.T) {
 	s, _ := newTestService(t, nil)
 	for i := range 100 {
-		_, err := s.UpsertWorker(worker(fmt.Sprintf("w%03d", i), nil))
+		_, err := s.Workers().Upsert(worker(fmt.Sprintf("w%03d", i), nil))
 		require.NoError(t, err)
 	}
 	p := s.partition("")
@@ -101,7 +101,7 @@ func TestRegisterBuildsOnce(t *testing.T) {
 	require.Same(t, rs, p.set.Load(), "nothing changed: no build")
 
 	// An upsert equal to the worker changes nothing either.
-	_, err = s.UpsertWorker(worker("w007", nil))
+	_, err = s.Workers().Upsert(worker("w007", nil))
 	require.NoError(t, err)
 	require.Same(t, rs, p.ranksOf())
 }
@@ -116,20 +116,20 @@ func TestChangeHeldDecision(t *testing.T) {
 		change func(*SelectionService) error
 		want   Result
 	}{
-		{"delete", func(s *SelectionService) error { _, err := s.DeleteWorker("a"); return err },
+		{"delete", func(s *SelectionService) error { _, err := s.Workers().Delete("a"); return err },
 			Result{WorkerRank: catalog.WorkerRank{WorkerID: "b"}, Endpoint: "10.0.0.2:8000"}},
 		{"endpoint", func(s *SelectionService) error {
-			_, err := s.UpsertWorker(worker("a", func(w *catalog.Worker) { w.Endpoint = "10.0.0.9:8000" }))
+			_, err := s.Workers().Upsert(worker("a", func(w *catalog.Worker) { w.Endpoint = "10.0.0.9:8000" }))
 			return err
 		}, Result{WorkerRank: catalog.WorkerRank{WorkerID: "a"}, Endpoint: "10.0.0.9:8000"}},
-		{"draining", func(s *SelectionService) error { _, err := s.SetDraining("a", true); return err },
+		{"draining", func(s *SelectionService) error { _, err := s.Workers().SetDraining("a", true); return err },
 			Result{WorkerRank: catalog.WorkerRank{WorkerID: "b"}, Endpoint: "10.0.0.2:8000"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s, _ := newTestService(t, nil)
-			_, err := s.UpsertWorker(worker("a", nil))
+			_, err := s.Workers().Upsert(worker("a", nil))
 			require.NoError(t, err)
-			_, err = s.UpsertWorker(worker("b", func(w *catalog.Worker) { w.Endpoint = "10.0.0.2:8000" }))
+			_, err = s.Workers().Upsert(worker("b", func(w *catalog.Worker) { w.Endpoint = "10.0.0.2:8000" }))
 			require.NoError(t, err)
 			ctx := context.Background()
 			// b is a little loaded, so a is every fresh decision's choice.
@@ -190,7 +190,7 @@ func TestChurnWhileDeciding(t *testing.T) {
 			upsert := func(i, g int) {
 				ep := fmt.Sprintf("10.%d.%d.%d:8000", i, g/200, g%200+1)
 				allow(ep)
-				_, err := s.UpsertWorker(worker(fmt.Sprintf("w%02d", i), func(w *catalog.Worker) { w.Endpoint = ep }))
+				_, err := s.Workers().Upsert(worker(fmt.Sprintf("w%02d", i), func(w *catalog.Worker) { w.Endpoint = ep }))
 				require.NoError(t, err)
 				if cur[i] != "" {
 					revoke(cur[i])
@@ -246,7 +246,7 @@ func TestChurnWhileDeciding(t *testing.T) {
 				}
 				i := r.IntN(workers)
 				if cur[i] != "" && r.IntN(2) == 0 {
-					_, err := s.DeleteWorker(fmt.Sprintf("w%02d", i))
+					_, err := s.Workers().Delete(fmt.Sprintf("w%02d", i))
 					require.NoError(t, err)
 					revoke(cur[i])
 					cur[i] = ""
@@ -273,7 +273,7 @@ func TestCloseStopsRegistration(t *testing.T) {
 			if i == 100 {
 				close(started)
 			}
-			if _, err := s.UpsertWorker(worker(fmt.Sprintf("w%06d", i), nil)); err != nil {
+			if _, err := s.Workers().Upsert(worker(fmt.Sprintf("w%06d", i), nil)); err != nil {
 				done <- err
 				return
 			}

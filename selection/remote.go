@@ -105,7 +105,7 @@ func (view ReplicaPlane) Book(origin string, ev BookingEvent) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
-	// Held for reading so that DeleteWorker (which holds it for writing while
+	// Held for reading so that Workers().Delete (which holds it for writing while
 	// it drops the worker's load) cannot run between the check and the book.
 	s.mu.RLock()
 	defer s.mu.RUnlock()

@@ -100,7 +100,7 @@ type serviceCounters struct {
 	sessionHits, sessionMoves, sessionsEvicted, sessionsExpired, moves                       atomic.Uint64
 	queueWaitNanos                                                                           atomic.Int64
 	spread, policyFullScans                                                                  atomic.Uint64
-	// refusedRanks and refusedInvalid count UpsertWorker's refusals
+	// refusedRanks and refusedInvalid count Workers().Upsert's refusals
 	// (WorkerRefusals).
 	refusedRanks, refusedInvalid atomic.Uint64
 }
@@ -313,7 +313,7 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 	return p
 }
 
-// UpsertWorker adds or replaces a worker. A nil error does not make it
+// Upsert adds or replaces a worker. A nil error does not make it
 // routable: the returned record says whether it is schedulable
 // (Record.Lifecycle) and, if not, why (Record.Reasons: an event endpoint, a DP
 // size, an endpoint the policy refuses...), and while a model has no
@@ -323,7 +323,7 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 // A worker whose model changed moves to the new model's partition with a clean
 // slate.
 //
-// UpsertWorker costs O(1) amortised (plus the worker's ranks, and its event
+// Upsert costs O(1) amortised (plus the worker's ranks, and its event
 // sources): it records the change, and the model's next decision rebuilds
 // the model's candidates once for every change made since, so registering n
 // workers one by one costs O(n) and one O(n log n) rebuild, not n of them. A
@@ -337,7 +337,8 @@ func (s *SelectionService) partitionLocked(model string) *partition {
 // would take the service past Config.MaxWorkerRanks data-parallel ranks; it
 // wraps catalog.ErrTooManyRanks), ErrClosed. A refused worker changes
 // nothing, and WorkerRefusals counts it.
-func (s *SelectionService) UpsertWorker(w catalog.Worker) (catalog.Record, error) {
+func (view Workers) Upsert(w catalog.Worker) (catalog.Record, error) {
+	s := view.s
 	rec, err := s.upsertWorker(w)
 	if err == nil && rec.Lifecycle == catalog.Incomplete {
 		s.warnUnroutable(rec)
@@ -528,11 +529,12 @@ func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
 	s.ledger.RemoveWorker(id)
 }
 
-// DeleteWorker removes a worker: nothing routes to it any more, its event sources
+// Delete removes a worker: nothing routes to it any more, its event sources
 // stop, and its index blocks and active load are dropped (its bookings are freed).
 // The returned record is the final one (Unschedulable, deleted). Unknown id:
 // ErrNotFound.
-func (s *SelectionService) DeleteWorker(id string) (catalog.Record, error) {
+func (view Workers) Delete(id string) (catalog.Record, error) {
+	s := view.s
 	s.mu.Lock()
 	rec, err := s.cat.Delete(id)
 	if err != nil {
@@ -570,7 +572,8 @@ func (s *SelectionService) DeleteWorker(id string) (catalog.Record, error) {
 // (approximate mode, and ranks routed on their own bookings), so that
 // affinity does not pull requests back to it afterwards. Its bookings in
 // flight stay until they are freed. Unknown id: ErrNotFound.
-func (s *SelectionService) MarkFailed(id string) error {
+func (view Workers) MarkFailed(id string) error {
+	s := view.s
 	s.mu.RLock()
 	p := s.workerPart[id]
 	s.mu.RUnlock()
@@ -590,10 +593,11 @@ func (s *SelectionService) MarkFailed(id string) error {
 
 // SetDraining takes worker id out of the picks (draining: true) or puts it
 // back (false), as a gateway does before it stops a worker; its bookings in
-// flight stay until they are freed, and a later UpsertWorker keeps it
+// flight stay until they are freed, and a later Upsert keeps it
 // draining. The returned record is the new one (Lifecycle Draining, or
 // whatever the worker then is). Unknown id: ErrNotFound.
-func (s *SelectionService) SetDraining(id string, draining bool) (catalog.Record, error) {
+func (view Workers) SetDraining(id string, draining bool) (catalog.Record, error) {
+	s := view.s
 	s.mu.Lock()
 	rec, err := s.cat.SetDraining(id, draining)
 	if err != nil {
@@ -611,8 +615,8 @@ func (s *SelectionService) SetDraining(id string, draining bool) (catalog.Record
 	return rec, nil
 }
 
-// Workers lists every worker record, sorted by id.
-func (s *SelectionService) Workers() []catalog.Record { return s.cat.List() }
+// List returns every worker record, sorted by id.
+func (view Workers) List() []catalog.Record { return view.s.cat.List() }
 
 type sourceCfg struct{ endpoint, replay string }
 

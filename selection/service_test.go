@@ -57,7 +57,7 @@ func worker(id string, mod func(*catalog.Worker)) catalog.Worker {
 func addWorkers(t testing.TB, s *SelectionService, ids ...string) {
 	t.Helper()
 	for _, id := range ids {
-		rec, err := s.UpsertWorker(worker(id, nil))
+		rec, err := s.Workers().Upsert(worker(id, nil))
 		require.NoError(t, err)
 		require.Equal(t, catalog.Schedulable, rec.Lifecycle, rec.Reasons)
 	}
@@ -184,7 +184,7 @@ func TestBadRequestsAndPartitions(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotReady)
 	require.Equal(t, http.StatusServiceUnavailable, HTTPStatus(err))
 
-	_, err = s.UpsertWorker(worker("m1-a", func(w *catalog.Worker) { w.Model = "m1" }))
+	_, err = s.Workers().Upsert(worker("m1-a", func(w *catalog.Worker) { w.Model = "m1" }))
 	require.NoError(t, err)
 	// Another model's worker is never used.
 	_, err = s.SelectAndReserve(ctx, Request{Tokens: toks(8, 1)})
@@ -221,11 +221,11 @@ func TestBadRequestsAndPartitions(t *testing.T) {
 	require.NoError(t, s.Reservations().Free(res.ReservationID))
 
 	// Bad workers.
-	_, err = s.UpsertWorker(worker("", nil))
+	_, err = s.Workers().Upsert(worker("", nil))
 	require.ErrorIs(t, err, ErrBadRequest)
-	_, err = s.UpsertWorker(worker("odd", func(w *catalog.Worker) { w.BlockSize = 6 }))
+	_, err = s.Workers().Upsert(worker("odd", func(w *catalog.Worker) { w.BlockSize = 6 }))
 	require.ErrorIs(t, err, ErrBadRequest)
-	_, err = s.DeleteWorker("ghost")
+	_, err = s.Workers().Delete("ghost")
 	require.ErrorIs(t, err, ErrNotFound)
 	require.Equal(t, http.StatusNotFound, HTTPStatus(err))
 	requireIdle(t, s)
@@ -246,14 +246,14 @@ func TestDuplicateReservationIsConflict(t *testing.T) {
 
 func TestIncompleteWorkersAreNotRouted(t *testing.T) {
 	s, _ := newTestService(t, func(c *Config) { th := 1.0; c.QueueThreshold = &th })
-	rec, err := s.UpsertWorker(worker("a", func(w *catalog.Worker) { w.MaxNumBatchedTokens = 0 }))
+	rec, err := s.Workers().Upsert(worker("a", func(w *catalog.Worker) { w.MaxNumBatchedTokens = 0 }))
 	require.NoError(t, err)
 	require.Equal(t, catalog.Incomplete, rec.Lifecycle)
 	require.False(t, s.Ready().Ready)
 	_, err = s.SelectAndReserve(context.Background(), Request{Tokens: toks(8, 1)})
 	require.ErrorIs(t, err, ErrNotReady)
 	// Completing it makes it routable.
-	rec, err = s.UpsertWorker(worker("a", nil))
+	rec, err = s.Workers().Upsert(worker("a", nil))
 	require.NoError(t, err)
 	require.Equal(t, catalog.Schedulable, rec.Lifecycle)
 	res, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(8, 1)})
@@ -294,7 +294,7 @@ func TestDeleteWorkerDropsItsLoad(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, onA)
-	rec, err := s.DeleteWorker("a")
+	rec, err := s.Workers().Delete("a")
 	require.NoError(t, err)
 	require.Equal(t, catalog.Unschedulable, rec.Lifecycle)
 	for _, id := range onA {
@@ -450,7 +450,7 @@ func TestCloseReleasesWaiters(t *testing.T) {
 	require.NoError(t, s.Close())
 	_, err = s.SelectAndReserve(context.Background(), Request{Tokens: toks(8, 2)})
 	require.ErrorIs(t, err, ErrClosed)
-	_, err = s.UpsertWorker(worker("b", nil))
+	_, err = s.Workers().Upsert(worker("b", nil))
 	require.ErrorIs(t, err, ErrClosed)
 }
 
@@ -520,9 +520,9 @@ func concurrentChurn(t *testing.T, mod func(*Config)) {
 		for i := range 100 {
 			id := fmt.Sprintf("w%d", i%4)
 			if i%3 == 0 {
-				_, _ = s.DeleteWorker(id)
+				_, _ = s.Workers().Delete(id)
 			}
-			_, err := s.UpsertWorker(worker(id, nil))
+			_, err := s.Workers().Upsert(worker(id, nil))
 			if err != nil {
 				t.Error(err)
 			}
@@ -744,7 +744,7 @@ func TestQueuedRequestThatFailsLeavesTheQueue(t *testing.T) {
 		worker("a", func(w *catalog.Worker) { w.Model = "m1" }),
 		worker("b", func(w *catalog.Worker) { w.Model = "m2" }),
 	} {
-		_, err := s.UpsertWorker(w)
+		_, err := s.Workers().Upsert(w)
 		require.NoError(t, err)
 	}
 	ctx := testContext(t)
@@ -796,7 +796,7 @@ func TestQueuedHeadThatFailsWakesTheNext(t *testing.T) {
 	// may only use b. Then b goes away: the head fails, and nothing else will
 	// signal the partition.
 	require.NoError(t, s.Reservations().PrefillComplete("big-a"))
-	_, err := s.DeleteWorker("b")
+	_, err := s.Workers().Delete("b")
 	require.NoError(t, err)
 	require.ErrorIs(t, <-headErr, ErrNoEndpoints)
 	got := <-nextRes

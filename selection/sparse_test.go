@@ -96,7 +96,7 @@ func checkSparseModelWith(t *testing.T, seed uint64, steps int, seams func(*Sele
 	for w := range workers {
 		id := fmt.Sprintf("w%d", w)
 		dp := 1 + r.IntN(3)
-		_, err := s.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:80", w+1), DPSize: dp, BlockSize: bs})
+		_, err := s.Workers().Upsert(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.0.%d:80", w+1), DPSize: dp, BlockSize: bs})
 		require.NoError(t, err)
 		for k := range dp {
 			ranks = append(ranks, catalog.WorkerRank{WorkerID: id, Rank: k})
@@ -149,7 +149,7 @@ func checkSparseModelWith(t *testing.T, seed uint64, steps int, seams func(*Sele
 			require.NoError(t, err)
 		case op == 8:
 			if r.IntN(2) == 0 {
-				require.NoError(t, s.MarkFailed(ranks[r.IntN(len(ranks))].WorkerID))
+				require.NoError(t, s.Workers().MarkFailed(ranks[r.IntN(len(ranks))].WorkerID))
 			} else {
 				now = now.Add(cfg.FailureEjection / 2) // some ejections end
 			}
@@ -270,11 +270,11 @@ func TestSparseTiesUniform(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 	s.scan = scanSparse
 	for w := range 12 {
-		_, err := s.UpsertWorker(catalog.Worker{ID: fmt.Sprintf("w%d", w), Endpoint: fmt.Sprintf("10.0.0.%d:80", w+1), DPSize: 1, BlockSize: 16})
+		_, err := s.Workers().Upsert(catalog.Worker{ID: fmt.Sprintf("w%d", w), Endpoint: fmt.Sprintf("10.0.0.%d:80", w+1), DPSize: 1, BlockSize: 16})
 		require.NoError(t, err)
 	}
-	require.NoError(t, s.MarkFailed("w3"))
-	require.NoError(t, s.MarkFailed("w7"))
+	require.NoError(t, s.Workers().MarkFailed("w3"))
+	require.NoError(t, s.Workers().MarkFailed("w7"))
 	toks := make([]uint32, 64)
 	for i := range toks {
 		toks[i] = uint32(i)
@@ -303,7 +303,7 @@ func TestSparseConcurrent(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	for w := range 20 {
-		_, err := s.UpsertWorker(catalog.Worker{ID: fmt.Sprintf("w%d", w), Endpoint: fmt.Sprintf("10.0.0.%d:80", w+1), DPSize: 8, BlockSize: 16})
+		_, err := s.Workers().Upsert(catalog.Worker{ID: fmt.Sprintf("w%d", w), Endpoint: fmt.Sprintf("10.0.0.%d:80", w+1), DPSize: 8, BlockSize: 16})
 		require.NoError(t, err)
 	}
 	var wg sync.WaitGroup

@@ -54,7 +54,7 @@ func (r *warmRig) service() *SelectionService {
 	require.NoError(r.t, err)
 	r.t.Cleanup(func() { _ = s.Close() })
 	for _, w := range r.workers {
-		_, err := s.UpsertWorker(w)
+		_, err := s.Workers().Upsert(w)
 		require.NoError(r.t, err)
 	}
 	// A PUB drops what it sends before a subscription reaches it, and an
@@ -163,11 +163,11 @@ func TestIndexSnapshotSkipsUnknownWorkers(t *testing.T) {
 	snap := indexBytes(t, peer)
 
 	joiner := r.service()
-	_, err := joiner.DeleteWorker("e0")
+	_, err := joiner.Workers().Delete("e0")
 	require.NoError(t, err)
 	moved := r.workers[1]
 	moved.Model = "m3"
-	_, err = joiner.UpsertWorker(moved)
+	_, err = joiner.Workers().Upsert(moved)
 	require.NoError(t, err)
 	rep, err := joiner.Events().LoadSnapshot(context.Background(), bytes.NewReader(snap))
 	require.NoError(t, err)

@@ -86,7 +86,7 @@ func TestGatewayPrefillDecode(t *testing.T) {
 	g, api, metrics := startGateway(ctx, t, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), t.Cleanup)
 	require.NoError(t, fleet.WaitSubscribed(ctx))
 	for r, n := range map[roles.Role]int{roles.Prefill: pdPrefill, roles.Decode: pdDecode} {
-		require.Len(t, g.rs.Service(r).Workers(), n, "%s workers", r)
+		require.Len(t, g.rs.Service(r).Workers().List(), n, "%s workers", r)
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: pdInflight}}
 	t.Cleanup(client.CloseIdleConnections)

@@ -19,12 +19,12 @@ const (
 	SystemPrompts = 8
 )
 
-// Service is what Warm calls: a selection.SelectionService's UpsertWorker,
+// Service is what Warm calls: a selection.SelectionService's Workers().Upsert,
 // and its Events().Apply. (Functions, not an interface over the service:
 // the selection package's own tests use Warm.)
 type Service struct {
-	UpsertWorker func(catalog.Worker) (catalog.Record, error)
-	ApplyEvent   func(catalog.WorkerRank, kvindex.Event) error
+	Upsert     func(catalog.Worker) (catalog.Record, error)
+	ApplyEvent func(catalog.WorkerRank, kvindex.Event) error
 }
 
 // Fleet sizes a warmed fleet.
@@ -63,7 +63,7 @@ func Warm(s Service, f Fleet) ([][]uint32, error) {
 	prompts := make([][]uint32, 0, f.Workers+f.Fresh)
 	for w := range f.Workers {
 		id := fmt.Sprintf("w%03d", w)
-		if _, err := s.UpsertWorker(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.%d.%d:8000", w/250, w%250+1), DPSize: 1, BlockSize: BlockSize, MaxNumBatchedTokens: 8192}); err != nil {
+		if _, err := s.Upsert(catalog.Worker{ID: id, Endpoint: fmt.Sprintf("10.0.%d.%d:8000", w/250, w%250+1), DPSize: 1, BlockSize: BlockSize, MaxNumBatchedTokens: 8192}); err != nil {
 			return nil, fmt.Errorf("benchfleet: worker %s: %w", id, err)
 		}
 		for k := range f.PerWorker {

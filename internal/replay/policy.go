@@ -243,7 +243,7 @@ func (k *kvRouter) newService(ctx context.Context, r int) (*selection.SelectionS
 		}
 	}
 	for _, id := range k.ids {
-		rec, err := svc.UpsertWorker(catalog.Worker{
+		rec, err := svc.Workers().Upsert(catalog.Worker{
 			ID: id, Endpoint: id + ":8000", DPSize: 1, BlockSize: 1, TotalKVBlocks: s.opts.CapacityBlocks,
 		})
 		if err == nil && rec.Lifecycle != catalog.Schedulable {

@@ -80,3 +80,17 @@ func ExampleIndexHandler() {
 	// batches=1 applied=1 skipped=0
 	// 10.0.0.5:8000/0 holds 1 leading block(s)
 }
+
+// TopicWorker attributes a message on a bind listener by its topic, when the
+// engine names itself the way llm-d's guides set it up; a custom
+// BindConfig.Attribute can fall back to it.
+func ExampleTopicWorker() {
+	for _, topic := range []string{"kv@10.0.0.7:8000@meta-llama/Llama-3.1-8B", "kv@@llama", "kv-events"} {
+		wr, ok := kvevents.TopicWorker(topic)
+		fmt.Printf("%q -> %v %v\n", topic, wr, ok)
+	}
+	// Output:
+	// "kv@10.0.0.7:8000@meta-llama/Llama-3.1-8B" -> 10.0.0.7:8000/0 true
+	// "kv@@llama" -> /0 false
+	// "kv-events" -> /0 false
+}

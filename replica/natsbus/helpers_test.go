@@ -89,7 +89,7 @@ func newNodeOn(t testing.TB, nc *nats.Conn, id string, wrap func(replica.Bus) re
 	svc, err := selection.NewSelectionServiceBuilder(cfg).Observe(r).Build(context.Background())
 	require.NoError(t, err)
 	for i, w := range testWorkers {
-		_, err := svc.UpsertWorker(catalog.Worker{ID: w, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1, MaxNumBatchedTokens: 8192})
+		_, err := svc.Workers().Upsert(catalog.Worker{ID: w, Endpoint: fmt.Sprintf("10.0.0.%d:8000", i+1), DPSize: 1, MaxNumBatchedTokens: 8192})
 		require.NoError(t, err)
 	}
 	require.NoError(t, r.Start(svc))

@@ -67,7 +67,7 @@ func TestWarmStartOverNATS(t *testing.T) {
 			_ = svc.Close()
 		})
 		for _, w := range workers {
-			_, err := svc.UpsertWorker(w)
+			_, err := svc.Workers().Upsert(w)
 			require.NoError(t, err)
 		}
 		require.Eventually(t, func() bool {

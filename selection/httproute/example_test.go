@@ -2,6 +2,7 @@ package httproute_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -73,9 +74,9 @@ func Example() {
 		resp.Body.Close()
 		fmt.Println(resp.Status, string(answer))
 	}
-	_, _ = svc.UpsertWorker(catalog.Worker{ID: "engine-a", Endpoint: a.Listener.Addr().String(), DPSize: 1})
+	_, _ = svc.Workers().Upsert(catalog.Worker{ID: "engine-a", Endpoint: a.Listener.Addr().String(), DPSize: 1})
 	ask()
-	_, _ = svc.UpsertWorker(catalog.Worker{ID: "engine-b", Endpoint: b.Listener.Addr().String(), DPSize: 1})
+	_, _ = svc.Workers().Upsert(catalog.Worker{ID: "engine-b", Endpoint: b.Listener.Addr().String(), DPSize: 1})
 	ask()
 	for _, l := range svc.Loads("") {
 		fmt.Println(l.WorkerID, "active requests:", l.ActiveRequests)
@@ -145,4 +146,17 @@ func ExamplePairs() {
 	// Output:
 	// 200 OK {"prefilled_on":"10.0.0.1:8000"}
 	// plans completed: 1 active: 0
+}
+
+// ParseRequest reads only the fields that decide where a request may go; a
+// field it does not know is no error, a field of the wrong type is.
+func ExampleParseRequest() {
+	info, err := httproute.ParseRequest([]byte(`{"model":"llama","lora_path":["sql-adapter"],"cache_salt":"tenant-7",
+		"prompt_cache_key":"conv-42","messages":[{"role":"user","content":"hi"}],"stream":true}`))
+	fmt.Printf("%+v %v\n", info, err)
+	_, err = httproute.ParseRequest([]byte(`{"model":7}`))
+	fmt.Println(errors.Is(err, httproute.ErrBadRequest))
+	// Output:
+	// {Model:llama LoRA:sql-adapter CacheSalt:tenant-7 SessionID:conv-42} <nil>
+	// true
 }

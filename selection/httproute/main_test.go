@@ -85,7 +85,7 @@ func newEnv(t *testing.T, o envOptions) *testEnv {
 	t.Cleanup(func() { _ = svc.Close() })
 	env.svc = svc
 	for i, ep := range o.workers {
-		rec, err := svc.UpsertWorker(catalog.Worker{ID: fmt.Sprintf("w%d", i), Model: o.model, Endpoint: ep, DPSize: 1})
+		rec, err := svc.Workers().Upsert(catalog.Worker{ID: fmt.Sprintf("w%d", i), Model: o.model, Endpoint: ep, DPSize: 1})
 		require.NoError(t, err)
 		require.Equal(t, catalog.Schedulable, rec.Lifecycle, "%+v", rec)
 	}

@@ -536,7 +536,7 @@ func TestModelFromBodyAndPrepare(t *testing.T) {
 		{ID: "a", Model: "m1", Endpoint: served("engine-a"), DPSize: 1},
 		{ID: "b", Model: "m2", Endpoint: served("engine-b"), DPSize: 1},
 	} {
-		_, err := env.svc.UpsertWorker(w)
+		_, err := env.svc.Workers().Upsert(w)
 		require.NoError(t, err)
 	}
 	var (

@@ -68,7 +68,7 @@ func TestReplicaBookingFlood(t *testing.T) {
 	svc, err := selection.NewSelectionServiceBuilder(cfg).Observe(rep).Build(context.Background())
 	require.NoError(t, err)
 	for _, w := range ws {
-		_, err := svc.UpsertWorker(catalog.Worker{ID: w.ID, Endpoint: w.Endpoint, Model: model, DPSize: 1})
+		_, err := svc.Workers().Upsert(catalog.Worker{ID: w.ID, Endpoint: w.Endpoint, Model: model, DPSize: 1})
 		require.NoError(t, err)
 	}
 	require.NoError(t, rep.Start(svc))

@@ -278,7 +278,7 @@ func TestEPPRefusesUnroutableEndpoints(t *testing.T) {
 		{ID: "zoned", Endpoint: "[fe80::1%eth0]:8000", DPSize: 1},
 	}, Synced: true})
 	got := map[string][]catalog.Reason{}
-	for _, r := range e.rs.Service(roles.Aggregated).Workers() {
+	for _, r := range e.rs.Service(roles.Aggregated).Workers().List() {
 		got[r.Worker.ID] = r.Reasons
 	}
 	require.Empty(t, got["ok"])

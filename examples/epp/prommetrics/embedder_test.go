@@ -53,7 +53,7 @@ func TestCollectorsGiveAnEmbedderTheEPPFamilies(t *testing.T) {
 	svc, err := selection.NewSelectionServiceBuilder(selection.DefaultConfig(16)).Recorder(dec.ForRole("aggregated")).Build(ctx)
 	require.NoError(t, err)
 	defer func() { _ = svc.Close() }()
-	rec, err := svc.UpsertWorker(catalog.Worker{ID: embWorker, Model: embModel, Endpoint: embEndpoint, DPSize: 1, BlockSize: 16,
+	rec, err := svc.Workers().Upsert(catalog.Worker{ID: embWorker, Model: embModel, Endpoint: embEndpoint, DPSize: 1, BlockSize: 16,
 		KVEventEndpoints: map[int]string{0: embEvents}})
 	require.NoError(t, err)
 	require.Equal(t, catalog.Schedulable, rec.Lifecycle, "%v", rec.Reasons)

@@ -148,7 +148,7 @@ func TestServiceCollector(t *testing.T) {
 	svc, err := selection.NewSelectionServiceBuilder(cfg).Build(context.Background())
 	require.NoError(t, err)
 	defer func() { _ = svc.Close() }()
-	_, err = svc.UpsertWorker(catalog.Worker{ID: "a", Model: "m", Endpoint: "10.0.0.1:8000", DPSize: 1, BlockSize: 16})
+	_, err = svc.Workers().Upsert(catalog.Worker{ID: "a", Model: "m", Endpoint: "10.0.0.1:8000", DPSize: 1, BlockSize: 16})
 	require.NoError(t, err)
 	res, err := svc.SelectAndReserve(context.Background(), selection.Request{Model: "m", ReservationID: "r1", Tokens: make([]uint32, 64)})
 	require.NoError(t, err)

@@ -59,7 +59,7 @@ func TestRouterCollector(t *testing.T) {
 	svc, err := selection.NewSelectionServiceBuilder(cfg).Build(context.Background())
 	require.NoError(t, err)
 	defer func() { _ = svc.Close() }()
-	_, err = svc.UpsertWorker(catalog.Worker{ID: "e", Endpoint: engine.Listener.Addr().String(), DPSize: 1, BlockSize: 4})
+	_, err = svc.Workers().Upsert(catalog.Worker{ID: "e", Endpoint: engine.Listener.Addr().String(), DPSize: 1, BlockSize: 4})
 	require.NoError(t, err)
 	tok := &flakyTokenizer{}
 	router, err := httproute.New(httproute.Options{Service: httproute.Single(svc), Tokenizer: tok, MaxBodyBytes: 2048})

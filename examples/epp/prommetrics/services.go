@@ -166,7 +166,7 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(dCalibration, t.v, role, t.term)
 		}
 		byLife := map[catalog.Lifecycle]int{}
-		for _, r := range s.Workers() {
+		for _, r := range s.Workers().List() {
 			byLife[r.Lifecycle]++
 		}
 		for _, l := range []catalog.Lifecycle{catalog.Incomplete, catalog.Schedulable, catalog.Draining} {
