@@ -11,7 +11,8 @@ import (
 	"strings"
 )
 
-// DefaultModel is the partition a worker with an empty Model belongs to.
+// DefaultModel is the model of a worker with an empty Model, and of a
+// selection request that names none: the two meet in one partition.
 const DefaultModel = "default"
 
 // MaxDPSize bounds Worker.DPSize. Real deployments use a few dozen

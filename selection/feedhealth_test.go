@@ -235,7 +235,7 @@ func TestFeedChecksCanBeTurnedOff(t *testing.T) {
 	r.clk.Advance(time.Hour)
 	r.s.checkFeeds(r.clk.Now())
 	require.Empty(t, r.s.Events().Health())
-	require.Zero(t, r.s.partitions[DefaultModel].untrusted.Load())
+	require.Zero(t, r.s.partitions[catalog.DefaultModel].untrusted.Load())
 }
 
 // serveBooked books tokens on worker id, has its engine serve what the

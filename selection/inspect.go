@@ -32,7 +32,7 @@ type WorkerLoad struct {
 	PotentialDecodeBlock int   // PotentialLoads only: active blocks if this request went here
 }
 
-// Loads returns the load of every schedulable rank of model ("" = DefaultModel),
+// Loads returns the load of every schedulable rank of model ("" = catalog.DefaultModel),
 // sorted by worker and rank. Unknown model: nil.
 func (s *SelectionService) Loads(model string) []WorkerLoad {
 	p := s.partition(model)

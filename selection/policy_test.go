@@ -266,7 +266,7 @@ func TestPickerComesAfterTheSessionPin(t *testing.T) {
 		b.Picker(PickerFunc(func(_ context.Context, _ *Request, cands []Scored) int { return 0 })) // a
 	})
 	ctx := context.Background()
-	p := s.partition(DefaultModel)
+	p := s.partition(catalog.DefaultModel)
 	p.sessions.put("s1", catalog.WorkerRank{WorkerID: "c"}, s.now().UnixNano())
 	res, err := s.Select(ctx, Request{Tokens: policyPrompt, SessionID: "s1"})
 	require.NoError(t, err)

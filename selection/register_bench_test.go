@@ -53,7 +53,7 @@ func registerOnce(b *testing.B, ws []catalog.Worker) time.Duration {
 	}
 	d := time.Since(start)
 	// The decision above saw every worker: its candidates are them all.
-	if got := len(s.partition(DefaultModel).ranksOf().ranks); got != len(ws) {
+	if got := len(s.partition(catalog.DefaultModel).ranksOf().ranks); got != len(ws) {
 		b.Fatalf("%d schedulable ranks, want %d", got, len(ws))
 	}
 	return d

@@ -27,7 +27,7 @@ type Priority struct {
 
 // Request is one routing request.
 type Request struct {
-	// Model selects the partition; "" means DefaultModel.
+	// Model selects the partition; "" means catalog.DefaultModel.
 	Model string
 	// ReservationID names the booking (SelectAndReserve). Empty: a random id is
 	// minted and returned in the Result.

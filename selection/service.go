@@ -22,10 +22,6 @@ import (
 	"github.com/kvselect/kvselect/reservation"
 )
 
-// DefaultModel is the partition of workers and requests that name no model:
-// catalog.DefaultModel, so a worker and a request without one meet.
-const DefaultModel = catalog.DefaultModel
-
 // SelectionService picks and books workers for requests. It is safe for concurrent
 // use. Build it with SelectionServiceBuilder; Close it to stop its goroutines.
 //
@@ -274,7 +270,7 @@ func (r routingApplier) ClearRank(w catalog.WorkerRank) {
 
 func modelOf(m string) string {
 	if m == "" {
-		return DefaultModel
+		return catalog.DefaultModel
 	}
 	return m
 }

@@ -85,7 +85,7 @@ func toks(n, seed int) []uint32 {
 
 func requireIdle(t testing.TB, s *SelectionService) {
 	t.Helper()
-	for _, m := range []string{DefaultModel, "m1", "m2"} {
+	for _, m := range []string{catalog.DefaultModel, "m1", "m2"} {
 		for _, l := range s.Loads(m) {
 			require.Zero(t, l.ActiveRequests, l)
 			require.Zero(t, l.ActivePrefillTokens, l)
@@ -555,7 +555,7 @@ func TestConcurrentDecisionsSeeEachOther(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	loads := s.Loads(DefaultModel)
+	loads := s.Loads(catalog.DefaultModel)
 	require.Len(t, loads, 2)
 	na, nb := loads[0].ActiveRequests, loads[1].ActiveRequests
 	require.Equal(t, goroutines*perG, na+nb)

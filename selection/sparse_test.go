@@ -156,7 +156,7 @@ func checkSparseModelWith(t *testing.T, seed uint64, steps int, seams func(*Sele
 		default:
 			store(ranks[r.IntN(len(ranks))], prompt())
 		}
-		p := s.partition(DefaultModel)
+		p := s.partition(catalog.DefaultModel)
 		if r.IntN(3) == 0 {
 			p.sessions.put(sessions[r.IntN(len(sessions))], ranks[r.IntN(len(ranks))], now.UnixNano())
 		}
@@ -336,7 +336,7 @@ func TestSparseConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 	require.Zero(t, s.Stats().Ledger.Active)
-	o := s.partition(DefaultModel).ranksOf().order
+	o := s.partition(catalog.DefaultModel).ranksOf().order
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	require.Equal(t, 1, o.tree.Len())

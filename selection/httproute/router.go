@@ -113,7 +113,7 @@ type Options struct {
 	// Model, when set, is the selection model of every request (and the model
 	// name sent to the tokenize endpoints). Empty: each request's body names
 	// it ("model"), so it must equal the catalog.Worker.Model its workers are
-	// registered under; a body without one is selection.DefaultModel.
+	// registered under; a body without one is catalog.DefaultModel.
 	Model string
 	// Prepare, when set, adjusts each selection.Request after tokenization and
 	// before Book: map a vLLM LoRA adapter named in "model" to the base model
