@@ -46,6 +46,14 @@ const (
 	// HeaderPrefillerSignature carries kvselect's signature of the hint; a
 	// sidecar configured with the key refuses a hint without it.
 	HeaderPrefillerSignature = "x-kvselect-prefiller-signature"
+	// HeaderFailedLeg is the decode sidecar's response header naming the
+	// leg of a prefill/decode request that failed when it is not the decode
+	// worker's own (FailedLegPrefill), so that the picker marks the prefill
+	// worker failed rather than the destination. It is the routing layer's
+	// business: a gateway does not pass it on to the client.
+	HeaderFailedLeg = "x-kvselect-failed-leg"
+	// FailedLegPrefill is HeaderFailedLeg's value for a failed prefill leg.
+	FailedLegPrefill = "prefill"
 )
 
 // Dynamo's EPP contract and the OpenAI-compatible front ends.

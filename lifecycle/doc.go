@@ -40,6 +40,9 @@
 //     pick is served only when the pick could not answer, so the pick is
 //     marked failed first; the booking moves either way.
 //   - Fail: the worker could not be reached, or cut its answer short.
+//   - PrefillFailed: before Response, the decode sidecar said the prefill
+//     leg failed (gaie.HeaderFailedLeg): the prefill worker is marked
+//     (PrefillMarker, which roles.Plan implements), not the destination.
 //   - Renew: the owner's tick. It renews while nothing has come yet (the
 //     worker prefills, or computes an answer it does not stream) and when
 //     chunks came since the tick before; a stream that went silent is not

@@ -20,6 +20,14 @@ type Handle interface {
 	Done() error
 }
 
+// PrefillMarker is implemented by a handle whose request has a prefill leg
+// on a worker of its own (roles.Plan of a prefill/decode pair):
+// MarkPrefillFailed marks that worker failed, not the one carrying the
+// booking, with the repeat-call contract of MarkFailed.
+type PrefillMarker interface {
+	MarkPrefillFailed() error
+}
+
 // ErrNoHandle reports a Follower asked for without a Handle.
 var ErrNoHandle = errors.New("lifecycle: no handle")
 
@@ -36,6 +44,9 @@ const (
 	// CauseUpstream: the worker could not be reached, reset the connection
 	// or cut its answer short (Follower.Fail).
 	CauseUpstream
+	// CausePrefill: the request's prefill leg failed on its prefill worker,
+	// which is the one marked (Follower.PrefillFailed).
+	CausePrefill
 )
 
 // String names the cause as the reference EPP's metrics do.
@@ -47,6 +58,8 @@ func (c Cause) String() string {
 		return "fallback"
 	case CauseUpstream:
 		return "upstream"
+	case CausePrefill:
+		return "prefill"
 	}
 	return "unknown"
 }
@@ -71,8 +84,9 @@ type Options struct {
 	// failed. Nil: FailureStatus.
 	FailureStatus func(status int) bool
 	// Marked, when set, is called once when the follower marks the worker
-	// failed, with the cause and Handle.MarkFailed's error, on the goroutine
-	// of the call that marked it.
+	// failed, with the cause and Handle.MarkFailed's error (with
+	// CausePrefill, MarkPrefillFailed's), on the goroutine of the call that
+	// marked it.
 	Marked func(c Cause, err error)
 }
 
@@ -85,6 +99,7 @@ type Follower struct {
 	// The request goroutine's alone.
 	status  int
 	started bool
+	prefill bool       // the prefill leg failed (PrefillFailed): the destination is not to blame
 	counted bool       // a 2xx event stream, with output growth
 	sse     sseCounter // its data lines
 
@@ -113,7 +128,7 @@ func NewFollower(h Handle, opts Options) (*Follower, error) {
 // once, before its body.
 func (f *Follower) Response(status int, contentType string) {
 	f.status = status
-	if f.opts.FailureStatus(status) {
+	if f.opts.FailureStatus(status) && !f.prefill {
 		f.mark(CauseStatus)
 	}
 	if f.opts.OutputGrowth && success(status) && status != 0 {
@@ -154,6 +169,26 @@ func (f *Follower) Served(to catalog.WorkerRank, fallback bool) error {
 		f.mark(CauseFallback)
 	}
 	return f.h.Move(to)
+}
+
+// PrefillFailed reports that the request's prefill leg failed on its own
+// worker (a decode sidecar's gaie.HeaderFailedLeg), before Response: that
+// worker is marked failed (PrefillMarker; nothing for a handle without a
+// prefill leg), and the failure status that follows is not the
+// destination's. The follower marks at most once, whichever the worker.
+func (f *Follower) PrefillFailed() {
+	f.prefill = true
+	if f.marked.Swap(true) {
+		return
+	}
+	pm, ok := f.h.(PrefillMarker)
+	if !ok {
+		return
+	}
+	err := pm.MarkPrefillFailed()
+	if f.opts.Marked != nil {
+		f.opts.Marked(CausePrefill, err)
+	}
 }
 
 // Fail reports that the worker carrying the booking failed the request on

@@ -125,6 +125,37 @@ func TestFollowAFailureStatus(t *testing.T) {
 	require.Equal(t, []lifecycle.Cause{lifecycle.CauseStatus}, *causes)
 }
 
+// pairRecorder is a Handle with a prefill leg of its own.
+type pairRecorder struct{ recorder }
+
+func (r *pairRecorder) MarkPrefillFailed() error { r.log("prefill failed"); return nil }
+
+// A failed prefill leg (the decode sidecar's report) marks the prefill
+// worker, not the destination, even when the failure status follows; a
+// handle without a prefill leg is marked for nothing.
+func TestFollowAFailedPrefillLeg(t *testing.T) {
+	h := &pairRecorder{}
+	var causes []lifecycle.Cause
+	f, err := lifecycle.NewFollower(h, lifecycle.Options{Marked: func(c lifecycle.Cause, err error) {
+		require.NoError(t, err)
+		causes = append(causes, c)
+	}})
+	require.NoError(t, err)
+	f.PrefillFailed()
+	f.Response(502, "application/json")
+	f.Fail()
+	f.PrefillFailed()
+	require.Equal(t, []string{"prefill failed"}, h.take(), "the prefill worker marked, once; the destination never")
+	require.Equal(t, []lifecycle.Cause{lifecycle.CausePrefill}, causes)
+	require.Equal(t, "prefill", lifecycle.CausePrefill.String())
+
+	f, plain, plainCauses := follow(t, lifecycle.Options{})
+	f.PrefillFailed()
+	f.Response(502, "")
+	require.Empty(t, plain.take(), "no prefill leg to mark, and the destination is not to blame")
+	require.Empty(t, *plainCauses)
+}
+
 // Served by a fallback: the pick is marked failed, then the booking moves;
 // by a retry elsewhere: it moves only. Move's error goes to the caller.
 func TestFollowServedElsewhere(t *testing.T) {

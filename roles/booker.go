@@ -244,6 +244,24 @@ func (p Plan) MarkFailed() error {
 	return nil
 }
 
+// MarkPrefillFailed reports that the plan's prefill leg failed on the
+// prefill worker (the decode sidecar said so, lifecycle.PrefillMarker): the
+// prefill role's service leaves that worker out of its picks for a while.
+// Only the first call marks; later ones, and a plan whose destination
+// prefills locally, return nil. It may come after Done.
+func (p Plan) MarkPrefillFailed() error {
+	if p.b == nil {
+		return notBooked(p.ID)
+	}
+	if p.LocalPrefill || p.Prefill.WorkerID == "" || !p.b.plans.PrefillFailOf(p.pl) {
+		return nil
+	}
+	if err := p.b.prefill.MarkFailed(p.Prefill.WorkerID); err != nil {
+		return roleError(Prefill, err)
+	}
+	return nil
+}
+
 func notBooked(id reservation.ID) error {
 	return fmt.Errorf("%w: %q was not booked", ErrUnknownPlan, id)
 }

@@ -754,6 +754,27 @@ func TestPlanHandle(t *testing.T) {
 	require.Zero(t, st.Plans.Active)
 }
 
+// A failed prefill leg marks the prefill worker, on the prefill role's
+// service, once, and leaves the destination alone; a plan whose destination
+// prefills locally has no prefill worker to mark.
+func TestPlanMarkPrefillFailed(t *testing.T) {
+	b, pre, dec := fakeBooker(t, BookerOptions{})
+	p, err := b.Book(context.Background(), selection.Request{ReservationID: "pf", Tokens: make([]uint32, 16)})
+	require.NoError(t, err)
+	require.NoError(t, p.MarkPrefillFailed())
+	require.NoError(t, p.MarkPrefillFailed(), "a second mark changes nothing")
+	require.Equal(t, []string{"prefill-0"}, pre.failed)
+	require.Empty(t, dec.failed, "the destination is not to blame")
+	require.NoError(t, p.Done())
+	require.NoError(t, p.MarkPrefillFailed(), "after Done: nothing to do")
+	require.Equal(t, []string{"prefill-0"}, pre.failed)
+
+	local := Plan{ID: "l", LocalPrefill: true, b: b}
+	require.NoError(t, local.MarkPrefillFailed())
+	require.ErrorIs(t, Plan{ID: "x"}.MarkPrefillFailed(), ErrUnknownPlan)
+	require.Equal(t, []string{"prefill-0"}, pre.failed)
+}
+
 // A plan that expired answers its first Done with ErrUnknownPlan (nothing
 // to do) and the next with nil, as a booking whose lease passed does.
 func TestPlanDoneAfterExpiry(t *testing.T) {

@@ -85,12 +85,13 @@ type plan struct {
 	// worker is the decode leg's worker: the one booked, or the one Moved
 	// to; what Plan.MarkFailed marks.
 	worker string
-	// finished and failMarked are the handle's repeat-call state (Plan.Done
-	// and Plan.MarkFailed called); they outlive the plan's removal.
-	finished, failMarked bool
-	at                   time.Time
-	deadline             time.Time
-	order                uint64
+	// finished, failMarked and prefillMarked are the handle's repeat-call
+	// state (Plan.Done, Plan.MarkFailed and Plan.MarkPrefillFailed called);
+	// they outlive the plan's removal.
+	finished, failMarked, prefillMarked bool
+	at                                  time.Time
+	deadline                            time.Time
+	order                               uint64
 }
 
 func planLess(a, b *plan) bool {
@@ -263,6 +264,16 @@ func (p *planTable) FailOf(pl *plan) string {
 	}
 	pl.failMarked = true
 	return pl.worker
+}
+
+// PrefillFailOf reports whether a Plan's prefill leg is to be marked
+// failed now: true on the first call only.
+func (p *planTable) PrefillFailOf(pl *plan) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	first := !pl.prefillMarked
+	pl.prefillMarked = true
+	return first
 }
 
 // MovedOf records that a Plan's decode leg moved to worker.

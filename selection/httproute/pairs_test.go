@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvselect/kvselect/catalog"
+	"github.com/kvselect/kvselect/gaie"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/httproute"
@@ -24,8 +25,12 @@ func TestRouterPairs(t *testing.T) {
 	type seen struct{ prefiller []string }
 	got := make(chan seen, 4)
 	var status atomic.Int32
+	var prefillFailed atomic.Bool
 	decode := upstream(t, func(w http.ResponseWriter, r *http.Request) {
 		got <- seen{prefiller: r.Header.Values("x-prefiller-host-port")}
+		if prefillFailed.Load() { // as the decode sidecar answers a failed prefill leg
+			w.Header().Set(gaie.HeaderFailedLeg, gaie.FailedLegPrefill)
+		}
 		if st := int(status.Load()); st != 0 {
 			w.WriteHeader(st)
 			return
@@ -88,5 +93,22 @@ func TestRouterPairs(t *testing.T) {
 	require.EqualValues(t, 1, env.router.Stats().MarkedFailed)
 	require.EqualValues(t, 1, pb.Stats().Plans.HandedOff, "an error answer hands nothing off")
 	require.EqualValues(t, 2, pb.Stats().Plans.Completed)
+	require.Zero(t, active(roles.Prefill)+active(roles.Decode))
+
+	// The sidecar's prefill leg failed: the prefill worker is marked, not
+	// the decode worker, and the client never sees the report.
+	prefillFailed.Store(true)
+	status.Store(http.StatusBadGateway)
+	resp, err = env.post(ctx, t, chatBody("", "a third prompt"))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	require.Empty(t, resp.Header.Values(gaie.HeaderFailedLeg))
+	<-got
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	env.waitServed(t, 1)
+	require.EqualValues(t, 1, rs.Service(roles.Prefill).Stats().Failures, "the prefill worker marked failed")
+	require.EqualValues(t, 1, rs.Service(roles.Decode).Stats().Failures, "the decode worker not again")
+	require.EqualValues(t, 3, pb.Stats().Plans.Completed)
 	require.Zero(t, active(roles.Prefill)+active(roles.Decode))
 }

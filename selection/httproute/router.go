@@ -448,6 +448,11 @@ func (r *Router) modifyResponse(resp *http.Response) error {
 		r.st.failureStatuses.Add(1)
 		ex.why = fmt.Sprintf("status %d", resp.StatusCode)
 	}
+	if resp.Header.Get(gaie.HeaderFailedLeg) == gaie.FailedLegPrefill {
+		// The decode sidecar's report: the prefill worker failed, not this one.
+		ex.f.PrefillFailed()
+	}
+	resp.Header.Del(gaie.HeaderFailedLeg) // the routing layer's, not the client's
 	ex.f.Response(resp.StatusCode, resp.Header.Get("Content-Type"))
 	if resp.ContentLength == 0 || resp.Body == nil || resp.Body == http.NoBody {
 		ex.settle(outcomeEnded) // no body will follow

@@ -80,10 +80,14 @@ func (fl *flight) Done() {
 // Served moves the booking to the worker the gateway served the request on.
 func (fl *flight) Served(endpoint string) { fl.r.rebook(fl, endpoint) }
 
-// ResponseHeaders passes the status and content type on.
-func (fl *flight) ResponseHeaders(status int, contentType string) {
-	fl.status = status
-	fl.follow.Response(status, contentType)
+// ResponseHeaders passes the status and content type on, after a failed
+// prefill leg's report.
+func (fl *flight) ResponseHeaders(r extproc.Response) {
+	fl.status = r.Status
+	if r.PrefillFailed {
+		fl.follow.PrefillFailed()
+	}
+	fl.follow.Response(r.Status, r.ContentType)
 }
 
 // ResponseBody passes a chunk on, and counts it.
@@ -95,8 +99,12 @@ func (fl *flight) ResponseBody(chunk []byte) {
 // marked counts and logs a worker the follower marked failed.
 func (fl *flight) marked(c lifecycle.Cause, err error) {
 	fl.r.m.MarkedFailed(c)
-	attrs := []any{"plan", fl.plan.ID, "worker", fl.worker, "cause", c.String()}
-	if c == lifecycle.CauseStatus {
+	worker := fl.worker
+	if c == lifecycle.CausePrefill {
+		worker = fl.plan.Prefill.WorkerID
+	}
+	attrs := []any{"plan", fl.plan.ID, "worker", worker, "cause", c.String()}
+	if c == lifecycle.CauseStatus || c == lifecycle.CausePrefill {
 		attrs = append(attrs, "status", fl.status)
 	}
 	if err != nil {

@@ -389,8 +389,13 @@ func (x *exchange) onResponseHeaders(h *extprocv3.HttpHeaders, md *corev3.Metada
 			set = append(set, setHeader(gaie.HeaderTestServed, v))
 		}
 	}
-	if len(set) > 0 {
-		common.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: set}
+	resp := readResponse(h.GetHeaders())
+	var remove []string
+	if resp.PrefillFailed {
+		remove = []string{gaie.HeaderFailedLeg} // the routing layer's, not the client's
+	}
+	if len(set) > 0 || len(remove) > 0 {
+		common.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}
 	}
 	if err := x.send(&extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{Response: common}},
@@ -401,8 +406,7 @@ func (x *exchange) onResponseHeaders(h *extprocv3.HttpHeaders, md *corev3.Metada
 		if served != "" {
 			x.follow.Served(served)
 		}
-		st, ct := responseStatus(h.GetHeaders())
-		x.follow.ResponseHeaders(st, ct)
+		x.follow.ResponseHeaders(resp)
 	}
 	if h.GetEndOfStream() {
 		x.complete()
@@ -465,19 +469,22 @@ func (x *exchange) checkServed(md *corev3.Metadata) string {
 	return served
 }
 
-// responseStatus reads the :status and content-type response headers.
-func responseStatus(hm *corev3.HeaderMap) (status int, contentType string) {
+// readResponse reads the :status, content-type and failed-leg response headers.
+func readResponse(hm *corev3.HeaderMap) Response {
+	var r Response
 	for _, h := range hm.GetHeaders() {
 		switch strings.ToLower(h.GetKey()) {
 		case ":status":
 			if n, err := strconv.Atoi(strings.TrimSpace(headerValue(h))); err == nil && n > 0 && n < 1000 {
-				status = n
+				r.Status = n
 			}
 		case "content-type":
-			contentType = headerValue(h)
+			r.ContentType = headerValue(h)
+		case gaie.HeaderFailedLeg:
+			r.PrefillFailed = r.PrefillFailed || strings.TrimSpace(headerValue(h)) == gaie.FailedLegPrefill
 		}
 	}
-	return status, contentType
+	return r
 }
 
 // complete ends the exchange after the response ended.

@@ -2,7 +2,9 @@ package extproc
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvselect/kvselect/examples/internal/extproctest"
+	"github.com/kvselect/kvselect/gaie"
 )
 
 // followSettler is a Settler and a Follower that records, in order, what it
@@ -28,8 +31,12 @@ func (f *followSettler) log(e string) {
 }
 
 func (f *followSettler) Served(ep string) { f.log("served " + ep) }
-func (f *followSettler) ResponseHeaders(st int, ct string) {
-	f.log("headers " + http.StatusText(st) + " " + ct)
+func (f *followSettler) ResponseHeaders(r Response) {
+	line := "headers " + http.StatusText(r.Status) + " " + r.ContentType
+	if r.PrefillFailed {
+		line += " prefill-failed"
+	}
+	f.log(line)
 }
 func (f *followSettler) ResponseBody(chunk []byte) {
 	f.mu.Lock()
@@ -108,4 +115,29 @@ func TestInvalidDebugHeaderIsLeftOut(t *testing.T) {
 		require.Equal(t, http.StatusOK, res.StatusCode)
 		require.Empty(t, res.Header[HeaderDebug])
 	}
+}
+
+// A decode sidecar's report that the prefill leg failed reaches the
+// Follower with the status, and the header does not reach the client.
+func TestFailedPrefillLegReachesTheFollower(t *testing.T) {
+	sidecar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set(gaie.HeaderFailedLeg, gaie.FailedLegPrefill)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadGateway)
+		_, _ = io.WriteString(w, `{"error":{"code":"prefill_upstream_unavailable"}}`)
+	}))
+	t.Cleanup(sidecar.Close)
+	s := &followSettler{}
+	picker := PickerFunc(func(context.Context, PickRequest) (Pick, error) {
+		return Pick{Destination: sidecar.Listener.Addr().String(), Settle: s}, nil
+	})
+	h := newHarness(t, Options{Picker: picker})
+	res, err := h.client.Roundtrip(testCtx(t), extproctest.HTTPRequest{Body: chatBody()}, extproctest.HTTPForward(forwardClient(t)))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadGateway, res.StatusCode)
+	require.Empty(t, res.Header[gaie.HeaderFailedLeg], "the routing layer's header stays with the EPP")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	require.Equal(t, []string{"headers Bad Gateway application/json prefill-failed", "first byte", "done"}, s.events)
 }

@@ -104,12 +104,25 @@ type Follower interface {
 	// when it parses, as reported otherwise, when it is not the pick's
 	// Destination: a fallback of the list, or a retry elsewhere.
 	Served(endpoint string)
-	// ResponseHeaders reports the response's status (0 when the :status
-	// header is missing or not a number) and content type, once.
-	ResponseHeaders(status int, contentType string)
+	// ResponseHeaders reports what the response's headers say, once.
+	ResponseHeaders(r Response)
 	// ResponseBody reports each non-empty response body chunk. The chunk is
 	// only valid during the call.
 	ResponseBody(chunk []byte)
+}
+
+// Response is what the server reads of a response's headers for a
+// Follower.
+type Response struct {
+	// Status is the :status, 0 when it is missing or not a number.
+	Status int
+	// ContentType is the content-type header.
+	ContentType string
+	// PrefillFailed is set when the decode worker's sidecar reported that
+	// the request's prefill leg failed (gaie.HeaderFailedLeg), so that the
+	// prefill worker is to blame, not the destination. The server removes
+	// the header from the client's response.
+	PrefillFailed bool
 }
 
 // NopSettler is a Settler that does nothing, for picks that booked nothing.

@@ -33,7 +33,7 @@ func NewResponses(reg prometheus.Registerer) (*Responses, error) {
 		}, []string{"result"}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvselect_epp_workers_marked_failed_total",
-			Help: "Workers reported failed to the selection service (left out of the picks for DYN_EPP_FAILURE_EJECTION_SECS): a 5xx response (status), or a response served by one of the pick's fallbacks (fallback).",
+			Help: "Workers reported failed to the selection service (left out of the picks for DYN_EPP_FAILURE_EJECTION_SECS): a 5xx response (status), a response served by one of the pick's fallbacks (fallback), or a prefill worker whose leg failed, as the decode sidecar reported (prefill).",
 		}, []string{"cause"}),
 		renewed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvselect_epp_lease_renewals_total", Help: "Plan leases renewed because their response was starting or flowing.",
@@ -48,7 +48,7 @@ func NewResponses(reg prometheus.Registerer) (*Responses, error) {
 	for _, r := range []string{RebookMoved, RebookFreed} {
 		m.rebookings.WithLabelValues(r) // exported at 0 from the start
 	}
-	for _, c := range []lifecycle.Cause{lifecycle.CauseStatus, lifecycle.CauseFallback} { // the EPP sees no upstream error: Envoy answers 503
+	for _, c := range []lifecycle.Cause{lifecycle.CauseStatus, lifecycle.CauseFallback, lifecycle.CausePrefill} { // the EPP sees no upstream error: Envoy answers 503
 		m.failed.WithLabelValues(c.String())
 	}
 	if err := register(reg, m.rebookings, m.failed, m.renewed, m.stalled, m.chunks); err != nil {

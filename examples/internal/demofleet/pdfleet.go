@@ -220,6 +220,17 @@ func httpStats(es []*fakeengine.Engine) []fakeengine.HTTPStats {
 	return out
 }
 
+// StopPrefill stops prefill engine i (of the fleet's prefill engines, by
+// index, not the first: its HTTP endpoint is TokenizerURL): its endpoint then
+// refuses connections, as a crashed engine's does, while its catalog entry
+// stays what discovery last reported.
+func (f *PDFleet) StopPrefill(i int) error {
+	if i <= 0 || i >= len(f.prefills) {
+		return fmt.Errorf("demofleet: no prefill engine %d to stop (1..%d)", i, len(f.prefills)-1)
+	}
+	return f.prefills[i].Close()
+}
+
 // Close stops the sidecars' servers (gracefully, then not), the sidecars and
 // the engines, and waits for all of them. It may be called more than once.
 func (f *PDFleet) Close() {

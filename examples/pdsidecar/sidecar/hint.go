@@ -248,10 +248,11 @@ func outboundHeader(in http.Header) http.Header {
 }
 
 // copyResponseHeader copies an engine's answer headers for the client, less
-// the hop-by-hop ones.
+// the hop-by-hop ones and the routing layer's (gaie.IsControlHeader): an
+// engine cannot speak for the sidecar (gaie.HeaderFailedLeg) to the picker.
 func copyResponseHeader(dst, src http.Header) {
 	for k, vv := range src {
-		if slices.Contains(hopByHop, k) {
+		if slices.Contains(hopByHop, k) || gaie.IsControlHeader(k) {
 			continue
 		}
 		dst[k] = slices.Clone(vv)

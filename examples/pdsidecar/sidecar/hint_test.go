@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/kvselect/kvselect/gaie"
 	"github.com/stretchr/testify/require"
 )
 
@@ -68,4 +69,18 @@ func TestOutboundHeader(t *testing.T) {
 	}
 	out := outboundHeader(in)
 	require.Equal(t, http.Header{"Authorization": {"Bearer k"}, "X-Request-Id": {"r"}}, out)
+}
+
+// An engine's answer reaches the client without hop-by-hop headers and
+// without the routing layer's: an engine cannot tell the picker, in the
+// sidecar's name, that another worker failed.
+func TestCopyResponseHeaderLeavesOutControlHeaders(t *testing.T) {
+	src := http.Header{}
+	src.Set("Content-Type", "text/event-stream")
+	src.Set("Connection", "close")
+	src.Set(gaie.HeaderFailedLeg, gaie.FailedLegPrefill)
+	src.Set("X-Kvselect-Anything", "x")
+	dst := http.Header{}
+	copyResponseHeader(dst, src)
+	require.Equal(t, http.Header{"Content-Type": {"text/event-stream"}}, dst)
 }

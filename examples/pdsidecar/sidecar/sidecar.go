@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
+	"github.com/kvselect/kvselect/gaie"
 )
 
 // hintStartSkew is the clock skew allowed between the EPP and a sidecar when a
@@ -314,11 +315,13 @@ func (s *Sidecar) finishPrefill(r *http.Request, x *exchange, res prefillResult)
 
 // prefillFailed answers a request whose prefill leg failed: nothing when the
 // client is gone, the original request sent to decode with FallbackLocal, else
-// 502 naming the failure.
+// 502 naming the failure. Either answer carries gaie.HeaderFailedLeg, so that
+// the picker marks the prefill worker failed, not this decode worker.
 func (s *Sidecar) prefillFailed(w http.ResponseWriter, r *http.Request, x *exchange, res prefillResult) {
 	if res.outcome == OutcomeCanceled || r.Context().Err() != nil {
 		return
 	}
+	w.Header().Set(gaie.HeaderFailedLeg, gaie.FailedLegPrefill)
 	if s.opts.Fallback == FallbackLocal {
 		s.stats.add(func(c *counters) { c.fallbacks++ })
 		s.log.Warn("sidecar: prefill leg failed, prefilling on the decode engine", "protocol", s.opts.Protocol,

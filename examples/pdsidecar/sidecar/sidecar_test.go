@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
 	"github.com/kvselect/kvselect/examples/pdsidecar/sidecar"
+	"github.com/kvselect/kvselect/gaie"
 	"github.com/kvselect/kvselect/internal/clocktest"
 	"github.com/kvselect/kvselect/internal/fakeengine"
 )
@@ -301,6 +302,8 @@ func TestPrefillFailureFallback(t *testing.T) {
 					require.Equal(t, uint64(1), st.Legs[sidecar.LegKey{Leg: sidecar.LegPrefill, Outcome: want}], "%+v", st.Legs)
 					ds := r.decode.e.HTTPStats()
 					require.Zero(t, ds.DecodeLegs)
+					require.Equal(t, gaie.FailedLegPrefill, resp.Header.Get(gaie.HeaderFailedLeg),
+						"the picker is told to blame the prefill worker, not this decode worker")
 					if fallback == sidecar.FallbackLocal {
 						require.Equal(t, http.StatusOK, resp.StatusCode, "%s", data)
 						require.Equal(t, uint64(1), st.Fallbacks)
