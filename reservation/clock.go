@@ -79,6 +79,29 @@ func (l *Ledger) PrefillClock(k Rank, now time.Time) PrefillClock {
 	return c
 }
 
+// RankClock is PrefillClock for a cost evaluated over many ranks at once:
+// the same Since (unix nanoseconds, 0 while nothing is queued), Slowness and
+// Arrivals of k as of now (unix nanoseconds), without the Rate, which the
+// caller computes once per decision from the Calibration. Zeros when k has
+// no entry. It takes no lock and does not allocate.
+func (l *Ledger) RankClock(k Rank, now int64) (since int64, slowness, arrivals float64) {
+	r := k.r
+	if r == nil || r.dead.Load() {
+		r = l.lookup(k.key)
+	}
+	if r == nil {
+		return 0, 0, 0
+	}
+	since = r.clock.since.Load()
+	if s := math.Float64frombits(r.clock.slow.Load()); s > 0 {
+		slowness = s
+	}
+	if at := r.clock.arrivedAt.Load(); at != 0 {
+		arrivals = l.decay(math.Float64frombits(r.clock.arrivals.Load()), at, now)
+	}
+	return since, slowness, arrivals
+}
+
 // decay returns what v at unix nanoseconds at weighs at now.
 func (l *Ledger) decay(v float64, at, now int64) float64 {
 	if now <= at {

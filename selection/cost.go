@@ -55,11 +55,11 @@ type costInput struct {
 
 // cost is the cost of sending the request to c under w's cost function,
 // with what the policy's cost terms added to it.
-func cost(c *candidate, in costInput, w *weights) float64 {
+func cost(c *candidate, in *costInput, w *weights) float64 {
 	if w.predictive {
 		return predicted(c, in, w) + c.extra
 	}
-	return logit(c, in, w) + c.extra
+	return logit(c, *in, w) + c.extra
 }
 
 // predicted is CostPredictive's cost of sending the request to c, in
@@ -92,7 +92,7 @@ func cost(c *candidate, in costInput, w *weights) float64 {
 // scale of its requests, so that the price means the same whether prompts
 // take milliseconds or seconds. cached counts the in-flight credit's
 // pending blocks, which the request waits for in A anyway.
-func predicted(c *candidate, in costInput, w *weights) float64 {
+func predicted(c *candidate, in *costInput, w *weights) float64 {
 	var own float64 // the request's own prefill: none where prefill is not tracked (a decode leg)
 	if w.trackPrefill {
 		own = float64(in.isl - min(cachedTokens(c, w, in.blockSize), in.isl))
@@ -112,7 +112,7 @@ func predicted(c *candidate, in costInput, w *weights) float64 {
 // balance is the predictive cost's balance term for c: balanceW x the
 // share of the recent bookings c has above the mean and the slack, in units
 // of the candidates' time to prefill the model's mean prompt.
-func balance(c *candidate, in costInput, w *weights) float64 {
+func balance(c *candidate, in *costInput, w *weights) float64 {
 	if w.balanceW <= 0 || in.meanArrivals < 1 {
 		return 0
 	}

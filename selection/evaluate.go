@@ -206,30 +206,26 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: len(cands), sim: ev.sim}
 	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
 	if pr.w.predictive {
-		now := s.now()
-		in.now = now.UnixNano()
+		in.now = s.now().UnixNano()
 		cal := s.ledger.Calibration()
 		in.calibrated = pr.w.learn && cal.Ready
 		in.overhead, in.perRequest = cal.Overhead, cal.ActiveRequest
 		var arrivals, tokTime float64 // sums: recent bookings, seconds per prefill token
+		fixed := 1 / pr.w.rate
 		for i := range cands {
 			c := &cands[i]
-			clk := s.ledger.PrefillClock(refs[i], now)
-			if !clk.Since.IsZero() {
-				c.since = clk.Since.UnixNano()
-			}
+			since, slow, arr := s.ledger.RankClock(refs[i], in.now)
+			c.since = since
 			if in.calibrated {
-				slow := max(clk.Slowness, 0)
-				if slow == 0 {
+				if slow <= 0 {
 					slow = 1
 				}
 				c.tokTime, c.queueTime = cal.OwnToken*slow, cal.QueuedToken*slow
 			} else {
-				c.tokTime = 1 / pr.w.rate
-				c.queueTime = c.tokTime
+				c.tokTime, c.queueTime = fixed, fixed
 			}
-			c.arrivals = clk.Arrivals
-			arrivals += clk.Arrivals
+			c.arrivals = arr
+			arrivals += arr
 			tokTime += c.tokTime
 		}
 		in.meanArrivals = arrivals / float64(len(cands))
@@ -249,7 +245,7 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 	busy := 0
 	for i := range cands {
 		c := &cands[i]
-		c.cost = cost(c, in, &pr.w)
+		c.cost = cost(c, &in, &pr.w)
 		ev.bestOverlap = max(ev.bestOverlap, c.device)
 		ev.bestPrefill = min(ev.bestPrefill, effectivePrefill(c, pr, &pr.w, s.cfg.BlockSize))
 		if s.busy(c) {
@@ -346,7 +342,7 @@ func (s *SelectionService) choose(p *partition, pr *prepared, ev *evaluation) (c
 		c = pool[pick(pool, pr.w.temperature, &p.rng)]
 	}
 	// pick may reuse cost for softmax weights: recompute for the result.
-	c.cost = cost(&c, ev.in, &pr.w)
+	c.cost = cost(&c, &ev.in, &pr.w)
 	switch {
 	case !s.detail || len(pool) < 2:
 		ev.margin = 0

@@ -17,7 +17,7 @@ func (s *SelectionService) fallbacks(ev *evaluation, pr *prepared, chosen string
 		if ev.rs.ranks[c.idx].endpoint == chosen {
 			continue
 		}
-		all = append(all, ranked{i: i, busy: s.busy(c), cost: cost(c, ev.in, &pr.w)})
+		all = append(all, ranked{i: i, busy: s.busy(c), cost: cost(c, &ev.in, &pr.w)})
 	}
 	slices.SortStableFunc(all, func(a, b ranked) int {
 		switch {

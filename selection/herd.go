@@ -133,7 +133,7 @@ func spread(pool, sim []candidate, in costInput, w *weights, n int) []candidate 
 	for i := range cold {
 		c := &cold[i]
 		c.device, c.host, c.disk, c.pending = 0, 0, 0, 0
-		c.cost = cost(c, in, w)
+		c.cost = cost(c, &in, w)
 	}
 	var own int64
 	if w.trackPrefill {
@@ -150,11 +150,11 @@ func spread(pool, sim []candidate, in costInput, w *weights, n int) []candidate 
 		if w.predictive && w.balanceW > 0 { // the mean moved: every balance term
 			in.meanArrivals += 1 / float64(len(pool))
 			for i := range pool {
-				warm[i].cost, cold[i].cost = cost(&warm[i], in, w), cost(&cold[i], in, w)
+				warm[i].cost, cold[i].cost = cost(&warm[i], &in, w), cost(&cold[i], &in, w)
 			}
 			continue
 		}
-		warm[b].cost, cold[b].cost = cost(&warm[b], in, w), cost(&cold[b], in, w)
+		warm[b].cost, cold[b].cost = cost(&warm[b], &in, w), cost(&cold[b], &in, w)
 	}
 	for i := range pool {
 		pool[i].cost = warm[i].cost

@@ -25,13 +25,13 @@ func TestPredictedWorkedExample(t *testing.T) {
 	c := candidate{device: 2, activePrefill: 100, since: now - int64(50*time.Millisecond), activeBlocks: 2, newBlocks: 2,
 		activeRequests: 3, tokTime: 1.0 / 1000, queueTime: 1.0 / 1000}
 	in := costInput{isl: 64, blockSize: 16, now: now}
-	require.InDelta(t, (50+2*32+0.5*4*16)/1000.0, cost(&c, in, &w), 1e-12)
+	require.InDelta(t, (50+2*32+0.5*4*16)/1000.0, cost(&c, &in, &w), 1e-12)
 	c.tokTime = 1.0 / 1500 // a faster rank: 100 - 75 = 25 left, then /1500
-	require.InDelta(t, (25+2*32+0.5*4*16)/1500.0, cost(&c, in, &w), 1e-12)
+	require.InDelta(t, (25+2*32+0.5*4*16)/1500.0, cost(&c, &in, &w), 1e-12)
 	c.tokTime, c.since = 1.0/1000, now-int64(time.Second) // long done: nothing left ahead
-	require.InDelta(t, (2*32+0.5*4*16)/1000.0, cost(&c, in, &w), 1e-12)
+	require.InDelta(t, (2*32+0.5*4*16)/1000.0, cost(&c, &in, &w), 1e-12)
 	c.since = 0 // no clock: the whole queue is ahead
-	require.InDelta(t, (100+2*32+0.5*4*16)/1000.0, cost(&c, in, &w), 1e-12)
+	require.InDelta(t, (100+2*32+0.5*4*16)/1000.0, cost(&c, &in, &w), 1e-12)
 
 	// Calibrated: 10 ms overhead, 2 ms a request, queued tokens at 0.5 ms,
 	// own tokens at 1 ms: 0.010 + 0.5e-3 x 100 + 0.002 x 3 + 1e-3 x 32,
@@ -39,12 +39,12 @@ func TestPredictedWorkedExample(t *testing.T) {
 	c.queueTime, c.since = 0.5e-3, now-int64(time.Second)
 	cal := in
 	cal.calibrated, cal.overhead, cal.perRequest = true, 0.010, 0.002
-	require.InDelta(t, 0.010+0.5e-3*100+0.002*3+1e-3*32+0.5e-3*32+0.5*1e-3*4*16, cost(&c, cal, &w), 1e-12)
+	require.InDelta(t, 0.010+0.5e-3*100+0.002*3+1e-3*32+0.5e-3*32+0.5*1e-3*4*16, cost(&c, &cal, &w), 1e-12)
 	c.queueTime = 0 // an engine where nothing waits for what is queued: no backlog either
-	require.InDelta(t, 0.010+0.002*3+1e-3*32+0.5*1e-3*4*16, cost(&c, cal, &w), 1e-12)
+	require.InDelta(t, 0.010+0.002*3+1e-3*32+0.5*1e-3*4*16, cost(&c, &cal, &w), 1e-12)
 
 	w.trackPrefill, c.activePrefill, c.queueTime = false, 0, 1.0/1000 // a decode leg: decode pressure only
-	require.InDelta(t, (0.5*4*16)/1000.0, cost(&c, in, &w), 1e-12)
+	require.InDelta(t, (0.5*4*16)/1000.0, cost(&c, &in, &w), 1e-12)
 }
 
 // TestPredictiveCostWaitsOrMoves: a request whose prefix only a busy worker

@@ -240,13 +240,13 @@ func (s *SelectionService) pinnedChoice(ev *evaluation, pool []candidate, pr *pr
 		idle := candidate{newBlocks: int(math.Ceil(blocks)), tokTime: 1 / pr.w.rate, queueTime: 1 / pr.w.rate}
 		in := ev.in
 		in.calibrated = false
-		cold = predicted(&idle, in, &pr.w) // at the configured rate
+		cold = predicted(&idle, &in, &pr.w) // at the configured rate
 	}
 	pin := pool[i].cost
 	if pr.w.predictive {
 		// The balance term spreads new work; a session's own requests
 		// raise its rank's share, and must not push the session away.
-		pin -= balance(&pool[i], ev.in, &pr.w)
+		pin -= balance(&pool[i], &ev.in, &pr.w)
 	}
 	if pin > best+s.cfg.Sessions.SoftSlack*cold {
 		return candidate{}, false
