@@ -36,7 +36,10 @@
 //     Kubernetes discovery, Prometheus metrics), a thin main over
 //     examples/epp/eppserver (the EPP as a library), with examples/epp/extproc,
 //     examples/epp/discovery, examples/epp/prommetrics and
-//     examples/epp/oteltracing for custom EPPs; examples/demo: the demo (fake
+//     examples/epp/oteltracing for custom EPPs, and examples/policies
+//     (LoRA-adapter affinity, a filter and a cost term) for their policy
+//     seams; examples/customepp: a custom EPP with policy of its own, in
+//     tests; examples/demo: the demo (fake
 //     engines, a workload, the EPP in process); examples/gateway: a
 //     plain-HTTP gateway on selection/httproute; examples/pdsidecar: the
 //     decode sidecar of prefill/decode serving (examples/pdsidecar/sidecar);

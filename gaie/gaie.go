@@ -66,7 +66,19 @@ const (
 	HeaderDynamoPriority = "x-dynamo-request-priority"
 	// HeaderDynamoStrictPriority is a request's strict priority tier.
 	HeaderDynamoStrictPriority = "x-dynamo-request-strict-priority"
+	// HeaderPolicyClass names a request's policy class (fair admission:
+	// selection.Request.Class), as Dynamo's selection service reads it.
+	HeaderPolicyClass = "x-dynamo-meta-policy-class"
+	// HeaderInferenceObjective is GAIE's and llm-d's request header naming
+	// the request's InferenceObjective; read after HeaderPolicyClass, its
+	// value is taken as the policy class of the same name.
+	HeaderInferenceObjective = "x-gateway-inference-objective"
 )
+
+// StatusSiteOverloaded is the status Dynamo's frontend answers an overload
+// with by default (529, no standard code), which a gateway may be
+// configured to answer in place of 429.
+const StatusSiteOverloaded = 529
 
 // StatusClientClosedRequest is the status answered for a client that went
 // away before its answer (the nginx convention, no standard code).

@@ -215,6 +215,17 @@ type Config struct {
 	// QueueLimit is the most requests one model may have waiting; one more is
 	// ErrOverloaded. >= 0; 0 means 1024.
 	QueueLimit int
+	// Classes are fair admission's policy classes (see Class): each
+	// request belongs to one (Request.Class), and within a strict tier the
+	// admission queue serves the classes that wait by deficit round robin,
+	// in proportion to their weights, and each class earliest deadline
+	// first. A class's limits and deadline hold with or without queueing.
+	// At most MaxClasses. Default none: one queue ordered by
+	// Request.Priority.
+	Classes []Class
+	// DefaultClass names the class of a request whose Class is empty or
+	// names no class. Default: the first of Classes.
+	DefaultClass string
 
 	// FailureEjection is how long MarkFailed takes a worker out of the picks
 	// (a gateway saw it refuse connections or fail requests). >= 0; 0 means
@@ -441,6 +452,7 @@ func (c Config) Validate() error {
 	if c.Predictive.BalanceWindow < time.Second {
 		bad("Predictive.BalanceWindow is %v, want >= 1s", c.Predictive.BalanceWindow)
 	}
+	classProblems(c.Classes, c.DefaultClass, bad)
 	c.FeedTrust.validate(bad)
 	c.Sessions.validate(bad)
 	if len(errs) == 0 {

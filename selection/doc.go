@@ -37,8 +37,15 @@
 // through four small interfaces it implements (no registry): a Filter (which
 // workers may serve a request), a CostTerm (a price the built-in cost cannot
 // see), a Picker (the choice among the scored candidates) and a Classifier
-// (admission: refuse, or set the priority). docs/POLICY.md says where each
-// runs in a decision and what it costs.
+// (admission: refuse, or set the priority, the policy class and the
+// deadline). docs/POLICY.md says where each runs in a decision and what it
+// costs.
+//
+// Fair admission shares the admission queue between policy classes
+// (Config.Classes, Request.Class): strict tiers, deficit round robin across
+// the classes that wait by weight, earliest deadline first within a class,
+// and per-class queue and in-flight limits (ErrAdmission); docs/POLICY.md,
+// "Fair admission".
 //
 // docs/SELECTION.md has how a decision is made: the request path, the cost
 // formulas, sparse decisions, admission, sessions, approximate mode, feed

@@ -32,6 +32,12 @@ var (
 	// ErrRefused: the policy's Classifier refused the request; RefusalReason
 	// names its reason (429).
 	ErrRefused = errors.New("selection: refused by the classifier")
+	// ErrAdmission: fair admission refused the request (429): its policy
+	// class is at its queue or in-flight limit, or its deadline passed
+	// while it waited; RefusalReason names which and the class
+	// ("class_queue_full:batch", "class_inflight_full:batch",
+	// "deadline:interactive").
+	ErrAdmission = errors.New("selection: not admitted")
 	// ErrPolicy: a policy seam broke its contract (a cost term's value that
 	// is not finite, a picker's index out of range, a classifier's invalid
 	// priority): a bug in the seam, not in the request (500).
@@ -49,7 +55,7 @@ var (
 
 // HTTPStatus returns the HTTP status code for an error returned by this package
 // (and by the packages it wraps): 400 bad request, 404 not found, 409 conflict, 429
-// overloaded or refused, 503 not ready / no endpoints / closed, 504 for a deadline that
+// overloaded, refused or not admitted, 503 not ready / no endpoints / closed, 504 for a deadline that
 // passed, 499 (nginx's "client closed request") for a cancellation, and 500 for
 // anything else. A nil error is 200.
 func HTTPStatus(err error) int {
@@ -65,7 +71,7 @@ func HTTPStatus(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, ErrConflict), errors.Is(err, reservation.ErrConflict), errors.Is(err, catalog.ErrDuplicateID):
 		return http.StatusConflict
-	case errors.Is(err, ErrOverloaded), errors.Is(err, ErrRefused):
+	case errors.Is(err, ErrOverloaded), errors.Is(err, ErrRefused), errors.Is(err, ErrAdmission):
 		return http.StatusTooManyRequests
 	case errors.Is(err, ErrNotReady), errors.Is(err, ErrNoEndpoints), errors.Is(err, ErrClosed):
 		return http.StatusServiceUnavailable

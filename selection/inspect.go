@@ -206,9 +206,15 @@ type Stats struct {
 	// refused (ErrRefused).
 	ClassifierRefusals uint64
 	// PolicyFullScans counts the decisions that would have been sparse but
-	// took the full scan because a filter, a picker or a cost term without
-	// a scope is set (docs/POLICY.md).
+	// took the full scan because a picker, or a filter or a cost term
+	// without a scope, is set (docs/POLICY.md).
 	PolicyFullScans uint64
+	// Classes is each policy class's figures (Config.Classes), by name;
+	// nil without classes.
+	Classes map[string]ClassStats
+	// DeadlineRefused counts the requests refused because their deadline
+	// passed while they waited (RefusedDeadline), with or without classes.
+	DeadlineRefused uint64
 	// Ledger is the reservation ledger's own snapshot.
 	Ledger reservation.Stats
 	// Calibration is the ledger's fit of the bookings' times to first
@@ -243,6 +249,7 @@ func (s *SelectionService) Stats() Stats {
 		SessionsEvicted: s.st.sessionsEvicted.Load(), SessionsExpired: s.st.sessionsExpired.Load(),
 		Moves:    s.st.moves.Load(),
 		Filtered: s.pol.filteredStats(), ClassifierRefusals: s.pol.refusedStats(), PolicyFullScans: s.st.policyFullScans.Load(),
+		Classes: s.classes.stats(), DeadlineRefused: s.st.deadlineRefused.Load(),
 		WorkerRefusals: map[string]uint64{
 			RefusedTooManyRanks: s.st.refusedRanks.Load(),
 			RefusedInvalid:      s.st.refusedInvalid.Load(),

@@ -376,56 +376,262 @@ func (p *partition) waitChan() <-chan struct{} {
 
 // waiter is a request in the admission queue.
 type waiter struct {
-	tier  int
-	score float64
-	seq   uint64
-	index int // position in the heap, -1 when not queued
+	tier     int
+	class    int32   // its class's index (0 without classes)
+	cost     float64 // its deficit round robin cost: uncached prompt tokens, >= 1
+	deadline int64   // unix nanos on the service's clock; noDeadline: none
+	score    float64 // its order within its class after the deadline (higher first)
+	seq      uint64
+	index    int // position in its lane's heap, -1 when not queued
+	lane     *lane
+	// expired: another request's look at the queue took it out at its
+	// deadline (see waitQueue.expire); it is refused when it wakes.
+	expired bool
 }
 
-// waitQueue is a max-heap: higher strict tier first, then higher score, then
-// earlier enqueue.
-type waitQueue []*waiter
+// waitQueue is a model's admission queue: strict tiers, highest first;
+// within a tier a deficit round robin across the classes that have waiters
+// (a lane each), by their quanta; within a lane the earliest deadline first,
+// then the higher score (Config.QueuePolicy), then the earlier arrival.
+// Without classes every waiter is in class 0, one lane a tier, and the order
+// is the tiers' then the score's, as before classes. It is guarded by the
+// partition's mu; head changes the round robin's state, so it needs mu
+// exclusively.
+type waitQueue struct {
+	n         int
+	deadlines int          // waiters with a deadline
+	tiers     []*tierQueue // highest tier first
+	perClass  []int        // waiters by class
+}
 
-func (q waitQueue) Len() int { return len(q) }
-func (q waitQueue) Less(i, j int) bool {
-	a, b := q[i], q[j]
-	if a.tier != b.tier {
-		return a.tier > b.tier
+// tierQueue is one strict tier: its lanes with waiters, in round robin
+// order. pos is the lane whose turn it is; credited: it has had its quantum
+// this turn.
+type tierQueue struct {
+	tier     int
+	ring     []*lane
+	pos      int
+	credited bool
+	lanes    map[int32]*lane // every lane of the tier, empty ones included
+}
+
+// lane is one class's waiters in one tier, a heap by deadline, score and
+// arrival, with the class's deficit.
+type lane struct {
+	t       *tierQueue
+	class   int32
+	quantum float64
+	deficit float64
+	inRing  bool
+	heap    []*waiter
+}
+
+func (q *waitQueue) Len() int { return q.n }
+
+// classWaiting is how many waiters of class c the queue holds.
+func (q *waitQueue) classWaiting(c int32) int {
+	if int(c) < len(q.perClass) {
+		return q.perClass[c]
+	}
+	return 0
+}
+
+// push queues w in its tier's lane of its class (quantum: the class's).
+func (q *waitQueue) push(w *waiter, quantum float64) {
+	var t *tierQueue
+	i := 0
+	for ; i < len(q.tiers); i++ {
+		if q.tiers[i].tier == w.tier {
+			t = q.tiers[i]
+			break
+		}
+		if q.tiers[i].tier < w.tier {
+			break
+		}
+	}
+	if t == nil {
+		t = &tierQueue{tier: w.tier, lanes: make(map[int32]*lane, 1)}
+		q.tiers = append(q.tiers, nil)
+		copy(q.tiers[i+1:], q.tiers[i:])
+		q.tiers[i] = t
+	}
+	l := t.lanes[w.class]
+	if l == nil {
+		l = &lane{t: t, class: w.class, quantum: quantum}
+		t.lanes[w.class] = l
+	}
+	w.lane = l
+	heap.Push((*laneHeap)(l), w)
+	if !l.inRing {
+		// A lane that starts waiting joins at the end of the round: just
+		// before the lane whose turn it is. A lane that was alone, served
+		// without the round robin, starts its turn afresh.
+		l.inRing, l.deficit = true, 0
+		if len(t.ring) == 1 {
+			t.ring[0].deficit, t.credited = 0, false
+		}
+		t.ring = append(t.ring, nil)
+		copy(t.ring[t.pos+1:], t.ring[t.pos:])
+		t.ring[t.pos] = l
+		if len(t.ring) > 1 {
+			t.pos++
+		}
+	}
+	q.n++
+	if w.deadline != noDeadline {
+		q.deadlines++
+	}
+	for int(w.class) >= len(q.perClass) {
+		q.perClass = append(q.perClass, 0)
+	}
+	q.perClass[w.class]++
+}
+
+// head returns the waiter to admit next (nil when none): the top tier's
+// round robin turn. It credits the lane whose turn it is once per turn, and
+// passes the turn on while the lane's next waiter costs more than its
+// deficit; when a whole round passes that way, it adds at once the rounds
+// every lane would still wait, so a request far larger than its quantum
+// costs one more round, not one per quantum.
+func (q *waitQueue) head() *waiter {
+	if q.n == 0 {
+		return nil
+	}
+	t := q.tiers[0]
+	if len(t.ring) == 1 {
+		return t.ring[0].heap[0]
+	}
+	for passed := 0; ; {
+		l := t.ring[t.pos]
+		if !t.credited {
+			l.deficit += l.quantum
+			t.credited = true
+		}
+		if w := l.heap[0]; w.cost <= l.deficit {
+			return w
+		}
+		t.credited = false
+		t.pos = (t.pos + 1) % len(t.ring)
+		if passed++; passed == len(t.ring) {
+			// Every lane was credited once and none could admit: skip the
+			// empty rounds before the first that can.
+			rounds := math.Inf(1)
+			for _, l := range t.ring {
+				rounds = math.Min(rounds, math.Ceil((l.heap[0].cost-l.deficit)/l.quantum))
+			}
+			if rounds > 1 {
+				for _, l := range t.ring {
+					l.deficit += (rounds - 1) * l.quantum
+				}
+			}
+			passed = 0
+		}
+	}
+}
+
+// remove takes w out of the queue, if it is queued. admitted: w is the head
+// being admitted, whose cost its lane's deficit pays.
+func (q *waitQueue) remove(w *waiter, admitted bool) {
+	if w.index < 0 {
+		return
+	}
+	l, t := w.lane, w.lane.t
+	if admitted {
+		// A lane alone in its tier is served without the round robin, and
+		// owes nothing when another joins.
+		if len(t.ring) > 1 {
+			l.deficit -= w.cost
+		} else {
+			l.deficit = 0
+		}
+	}
+	heap.Remove((*laneHeap)(l), w.index)
+	q.n--
+	if w.deadline != noDeadline {
+		q.deadlines--
+	}
+	q.perClass[w.class]--
+	if len(l.heap) > 0 {
+		return
+	}
+	// The lane is empty: it leaves the round and forgets its deficit.
+	i := slices.Index(t.ring, l)
+	t.ring = slices.Delete(t.ring, i, i+1)
+	l.inRing, l.deficit = false, 0
+	switch {
+	case i < t.pos:
+		t.pos--
+	case i == t.pos:
+		t.credited = false
+	}
+	if t.pos >= len(t.ring) {
+		t.pos = 0
+	}
+	if len(t.ring) == 0 {
+		ti := slices.Index(q.tiers, t)
+		q.tiers = slices.Delete(q.tiers, ti, ti+1)
+	}
+}
+
+// expire takes out every waiter whose deadline is at or before now, marking
+// it expired, and reports whether it took any. Each lane's earliest
+// deadline is its top, so this looks at one waiter a lane.
+func (q *waitQueue) expire(now int64) bool {
+	if q.deadlines == 0 {
+		return false
+	}
+	took := false
+	for ti := 0; ti < len(q.tiers); {
+		t := q.tiers[ti]
+		for li := 0; li < len(t.ring); {
+			l := t.ring[li]
+			for len(l.heap) > 0 && l.heap[0].deadline <= now {
+				w := l.heap[0]
+				w.expired, took = true, true
+				q.remove(w, false) // the last one takes l out of the ring
+			}
+			if l.inRing {
+				li++
+			}
+		}
+		if ti < len(q.tiers) && q.tiers[ti] == t {
+			ti++
+		}
+	}
+	return took
+}
+
+// laneHeap orders a lane's waiters: earliest deadline, then higher score,
+// then earlier arrival.
+type laneHeap lane
+
+func (h *laneHeap) Len() int { return len(h.heap) }
+func (h *laneHeap) Less(i, j int) bool {
+	a, b := h.heap[i], h.heap[j]
+	if a.deadline != b.deadline {
+		return a.deadline < b.deadline
 	}
 	if a.score != b.score {
 		return a.score > b.score
 	}
 	return a.seq < b.seq
 }
-func (q waitQueue) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].index, q[j].index = i, j
+func (h *laneHeap) Swap(i, j int) {
+	h.heap[i], h.heap[j] = h.heap[j], h.heap[i]
+	h.heap[i].index, h.heap[j].index = i, j
 }
-func (q *waitQueue) Push(x any) {
+func (h *laneHeap) Push(x any) {
 	w := x.(*waiter)
-	w.index = len(*q)
-	*q = append(*q, w)
+	w.index = len(h.heap)
+	h.heap = append(h.heap, w)
 }
-func (q *waitQueue) Pop() any {
-	old := *q
+func (h *laneHeap) Pop() any {
+	old := h.heap
 	w := old[len(old)-1]
 	old[len(old)-1] = nil
-	*q = old[:len(old)-1]
+	h.heap = old[:len(old)-1]
 	w.index = -1
 	return w
-}
-
-func (q *waitQueue) remove(w *waiter) {
-	if w.index >= 0 {
-		heap.Remove(q, w.index)
-	}
-}
-
-func (q waitQueue) head() *waiter {
-	if len(q) == 0 {
-		return nil
-	}
-	return q[0]
 }
 
 // eject takes worker out of the picks until until; a later end wins.

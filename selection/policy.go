@@ -28,6 +28,10 @@ import (
 // terms and the picker run under the model's lock when queueing is on
 // (Config.QueueThreshold): they must be quick, must not block and must not
 // call the service. The Classifier runs before any lock.
+//
+// A filter that is not a ScopedFilter turns the sparse decision off: every
+// decision then takes the full scan (Stats.PolicyFullScans counts those it
+// costs).
 type Filter interface {
 	// Admit reports whether c may serve req.
 	Admit(ctx context.Context, req *Request, c *Scored) bool
@@ -124,14 +128,20 @@ type Admission struct {
 	// (a short token: lower-case letters, digits, _ and -; capitals are
 	// lowered, other characters become _, and it is cut at 64 bytes).
 	Refuse string
+	// Class, when not empty, replaces the request's policy class
+	// (Request.Class, Config.Classes); empty keeps it.
+	Class string
+	// Deadline, when not zero, replaces the request's deadline
+	// (Request.Deadline); zero keeps it.
+	Deadline time.Time
 }
 
 // Filter adds a filter (see Filter) named name: the reason its exclusions
 // are counted under (Stats.Filtered) and, when it excludes every candidate
 // left, the reason the request is refused with (ErrNoEndpoints, its
 // RefusalReason "filtered:" + name). name is a short token (lower-case
-// letters, digits, _ and -), one per filter. A filter turns the sparse
-// decision off.
+// letters, digits, _ and -), one per filter. A filter that is not a
+// ScopedFilter turns the sparse decision off.
 func (b *SelectionServiceBuilder) Filter(name string, f Filter) *SelectionServiceBuilder {
 	b.filters = append(b.filters, namedFilter{name, f})
 	return b
@@ -222,8 +232,8 @@ type policy struct {
 	terms      []termSeam
 	picker     Picker
 	classifier Classifier
-	// fullScan: a filter, the picker or a term without a scope is set, so
-	// no decision is sparse
+	// fullScan: a filter or a term without a scope, or the picker, is
+	// set, so no decision is sparse
 	fullScan bool
 	refused  atomic.Uint64 // the Classifier's refusals
 }
@@ -231,6 +241,7 @@ type policy struct {
 type filterSeam struct {
 	name, reason string // reason: "filtered:" + name
 	f            Filter
+	scope        ScopedFilter // f's scope; nil when it has none
 	excluded     atomic.Uint64
 }
 
@@ -249,11 +260,15 @@ func newPolicy(o *SelectionServiceBuilder) *policy {
 	pol := &policy{
 		filters: make([]filterSeam, len(o.filters)), terms: make([]termSeam, len(o.terms)),
 		picker: o.picker, classifier: o.classifier,
-		fullScan: len(o.filters) > 0 || o.picker != nil,
+		fullScan: o.picker != nil,
 	}
 	for i, f := range o.filters {
 		fs := &pol.filters[i]
 		fs.name, fs.reason, fs.f = f.name, RefusedFiltered+":"+f.name, f.f
+		fs.scope, _ = f.f.(ScopedFilter)
+		if fs.scope == nil {
+			pol.fullScan = true
+		}
 	}
 	for i, t := range o.terms {
 		ts := &pol.terms[i]
@@ -317,6 +332,12 @@ func (pol *policy) begin(ctx context.Context, req *Request, decision bool) (*pol
 		return ps, fmt.Errorf("%w: the classifier set Priority.Jump %v, want a finite value >= 0", ErrPolicy, j)
 	}
 	req.Priority, ps.req.Priority = adm.Priority, adm.Priority
+	if adm.Class != "" {
+		req.Class, ps.req.Class = adm.Class, adm.Class
+	}
+	if !adm.Deadline.IsZero() {
+		req.Deadline, ps.req.Deadline = adm.Deadline, adm.Deadline
+	}
 	return ps, nil
 }
 

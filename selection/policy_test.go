@@ -439,6 +439,9 @@ func TestSeamsAndTheSparseDecision(t *testing.T) {
 		{"filter", func(b *SelectionServiceBuilder) {
 			b.Filter("all", FilterFunc(func(context.Context, *Request, *Scored) bool { return true }))
 		}, true},
+		{"scoped-filter", func(b *SelectionServiceBuilder) {
+			b.Filter("w3", &tableFilter{workers: map[string]bool{"w3": true}, mode: AdmitsOnly})
+		}, false},
 		{"picker", func(b *SelectionServiceBuilder) {
 			b.Picker(PickerFunc(func(_ context.Context, _ *Request, cs []Scored) int {
 				return slices.IndexFunc(cs, func(c Scored) bool { return c.WorkerID == "w3" })
@@ -462,7 +465,7 @@ func TestSeamsAndTheSparseDecision(t *testing.T) {
 			}
 			res, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(64, 1)})
 			require.NoError(t, err)
-			if tc.name == "scoped-term" || tc.name == "unscoped-term" || tc.name == "picker" {
+			if tc.name == "scoped-term" || tc.name == "unscoped-term" || tc.name == "picker" || tc.name == "scoped-filter" {
 				require.Equal(t, "w3", res.WorkerID)
 			}
 			want := uint64(0)
@@ -539,14 +542,26 @@ func TestPolicyConcurrent(t *testing.T) {
 // seams, none-p50-ns without, x-none their ratio. workers=64 is
 // BenchmarkSelectAndReserve's fleet (the full scan, the predictive cost);
 // ranks=N is BenchmarkSelectAndReserveFleet's, where a decision is sparse
-// without seams: a scoped term keeps it sparse, a filter (or a term without a
-// scope) takes the full scan.
+// without seams: a scoped term and scoped filters keep it sparse, a filter
+// (or a term) without a scope takes the full scan. scoped-filter+term is a
+// RefusesOnly filter naming 2 workers (16 ranks) and a scoped term;
+// admits-only+term an AdmitsOnly filter naming 16 workers (128 ranks: an
+// adapter's holders) and a scoped term. ranks=N/alternating/... alternates
+// the same seams between the 64-rank fleet and the N-rank one instead:
+// x-ranks64 is the ratio of their p50s (the bar: within 2x).
 func BenchmarkPolicySeams(b *testing.B) {
 	filter := FilterFunc(func(_ context.Context, _ *Request, c *Scored) bool { return c.Labels["taint"] == "" })
 	term := CostTermFunc(func(_ context.Context, _ *Request, c *Scored) float64 { return 0.01 * float64(c.ActiveRequests) })
 	scoped := &tableTerm{price: map[string]float64{"w00001": -1, "w00002": 1, "w001": -1, "w002": 1}}
+	tainted := &tableFilter{workers: map[string]bool{"w00003": true, "w00004": true}, mode: RefusesOnly, cond: 3}
+	holders := &tableFilter{workers: map[string]bool{}, mode: AdmitsOnly}
+	for w := range 16 {
+		holders.workers[fmt.Sprintf("w%05d", 7*w)] = true
+	}
 	filterTerm := func(x *SelectionServiceBuilder) { x.Filter("taint", filter).CostTerm("load", term) }
 	scopedTerm := func(x *SelectionServiceBuilder) { x.CostTerm("table", scoped) }
+	scopedFilterTerm := func(x *SelectionServiceBuilder) { x.Filter("taint", tainted).CostTerm("table", scoped) }
+	admitsOnlyTerm := func(x *SelectionServiceBuilder) { x.Filter("lora", holders).CostTerm("table", scoped) }
 	type fleet struct {
 		s       *SelectionService
 		prompts [][]uint32
@@ -560,6 +575,8 @@ func BenchmarkPolicySeams(b *testing.B) {
 		{"workers=64/filter+term", 64, false, filterTerm},
 		{"ranks=4096/scoped-term", 4096, true, scopedTerm},
 		{"ranks=4096/filter+term", 4096, true, filterTerm},
+		{"ranks=4096/scoped-filter+term", 4096, true, scopedFilterTerm},
+		{"ranks=4096/admits-only+term", 4096, true, admitsOnlyTerm},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			var none, with fleet
@@ -588,6 +605,30 @@ func BenchmarkPolicySeams(b *testing.B) {
 			b.ReportMetric(float64(pn.Nanoseconds()), "none-p50-ns")
 			b.ReportMetric(float64(pw)/float64(pn), "x-none")
 			b.ReportMetric(float64(with.s.Stats().PolicyFullScans)/float64(len(times[1])), "full-scans/op")
+		})
+	}
+	for _, bc := range []struct {
+		name  string
+		seams func(*SelectionServiceBuilder)
+	}{
+		{"scoped-filter+term", scopedFilterTerm},
+		{"admits-only+term", admitsOnlyTerm},
+	} {
+		b.Run("ranks=4096/alternating/"+bc.name, func(b *testing.B) {
+			small, big := buildBenchFleet(b, 64, bc.seams), buildBenchFleet(b, 4096, bc.seams)
+			small.s.scan, big.s.scan = scanAuto, scanAuto
+			b.Cleanup(func() { _ = small.s.Close(); _ = big.s.Close() })
+			ctx := context.Background()
+			ids := benchIDs("a")
+			once := func(f *fleetBench) func(int) time.Duration {
+				return func(i int) time.Duration { return bookFree(ctx, b, f.s, ids[i%len(ids)], f.prompts[i%len(f.prompts)]) }
+			}
+			times := interleaved(b, once(small), once(big))
+			ps, pb := median(times[0]), median(times[1])
+			b.ReportMetric(float64(pb.Nanoseconds()), "p50-ns")
+			b.ReportMetric(float64(ps.Nanoseconds()), "ranks64-p50-ns")
+			b.ReportMetric(float64(pb)/float64(ps), "x-ranks64")
+			b.ReportMetric(float64(big.s.Stats().PolicyFullScans)/float64(len(times[1])), "full-scans/op")
 		})
 	}
 }

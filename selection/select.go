@@ -1,7 +1,6 @@
 package selection
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -55,6 +54,17 @@ type Request struct {
 	// Priority orders the request while it waits for capacity (a policy
 	// Classifier may replace it).
 	Priority Priority
+	// Class names the request's policy class (Config.Classes): its weight,
+	// tier, limits and default deadline. Empty or unknown: the default class
+	// (Config.DefaultClass). Unused without classes. A policy Classifier
+	// may replace it.
+	Class string
+	// Deadline, when not zero, is when the request must have left the
+	// admission queue, on the service's clock: one still waiting then is
+	// refused (ErrAdmission, RefusalReason "deadline:<class>"), and within
+	// its class the earliest deadline is admitted first. Zero: its class's
+	// Deadline after it arrives, if any. A policy Classifier may replace it.
+	Deadline time.Time
 	// ExpectedOutputTokens is recorded with the booking. >= 0.
 	ExpectedOutputTokens int
 	// SessionID names the conversation or agent run the request belongs to
@@ -139,6 +149,8 @@ type prepared struct {
 	pin      catalog.WorkerRank
 	pinned   bool           // the session has a live pin, pin
 	pol      *policyScratch // the policy seams' (policy.go); nil without them
+	class    int32          // the request's class (Config.Classes; 0 without)
+	deadline time.Time      // Request.Deadline
 }
 
 var preparedPool = sync.Pool{New: func() any { return new(prepared) }}
@@ -278,8 +290,27 @@ func (s *SelectionService) decide(ctx context.Context, req *Request, reserve boo
 		}
 		return Result{}, err
 	}
-	pr.pol = ps
+	pr.pol, pr.deadline = ps, req.Deadline
 	defer pr.release()
+	if cs := s.classes; cs != nil {
+		c := cs.of(req.Class)
+		if !cs.hold(c) {
+			st := &cs.classes[c]
+			err = &refusal{st.inflightFull, fmt.Errorf("%w: class %q has %d requests in flight (its InFlightLimit)", ErrAdmission, st.Name, st.InFlightLimit)}
+			if span != nil {
+				span.End(nil, err)
+			}
+			return Result{}, err
+		}
+		pr.class = c
+		defer func() {
+			if err != nil {
+				cs.unhold(c)
+				return
+			}
+			cs.admit(c, res.ReservationID, reserve)
+		}()
+	}
 	if span != nil {
 		defer func() {
 			if err != nil {
@@ -383,24 +414,49 @@ func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *p
 	p.inflight.Add(1)
 	defer p.inflight.Add(-1)
 	start := s.now()
+	deadline := int64(noDeadline)
+	switch {
+	case !pr.deadline.IsZero():
+		deadline = pr.deadline.UnixNano()
+	case s.classes != nil && s.classes.classes[pr.class].Deadline > 0:
+		deadline = start.Add(s.classes.classes[pr.class].Deadline).UnixNano()
+	}
 	var w *waiter
+	var timer *time.Timer // wakes a waiter with a deadline at it
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for {
 		wake := p.waitChan() // taken before evaluating: no wake-up can be lost
 		p.mu.Lock()
 		sc.refresh(p)
 		pr.w.forRanks(len(sc.rs.ranks))
 		if s.closed.Load() {
-			s.leaveQueueLocked(p, w)
+			s.leaveQueueLocked(p, w, false)
 			p.mu.Unlock()
 			return Result{}, ErrClosed
+		}
+		now := s.now().UnixNano()
+		// Every waiter whose deadline has passed leaves the queue before
+		// anyone looks at its head (the round robin's turns do not depend
+		// on who looks first); they are woken to leave.
+		expired := p.queue.expire(now)
+		if w != nil && w.expired {
+			// Its own deadline passed while it waited.
+			s.leaveQueueLocked(p, w, false)
+			p.mu.Unlock()
+			p.signal()
+			return Result{}, s.lateRefusal(pr)
 		}
 		ev, err := s.evaluate(p, pr, sc)
 		if err != nil {
 			// Leaving as the head must wake the next waiter: nothing else may.
 			wasHead := w != nil && p.queue.head() == w
-			s.leaveQueueLocked(p, w)
+			s.leaveQueueLocked(p, w, false)
 			p.mu.Unlock()
-			if wasHead {
+			if wasHead || expired {
 				p.signal()
 			}
 			return Result{}, err
@@ -408,10 +464,10 @@ func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *p
 		if !ev.allBusy && (p.queue.Len() == 0 || p.queue.head() == w) {
 			res, err := s.commit(p, pr, ev, true, false)
 			// Admitted or failed, the request is done waiting.
-			s.leaveQueueLocked(p, w)
+			s.leaveQueueLocked(p, w, err == nil)
 			more := p.queue.Len() > 0
 			p.mu.Unlock()
-			if more {
+			if more || expired {
 				p.signal() // the next head may fit too
 			}
 			if err != nil {
@@ -424,39 +480,95 @@ func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *p
 			s.decided(pr, ev, &res, true, wait)
 			return res, nil
 		}
-		kick := false
+		kick, joined := expired, false
 		if w == nil {
 			if p.queue.Len() >= s.cfg.QueueLimit {
 				p.mu.Unlock()
+				if expired {
+					p.signal()
+				}
 				s.st.queueRejected.Add(1)
 				return Result{}, fmt.Errorf("%w: model %q has %d requests waiting", ErrOverloaded, pr.model, p.queue.Len())
 			}
+			quantum := 1.0
+			if cs := s.classes; cs != nil {
+				c := &cs.classes[pr.class]
+				if c.QueueLimit > 0 && p.queue.classWaiting(pr.class) >= c.QueueLimit {
+					p.mu.Unlock()
+					if expired {
+						p.signal()
+					}
+					c.refusedQueue.Add(1)
+					return Result{}, &refusal{c.queueFull, fmt.Errorf("%w: class %q has %d requests waiting for model %q (its QueueLimit)", ErrAdmission, c.Name, c.QueueLimit, pr.model)}
+				}
+				quantum = c.quantum
+				c.waiting.Add(1)
+			}
 			p.seq++
-			w = &waiter{tier: pr.priority.Tier, score: s.queueScore(p, pr, ev, start), seq: p.seq}
-			heap.Push(&p.queue, w)
+			w = &waiter{
+				tier: pr.priority.Tier, class: pr.class, cost: math.Max(1, float64(ev.bestPrefill)),
+				deadline: deadline, score: s.queueScore(p, pr, ev, start), seq: p.seq,
+			}
+			if s.classes != nil {
+				w.tier = s.classes.classes[pr.class].Tier
+			}
+			p.queue.push(w, quantum)
 			s.st.queued.Add(1)
+			joined = true
 			// Capacity exists but others wait ahead: make sure the head looks
 			// (once, when joining; later looks come from capacity changes).
-			kick = !ev.allBusy
+			kick = kick || !ev.allBusy
 		}
 		p.mu.Unlock()
 		if kick {
 			p.signal()
 		}
+		if joined && testHookQueued != nil {
+			testHookQueued()
+		}
+		var timeout <-chan time.Time
+		if deadline != noDeadline {
+			left := time.Duration(deadline - s.now().UnixNano())
+			if timer == nil {
+				timer = time.NewTimer(max(left, 0))
+			} else {
+				timer.Reset(max(left, 0))
+			}
+			timeout = timer.C
+		}
 		select {
 		case <-ctx.Done():
 			p.mu.Lock()
-			wasHead := p.queue.head() == w
-			s.leaveQueueLocked(p, w)
+			expired := p.queue.expire(s.now().UnixNano())
+			wasHead := w.index >= 0 && p.queue.head() == w
+			s.leaveQueueLocked(p, w, false)
 			p.mu.Unlock()
-			if wasHead {
+			if wasHead || expired {
 				p.signal()
 			}
 			s.st.queueCanceled.Add(1)
 			return Result{}, fmt.Errorf("selection: request withdrawn from the queue of model %q: %w", pr.model, ctx.Err())
 		case <-wake:
+		case <-timeout:
 		}
 	}
+}
+
+// testHookQueued, when set by a test, runs when a request has joined the
+// admission queue, before it first waits.
+var testHookQueued func()
+
+// lateRefusal is the refusal of a request whose deadline passed while it
+// waited.
+func (s *SelectionService) lateRefusal(pr *prepared) error {
+	s.st.deadlineRefused.Add(1)
+	cs := s.classes
+	if cs == nil {
+		return &refusal{RefusedDeadline, fmt.Errorf("%w: the request's deadline passed while it waited for model %q", ErrAdmission, pr.model)}
+	}
+	c := &cs.classes[pr.class]
+	c.refusedLate.Add(1)
+	return &refusal{c.late, fmt.Errorf("%w: the request's deadline passed while it waited for model %q (class %q)", ErrAdmission, pr.model, c.Name)}
 }
 
 // decided completes a successful decision's result and reports it.
@@ -473,9 +585,16 @@ func (s *SelectionService) decided(pr *prepared, ev *evaluation, res *Result, re
 	s.rec.Selected(pr.model, pr.decision)
 }
 
-func (s *SelectionService) leaveQueueLocked(p *partition, w *waiter) {
-	if w != nil {
-		p.queue.remove(w)
+// leaveQueueLocked takes w (nil: none) out of p's queue, unless the queue's
+// expire took it out already; admitted: it is the head, admitted. Each
+// waiter leaves once.
+func (s *SelectionService) leaveQueueLocked(p *partition, w *waiter, admitted bool) {
+	if w == nil {
+		return
+	}
+	p.queue.remove(w, admitted)
+	if s.classes != nil {
+		s.classes.classes[w.class].waiting.Add(-1)
 	}
 }
 
@@ -518,6 +637,18 @@ const (
 	// (ErrRefused); RefusalReason appends its reason
 	// ("classifier:batch_closed").
 	RefusedClassifier = "classifier"
+	// RefusedClassQueueFull: the request's policy class has its
+	// Class.QueueLimit requests waiting for the model (ErrAdmission);
+	// RefusalReason appends the class ("class_queue_full:batch").
+	RefusedClassQueueFull = "class_queue_full"
+	// RefusedClassInFlightFull: the request's policy class holds its
+	// Class.InFlightLimit requests (ErrAdmission); RefusalReason appends the
+	// class ("class_inflight_full:batch").
+	RefusedClassInFlightFull = "class_inflight_full"
+	// RefusedDeadline: the request's deadline passed while it waited in the
+	// admission queue (ErrAdmission); RefusalReason appends its class
+	// ("deadline:interactive"; "deadline" alone without classes).
+	RefusedDeadline = "deadline"
 )
 
 // refusal is a routing refusal with its reason (RefusalReason).
@@ -532,7 +663,8 @@ func (r *refusal) Unwrap() error { return r.err }
 // RefusalReason names why err refused a request that could not be routed
 // (the Refused constants: unknown model, no schedulable worker and the first
 // reason why, none of the allowed workers, a full queue, a closed service, a
-// filter that left no candidate, the classifier's refusal);
+// filter that left no candidate, the classifier's refusal, a class's full
+// queue or in-flight limit, a deadline passed in the queue);
 // "" for any other error and for nil. A gateway puts it in its answer's body
 // and its metric label, so that a 503 says which of these it is.
 func RefusalReason(err error) string {

@@ -39,6 +39,8 @@ type SelectionService struct {
 	scan   scanMode        // tests force the full scan or the sparse decision
 	obs    BookingObserver // nil: no replication
 	pol    *policy         // the policy seams; nil: none (policy.go)
+	// classes is fair admission's policy classes; nil: none (classes.go)
+	classes *classSet
 
 	cat    *catalog.Catalog
 	ledger *reservation.Ledger
@@ -96,6 +98,7 @@ type serviceCounters struct {
 	sessionHits, sessionMoves, sessionsEvicted, sessionsExpired, moves                       atomic.Uint64
 	queueWaitNanos                                                                           atomic.Int64
 	spread, policyFullScans                                                                  atomic.Uint64
+	deadlineRefused                                                                          atomic.Uint64
 	// refusedRanks and refusedInvalid count Workers().Upsert's refusals
 	// (WorkerRefusals).
 	refusedRanks, refusedInvalid atomic.Uint64
@@ -114,6 +117,7 @@ func newService(o *SelectionServiceBuilder) (*SelectionService, error) {
 		trust:      cfg.FeedTrust.normalized(),
 		health:     make(map[catalog.WorkerRank]*rankHealth),
 		pol:        newPolicy(o),
+		classes:    newClassSet(cfg.Classes, cfg.DefaultClass),
 	}
 	s.cat = catalog.New(catalog.Options{
 		Requirements: catalog.Requirements{KVEvents: cfg.UseKVEvents && !external && bind == "", Queueing: cfg.QueueThreshold != nil, Endpoints: cfg.Endpoints},
@@ -522,7 +526,9 @@ func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
 	if p.dropMember(id) {
 		p.settle()
 	}
-	s.ledger.RemoveWorker(id)
+	if s.ledger.RemoveWorker(id) > 0 {
+		s.classes.prune(s.ledger)
+	}
 }
 
 // Delete removes a worker: nothing routes to it any more, its event sources

@@ -33,6 +33,7 @@ func (view Reservations) Free(id reservation.ID) error {
 		return s.settleError(err)
 	}
 	s.st.frees.Add(1)
+	s.classes.settled(id)
 	s.observeSettled(id, SettleFree)
 	if s.healthOn() {
 		s.sampleSettled(id, false)
@@ -68,7 +69,11 @@ func (s *SelectionService) settleError(err error) error {
 // with a fake clock or a disabled sweeper.
 func (view Reservations) Expire() int {
 	s := view.s
-	return s.ledger.Expire(s.now())
+	n := s.ledger.Expire(s.now())
+	if n > 0 {
+		s.classes.prune(s.ledger)
+	}
+	return n
 }
 
 // loadDropped is the ledger's hook: some worker's load went down, so a waiting

@@ -304,6 +304,8 @@ type sparseScratch struct {
 	excl  []int32
 	tiers []coldTier
 	skip  []int32
+	ej    []int32 // with filters, the ejected workers' ranks
+	filt  filterScratch
 }
 
 // touched is a rank the request touches and the index of its load.
@@ -316,8 +318,8 @@ type touched struct{ idx, load int32 }
 // current), no fallbacks asked for (they need
 // the next-cheapest ranks on distinct endpoints: the full scan lists them),
 // no allowed subset (evaluated whole instead, see evaluate) and no policy
-// seam that needs every candidate (a filter, a picker, a cost term without a
-// scope: counted, see fullScanFor).
+// seam that needs every candidate (a picker, a filter or a cost term without
+// a scope: counted, see fullScanFor).
 func (s *SelectionService) sparseOK(pr *prepared, rs *rankSet, matched int) bool {
 	o := rs.order
 	return o != nil && s.scan != scanFull && s.cfg.QueueThreshold == nil &&
@@ -349,8 +351,9 @@ const (
 // request must take the full scan after all. errStale reports a chosen cold
 // rank whose load changed since the order placed it (the order is synced, and
 // the caller decides again); any other error (a cost term's) fails the
-// request. The policy's cost terms, all scoped (sparseOK), touch the ranks
-// of the workers their scopes name.
+// request. The policy's cost terms and filters, all scoped (sparseOK),
+// touch the ranks of the workers their scopes name; so do, with filters, the
+// ejected workers' (see filterSparse).
 func (s *SelectionService) decideSparse(p *partition, pr *prepared, sc *evalScratch) (ev *evaluation, c candidate, pinned, ok bool, err error) {
 	rs := sc.rs
 	n := len(rs.ranks)
@@ -360,18 +363,26 @@ func (s *SelectionService) decideSparse(p *partition, pr *prepared, sc *evalScra
 	sp := &sc.sparse
 	sp.marks.reset(n)
 	excl := sp.excl[:0]
+	// With filters (all scoped: sparseOK), the ejected workers' ranks are
+	// touched: the filters judge them first, as in the full scan
+	// (filterSparse), and ejection comes after.
+	filtering := s.pol != nil && len(s.pol.filters) > 0
+	ej := sp.ej[:0]
 	ejected, nowNanos := p.ejectedAt(s.now)
 	for w, until := range ejected {
 		if until <= nowNanos {
 			continue
 		}
 		for _, i := range rs.byWorker[w] {
-			if _, seen := sp.marks.get(i); !seen {
+			if filtering {
+				ej = append(ej, i)
+			} else if _, seen := sp.marks.get(i); !seen {
 				sp.marks.set(i, -1)
 				excl = append(excl, i)
 			}
 		}
 	}
+	sp.ej = ej
 	ejectedRanks := len(excl)
 	if ejectedRanks == n {
 		return nil, candidate{}, false, false, nil // ejection yields: the full scan says how
@@ -404,6 +415,18 @@ func (s *SelectionService) decideSparse(p *partition, pr *prepared, sc *evalScra
 				add(i)
 			}
 		}
+	}
+	if filtering {
+		s.filterScopes(pr, rs, &sp.filt, add)
+		for _, i := range ej {
+			add(i)
+		}
+	}
+	if s.scan == scanAuto && 4*len(tc) > n {
+		// Scopes naming more than a quarter of the ranks: evaluating them
+		// one by one costs more than the full scan (as for matches).
+		sp.touch, sp.excl, sc.refs = tc, excl, refs
+		return nil, candidate{}, false, false, nil
 	}
 	var distinct int
 	sc.loads, distinct = s.ledger.AppendRequestLoads(sc.loads[:0], refs, pr.active)
@@ -450,9 +473,32 @@ func (s *SelectionService) decideSparse(p *partition, pr *prepared, sc *evalScra
 			}
 		}
 	}
+	if inflight {
+		for k := range cands {
+			c := &cands[k]
+			c.pending = max(0, c.inflight-c.device-c.host-c.disk)
+		}
+	}
+	cold := n - ejectedRanks - len(tc) // the ranks the order prices
+	candidates := n - ejectedRanks
+	if filtering {
+		var yield bool
+		cands, cold, yield, err = s.filterSparse(pr, rs, &sp.filt, cands, cold, ejected, nowNanos)
+		if err != nil || yield {
+			sp.excl = excl
+			return nil, candidate{}, false, !yield, err
+		}
+		for _, t := range tc {
+			sp.marks.set(t.idx, -1)
+		}
+		for k := range cands {
+			sp.marks.set(int32(cands[k].idx), int32(k))
+		}
+		sc.cands, candidates = cands, len(cands)+cold
+	}
 	in := costInput{isl: pr.isl, blockSize: s.cfg.BlockSize}
 	ev = &sc.ev
-	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: n - ejectedRanks, in: in}
+	*ev = evaluation{rs: rs, cands: cands, bestPrefill: math.MaxInt, candidates: candidates, in: in}
 	best1, best2 := math.Inf(1), math.Inf(1)
 	var now time.Time // the cost terms' clock
 	if terms {
@@ -460,12 +506,13 @@ func (s *SelectionService) decideSparse(p *partition, pr *prepared, sc *evalScra
 	}
 	for k := range cands {
 		c := &cands[k]
-		if inflight {
-			c.pending = max(0, c.inflight-c.device-c.host-c.disk)
-		}
 		c.cost = logit(c, in, &pr.w)
 		if terms {
-			if err := s.price(pr, rs, c, nil, now); err != nil {
+			var v *Scored // the filters' view of c, else price makes one
+			if filtering {
+				v = &pr.pol.views[k]
+			}
+			if err := s.price(pr, rs, c, v, now); err != nil {
 				sp.touch, sp.excl = tc, excl
 				return nil, candidate{}, false, true, err
 			}
@@ -474,14 +521,17 @@ func (s *SelectionService) decideSparse(p *partition, pr *prepared, sc *evalScra
 		ev.bestOverlap = max(ev.bestOverlap, c.device)
 		ev.bestPrefill = min(ev.bestPrefill, effectivePrefill(c, pr, &pr.w, s.cfg.BlockSize))
 	}
-	cold := candidate{newBlocks: distinct + pr.private}
+	coldCand := candidate{newBlocks: distinct + pr.private}
 	need := 1
 	if s.detail {
 		need = 2
 	}
 	o := rs.order
 	o.mu.Lock()
-	tiers := o.window(sp.tiers[:0], excl, need, cold, in, &pr.w)
+	tiers := sp.tiers[:0]
+	if cold > 0 { // else an AdmitsOnly filter left every cold rank out
+		tiers = o.window(tiers, excl, need, coldCand, in, &pr.w)
+	}
 	sp.tiers, sp.excl = tiers, excl
 	if len(tiers) > 0 {
 		ev.bestPrefill = min(ev.bestPrefill, pr.isl)
@@ -557,7 +607,7 @@ func (s *SelectionService) decideSparse(p *partition, pr *prepared, sc *evalScra
 		}
 		c = rs.template[coldPick]
 		c.activePrefill, c.activeBlocks, c.activeRequests = coldPt.prefill, coldPt.blocks, coldPt.requests
-		c.newBlocks = cold.newBlocks
+		c.newBlocks = coldCand.newBlocks
 		c.stamp = st
 		c.cost = logit(&c, in, &pr.w)
 	}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -190,7 +191,23 @@ func compareSparse(t *testing.T, s *SelectionService, p *partition, req *Request
 		sc.resolve(p.ranksOf())
 	}
 	ev, err := s.evaluate(p, pr, full)
-	require.NoError(t, err, msg)
+	var fullExcluded []uint64 // what the filters excluded, as Stats.Filtered counts it
+	if ps != nil {
+		fullExcluded = slices.Clone(ps.excluded)
+	}
+	if err != nil {
+		// Only a filter refuses here: the sparse decision refuses the
+		// same way, having counted the same exclusions.
+		require.Equal(t, RefusedFiltered, strings.Split(RefusalReason(err), ":")[0], "%s: %v", msg, err)
+		_, _, _, ok, serr := s.decideSparse(p, pr, sparse)
+		if ok {
+			require.Error(t, serr, msg)
+			require.Equal(t, err.Error(), serr.Error(), msg)
+			require.Equal(t, RefusalReason(err), RefusalReason(serr), msg)
+			require.Equal(t, fullExcluded, ps.excluded, msg)
+		}
+		return
+	}
 	fc, fpinned, err := s.choose(p, pr, ev)
 	require.NoError(t, err, msg)
 	fmargin := ev.margin
@@ -210,7 +227,10 @@ func compareSparse(t *testing.T, s *SelectionService, p *partition, req *Request
 	sev, sc, spinned, ok, err := s.decideSparse(p, pr, sparse)
 	require.NoError(t, err, msg)
 	if !ok {
-		return // a request the sparse decision hands back (a repeated hash with the in-flight credit)
+		return // a request the sparse decision hands back (a repeated hash with the in-flight credit, ejection yielding)
+	}
+	if ps != nil {
+		require.Equal(t, fullExcluded, ps.excluded, msg)
 	}
 	require.Equal(t, len(ev.cands), sev.candidates, msg)
 	require.Equal(t, ev.bestOverlap, sev.bestOverlap, msg)

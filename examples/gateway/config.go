@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kvselect/kvselect/examples/epp/discovery"
 	"github.com/kvselect/kvselect/examples/internal/envconf"
+	"github.com/kvselect/kvselect/gaie"
 	"github.com/kvselect/kvselect/roles"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
@@ -67,6 +69,11 @@ type config struct {
 	// the library's defaults; a program that embeds the gateway's assembly
 	// (its tests) may shorten it.
 	FeedTrust selection.FeedTrust
+	// Classes are fair admission's policy classes (selection.Config.Classes);
+	// OverloadStatus answers their refusals and other overloads
+	// (httproute.Options.OverloadStatus).
+	Classes        []selection.Class
+	OverloadStatus int
 }
 
 // protocols are the tokenizer protocols tokenize.New accepts.
@@ -201,6 +208,32 @@ func (c *config) settings() []envconf.Var {
 					return fmt.Errorf("%q is not an integer in [1, 2^20]", v)
 				}
 				c.MaxInflight = n
+				return nil
+			}},
+		{Env: "DYN_EPP_POLICY_CLASSES", Flag: "policy-classes", Help: "policy classes, as the EPP reads them (`name:key=value,...;...`, e.g. `interactive:weight=3;batch:inflight=64`): a request's class is its x-dynamo-meta-policy-class header, else its x-gateway-inference-objective, and an unknown or missing one is the first class's; the gateway does not queue, so of a class's settings only inflight (most of its requests held at once, more refused with 429 and class_inflight_full:<class>) applies (unset: no classes)",
+			Set: func(v string) error {
+				cs, err := selection.ParseClasses(v)
+				if err != nil {
+					return err
+				}
+				cfg := selection.DefaultConfig(16)
+				cfg.Classes = cs
+				if err := cfg.Validate(); err != nil {
+					return err
+				}
+				c.Classes = cs
+				return nil
+			}},
+		{Env: "DYN_EPP_OVERLOAD_STATUS", Flag: "overload-status", Default: "429", Help: "status of an overload or admission refusal: `429` or `529` (Dynamo's frontend's default), with Retry-After and the reason in x-llm-d-request-dropped-reason",
+			Set: func(v string) error {
+				switch v {
+				case "429":
+					c.OverloadStatus = http.StatusTooManyRequests
+				case "529":
+					c.OverloadStatus = gaie.StatusSiteOverloaded
+				default:
+					return fmt.Errorf("%q: want 429 or 529", v)
+				}
 				return nil
 			}},
 		{Env: "DYN_EPP_MAX_PROMPT_TOKENS", Flag: "max-prompt-tokens", Default: "1048576", Help: "most token ids one request's prompt may have (excess: 413)",

@@ -115,6 +115,7 @@ func (cfg config) selectionConfig() selection.Config {
 	scfg.FailureEjection = cfg.FailureEjection
 	scfg.Cost = cfg.Cost
 	scfg.FeedTrust = cfg.FeedTrust
+	scfg.Classes = cfg.Classes
 	return scfg
 }
 
@@ -183,7 +184,7 @@ func newGateway(ctx context.Context, cfg config, logger *slog.Logger, configure 
 	}
 	g.router, err = httproute.New(httproute.Options{Service: httproute.Pairs(g.pairs), Tokenizer: g.cache, MaxBodyBytes: cfg.MaxBodyBytes,
 		BodyTimeout: cfg.BodyTimeout, MaxInflight: cfg.MaxInflight, MaxPromptTokens: cfg.MaxPromptTokens, Logger: logger,
-		OutputGrowth: cfg.Cost == selection.CostPredictive, NoDegrade: cfg.TokenizerNoDegrade})
+		OutputGrowth: cfg.Cost == selection.CostPredictive, NoDegrade: cfg.TokenizerNoDegrade, OverloadStatus: cfg.OverloadStatus})
 	if err != nil {
 		return nil, err
 	}

@@ -45,7 +45,7 @@ func TestLoadConfig(t *testing.T) {
 		TokenizerProtocol: "vllm-render", TokenizerTimeout: 5 * time.Second, BlockSize: 32, UseKVEvents: false,
 		MaxBodyBytes: 8 << 20, FailureEjection: 250 * time.Millisecond, Cost: selection.CostPredictive,
 		ReadTimeout: 40 * time.Second, IdleTimeout: 2 * time.Minute, BodyTimeout: 2 * time.Second,
-		MaxInflight: 1024, MaxPromptTokens: 4096,
+		MaxInflight: 1024, MaxPromptTokens: 4096, OverloadStatus: 429,
 	}, c, "flags win over the environment, which wins over the defaults")
 
 	fs = flag.NewFlagSet("t", flag.ContinueOnError)

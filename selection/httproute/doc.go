@@ -58,7 +58,13 @@
 // is a fixed phrase, the details (worker names, reasons, the tokenizer's
 // answer) going to the Logger; a 503 for want of a worker names its reason
 // (selection.RefusalReason: unknown_model, no_schedulable_worker:<code>,
-// none_eligible, overloaded, closed). A refusal past a bound (MaxInflight,
+// none_eligible, overloaded, closed). Every refusal with such a reason also
+// names it in llm-d's x-llm-d-request-dropped-reason header; an overload or
+// admission refusal (429, or 529 with Options.OverloadStatus: a full queue,
+// a policy class's limit, a deadline passed in the queue) carries
+// Retry-After: 1. A request's policy class (selection.Request.Class) is its
+// x-dynamo-meta-policy-class header, else its x-gateway-inference-objective.
+// A refusal past a bound (MaxInflight,
 // BodyTimeout, MaxBodyBytes, MaxPromptTokens) is counted in Stats under its
 // reason and logged at WARN, at most once per reason every 10 s with the count
 // in between. An upstream answer is passed through as it is, error statuses

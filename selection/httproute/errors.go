@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/kvselect/kvselect/gaie"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/tokenize"
 )
@@ -81,7 +82,7 @@ type errorBody struct {
 // errorType names the class of a status in OpenAI's vocabulary.
 func errorType(status int) string {
 	switch {
-	case status == http.StatusTooManyRequests:
+	case status == http.StatusTooManyRequests, status == gaie.StatusSiteOverloaded:
 		return "rate_limit_error"
 	case status == tokenize.StatusClientClosedRequest:
 		return "client_closed_request"
@@ -101,7 +102,7 @@ func errorType(status int) string {
 // names, their reasons, the tokenizer's answer) describe the deployment, and
 // go to the log instead.
 func clientMessage(err error, status int) string {
-	if status < 500 {
+	if status < 500 || status == gaie.StatusSiteOverloaded {
 		return err.Error()
 	}
 	tokenizer := false
@@ -129,6 +130,9 @@ func clientMessage(err error, status int) string {
 	}
 	return "internal error"
 }
+
+// retryAfterSeconds is the Retry-After of an overload answer (429, 529).
+const retryAfterSeconds = "1"
 
 // writeError answers with the OpenAI error object for status.
 func writeError(w http.ResponseWriter, status int, msg string) {

@@ -72,6 +72,7 @@ type envOptions struct {
 	router  httproute.Options
 	expiry  time.Duration
 	workers []string // endpoints, one worker each (ids w0, w1, ...)
+	classes []selection.Class
 }
 
 func newEnv(t *testing.T, o envOptions) *testEnv {
@@ -79,6 +80,7 @@ func newEnv(t *testing.T, o envOptions) *testEnv {
 	env := &testEnv{clock: clocktest.New(time.Unix(1_000_000, 0)), served: make(chan struct{}, 4096)}
 	cfg := selection.DefaultConfig(4)
 	cfg.ActiveRequestExpiry = o.expiry
+	cfg.Classes = o.classes
 	svc, err := selection.NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(env.clock.Now).SweepInterval(-1).
 		Build(context.Background())
 	require.NoError(t, err)

@@ -132,6 +132,19 @@ func isNull(raw json.RawMessage) bool {
 	return bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
 }
 
+// policyClass returns the request's policy class (selection.Request.Class):
+// Dynamo's x-dynamo-meta-policy-class header, else GAIE's
+// x-gateway-inference-objective, trimmed; "" when neither is set. A name no
+// configured class has is the default class's.
+func policyClass(h http.Header) string {
+	for _, name := range []string{gaie.HeaderPolicyClass, gaie.HeaderInferenceObjective} {
+		if v := strings.TrimSpace(h.Get(name)); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
 // SessionID returns the request's session id: the x-session-id header, else
 // x-dynamo-session-id (Dynamo's), else the body's prompt_cache_key
 // (info.SessionID from ParseRequest); "" when none is set. Header values are

@@ -185,6 +185,13 @@ type Options struct {
 	// logged at WARN (at most once every 10 s): a tokenizer outage costs
 	// cache hits, not requests.
 	NoDegrade bool
+	// OverloadStatus is the status of an overload or admission refusal,
+	// which HTTPStatus maps to 429 (a full queue, the classifier's or fair
+	// admission's refusal): 0 or 429 keeps 429; 529 (gaie.StatusSiteOverloaded)
+	// answers as Dynamo's frontend does by default. Either carries
+	// Retry-After; any refusal with a selection.RefusalReason names it in
+	// the x-llm-d-request-dropped-reason header.
+	OverloadStatus int
 	// OutputGrowth grows each streamed request's booking as it generates:
 	// every data line of a 2xx event stream is one token, and each BlockSize
 	// of them one more active block on the worker (Handle.Generated). Off by
@@ -259,6 +266,11 @@ func New(opts Options) (*Router, error) {
 	case "http", "https":
 	default:
 		problems = append(problems, fmt.Sprintf("Scheme %q is neither http nor https", opts.Scheme))
+	}
+	switch opts.OverloadStatus {
+	case 0, http.StatusTooManyRequests, gaie.StatusSiteOverloaded:
+	default:
+		problems = append(problems, fmt.Sprintf("OverloadStatus %d is neither 429 nor 529", opts.OverloadStatus))
 	}
 	if opts.RenewInterval == 0 {
 		opts.RenewInterval = DefaultRenewInterval
@@ -384,7 +396,7 @@ func (r *Router) book(req *http.Request, body []byte) (Booked, error) {
 	sreq := selection.Request{
 		Model: model, Tokens: tr.Tokens, ISL: isl, LoRAName: info.LoRA, CacheSalt: tr.CacheSalt,
 		ExpectedOutputTokens: int(min(max(tr.MaxTokens, 0), math.MaxInt32)),
-		SessionID:            info.SessionID,
+		SessionID:            info.SessionID, Class: policyClass(req.Header),
 	}
 	if sreq.CacheSalt == "" {
 		sreq.CacheSalt = info.CacheSalt
@@ -418,8 +430,18 @@ func (r *Router) reject(w http.ResponseWriter, req *http.Request, body []byte, e
 	r.st.rejected.Add(1)
 	r.countRefusal(err, status)
 	r.log.Debug("httproute: request rejected", slog.Int("status", status), slog.String("error", err.Error()))
+	h := w.Header()
 	if body == nil && req.ContentLength != 0 && req.ProtoMajor == 1 {
-		w.Header().Set("Connection", "close")
+		h.Set("Connection", "close")
+	}
+	if reason := selection.RefusalReason(err); reason != "" {
+		h.Set(gaie.HeaderDroppedReason, reason)
+	}
+	if status == http.StatusTooManyRequests {
+		h.Set("Retry-After", retryAfterSeconds)
+		if r.opts.OverloadStatus != 0 {
+			status = r.opts.OverloadStatus
+		}
 	}
 	writeError(w, status, clientMessage(err, status))
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"slices"
@@ -22,6 +23,8 @@ import (
 	"github.com/kvselect/kvselect/examples/epp/oteltracing"
 	"github.com/kvselect/kvselect/examples/internal/envconf"
 	"github.com/kvselect/kvselect/examples/internal/pdhint"
+	"github.com/kvselect/kvselect/examples/policies"
+	"github.com/kvselect/kvselect/gaie"
 	"github.com/kvselect/kvselect/replica"
 	"github.com/kvselect/kvselect/replica/natsbus"
 	"github.com/kvselect/kvselect/roles"
@@ -93,10 +96,17 @@ type Config struct {
 	Fallbacks     int           // fallback endpoints per pick, 0..16
 	OTLPEndpoint  string        // "" : tracing off
 	DebugHeader   bool          // x-kvselect-debug on every routed response
+	// LoRA is LoRA-adapter affinity (DYN_EPP_LORA_AFFINITY): off, prefer
+	// or require; LoRALabelPrefix begins the worker labels that name the
+	// adapters loaded (package policies).
+	LoRA, LoRALabelPrefix string
 	// ConformanceTestHooks turns on GAIE's conformance-suite hooks
 	// (extproc.Options.ConformanceTestHooks).
 	ConformanceTestHooks bool
-	Router               selection.Config
+	// OverloadStatus answers an overload or an admission refusal (429 by
+	// selection.HTTPStatus): 429 or 529 (DYN_EPP_OVERLOAD_STATUS).
+	OverloadStatus int
+	Router         selection.Config
 }
 
 // secondsIn sets *dst to a whole number of seconds in [lo, hi].
@@ -224,6 +234,24 @@ func (c *Config) settings() []envconf.Var {
 		{Env: "POD_NAMESPACE", Flag: "namespace", Required: "with Kubernetes discovery", Help: "namespace of the pool and its pods (downward API)", Set: str(&c.Namespace)},
 		{Env: "POD_IP", Flag: "pod-ip", Help: "this EPP's own IP (downward API status.podIP): required with DYN_EPP_PEER_SERVICE (self is no peer); the replica sync listener binds it", Set: str(&c.PodIP)},
 		{Env: "DYN_MODEL_NAME", Flag: "model", Default: "default", Help: "model name: the selection partition of every worker and request", Set: str(&c.Model)},
+		{Env: "DYN_EPP_LORA_AFFINITY", Flag: "lora-affinity", Default: loraOff, Help: fmt.Sprintf("LoRA adapters: a request whose body `model` is not DYN_MODEL_NAME names an adapter (as vLLM and SGLang read it), and goes preferably (`prefer`: such a worker costs %d blocks, or %v s with the predictive cost, less) or only (`require`: none, 503 with reason filtered:lora) to the workers labelled with it loaded (`<DYN_EPP_LORA_LABEL_PREFIX><adapter>=true`); `off` reads no adapter", policies.DefaultAffinityBlocks, policies.DefaultAffinitySeconds),
+			Set: func(v string) error {
+				v = strings.TrimSpace(v)
+				if v != loraOff && v != loraPrefer && v != loraRequire {
+					return fmt.Errorf("%q: want off, prefer or require", v)
+				}
+				c.LoRA = v
+				return nil
+			}},
+		{Env: "DYN_EPP_LORA_LABEL_PREFIX", Flag: "lora-label-prefix", Default: policies.DefaultLabelPrefix, Help: "prefix of the pod labels that name a worker's loaded LoRA adapters, `<prefix><adapter>=true` (a DNS subdomain and /, or the start of a label name)",
+			Set: func(v string) error {
+				v = strings.TrimSpace(v)
+				if _, err := policies.NewAdapters(v); err != nil {
+					return err
+				}
+				c.LoRALabelPrefix = v
+				return nil
+			}},
 		{Env: "DYN_EPP_TOKENIZER_SERVICE_URL", Flag: "tokenizer-url", Help: fmt.Sprintf("absolute http(s) base URL of the engines' tokenizer/render service, or several, comma-separated (at most %d); a list set here wins. Unset: the discovered workers of DYN_MODEL_NAME (the first %[1]d by worker id) are the tokenizers, each at `http://<endpoint>` (every vLLM and SGLang pod serves render/tokenize), following discovery as workers come and go, except those whose `%s` label names another engine than the protocol's (`vllm` or `sglang`; label TensorRT-LLM pods `trtllm`: they serve no tokenizer, so give such a pool a render service here). Calls go round robin, fail over to the next URL on an error or timeout, are hedged on a second URL past the recent calls' p95 (at least 50 ms), and skip a URL for 5 s after 3 failures in a row", discovery.MaxTokenizers, discovery.EngineLabel),
 			Set: func(v string) error {
 				urls, err := tokenize.ParseBaseURLs(v, discovery.MaxTokenizers)
@@ -497,6 +525,27 @@ func (c *Config) settings() []envconf.Var {
 		{Env: "DYN_EPP_MAX_SESSIONS", Flag: "max-sessions", Default: "65536", Help: "session pins held per model (least recently used dropped first)", Set: intIn(&r.Sessions.MaxSessions, 1, 1<<24)},
 		{Env: "DYN_EPP_SESSION_TTL_SECS", Flag: "session-ttl-secs", Default: "600", Help: "a session's pin lives this long after its last request", Set: secondsIn(&c.Router.Sessions.IdleTTL, 1, 7*86400)},
 		{Env: "DYN_ROUTER_QUEUE_LIMIT", Flag: "queue-limit", Default: "1024", Help: "most requests waiting per model; more get 429", Set: intIn(&r.QueueLimit, 1, 1<<20)},
+		{Env: "DYN_EPP_POLICY_CLASSES", Flag: "policy-classes", Help: "fair admission's policy classes, `;`-separated, each `name:key=value,...` with weight (deficit round robin share of the queue, in uncached prompt tokens; default 1), tier (strict priority), queue (most waiting per model), inflight (most held at once) and deadline (a Go duration: a request still waiting then is refused), e.g. `interactive:weight=3,deadline=2s;batch:weight=1,queue=256`; a request's class is its x-dynamo-meta-policy-class header, else its x-gateway-inference-objective, and an unknown or missing one is the first class's (unset: no classes)",
+			Set: func(v string) error {
+				cs, err := selection.ParseClasses(v)
+				if err != nil {
+					return err
+				}
+				c.Router.Classes = cs
+				return nil
+			}},
+		{Env: "DYN_EPP_OVERLOAD_STATUS", Flag: "overload-status", Default: "429", Help: "status of an overload or admission refusal (a full queue, a class's limit, a deadline passed): `429` or `529` (Dynamo's frontend's default), with Retry-After and the reason in x-llm-d-request-dropped-reason",
+			Set: func(v string) error {
+				switch v {
+				case "429":
+					c.OverloadStatus = http.StatusTooManyRequests
+				case "529":
+					c.OverloadStatus = gaie.StatusSiteOverloaded
+				default:
+					return fmt.Errorf("%q: want 429 or 529", v)
+				}
+				return nil
+			}},
 		{Env: "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", Flag: "active-request-expiry-secs", Default: "300", Help: "lease of a booking never freed", Set: secondsIn(&c.Router.ActiveRequestExpiry, 1, 86400)},
 		{Env: "DYN_EPP_FAILURE_EJECTION_SECS", Flag: "failure-ejection-secs", Default: "10", Help: "how long a worker stays out of the picks once a response said it failed (a 5xx, or the gateway serving one of the pick's fallbacks)", Set: secondsIn(&c.Router.FailureEjection, 1, 3600)},
 	}

@@ -54,6 +54,13 @@
 // cost terms of the cheapest candidates in an x-kvselect-debug response
 // header.
 //
+// With DYN_EPP_LORA_AFFINITY (prefer or require), a request whose body
+// names a model other than DYN_MODEL_NAME names a LoRA adapter: it is the
+// request's selection.Request.LoRAName, and package policies' cost term
+// (prefer) or filter (require) steers it to the workers whose labels
+// (DYN_EPP_LORA_LABEL_PREFIX) say they have it loaded; Apply gives each
+// snapshot's workers to the adapters' index.
+//
 // Several replicas of the EPP share their active load (docs/REPLICAS.md) when
 // DYN_EPP_PEER_SERVICE is set (each embeds a NATS server routed to the ready
 // endpoints of that headless Service, on DYN_EPP_REPLICA_SYNC_PORT; RBAC

@@ -59,6 +59,8 @@ type EPP struct {
 	// rep shares the active load with the EPP's peers; nil without
 	// replicas. The EPP owns its Replicators; the link is the caller's.
 	rep *replication
+	// lora is LoRA-adapter affinity; nil when off (DYN_EPP_LORA_AFFINITY).
+	lora *loraPolicy
 }
 
 // New builds an EPP from cfg (a LoadConfig result, possibly adjusted): it
@@ -114,6 +116,10 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 		return nil, err
 	}
 	e := &EPP{cfg: cfg, logger: logger, pool: pool, cache: cache, reg: prometheus.NewRegistry(), rep: rp}
+	if e.lora, err = newLoRA(cfg); err != nil {
+		e.Close()
+		return nil, err
+	}
 	if len(cfg.TokenizerURLs) == 0 {
 		e.tokenizers = discovery.NewTokenizers(pool, cfg.Model, cfg.TokenizerProtocol, logger)
 		logger.Info("tokenizers: the discovered workers' own endpoints, following discovery (DYN_EPP_TOKENIZER_SERVICE_URL unset)",
@@ -156,6 +162,7 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 		Profile: roles.ProfileOptions{PrefillMaxNumBatchedTokens: cfg.PrefillMaxBatched, DecodeMaxNumBatchedTokens: cfg.DecodeMaxBatched},
 		Configure: func(r roles.Role, b *selection.SelectionServiceBuilder) {
 			setup(b)
+			e.lora.configure(b)
 			b.Recorder(decisions.ForRole(r.String()))
 			if tracer != nil {
 				dt, _ := oteltracing.NewDecisionTracer(tracer, r.String()) // never a nil tracer here
@@ -179,7 +186,7 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 		return fail(err)
 	}
 	dest := e.rs.Service(mode.Destination())
-	e.router = newRouter(cfg.Model, cache, e.pairs, dest)
+	e.router = newRouter(cfg.Model, cache, e.lora.booker(e.pairs), dest)
 	e.router.noDegrade = cfg.TokenizerNoDegrade
 	e.router.sessionHeader = cfg.SessionHeader
 	e.router.fallbacks, e.router.growth, e.router.debug = cfg.Fallbacks, cfg.OutputGrowth, cfg.DebugHeader
@@ -227,7 +234,7 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 		return fail(err)
 	}
 	e.server, err = extproc.NewServer(extproc.Options{
-		Picker: e.router, Status: statusOf, Reason: selection.RefusalReason, MaxBodyBytes: cfg.MaxBodyBytes, MaxInflight: cfg.MaxInflight,
+		Picker: e.lora.picker(e.router), Status: overloadAs(statusOf, cfg.OverloadStatus), Reason: selection.RefusalReason, MaxBodyBytes: cfg.MaxBodyBytes, MaxInflight: cfg.MaxInflight,
 		Logger: logger, Metrics: sm, ConformanceTestHooks: cfg.ConformanceTestHooks,
 	})
 	if err != nil {
@@ -309,6 +316,7 @@ func (e *EPP) Apply(s discovery.Snapshot) {
 		e.tokenizers.Follow(desired, s.Synced)
 	}
 	e.router.setWorkers(desired)
+	e.lora.update(desired)
 	switch {
 	case !s.Synced:
 	case e.rep != nil:

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -262,8 +263,13 @@ type loadEnv struct {
 	close     func()
 }
 
-func newLoadEnv(t *testing.T, topology string) *loadEnv {
-	cfg, err := load(t, map[string]string{"DYN_EPP_TOPOLOGY_MODE": topology, "DYN_EPP_TOKENIZER_PROTOCOL": "vllm-render"})
+func newLoadEnv(t *testing.T, topology string) *loadEnv { return newLoadEnvWith(t, topology, nil) }
+
+// newLoadEnvWith is newLoadEnv with more of the EPP's variables set.
+func newLoadEnvWith(t *testing.T, topology string, vars map[string]string) *loadEnv {
+	all := map[string]string{"DYN_EPP_TOPOLOGY_MODE": topology, "DYN_EPP_TOKENIZER_PROTOCOL": "vllm-render"}
+	maps.Copy(all, vars)
+	cfg, err := load(t, all)
 	require.NoError(t, err)
 	cfg.Model = demofleet.Model
 	env := &loadEnv{}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
@@ -27,11 +28,13 @@ import (
 	"github.com/kvselect/kvselect/tokenize"
 )
 
-// Priority headers (Dynamo's EPP contract).
+// Priority and policy-class headers (Dynamo's EPP contract, GAIE's).
 const (
 	headerPriority       = gaie.HeaderDynamoPriority       // queue jump, seconds (>= 0)
 	headerDynamoSession  = gaie.HeaderDynamoSessionID      // Dynamo's session header, read after the configured one
 	headerStrictPriority = gaie.HeaderDynamoStrictPriority // strict tier (integer)
+	headerPolicyClass    = gaie.HeaderPolicyClass          // fair admission's class
+	headerObjective      = gaie.HeaderInferenceObjective   // GAIE's objective, read after it
 )
 
 // booker is what the router needs to book a request: roles.PairBooker, in both
@@ -176,6 +179,18 @@ func parsePriority(h map[string]string) (selection.Priority, error) {
 	return p, nil
 }
 
+// policyClass reads the request's policy class (selection.Request.Class):
+// Dynamo's x-dynamo-meta-policy-class, else GAIE's InferenceObjective name;
+// "" for none. A name no configured class has is the default class's.
+func policyClass(h map[string]string) string {
+	for _, name := range []string{headerPolicyClass, headerObjective} {
+		if v := strings.TrimSpace(h[name]); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
 // sessionID reads the request's session id: the configured header, else
 // Dynamo's; "" for none. An id over selection.MaxSessionIDLen bytes is a bad
 // request (400): the client named a session it cannot have.
@@ -235,7 +250,7 @@ func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pic
 	sreq := selection.Request{
 		Model: r.model, Tokens: tr.Tokens, ISL: isl, CacheSalt: tr.CacheSalt, Allowed: allowed, Priority: prio,
 		ExpectedOutputTokens: int(min(max(tr.MaxTokens, 0), math.MaxInt32)), SessionID: session,
-		Fallbacks: r.fallbacks,
+		Fallbacks: r.fallbacks, Class: policyClass(req.Headers),
 	}
 	var debug []selection.Scored
 	if r.debug {
@@ -368,6 +383,21 @@ func (r *router) leastLoaded(allowed []string) (extproc.Pick, error) {
 
 // statusOf maps any error of the request path to the HTTP status the client
 // gets: the tokenizer's classes first, then the selection service's.
+// overloadAs returns status answering overload (429: a full queue, the
+// classifier's or fair admission's refusal) with the given status instead;
+// 0 or 429 changes nothing.
+func overloadAs(status func(error) int, overload int) func(error) int {
+	if overload == 0 || overload == http.StatusTooManyRequests {
+		return status
+	}
+	return func(err error) int {
+		if st := status(err); st != http.StatusTooManyRequests {
+			return st
+		}
+		return overload
+	}
+}
+
 func statusOf(err error) int {
 	for _, e := range []error{tokenize.ErrBadRequest, tokenize.ErrUnavailable, tokenize.ErrTimeout,
 		tokenize.ErrUpstream, tokenize.ErrCanceled, tokenize.ErrClosed} {

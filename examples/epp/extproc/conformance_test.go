@@ -83,3 +83,32 @@ func TestRefusalBodyNamesTheReason(t *testing.T) {
 		require.Equal(t, want, string(res.ImmediateBody), "reason %q", reason)
 	}
 }
+
+// An overload (429, or 529 where Status maps to it) says when to retry, and
+// any refusal with a reason names it in llm-d's drop-reason header.
+func TestRefusalHeadersSayWhyAndWhen(t *testing.T) {
+	for _, tc := range []struct {
+		status     int
+		reason     string
+		retryAfter string
+	}{
+		{http.StatusTooManyRequests, "class_queue_full:batch", "1"},
+		{gaie.StatusSiteOverloaded, "deadline:interactive", "1"},
+		{http.StatusServiceUnavailable, "unknown_model", ""},
+		{http.StatusTooManyRequests, "", "1"},
+	} {
+		h := newHarness(t, Options{
+			Picker: failWith(errNoEndpoints),
+			Status: func(error) int { return tc.status },
+			Reason: func(error) string { return tc.reason },
+		})
+		res, err := h.client.Do(testCtx(t), extproctest.HTTPRequest{Body: chatBody()})
+		require.NoError(t, err)
+		require.Equal(t, tc.status, res.Status)
+		require.Equal(t, tc.retryAfter, res.ImmediateHeaders["retry-after"], "%d %q", tc.status, tc.reason)
+		require.Equal(t, tc.reason, res.ImmediateHeaders[gaie.HeaderDroppedReason], "%d %q", tc.status, tc.reason)
+		if tc.status == gaie.StatusSiteOverloaded {
+			require.Equal(t, "overloaded, retry later ("+tc.reason+")\n", string(res.ImmediateBody))
+		}
+	}
+}

@@ -44,7 +44,9 @@
 // following readiness.
 // Errors are answered with an ImmediateResponse carrying a short fixed body,
 // with Options.Reason's token when it names one ("no endpoint available
-// (unknown_model)"); details go to the log only.
+// (unknown_model)"), also in llm-d's x-llm-d-request-dropped-reason header;
+// an overload (429, or 529 where Options.Status maps to it) carries
+// Retry-After: 1. Details go to the log only.
 //
 // # Concurrency
 //

@@ -4,8 +4,11 @@ import (
 	"errors"
 	"net/http"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+
+	"github.com/kvselect/kvselect/gaie"
 )
 
 // Errors of this package. The server answers its own failures with fixed
@@ -48,7 +51,7 @@ func clientBody(status int) []byte {
 		return []byte("bad request\n")
 	case http.StatusRequestEntityTooLarge: // the body, or the prompt's tokens
 		return []byte("request too large\n")
-	case http.StatusTooManyRequests:
+	case http.StatusTooManyRequests, gaie.StatusSiteOverloaded:
 		return []byte("overloaded, retry later\n")
 	case http.StatusBadGateway:
 		return []byte("upstream error\n")
@@ -83,22 +86,33 @@ func safeReason(r string) bool {
 	return true
 }
 
+// retryAfterSeconds is the Retry-After of an overload answer (429, 529).
+const retryAfterSeconds = "1"
+
 // immediate builds the ImmediateResponse for an HTTP status; a safe reason
 // (Options.Reason) is named in the body: "no endpoint available
-// (unknown_model)".
+// (unknown_model)", and in llm-d's drop-reason header. An overload (429,
+// 529) says when to retry.
 func immediate(status int, reason string) *extprocv3.ProcessingResponse {
 	body := clientBody(status)
+	var headers []*corev3.HeaderValueOption
 	if safeReason(reason) {
 		body = append(body[:len(body)-1], " ("+reason+")\n"...)
+		headers = append(headers, setHeader(gaie.HeaderDroppedReason, reason))
+	}
+	if status == http.StatusTooManyRequests || status == gaie.StatusSiteOverloaded {
+		headers = append(headers, setHeader("retry-after", retryAfterSeconds))
+	}
+	ir := &extprocv3.ImmediateResponse{
+		Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},
+		Body:    body,
+		Details: "kvselect_epp_rejected",
+	}
+	if headers != nil {
+		ir.Headers = &extprocv3.HeaderMutation{SetHeaders: headers}
 	}
 	return &extprocv3.ProcessingResponse{
-		Response: &extprocv3.ProcessingResponse_ImmediateResponse{
-			ImmediateResponse: &extprocv3.ImmediateResponse{
-				Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},
-				Body:    body,
-				Details: "kvselect_epp_rejected",
-			},
-		},
+		Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: ir},
 	}
 }
 

@@ -85,6 +85,12 @@ var (
 	dFiltered     = prometheus.NewDesc("kvselect_policy_filtered_total", "Candidates a policy filter of the embedding program excluded, by filter name (selection.Filter).", []string{"role", "filter"}, nil)
 	dClsRefused   = descSel("policy_classifier_refusals_total", "Requests the embedding program's Classifier refused (selection.Classifier).")
 	dFullScans    = descSel("policy_full_scans_total", "Decisions on a large fleet that took the full scan because a policy filter, picker or unscoped cost term needs every candidate.")
+	classLabels   = []string{"role", "class"}
+	dClassWaiting = prometheus.NewDesc("kvselect_class_queue_depth", "Requests of the policy class waiting in admission queues now (fair admission, DYN_EPP_POLICY_CLASSES).", classLabels, nil)
+	dClassFlight  = prometheus.NewDesc("kvselect_class_inflight", "Bookings of the policy class live now.", classLabels, nil)
+	dClassAdmit   = prometheus.NewDesc("kvselect_class_admitted_total", "Requests of the policy class booked.", classLabels, nil)
+	dClassRefused = prometheus.NewDesc("kvselect_class_refusals_total", "Requests of the policy class refused, by reason (class_queue_full, class_inflight_full, deadline).", append(classLabels, "reason"), nil)
+	dLate         = descSel("queue_deadline_refusals_total", "Requests refused because their deadline passed while they waited in an admission queue.")
 	dSpread       = descSel("decisions_spread_total", "Decisions that priced the bookings peer replicas were likely making in the same instant (a burst spread over the replicas).")
 	dLoadRecent   = prometheus.NewDesc("kvselect_worker_recent_bookings", "Requests booked on the worker rank recently (the EPP's own and its peers'), each decaying over DYN_EPP_BALANCE_WINDOW_SECONDS: what the predictive cost's balance term compares with the mean.", loadLabels, nil)
 	dLoadBusy     = prometheus.NewDesc("kvselect_worker_busy", "1 while the worker rank's prefill load is above the queue threshold (requests wait in kvselect_queue_depth when every eligible rank is busy); 0 without queueing.", loadLabels, nil)
@@ -157,6 +163,15 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		counter(dClsRefused, float64(st.ClassifierRefusals), role)
 		counter(dFullScans, float64(st.PolicyFullScans), role)
+		counter(dLate, float64(st.DeadlineRefused), role)
+		for class, cs := range st.Classes {
+			gauge(dClassWaiting, float64(cs.Waiting), role, class)
+			gauge(dClassFlight, float64(cs.InFlight), role, class)
+			counter(dClassAdmit, float64(cs.Admitted), role, class)
+			for _, reason := range []string{selection.RefusedClassQueueFull, selection.RefusedClassInFlightFull, selection.RefusedDeadline} {
+				counter(dClassRefused, float64(cs.Refused[reason]), role, class, reason)
+			}
+		}
 		cal := st.Calibration
 		counter(dCalSamples, float64(cal.Samples), role)
 		for _, t := range []struct {
