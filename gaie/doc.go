@@ -12,6 +12,6 @@
 // a gateway removes from a client's request, so that no client can steer
 // routing downstream or fake a gateway's report.
 //
-// The package holds constants and two pure functions; it is safe for
+// The package holds constants and three pure functions; it is safe for
 // concurrent use and has no state.
 package gaie

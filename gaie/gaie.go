@@ -1,6 +1,7 @@
 package gaie
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 )
@@ -79,6 +80,19 @@ const (
 // with by default (529, no standard code), which a gateway may be
 // configured to answer in place of 429.
 const StatusSiteOverloaded = 529
+
+// ParseOverloadStatus parses the status a front end is configured to answer
+// an overload with: "429" (Too Many Requests) or "529"
+// (StatusSiteOverloaded).
+func ParseOverloadStatus(s string) (int, error) {
+	switch s {
+	case "429":
+		return 429, nil
+	case "529":
+		return StatusSiteOverloaded, nil
+	}
+	return 0, fmt.Errorf("overload status %q: want 429 or 529", s)
+}
 
 // StatusClientClosedRequest is the status answered for a client that went
 // away before its answer (the nginx convention, no standard code).

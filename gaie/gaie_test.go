@@ -27,3 +27,15 @@ func TestControlHeaders(t *testing.T) {
 		require.False(t, gaie.IsControlHeader(h), h)
 	}
 }
+
+func TestParseOverloadStatus(t *testing.T) {
+	for in, want := range map[string]int{"429": 429, "529": gaie.StatusSiteOverloaded} {
+		got, err := gaie.ParseOverloadStatus(in)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+	}
+	for _, in := range []string{"", "503", " 429", "too-many"} {
+		_, err := gaie.ParseOverloadStatus(in)
+		require.Error(t, err, in)
+	}
+}

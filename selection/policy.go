@@ -385,6 +385,24 @@ func (s *SelectionService) view(v *Scored, rs *rankSet, c *candidate, pr *prepar
 	}
 }
 
+// viewsOf builds the filters' view of every one of cands in pr's policy
+// scratch (ps.views, grown as needed) and returns them; the views' costs
+// are left for the cost to fill.
+func (s *SelectionService) viewsOf(pr *prepared, rs *rankSet, cands []candidate) []Scored {
+	ps := pr.pol
+	ps.evaluated = false
+	if cap(ps.views) < len(cands) {
+		ps.views = make([]Scored, len(cands))
+	}
+	views := ps.views[:len(cands)]
+	ps.views = views
+	now := s.now()
+	for i := range cands {
+		s.view(&views[i], rs, &cands[i], pr, now)
+	}
+	return views
+}
+
 // applyFilters runs the filters over cands (the evaluation's, of sc.rs, with their
 // loads and overlaps), then leaves out the ranks of ejected workers (ejected,
 // in force at nowNanos) unless that would leave none: ejection yields, as it
@@ -393,17 +411,8 @@ func (s *SelectionService) view(v *Scored, rs *rankSet, c *candidate, pr *prepar
 // refusal that names it.
 func (s *SelectionService) applyFilters(pr *prepared, sc *evalScratch, cands []candidate, ejected map[string]int64, nowNanos int64) ([]candidate, []reservation.Rank, error) {
 	ps, rs := pr.pol, sc.rs
-	ps.evaluated = false
 	n := len(cands)
-	if cap(ps.views) < n {
-		ps.views = make([]Scored, n)
-	}
-	views := ps.views[:n]
-	ps.views = views
-	now := s.now()
-	for i := range cands {
-		s.view(&views[i], rs, &cands[i], pr, now)
-	}
+	views := s.viewsOf(pr, rs, cands)
 	for fi := range s.pol.filters {
 		f := &s.pol.filters[fi]
 		kept := 0

@@ -87,17 +87,8 @@ func (s *SelectionService) filterScopes(pr *prepared, rs *rankSet, fs *filterScr
 // When a filter keeps none, it returns the refusal that names it.
 func (s *SelectionService) filterSparse(pr *prepared, rs *rankSet, fs *filterScratch, cands []candidate, cold int, ejected map[string]int64, nowNanos int64) (kept []candidate, coldKept int, yield bool, err error) {
 	ps := pr.pol
-	ps.evaluated = false
 	n := len(cands)
-	if cap(ps.views) < n {
-		ps.views = make([]Scored, n)
-	}
-	views := ps.views[:n]
-	ps.views = views
-	now := s.now()
-	for i := range cands {
-		s.view(&views[i], rs, &cands[i], pr, now)
-	}
+	views := s.viewsOf(pr, rs, cands)
 	for fi := range s.pol.filters {
 		f := &s.pol.filters[fi]
 		before, k := n+cold, 0

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
@@ -225,16 +224,9 @@ func (c *config) settings() []envconf.Var {
 				return nil
 			}},
 		{Env: "DYN_EPP_OVERLOAD_STATUS", Flag: "overload-status", Default: "429", Help: "status of an overload or admission refusal: `429` or `529` (Dynamo's frontend's default), with Retry-After and the reason in x-llm-d-request-dropped-reason",
-			Set: func(v string) error {
-				switch v {
-				case "429":
-					c.OverloadStatus = http.StatusTooManyRequests
-				case "529":
-					c.OverloadStatus = gaie.StatusSiteOverloaded
-				default:
-					return fmt.Errorf("%q: want 429 or 529", v)
-				}
-				return nil
+			Set: func(v string) (err error) {
+				c.OverloadStatus, err = gaie.ParseOverloadStatus(v)
+				return err
 			}},
 		{Env: "DYN_EPP_MAX_PROMPT_TOKENS", Flag: "max-prompt-tokens", Default: "1048576", Help: "most token ids one request's prompt may have (excess: 413)",
 			Set: func(v string) error {

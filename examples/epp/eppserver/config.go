@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"net/http"
 	"net/netip"
 	"net/url"
 	"slices"
@@ -535,16 +534,9 @@ func (c *Config) settings() []envconf.Var {
 				return nil
 			}},
 		{Env: "DYN_EPP_OVERLOAD_STATUS", Flag: "overload-status", Default: "429", Help: "status of an overload or admission refusal (a full queue, a class's limit, a deadline passed): `429` or `529` (Dynamo's frontend's default), with Retry-After and the reason in x-llm-d-request-dropped-reason",
-			Set: func(v string) error {
-				switch v {
-				case "429":
-					c.OverloadStatus = http.StatusTooManyRequests
-				case "529":
-					c.OverloadStatus = gaie.StatusSiteOverloaded
-				default:
-					return fmt.Errorf("%q: want 429 or 529", v)
-				}
-				return nil
+			Set: func(v string) (err error) {
+				c.OverloadStatus, err = gaie.ParseOverloadStatus(v)
+				return err
 			}},
 		{Env: "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", Flag: "active-request-expiry-secs", Default: "300", Help: "lease of a booking never freed", Set: secondsIn(&c.Router.ActiveRequestExpiry, 1, 86400)},
 		{Env: "DYN_EPP_FAILURE_EJECTION_SECS", Flag: "failure-ejection-secs", Default: "10", Help: "how long a worker stays out of the picks once a response said it failed (a 5xx, or the gateway serving one of the pick's fallbacks)", Set: secondsIn(&c.Router.FailureEjection, 1, 3600)},
