@@ -67,15 +67,22 @@
 //
 // # Concurrency
 //
-// Index and Approx are safe for concurrent use. Lookups share a read lock and run
-// in parallel; Apply, ClearRank and RemoveWorker take the write lock briefly, and
-// Apply hashes an event's tokens before taking it. A lookup therefore sees the
-// index either before or after any event, never half of one: it may undercount
-// while a store is being applied, and it never overcounts. Hasher is an immutable
-// value. Snapshot copies the index under the read lock and orders and encodes
-// the copy after releasing it, so a snapshot is a cut between two events: an
-// event applied meanwhile waits for the copy (tens of milliseconds per million
-// blocks) and lands after the cut. Nothing in this package starts a goroutine.
+// Index and Approx are safe for concurrent use. Lookups share the tree's read
+// lock and run in parallel. Apply takes three locks, in order: the worker-rank
+// registry's for reading, the worker rank's own, and the tree's for writing,
+// the last only while it changes nodes: it hashes an event's tokens before
+// taking any, and probes and updates the worker rank's block map outside the
+// tree's lock, so events of different worker ranks (two engines' feeds) apply
+// in parallel but for their tree work. A lookup sees the index either before
+// or after any event, never half of one: it may undercount while a store is
+// being applied, and it never overcounts. ClearRank and RemoveWorker, and an
+// Apply that adds or empties a worker rank, take the registry's lock for
+// writing and so run alone. Hasher is an immutable value. Snapshot copies the
+// index under the registry's write lock and the tree's read lock, and orders
+// and encodes the copy after releasing them, so a snapshot is a cut between two
+// events: an event applied meanwhile waits for the copy (tens of milliseconds
+// per million blocks) and lands after the cut, while lookups go on. Nothing in
+// this package starts a goroutine.
 //
 // # Snapshots
 //

@@ -46,9 +46,9 @@ type Options struct {
 	MaxBlocksPerRank int
 	// OnStored, when set, is called after every stored run is applied, with the
 	// worker rank and the keys (sequence hashes, as Hasher computes them) of the
-	// index blocks the run covers, in prefix order. It runs under the index's
-	// write lock: it must be quick, must not keep keys, and must not call the
-	// Index.
+	// index blocks the run covers, in prefix order. It runs under the lock of
+	// the index's tree, so calls never overlap: it must be quick, must not keep
+	// keys, and must not call the Index.
 	OnStored func(w catalog.WorkerRank, keys []uint64)
 }
 
@@ -60,16 +60,33 @@ const DefaultMaxBlocksPerRank = 1 << 20
 // Index is the event-fed block index: for each worker rank it knows which blocks
 // are in its KV cache, on which tier, and answers which worker ranks hold the
 // longest prefix of a request. It is safe for concurrent use: any number of
-// FindMatches calls run in parallel with each other; Apply, ClearRank and
-// RemoveWorker are serialised with them.
+// FindMatches calls run in parallel with each other, and Apply calls for
+// different worker ranks run in parallel except while they change the tree;
+// ClearRank and RemoveWorker run alone.
+//
+// Locks, always taken in this order:
+//   - ranksMu guards the worker-rank registry (t.workers, t.slots, t.free,
+//     which are also written only under mu) and limits. Apply holds it for
+//     reading; whatever adds or drops a worker rank, or reads every rank's
+//     block maps (Snapshot, Stats, LoadRanks), holds it for writing, which
+//     also waits for every Apply in progress.
+//   - workerState.mu guards one worker rank's block maps, duplicates and
+//     ratio: Apply holds it for the whole event, so an event's map work (a
+//     probe per block, the costliest part of applying it after decoding and
+//     hashing) runs outside mu, in parallel with other worker ranks'.
+//   - mu guards the tree (nodes, holder sets, marks, counters). Lookups hold
+//     it for reading; Apply holds it for writing only while it changes
+//     nodes.
 type Index struct {
 	blockSize int
 	maxBlocks int
 	onStored  func(catalog.WorkerRank, []uint64)
 
-	mu sync.RWMutex
-	t  tree
-	// limits are per-worker block limits set by SetRankLimit. Guarded by mu.
+	ranksMu sync.RWMutex
+	mu      sync.RWMutex
+	t       tree
+	// limits are per-worker block limits set by SetRankLimit. Guarded by
+	// ranksMu.
 	limits map[string]int
 
 	// Counters, readable without the lock.
@@ -102,8 +119,8 @@ func New(opts Options) (*Index, error) {
 // rank already holds beyond a lowered limit; it refuses further stores.
 // RemoveWorker forgets the limit.
 func (ix *Index) SetRankLimit(worker string, n int) {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
+	ix.ranksMu.Lock()
+	defer ix.ranksMu.Unlock()
 	if n <= 0 {
 		delete(ix.limits, worker)
 		return
@@ -119,7 +136,21 @@ type storePlan struct {
 	locals []uint64 // local hash of every index block
 	keys   []uint64 // the index blocks' keys, for Options.OnStored
 	sorted []uint64 // scratch of checkDistinct
-	ratio  int
+	// old holds, per engine block, the node its hash mapped to before the
+	// event (nil when none); now the node it maps to after it, for the map
+	// updates after the tree's. Cleared before the plan goes back to the
+	// pool.
+	old, now []*node
+	ratio    int
+}
+
+// release clears the plan's node pointers (so the pool keeps no node alive)
+// and returns it to the pool.
+func (p *storePlan) release() {
+	clear(p.old)
+	clear(p.now)
+	p.old, p.now = p.old[:0], p.now[:0]
+	planPool.Put(p)
 }
 
 var planPool = sync.Pool{New: func() any { return new(storePlan) }}
@@ -179,7 +210,7 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 		return fmt.Errorf("%w: %d extra digests for %d blocks", ErrInvalidEvent, len(ev.Extra), nb)
 	}
 	plan := planPool.Get().(*storePlan)
-	defer planPool.Put(plan)
+	defer plan.release()
 	if err := checkDistinct(ev, plan); err != nil {
 		ix.rejected.Add(1)
 		return err
@@ -211,16 +242,36 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 		}
 	}
 
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	t := &ix.t
-	ws := t.worker(w, false)
+	ix.ranksMu.RLock()
+	ws := ix.t.worker(w, false)
+	if ws == nil {
+		// The worker rank's first store adds it to the registry: apply it
+		// alone.
+		ix.ranksMu.RUnlock()
+		ix.ranksMu.Lock()
+		defer ix.ranksMu.Unlock()
+		ws = ix.t.worker(w, false)
+	} else {
+		defer ix.ranksMu.RUnlock()
+	}
+	if ws != nil {
+		ws.mu.Lock()
+		defer ws.mu.Unlock()
+	}
+	return ix.storeRanked(w, ws, ev, plan)
+}
+
+// storeRanked applies a stored run of w, whose state is ws (nil when w is
+// new), once hashed: checks, map probes, then the tree under mu, then the map
+// updates. The caller holds ranksMu (for writing when ws is nil) and ws.mu.
+func (ix *Index) storeRanked(w catalog.WorkerRank, ws *workerState, ev *Event, plan *storePlan) error {
+	nb := len(ev.BlockHashes)
 	if ws != nil && ws.ratio != 0 && ws.ratio != plan.ratio && !ws.holdsAny() {
 		ws.ratio = 0
 	}
 	if ws != nil && ws.ratio != 0 && ws.ratio != plan.ratio {
 		ix.rejected.Add(1)
-		return fmt.Errorf("%w: event block size %d differs from the %d this worker rank used before", ErrBlockSize, bs, ws.ratio*ix.blockSize)
+		return fmt.Errorf("%w: event block size %d differs from the %d this worker rank used before", ErrBlockSize, plan.ratio*ix.blockSize, ws.ratio*ix.blockSize)
 	}
 	limit, held := ix.maxBlocks, 0
 	if l, ok := ix.limits[w.WorkerID]; ok {
@@ -233,8 +284,11 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 		ix.rejected.Add(1)
 		return fmt.Errorf("%w: %d blocks held on tier %d and %d more, limit %d, worker rank %s", ErrRankFull, held, ev.Tier, nb, limit, w)
 	}
+	t := &ix.t
 	parent := &t.root
 	if ev.HasParent {
+		// ws maps the parent, so it holds it: nothing but ws's own events
+		// (which wait for ws.mu) can detach it before mu is taken.
 		p := ws.find(ev.ParentHash, ev.Tier)
 		if p == nil {
 			ix.unknownParent.Add(1)
@@ -243,12 +297,41 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 		parent = p
 	}
 	if ws == nil {
+		// Lookups read the registry under mu. Alone here: the caller holds
+		// ranksMu for writing.
+		ix.mu.Lock()
 		ws = t.worker(w, true)
+		ix.mu.Unlock()
+	}
+	m := &ws.blocks[ev.Tier]
+	plan.old = plan.old[:0]
+	for _, hash := range ev.BlockHashes {
+		plan.old = append(plan.old, m.get(hash))
 	}
 	ws.ratio = plan.ratio
-	m := &ws.blocks[ev.Tier]
-	cur := parent
+	ix.storeTree(w, ws, ev, parent, plan)
+
+	// The maps follow the tree. Until they do, ws's map is behind its
+	// memberships, which nobody sees: every reader of the maps holds ws.mu
+	// or ranksMu for writing.
 	for j, hash := range ev.BlockHashes {
+		if n := plan.now[j]; n != plan.old[j] {
+			m.put(hash, n)
+		}
+	}
+	return nil
+}
+
+// storeTree is the tree's part of a stored run, under mu: it finds or adds
+// the run's nodes below parent (into plan.now, one per engine block), holds
+// them for ws, and releases what the run's hashes named before (plan.old).
+func (ix *Index) storeTree(w catalog.WorkerRank, ws *workerState, ev *Event, parent *node, plan *storePlan) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	t := &ix.t
+	cur := parent
+	plan.now = plan.now[:0]
+	for j := range ev.BlockHashes {
 		for s := range plan.ratio {
 			local := plan.locals[j*plan.ratio+s]
 			key := local
@@ -260,13 +343,13 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 				plan.keys = append(plan.keys, cur.key)
 			}
 		}
-		old := m.insert(hash, cur)
-		had := old != nil
-		if had && old == cur {
+		plan.now = append(plan.now, cur)
+		old := plan.old[j]
+		if old == cur {
 			if ws.dups == nil {
 				ws.dups = make(map[uint64]uint32)
 			}
-			ws.dups[tierKey(hash, ev.Tier)]++
+			ws.dups[tierKey(ev.BlockHashes[j], ev.Tier)]++
 			ix.dupStores.Add(1)
 			continue
 		}
@@ -276,12 +359,11 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 			t.hold(ws, n, ev.Tier)
 			n = n.parent
 		}
-		if had {
+		if old != nil {
 			// The hash now names other content: the old block is gone, however
 			// many times it was stored.
 			t.releaseBlock(ws, old, ev.Tier, plan.ratio)
-			delete(ws.dups, tierKey(hash, ev.Tier))
-			m.put(hash, cur)
+			delete(ws.dups, tierKey(ev.BlockHashes[j], ev.Tier))
 		} else {
 			t.mapEntries++
 		}
@@ -290,7 +372,6 @@ func (ix *Index) store(w catalog.WorkerRank, ev *Event) error {
 	if ix.onStored != nil {
 		ix.onStored(w, plan.keys)
 	}
-	return nil
 }
 
 // checkDistinct rejects a stored run whose block hashes repeat each other or the
@@ -363,15 +444,30 @@ func (ix *Index) remove(w catalog.WorkerRank, tier Tier, hashes []uint64) (unkno
 		ix.emptyEvents.Add(1)
 		return 0
 	}
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	t := &ix.t
-	ws := t.worker(w, false)
+	ix.ranksMu.RLock()
+	ws := ix.t.worker(w, false)
 	if ws == nil {
+		ix.ranksMu.RUnlock()
 		ix.unknownRemoves.Add(uint64(len(hashes)))
 		return len(hashes)
 	}
+	ws.mu.Lock()
+	unknown = ix.removeRanked(ws, tier, hashes)
+	empty := !ws.holdsAny()
+	ws.mu.Unlock()
+	ix.ranksMu.RUnlock()
+	if empty {
+		ix.dropIfEmpty(w)
+	}
+	return unknown
+}
+
+// removeRanked unmaps hashes from ws's map of tier, then releases their
+// nodes under mu, and returns how many ws did not hold. The caller holds
+// ranksMu and ws.mu.
+func (ix *Index) removeRanked(ws *workerState, tier Tier, hashes []uint64) (unknown int) {
 	m := &ws.blocks[tier]
+	gone := ws.gone[:0]
 	for _, hash := range hashes {
 		// A block stored k times needs k removes; only the last releases it.
 		if len(ws.dups) > 0 && m.get(hash) != nil {
@@ -391,22 +487,52 @@ func (ix *Index) remove(w catalog.WorkerRank, tier Tier, hashes []uint64) (unkno
 			unknown++
 			continue
 		}
-		t.mapEntries--
-		t.releaseBlock(ws, n, tier, max(ws.ratio, 1))
+		gone = append(gone, n)
 	}
-	if !ws.holdsAny() {
-		t.dropWorker(ws)
+	if len(gone) > 0 {
+		// Until mu is taken ws's memberships are ahead of its map, which
+		// nobody sees (see storeRanked), and lookups see the blocks held as
+		// before the event.
+		ix.releaseTree(ws, tier, gone)
+		clear(gone) // keep no detached node alive
 	}
+	ws.gone = gone[:0]
 	if unknown < len(hashes) {
 		ix.applied.Add(1)
 	}
 	return unknown
 }
 
+// releaseTree releases, under mu, the blocks of ws whose deepest nodes are
+// nodes.
+func (ix *Index) releaseTree(ws *workerState, tier Tier, nodes []*node) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	t := &ix.t
+	t.mapEntries -= len(nodes)
+	for _, n := range nodes {
+		t.releaseBlock(ws, n, tier, max(ws.ratio, 1))
+	}
+}
+
+// dropIfEmpty drops worker rank w if it holds no block: a removal that
+// emptied it frees its slot here, under the locks that change the registry.
+func (ix *Index) dropIfEmpty(w catalog.WorkerRank) {
+	ix.ranksMu.Lock()
+	defer ix.ranksMu.Unlock()
+	if ws := ix.t.worker(w, false); ws != nil && !ws.holdsAny() {
+		ix.mu.Lock()
+		ix.t.dropWorker(ws)
+		ix.mu.Unlock()
+	}
+}
+
 // ClearRank drops every block of worker rank w, on every tier (the engine's
 // AllBlocksCleared, or a restart). Its cost is proportional to the blocks w holds.
 // Clearing an unknown worker rank is a counted no-op.
 func (ix *Index) ClearRank(w catalog.WorkerRank) {
+	ix.ranksMu.Lock()
+	defer ix.ranksMu.Unlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	ws := ix.t.worker(w, false)
@@ -422,6 +548,8 @@ func (ix *Index) ClearRank(w catalog.WorkerRank) {
 // proportional to the blocks the worker holds plus the number of worker ranks.
 // It returns the number of worker ranks removed.
 func (ix *Index) RemoveWorker(worker string) int {
+	ix.ranksMu.Lock()
+	defer ix.ranksMu.Unlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	delete(ix.limits, worker)
@@ -490,9 +618,11 @@ type Stats struct {
 // Stats returns a snapshot of the index.
 func (ix *Index) Stats() Stats {
 	var s Stats
+	ix.ranksMu.Lock() // the block maps' sizes: no Apply in progress
 	ix.mu.RLock()
 	ix.t.stats(&s)
 	ix.mu.RUnlock()
+	ix.ranksMu.Unlock()
 	s.Applied = ix.applied.Load()
 	s.DroppedUnknownParent = ix.unknownParent.Load()
 	s.Rejected = ix.rejected.Load()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -39,6 +40,8 @@ type scaleFixture struct {
 var (
 	scaleOnce       sync.Once
 	scale           *scaleFixture
+	fleet32Once     sync.Once
+	fleet32         *scaleFixture
 	scaleNaiveOnce  sync.Once
 	scaleNaive      *naiveIndex
 	scaleNaiveBytes int64
@@ -62,55 +65,59 @@ func applySeq(ix *Index, w catalog.WorkerRank, sq benchSeq, toks []uint32, hashe
 }
 
 func getScale() *scaleFixture {
-	scaleOnce.Do(func() {
-		f := &scaleFixture{}
-		r := rand.New(rand.NewPCG(3, 3))
-		for w := range scaleWorkers {
-			f.workers = append(f.workers, catalog.WorkerRank{WorkerID: fmt.Sprintf("worker-%04d", w)})
-			for s := range scaleSeqPerWkr {
-				f.seqs = append(f.seqs, benchSeq{group: r.IntN(benchGroups), conv: w*scaleSeqPerWkr + s})
-			}
-		}
-		toks := make([]uint32, benchDepth*benchBS)
-		hashes := make([]uint64, benchDepth)
-		// Token generation alone, to tell it apart from the build below.
-		start := time.Now()
-		for _, sq := range f.seqs {
-			fillSeqTokens(toks, sq.group, sq.conv)
-		}
-		f.genTime = time.Since(start)
+	scaleOnce.Do(func() { scale = buildScale(scaleWorkers) })
+	return scale
+}
 
-		before := heapNow()
-		ix, err := New(Options{BlockSize: benchBS})
-		if err != nil {
+// buildScale builds a scale fleet of workers worker ranks (scaleSeqPerWkr
+// sequences each, so 8,192 entries a rank) and its queries.
+func buildScale(workers int) *scaleFixture {
+	f := &scaleFixture{}
+	r := rand.New(rand.NewPCG(3, 3))
+	for w := range workers {
+		f.workers = append(f.workers, catalog.WorkerRank{WorkerID: fmt.Sprintf("worker-%04d", w)})
+		for s := range scaleSeqPerWkr {
+			f.seqs = append(f.seqs, benchSeq{group: r.IntN(benchGroups), conv: w*scaleSeqPerWkr + s})
+		}
+	}
+	toks := make([]uint32, benchDepth*benchBS)
+	hashes := make([]uint64, benchDepth)
+	// Token generation alone, to tell it apart from the build below.
+	start := time.Now()
+	for _, sq := range f.seqs {
+		fillSeqTokens(toks, sq.group, sq.conv)
+	}
+	f.genTime = time.Since(start)
+
+	before := heapNow()
+	ix, err := New(Options{BlockSize: benchBS})
+	if err != nil {
+		panic(err)
+	}
+	start = time.Now()
+	for i, sq := range f.seqs {
+		if err := applySeq(ix, f.workers[i/scaleSeqPerWkr], sq, toks, hashes); err != nil {
 			panic(err)
 		}
-		start = time.Now()
-		for i, sq := range f.seqs {
-			if err := applySeq(ix, f.workers[i/scaleSeqPerWkr], sq, toks, hashes); err != nil {
-				panic(err)
-			}
-		}
-		f.build = time.Since(start)
-		f.heapBytes = heapNow() - before
-		f.ix = ix
+	}
+	f.build = time.Since(start)
+	f.heapBytes = heapNow() - before
+	f.ix = ix
 
-		h, _ := NewHasher(benchBS, HashOptions{})
-		for q := range scaleQueries {
-			var sq benchSeq
-			switch q % 4 {
-			case 0, 1: // a sequence some worker rank holds in full
-				sq = f.seqs[r.IntN(len(f.seqs))]
-			case 2: // a known system prompt, new conversation
-				sq = benchSeq{group: r.IntN(benchGroups), conv: 1<<30 + q}
-			default: // nothing shared
-				sq = benchSeq{group: benchGroups + q, conv: q}
-			}
-			f.queries = append(f.queries, h.SeqHashes(seqTokens(sq.group, sq.conv)))
+	h, _ := NewHasher(benchBS, HashOptions{})
+	for q := range scaleQueries {
+		var sq benchSeq
+		switch q % 4 {
+		case 0, 1: // a sequence some worker rank holds in full
+			sq = f.seqs[r.IntN(len(f.seqs))]
+		case 2: // a known system prompt, new conversation
+			sq = benchSeq{group: r.IntN(benchGroups), conv: 1<<30 + q}
+		default: // nothing shared
+			sq = benchSeq{group: benchGroups + q, conv: q}
 		}
-		scale = f
-	})
-	return scale
+		f.queries = append(f.queries, h.SeqHashes(seqTokens(sq.group, sq.conv)))
+	}
+	return f
 }
 
 // getScaleNaive builds the naive baseline of the scale fleet (about 1.5 GB),
@@ -140,6 +147,50 @@ func getScaleNaive() *naiveIndex {
 func BenchmarkScaleFindMatches(b *testing.B) {
 	f := getScale()
 	benchMatches(b, f.ix, getScaleNaive(), f.queries, scaleWorkers)
+}
+
+// BenchmarkFleetFindMatches runs the scale fleet's queries on the scale
+// fleet (8M entries, 1,024 worker ranks) and on one four times its size (32M
+// entries, 4,096 worker ranks, about 2 GB, built on first use in about four
+// times the scale fleet's build-s), with no baseline: the 32M fleet is where
+// every block of a shared system prompt has holders in about a thousand
+// worker ranks. ns/op is per query; p50-ns and p99-ns its distribution,
+// heap-B/entry the heap per entry measured around the build.
+func BenchmarkFleetFindMatches(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		get  func() *scaleFixture
+	}{
+		{"entries=8M/ranks=1024", getScale},
+		{"entries=32M/ranks=4096", func() *scaleFixture {
+			fleet32Once.Do(func() { fleet32 = buildScale(4 * scaleWorkers) })
+			return fleet32
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			f := c.get()
+			st := f.ix.Stats()
+			buf := make([]Match, 0, st.WorkerRanks)
+			const ring = 1 << 20
+			durs := make([]time.Duration, ring)
+			b.ReportAllocs()
+			n := 0
+			for b.Loop() {
+				q := f.queries[n%len(f.queries)]
+				start := time.Now()
+				buf = f.ix.AppendMatches(buf[:0], q, MatchOptions{})
+				durs[n%ring] = time.Since(start)
+				n++
+			}
+			durs = durs[:min(n, ring)]
+			slices.Sort(durs)
+			b.ReportMetric(float64(durs[len(durs)/2].Nanoseconds()), "p50-ns")
+			b.ReportMetric(float64(durs[len(durs)*99/100].Nanoseconds()), "p99-ns")
+			b.ReportMetric(float64(f.heapBytes)/float64(st.Entries), "heap-B/entry")
+			b.ReportMetric(float64(st.Entries), "entries")
+			b.ReportMetric(f.build.Seconds(), "build-s")
+		})
+	}
 }
 
 // BenchmarkScaleMemory reports the heap per (block, worker rank) entry of the

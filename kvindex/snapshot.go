@@ -125,13 +125,16 @@ type rawBlock struct {
 // number with the snapshot must read those numbers and call Snapshot while no
 // batch is half applied, or a joining replica replays part of a batch twice.
 func (ix *Index) Snapshot() *Snapshot {
+	ix.ranksMu.Lock() // the block maps: no Apply in progress
 	ix.mu.RLock()
 	raw := ix.cutLocked()
 	ix.mu.RUnlock()
+	ix.ranksMu.Unlock()
 	return raw.canonical(ix.blockSize, ix.maxBlocks)
 }
 
-// cutLocked copies what the snapshot needs. The caller holds ix.mu.
+// cutLocked copies what the snapshot needs. The caller holds ix.ranksMu for
+// writing and ix.mu.
 func (ix *Index) cutLocked() *rawCut {
 	t := &ix.t
 	raw := &rawCut{limits: maps.Clone(ix.limits), nodes: make([]rawNode, 0, t.nodes)}
@@ -157,6 +160,9 @@ func (ix *Index) cutLocked() *rawCut {
 	}
 	raw.ranks = make([]rawRank, 0, len(t.workers))
 	for w, ws := range t.workers {
+		if !ws.holdsAny() {
+			continue // emptied by a removal that is about to drop it
+		}
 		r := rawRank{w: w, ratio: ws.ratio, dups: maps.Clone(ws.dups)}
 		for tier := range ws.blocks {
 			m := &ws.blocks[tier]

@@ -16,14 +16,16 @@ import (
 // ix's limits (from was bounded when it was read) and do not call
 // Options.OnStored. It returns the blocks loaded.
 //
-// LoadRanks takes from's read lock and ix's write lock, one after the other
-// per call, never both at once; from must not be ix. Its cost is that of the
-// loaded ranks' blocks and the nodes on their paths.
+// LoadRanks takes from's locks (as Snapshot does) and then ix's (as
+// ClearRank does), never both indexes' at once; from must not be ix. Its
+// cost is that of the loaded ranks' blocks and the nodes on their paths.
 func (ix *Index) LoadRanks(from *Index, ranks []catalog.WorkerRank) int {
 	if from == ix {
 		panic("kvindex: LoadRanks from the index itself")
 	}
 	cut := from.cutRanks(ranks)
+	ix.ranksMu.Lock()
+	defer ix.ranksMu.Unlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	t := &ix.t
@@ -83,17 +85,20 @@ func (ix *Index) LoadRanks(from *Index, ranks []catalog.WorkerRank) int {
 	return loaded
 }
 
-// cutRanks copies, under the read lock, what LoadRanks needs of the named
-// ranks: their blocks by node pointer (nodes are only read through their key
-// and parent afterwards, which never change while the node is attached; the
-// caller of LoadRanks owns from, so nothing detaches them meanwhile).
+// cutRanks copies, under the locks Snapshot takes, what LoadRanks needs of
+// the named ranks: their blocks by node pointer (nodes are only read through
+// their key and parent afterwards, which never change while the node is
+// attached; the caller of LoadRanks owns from, so nothing detaches them
+// meanwhile).
 func (ix *Index) cutRanks(ranks []catalog.WorkerRank) []rawRank {
+	ix.ranksMu.Lock()
+	defer ix.ranksMu.Unlock()
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	out := make([]rawRank, 0, len(ranks))
 	for _, w := range ranks {
 		ws := ix.t.worker(w, false)
-		if ws == nil {
+		if ws == nil || !ws.holdsAny() { // emptied: about to be dropped
 			continue
 		}
 		r := rawRank{w: w, ratio: ws.ratio, dups: maps.Clone(ws.dups)}

@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"sync"
 	"unsafe"
 
 	"github.com/kvselect/kvselect/catalog"
@@ -170,6 +171,9 @@ func (n *node) unheld() bool {
 
 // workerState is what the tree knows about one worker rank.
 type workerState struct {
+	// mu guards blocks, dups and ratio in an Index (see Index); Approx
+	// leaves it alone.
+	mu   sync.Mutex
 	key  catalog.WorkerRank
 	slot uint32
 	// blocks maps, per tier, an engine block hash to the deepest node that block
@@ -182,6 +186,9 @@ type workerState struct {
 	// ratio is the engine block size divided by the index block size, fixed by
 	// the first store (0 until then).
 	ratio int
+	// gone is a removal's scratch: the nodes it unmapped, released under the
+	// tree's lock after the map work (Index only; empty between events).
+	gone []*node
 }
 
 // heldKey names one membership of a worker rank in a node on a tier.
@@ -497,9 +504,13 @@ func (t *tree) dropWorker(ws *workerState) {
 func (t *tree) stats(s *Stats) {
 	s.Nodes = t.nodes
 	s.Entries = t.entries
-	s.WorkerRanks = len(t.workers)
 	maps := 0
 	for _, ws := range t.workers {
+		// A worker rank a removal emptied is dropped right after; until
+		// then it holds no block and does not count.
+		if ws.holdsAny() {
+			s.WorkerRanks++
+		}
 		for i := range ws.blocks {
 			maps += ws.blocks[i].bytes()
 		}

@@ -71,6 +71,13 @@ var jobs = []job{
 	// Registering 1,000 and 10,000 workers one by one (a service built per
 	// registration).
 	{pkg: "./selection", pattern: "^BenchmarkRegisterWorkers$", benchtime: "9x", cpu: "1"},
+	// Issue #33's workload: Dynamo's indexer harness rebuilt (the Mooncake
+	// shape, 128-token blocks, 16 engines' LRU caches, ballast to 1M and 8M
+	// entries), its events applied as vLLM msgpack through the real handler.
+	{pkg: "./kvindex", pattern: "^BenchmarkDynamoFindMatches$", benchtime: "8192x", cpu: "1"},
+	{pkg: "./kvindex", pattern: "^BenchmarkDynamoApplySources$", benchtime: "20x", cpu: "2"},
+	// The fleet shapes at 8M / 1,024 and 32M / 4,096 ranks (about 2 GB, built once).
+	{pkg: "./kvindex", pattern: "^BenchmarkFleetFindMatches$", benchtime: "20000x", cpu: "1"},
 }
 
 func le(limit float64) func(float64) bool { return func(v float64) bool { return v <= limit } }
@@ -129,6 +136,15 @@ var rows = []row{
 	{what: "the same, p99", bench: "BenchmarkBookingReachesPeers", metric: "p99-ns", jobIndex: 15},
 	{what: "10,000 workers upserted one by one until the service picks among them all (vs 1,000)", bench: "BenchmarkRegisterWorkers/workers=10000", metric: "ns/op", budget: "< 2 s", ok: le(2e9), baseline: "BenchmarkRegisterWorkers/workers=1000", asCost: true, jobIndex: 16},
 	{what: "the same: 10,000 workers over 1,000 (each 10,000-worker run over the last 1,000-worker run of the same binary run)", bench: "BenchmarkRegisterWorkers/workers=10000", metric: "x-workers1000", budget: "<= 12x", ok: le(12), jobIndex: 16},
+	{what: "lookup p50, Dynamo-shaped workload, 1M entries (lookups alone, cache warm)", bench: "BenchmarkDynamoFindMatches/entries=1M/static", metric: "p50-ns", budget: "<= 1.2 us", ok: le(1200), jobIndex: 17},
+	{what: "the same, p99", bench: "BenchmarkDynamoFindMatches/entries=1M/static", metric: "p99-ns", budget: "<= 8 us", ok: le(8000), jobIndex: 17},
+	{what: "lookup p99, 1M entries, each lookup followed by its request's events (as a router sees them)", bench: "BenchmarkDynamoFindMatches/entries=1M/replay", metric: "p99-ns", budget: "<= 8 us", ok: le(8000), jobIndex: 17},
+	{what: "lookup p50, Dynamo-shaped workload, 8M entries (lookups alone)", bench: "BenchmarkDynamoFindMatches/entries=8M/static", metric: "p50-ns", budget: "<= 1.2 us", ok: le(1200), jobIndex: 17},
+	{what: "the same, p99", bench: "BenchmarkDynamoFindMatches/entries=8M/static", metric: "p99-ns", budget: "<= 8 us", ok: le(8000), jobIndex: 17},
+	{what: "lookup p99, 8M entries, interleaved with the events", bench: "BenchmarkDynamoFindMatches/entries=8M/replay", metric: "p99-ns", budget: "<= 8 us", ok: le(8000), jobIndex: 17},
+	{what: "applying the Dynamo-shaped events from two sources on 2 cores vs one on 1 core", bench: "BenchmarkDynamoApplySources", metric: "speedup", budget: ">= 1.7x", ok: ge(1.7), higherBtr: true, jobIndex: 18},
+	{what: "FindMatches p50, fleet shape, 8M entries / 1,024 ranks", bench: "BenchmarkFleetFindMatches/entries=8M/ranks=1024", metric: "p50-ns", budget: "<= 4 us", ok: le(4000), jobIndex: 19},
+	{what: "FindMatches p50, fleet shape, 32M entries / 4,096 ranks", bench: "BenchmarkFleetFindMatches/entries=32M/ranks=4096", metric: "p50-ns", budget: "<= 8 us", ok: le(8000), jobIndex: 19},
 	{what: "RemoveWorker p50, a rank holding 8,192 blocks, 8M entries / 1,024 workers (vs the same rank size at 1M / 128)", bench: "BenchmarkScaleRemoveWorker/entries=8M", metric: "p50-ns", budget: "<= 3x the 1M figure (8x the entries)", baseline: "BenchmarkScaleRemoveWorker/entries=1M", maxOfBaseline: 3, jobIndex: 12},
 }
 
