@@ -329,8 +329,7 @@ func classOverload(t *testing.T, classes []Class, load map[string]struct {
 		require.NoError(t, err)
 	}
 	joined := make(chan struct{}, 1024)
-	testHookQueued = func() { joined <- struct{}{} }
-	t.Cleanup(func() { testHookQueued = nil })
+	s.onQueued = func() { joined <- struct{}{} }
 
 	type arrival struct {
 		at    time.Duration

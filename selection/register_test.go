@@ -136,7 +136,7 @@ func TestChangeHeldDecision(t *testing.T) {
 			_, err = s.SelectAndReserve(ctx, Request{ReservationID: "pre", Tokens: toks(8, 1), Allowed: []string{"b"}})
 			require.NoError(t, err)
 
-			first, release, calls := holdFirstBooking(t)
+			first, release, calls := holdFirstBooking(s)
 			held := make(chan Result, 1)
 			go func() {
 				res, err := s.SelectAndReserve(ctx, Request{ReservationID: "held", Tokens: toks(64, 2)})

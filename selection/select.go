@@ -378,8 +378,8 @@ func (s *SelectionService) decideLockFree(p *partition, pr *prepared, sc *evalSc
 			return Result{}, err
 		}
 		if reserve {
-			if testHookBeforeBook != nil {
-				testHookBeforeBook()
+			if s.beforeBook != nil {
+				s.beforeBook()
 			}
 			p.mu.RLock()
 			if p.ranksOf() != sc.rs { // the catalog changed meanwhile
@@ -403,10 +403,6 @@ func (s *SelectionService) decideLockFree(p *partition, pr *prepared, sc *evalSc
 		return res, nil
 	}
 }
-
-// testHookBeforeBook, when set by a test, runs between a lock-free decision's
-// evaluation and its booking.
-var testHookBeforeBook func()
 
 // decideQueued picks and books under the partition lock, waiting in the
 // admission queue while every eligible worker is busy.
@@ -523,8 +519,8 @@ func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *p
 		if kick {
 			p.signal()
 		}
-		if joined && testHookQueued != nil {
-			testHookQueued()
+		if joined && s.onQueued != nil {
+			s.onQueued()
 		}
 		var timeout <-chan time.Time
 		if deadline != noDeadline {
@@ -553,10 +549,6 @@ func (s *SelectionService) decideQueued(ctx context.Context, p *partition, pr *p
 		}
 	}
 }
-
-// testHookQueued, when set by a test, runs when a request has joined the
-// admission queue, before it first waits.
-var testHookQueued func()
 
 // lateRefusal is the refusal of a request whose deadline passed while it
 // waited.

@@ -35,10 +35,14 @@ type SelectionService struct {
 	logger *slog.Logger
 	rec    Recorder
 	tracer Tracer
-	detail bool            // a Recorder or a Tracer wants Decision.Margin
-	scan   scanMode        // tests force the full scan or the sparse decision
-	obs    BookingObserver // nil: no replication
-	pol    *policy         // the policy seams; nil: none (policy.go)
+	detail bool     // a Recorder or a Tracer wants Decision.Margin
+	scan   scanMode // tests force the full scan or the sparse decision
+	// Set by tests while no request is in flight: beforeBook runs between
+	// a lock-free decision's evaluation and its booking, onQueued when a
+	// request has joined an admission queue, before it first waits.
+	beforeBook, onQueued func()
+	obs                  BookingObserver // nil: no replication
+	pol                  *policy         // the policy seams; nil: none (policy.go)
 	// classes is fair admission's policy classes; nil: none (classes.go)
 	classes *classSet
 

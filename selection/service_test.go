@@ -577,7 +577,7 @@ func TestStaleDecisionIsMadeAgain(t *testing.T) {
 	_, err := s.SelectAndReserve(ctx, Request{ReservationID: "pre", Tokens: toks(8, 1), Allowed: []string{"b"}})
 	require.NoError(t, err)
 
-	first, release, _ := holdFirstBooking(t)
+	first, release, _ := holdFirstBooking(s)
 
 	held := make(chan Result, 1)
 	go func() {
@@ -804,19 +804,18 @@ func TestQueuedHeadThatFailsWakesTheNext(t *testing.T) {
 	require.Equal(t, "a", got.res.WorkerID)
 }
 
-// holdFirstBooking makes the first decision that reaches its booking wait
+// holdFirstBooking makes s's first decision that reaches its booking wait
 // there: first is closed when it arrives, and it books once the test closes
 // release. Later decisions pass; calls counts every decision that reached
 // its booking.
-func holdFirstBooking(t *testing.T) (first, release chan struct{}, calls *atomic.Int32) {
+func holdFirstBooking(s *SelectionService) (first, release chan struct{}, calls *atomic.Int32) {
 	calls = new(atomic.Int32)
 	first, release = make(chan struct{}), make(chan struct{})
-	testHookBeforeBook = func() {
+	s.beforeBook = func() {
 		if calls.Add(1) == 1 {
 			close(first)
 			<-release
 		}
 	}
-	t.Cleanup(func() { testHookBeforeBook = nil })
 	return first, release, calls
 }
