@@ -135,6 +135,16 @@ type PredictiveCost struct {
 	// new ones) costs the time the rank takes to prefill DecodeWeight
 	// blocks. In [0, MaxWeight]. Default DefaultPredictiveDecodeWeight.
 	DecodeWeight float64
+	// EvictionWeight prices what a request evicts where its prefix is not
+	// cached, on a rank whose cache is full: its uncached prompt costs
+	// EvictionWeight x the rank's cache pressure more of the rank's time
+	// per token, and the decode term's spreading (which assumes room)
+	// fades by the same pressure. A rank's cache pressure is the share of
+	// the device blocks it stored lately that its engine's removals matched
+	// (WorkerLoad.CachePressure): 0 on a cache that never fills, where the
+	// cost is unchanged. It needs KV events. In [0, MaxWeight]. Default
+	// DefaultPredictiveEvictionWeight.
+	EvictionWeight float64
 	// BalanceWeight prices a rank's share of the recent requests: a rank
 	// whose recent bookings (reservation.PrefillClock's Arrivals: this
 	// service's and, through ReplicaPlane.Book, its peers') are (1 + BalanceSlack
@@ -332,6 +342,10 @@ const (
 	// DefaultPredictiveBacklogWeight is PredictiveCost.BacklogWeight's
 	// default.
 	DefaultPredictiveBacklogWeight = 0.5
+	// DefaultPredictiveEvictionWeight is PredictiveCost.EvictionWeight's
+	// default, chosen on the demo's engines (caches of two and a half
+	// system prompts) and the replay's (docs/ROUTING.md, "Cache pressure").
+	DefaultPredictiveEvictionWeight = 1.0
 	// DefaultBalanceWeight, DefaultBalanceSlack and DefaultBalanceWindow
 	// are PredictiveCost's balance defaults, chosen on the replay
 	// simulator's workloads (docs/ROUTING.md): a rank with 15% more than
@@ -379,7 +393,8 @@ func DynamoConfig(blockSize int) Config {
 		Predictive: PredictiveCost{
 			PrefillTokensPerSecond: DefaultPrefillTokensPerSecond,
 			BacklogWeight:          DefaultPredictiveBacklogWeight, DecodeWeight: DefaultPredictiveDecodeWeight,
-			BalanceWeight: DefaultBalanceWeight, BalanceSlack: DefaultBalanceSlack, BalanceWindow: DefaultBalanceWindow,
+			EvictionWeight: DefaultPredictiveEvictionWeight,
+			BalanceWeight:  DefaultBalanceWeight, BalanceSlack: DefaultBalanceSlack, BalanceWindow: DefaultBalanceWindow,
 		},
 		fromDefaults: true,
 	}
@@ -447,6 +462,7 @@ func (c Config) Validate() error {
 	}
 	nonNeg("Predictive.BacklogWeight", c.Predictive.BacklogWeight)
 	nonNeg("Predictive.DecodeWeight", c.Predictive.DecodeWeight)
+	nonNeg("Predictive.EvictionWeight", c.Predictive.EvictionWeight)
 	nonNeg("Predictive.BalanceWeight", c.Predictive.BalanceWeight)
 	nonNeg("Predictive.BalanceSlack", c.Predictive.BalanceSlack)
 	if c.Predictive.BalanceWindow < time.Second {
@@ -498,10 +514,10 @@ type weights struct {
 	cost       CostModel
 	predictive bool
 	// the predictive cost's: whether ranks learn their prefill rates, the
-	// rate until they have, its backlog, decode and balance weights and
-	// the balance's slack
-	learn                                       bool
-	rate, backlogW, decodeW, balanceW, balSlack float64
+	// rate until they have, its backlog, decode, eviction and balance
+	// weights and the balance's slack
+	learn                                               bool
+	rate, backlogW, decodeW, evictW, balanceW, balSlack float64
 }
 
 // forRanks settles whether a decision over n ranks predicts.
@@ -516,7 +532,7 @@ func (c Config) weights() weights {
 		inflightW: c.InFlightHitWeight, decay: c.OverlapCreditDecay, assumeReuse: c.AssumeKVReuse, trackPrefill: c.TrackPrefillTokens, trackActive: c.TrackActiveBlocks,
 		cost: c.Cost, predictive: c.Cost == CostPredictive, learn: !c.Predictive.FixedRate,
 		rate: c.Predictive.PrefillTokensPerSecond, backlogW: c.Predictive.BacklogWeight, decodeW: c.Predictive.DecodeWeight,
-		balanceW: c.Predictive.BalanceWeight, balSlack: c.Predictive.BalanceSlack,
+		evictW: c.Predictive.EvictionWeight, balanceW: c.Predictive.BalanceWeight, balSlack: c.Predictive.BalanceSlack,
 	}
 }
 

@@ -29,6 +29,8 @@ type candidate struct {
 	since              int64
 	tokTime, queueTime float64
 	arrivals           float64
+	// pressure is the rank's cache pressure, in [0, 1] (CostPredictive)
+	pressure float64
 
 	cost float64
 	// extra is what the policy's cost terms added to cost (policy.go);
@@ -67,16 +69,16 @@ func cost(c *candidate, in *costInput, w *weights) float64 {
 // with s the rank's slowness:
 //
 //	ttft = Overhead + QueuedToken x s x A + ActiveRequest x R + OwnToken x s x own
-//	cost = ttft + backlogW x QueuedToken x s x own
-//	       + decodeW x OwnToken x s x (active blocks + new blocks
+//	cost = ttft + backlogW x QueuedToken x s x own + evictW x p x OwnToken x s x own
+//	       + decodeW x (1 - p) x OwnToken x s x (active blocks + new blocks
 //	                                   + decodeActiveRequestWeight x active requests) x bs
 //	       + balanceW x P x max(0, arrivals / mean arrivals - 1 - slack)
 //
 // and before that, every rank at the configured rate:
 //
 //	remaining = max(0, A - rate x (now - since))   the queued prefill still ahead
-//	cost      = (remaining + (1 + backlogW) x own
-//	             + decodeW x (active blocks + ...) x bs) / rate + balance
+//	cost      = (remaining + (1 + backlogW + evictW x p) x own
+//	             + decodeW x (1 - p) x (active blocks + ...) x bs) / rate + balance
 //
 // A is the rank's active prefill tokens (the uncached tokens of requests
 // booked there and not yet prefilled), R its active requests, own the
@@ -85,7 +87,11 @@ func cost(c *candidate, in *costInput, w *weights) float64 {
 // the rank's predicted time to first token; backlogW prices the time the
 // request's own prefill adds to every request that queues behind it there
 // (nothing on an engine that makes no request wait for another: its
-// QueuedToken is 0), decodeW the rank's decode pressure, balanceW its share
+// QueuedToken is 0), evictW what the request's uncached blocks evict on a
+// rank whose cache is full (p, its cache pressure in [0, 1]: 0 where caches
+// never fill), decodeW the rank's decode pressure (which spreads a cached
+// prefix, and fades as p rises: a full cache that spreads a prefix evicts
+// for it), balanceW its share
 // of the recent bookings above the candidates' mean, once that mean
 // reaches one, in units of P: the candidates' mean time to prefill the
 // model's mean prompt (over its last few hundred decisions), the time
@@ -97,16 +103,17 @@ func predicted(c *candidate, in *costInput, w *weights) float64 {
 	if w.trackPrefill {
 		own = float64(in.isl - min(cachedTokens(c, w, in.blockSize), in.isl))
 	}
-	decode := float64(c.activeBlocks+c.newBlocks) + w.activeReqWeight*float64(c.activeRequests)
+	decode := (1 - c.pressure) * (float64(c.activeBlocks+c.newBlocks) + w.activeReqWeight*float64(c.activeRequests))
+	evict := w.evictW * c.pressure
 	if in.calibrated {
 		ttft := in.overhead + c.queueTime*float64(c.activePrefill) + in.perRequest*float64(c.activeRequests) + c.tokTime*own
-		return ttft + w.backlogW*c.queueTime*own + w.decodeW*c.tokTime*decode*float64(in.blockSize) + balance(c, in, w)
+		return ttft + w.backlogW*c.queueTime*own + evict*c.tokTime*own + w.decodeW*c.tokTime*decode*float64(in.blockSize) + balance(c, in, w)
 	}
 	remaining := float64(c.activePrefill)
 	if c.since != 0 && in.now > c.since && remaining > 0 {
 		remaining = max(0, remaining-float64(in.now-c.since)/1e9/c.tokTime)
 	}
-	return (remaining+(1+w.backlogW)*own+w.decodeW*decode*float64(in.blockSize))*c.tokTime + balance(c, in, w)
+	return (remaining+(1+w.backlogW+evict)*own+w.decodeW*decode*float64(in.blockSize))*c.tokTime + balance(c, in, w)
 }
 
 // balance is the predictive cost's balance term for c: balanceW x the

@@ -225,6 +225,7 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 				c.tokTime, c.queueTime = fixed, fixed
 			}
 			c.arrivals = arr
+			c.pressure = rs.ranks[c.idx].pressure.load()
 			arrivals += arr
 			tokTime += c.tokTime
 		}

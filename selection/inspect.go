@@ -27,7 +27,13 @@ type WorkerLoad struct {
 	// RecentBookings is the rank's recent bookings, decayed over
 	// PredictiveCost.BalanceWindow (reservation.PrefillClock's Arrivals):
 	// what the predictive cost's balance term compares with the mean.
-	RecentBookings       float64
+	RecentBookings float64
+	// CachePressure is the share, in [0, 1], of the device blocks the
+	// rank's engine reported storing lately that its removals matched: how
+	// full its cache runs (0 where it never fills, and without KV events).
+	// The predictive cost's eviction term reads it
+	// (PredictiveCost.EvictionWeight).
+	CachePressure        float64
 	PotentialPrefill     int64 // PotentialLoads only: prefill tokens if this request went here
 	PotentialDecodeBlock int   // PotentialLoads only: active blocks if this request went here
 }
@@ -47,6 +53,7 @@ func (s *SelectionService) Loads(model string) []WorkerLoad {
 		out[i] = s.workerLoad(r, loads[i].Load)
 		clk := s.ledger.PrefillClock(rs.refs[i], now)
 		out[i].PrefillRate, out[i].Slowness, out[i].RecentBookings = clk.Rate, clk.Slowness, clk.Arrivals
+		out[i].CachePressure = r.pressure.load()
 	}
 	sortLoads(out)
 	return out

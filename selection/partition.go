@@ -24,6 +24,7 @@ type rankInfo struct {
 	maxBatched int
 	health     *rankHealth       // nil without feed checks
 	labels     map[string]string // the worker's, never written (the policy seams read them)
+	pressure   *rankPressure     // its cache pressure (with KV events)
 }
 
 // member is a schedulable worker of a partition, as its rank snapshot needs
@@ -82,7 +83,11 @@ type partition struct {
 	// changes of ver; it is a leaf lock.
 	memMu   sync.Mutex
 	members map[string]*member
-	ver     atomic.Uint64
+	// pressure holds each rank's cache pressure (catalog.WorkerRank ->
+	// *rankPressure), kept across snapshots: the routing applier finds a
+	// rank's without a lock, builds hand it to the rank's rankInfo.
+	pressure sync.Map
+	ver      atomic.Uint64
 	// buildMu serialises builds, so snapshots are published in the order
 	// they read members. Lock order: mu (a queued decision builds under
 	// it), then buildMu, then memMu; a build takes no other lock of the
@@ -237,6 +242,7 @@ func (p *partition) build() *rankSet {
 			if m.health != nil {
 				ri.health = m.health[r]
 			}
+			ri.pressure = p.pressureOf(ri.key)
 			rs.ranks = append(rs.ranks, ri)
 			rs.pos[ri.key] = int32(i)
 			keys[i] = ri.key
@@ -713,4 +719,14 @@ func (p *partition) promptMean(isl int, peek bool) float64 {
 		p.promptTokens.Store(math.Float64bits(m))
 	}
 	return m
+}
+
+// pressureOf returns rank w's cache pressure, made on first use (without
+// an allocation after that: the apply path calls it per event).
+func (p *partition) pressureOf(w catalog.WorkerRank) *rankPressure {
+	if pv, ok := p.pressure.Load(w); ok {
+		return pv.(*rankPressure)
+	}
+	pv, _ := p.pressure.LoadOrStore(w, new(rankPressure))
+	return pv.(*rankPressure)
 }

@@ -43,6 +43,14 @@ func TestPredictedWorkedExample(t *testing.T) {
 	c.queueTime = 0 // an engine where nothing waits for what is queued: no backlog either
 	require.InDelta(t, 0.010+0.002*3+1e-3*32+0.5*1e-3*4*16, cost(&c, &cal, &w), 1e-12)
 
+	// A full cache (pressure 0.5, eviction weight 2): the request's 32
+	// uncached tokens cost 2 x 0.5 x 1 ms more, and the decode term half.
+	c.queueTime, w.evictW, c.pressure = 0.5e-3, 2, 0.5
+	require.InDelta(t, 0.010+0.5e-3*100+0.002*3+1e-3*32+0.5e-3*32+2*0.5*1e-3*32+0.5*0.5*1e-3*4*16, cost(&c, &cal, &w), 1e-12)
+	c.since = 0
+	require.InDelta(t, (100+(1+1+2*0.5)*32+0.5*0.5*4*16)/1000.0, cost(&c, &in, &w), 1e-12)
+	c.pressure, w.evictW = 0, 0
+
 	w.trackPrefill, c.activePrefill, c.queueTime = false, 0, 1.0/1000 // a decode leg: decode pressure only
 	require.InDelta(t, (0.5*4*16)/1000.0, cost(&c, &in, &w), 1e-12)
 }

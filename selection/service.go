@@ -243,7 +243,21 @@ func (r routingApplier) Apply(w catalog.WorkerRank, ev kvindex.Event) error {
 		rr := r.s.rankRange[w.WorkerID]
 		return fmt.Errorf("%w: rank %d of worker %q (ranks %d..%d)", kvevents.ErrUnknownRank, w.Rank, w.WorkerID, rr[0], rr[0]+rr[1]-1)
 	}
-	return p.index.Apply(w, ev)
+	if err := p.index.Apply(w, ev); err != nil {
+		return err
+	}
+	switch {
+	case ev.Kind == kvindex.EventCleared:
+		if pv, ok := p.pressure.Load(w); ok {
+			pv.(*rankPressure).reset()
+		}
+	case ev.Tier != kvindex.TierDevice:
+	case ev.Kind == kvindex.EventStored:
+		p.pressureOf(w).event(len(ev.BlockHashes), 0)
+	case ev.Kind == kvindex.EventRemoved:
+		p.pressureOf(w).event(0, len(ev.BlockHashes))
+	}
+	return nil
 }
 
 // rankLimitFactor times a worker's declared KV capacity is the most blocks one
@@ -273,6 +287,9 @@ func (r routingApplier) ClearRank(w catalog.WorkerRank) {
 	defer r.s.mu.RUnlock()
 	if p := r.s.workerPart[w.WorkerID]; p != nil && p.index != nil {
 		p.index.ClearRank(w)
+		if pv, ok := p.pressure.Load(w); ok {
+			pv.(*rankPressure).reset()
+		}
 	}
 }
 
@@ -520,6 +537,12 @@ func (s *SelectionService) forgetWorkerLocked(p *partition, id string) {
 	}
 	s.dropHealthLocked(p, id, nil)
 	p.unEject(id)
+	p.pressure.Range(func(k, _ any) bool {
+		if k.(catalog.WorkerRank).WorkerID == id {
+			p.pressure.Delete(k)
+		}
+		return true
+	})
 	delete(s.workerPart, id)
 	delete(s.rankRange, id)
 	s.partOf.Delete(id)

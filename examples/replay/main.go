@@ -110,11 +110,11 @@ type config struct {
 
 	credit, scale, temperature, reqWeight float64
 	// the cost function, and the predictive cost's weights and fixed rate
-	cost                        selection.CostModel
-	backlogWeight, decodeWeight float64
-	balanceWeight, balanceSlack float64
-	balanceWindow               time.Duration
-	fixedRate                   bool
+	cost                                        selection.CostModel
+	backlogWeight, decodeWeight, evictionWeight float64
+	balanceWeight, balanceSlack                 float64
+	balanceWindow                               time.Duration
+	fixedRate                                   bool
 }
 
 func parse(args []string, stderr io.Writer) (config, error) {
@@ -180,6 +180,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.balanceWindow, "balance-window", def.Predictive.BalanceWindow, "kvselect --cost predictive: time constant over which recent requests decay")
 	fs.Float64Var(&c.decodeWeight, "decode-weight", def.Predictive.DecodeWeight, "kvselect --cost predictive: cost of an active block, in blocks of prefill time")
 	fs.Float64Var(&c.backlogWeight, "backlog-weight", def.Predictive.BacklogWeight, "kvselect --cost predictive: extra weight of a request's own uncached prefill (the time it adds to the requests queued behind it)")
+	fs.Float64Var(&c.evictionWeight, "eviction-weight", def.Predictive.EvictionWeight, "kvselect --cost predictive: extra weight of a request's uncached prefill on a worker whose cache runs full, times its cache pressure")
 	fs.BoolVar(&c.fixedRate, "fixed-rate", false, "kvselect --cost predictive: use --prefill-rate for every worker instead of learning each one's rate")
 
 	err := fs.Parse(args)
@@ -351,6 +352,7 @@ func (c config) selectionConfig(credit, scale, temperature float64) selection.Co
 	cfg.OverlapCreditDecay = c.decay
 	cfg.Cost = c.cost
 	cfg.Predictive.BacklogWeight = c.backlogWeight
+	cfg.Predictive.EvictionWeight = c.evictionWeight
 	cfg.Predictive.DecodeWeight = c.decodeWeight
 	cfg.Predictive.BalanceWeight, cfg.Predictive.BalanceSlack, cfg.Predictive.BalanceWindow = c.balanceWeight, c.balanceSlack, c.balanceWindow
 	cfg.Predictive.FixedRate = c.fixedRate

@@ -210,13 +210,13 @@ func TestConfigPredictiveCost(t *testing.T) {
 
 	c, err = load(t, map[string]string{
 		"DYN_EPP_COST": "Predictive", "DYN_EPP_PREFILL_TOKENS_PER_SECOND": "25000", "DYN_EPP_LEARN_PREFILL_RATE": "false",
-		"DYN_EPP_PREDICTIVE_BACKLOG_WEIGHT": "1", "DYN_EPP_PREDICTIVE_DECODE_WEIGHT": "0.25",
+		"DYN_EPP_PREDICTIVE_BACKLOG_WEIGHT": "1", "DYN_EPP_PREDICTIVE_DECODE_WEIGHT": "0.25", "DYN_EPP_PREDICTIVE_EVICTION_WEIGHT": "2",
 		"DYN_EPP_BALANCE_WEIGHT": "3", "DYN_EPP_BALANCE_SLACK": "0.2", "DYN_EPP_BALANCE_WINDOW_SECONDS": "60",
 	})
 	require.NoError(t, err)
 	require.Equal(t, selection.CostPredictive, c.Router.Cost)
 	require.Equal(t, selection.PredictiveCost{PrefillTokensPerSecond: 25000, FixedRate: true, BacklogWeight: 1, DecodeWeight: 0.25,
-		BalanceWeight: 3, BalanceSlack: 0.2, BalanceWindow: time.Minute}, c.Router.Predictive)
+		EvictionWeight: 2, BalanceWeight: 3, BalanceSlack: 0.2, BalanceWindow: time.Minute}, c.Router.Predictive)
 	require.True(t, c.OutputGrowth, "auto: on with the predictive cost")
 
 	c, err = load(t, map[string]string{"DYN_EPP_COST": "predictive", "DYN_EPP_OUTPUT_GROWTH": "false"})
@@ -225,8 +225,9 @@ func TestConfigPredictiveCost(t *testing.T) {
 
 	// A subnormal rate is above 0, and would make every cost infinite.
 	_, err = load(t, map[string]string{"DYN_EPP_COST": "fastest", "DYN_EPP_PREFILL_TOKENS_PER_SECOND": "4.9e-324", "DYN_EPP_OUTPUT_GROWTH": "sometimes",
-		"DYN_EPP_BALANCE_WEIGHT": "-1", "DYN_EPP_BALANCE_WINDOW_SECONDS": "0"})
+		"DYN_EPP_BALANCE_WEIGHT": "-1", "DYN_EPP_BALANCE_WINDOW_SECONDS": "0", "DYN_EPP_PREDICTIVE_EVICTION_WEIGHT": "-0.5"})
 	require.ErrorContains(t, err, "DYN_EPP_BALANCE_WEIGHT")
+	require.ErrorContains(t, err, "DYN_EPP_PREDICTIVE_EVICTION_WEIGHT")
 	require.ErrorContains(t, err, "DYN_EPP_BALANCE_WINDOW_SECONDS")
 	require.ErrorContains(t, err, "DYN_EPP_COST")
 	require.ErrorContains(t, err, "DYN_EPP_PREFILL_TOKENS_PER_SECOND")

@@ -93,6 +93,7 @@ var (
 	dLate         = descSel("queue_deadline_refusals_total", "Requests refused because their deadline passed while they waited in an admission queue.")
 	dSpread       = descSel("decisions_spread_total", "Decisions that priced the bookings peer replicas were likely making in the same instant (a burst spread over the replicas).")
 	dLoadRecent   = prometheus.NewDesc("kvselect_worker_recent_bookings", "Requests booked on the worker rank recently (the EPP's own and its peers'), each decaying over DYN_EPP_BALANCE_WINDOW_SECONDS: what the predictive cost's balance term compares with the mean.", loadLabels, nil)
+	dLoadPress    = prometheus.NewDesc("kvselect_worker_cache_pressure", "The share (0 to 1) of the device blocks the worker rank's engine stored lately that its removals matched: how full its cache runs (0 where it never fills, and without KV events); the predictive cost's eviction term reads it.", loadLabels, nil)
 	dLoadBusy     = prometheus.NewDesc("kvselect_worker_busy", "1 while the worker rank's prefill load is above the queue threshold (requests wait in kvselect_queue_depth when every eligible rank is busy); 0 without queueing.", loadLabels, nil)
 
 	evLabels    = []string{"role", "worker", "rank"}
@@ -196,6 +197,7 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(dLoadRate, l.PrefillRate, lv...)
 			gauge(dLoadSlow, l.Slowness, lv...)
 			gauge(dLoadRecent, l.RecentBookings, lv...)
+			gauge(dLoadPress, l.CachePressure, lv...)
 		}
 		for _, e := range s.Events().Sources() {
 			lv := []string{role, e.Worker.WorkerID, strconv.Itoa(e.Worker.Rank)}
