@@ -35,7 +35,7 @@ import (
 // driver, as a gateway spreads them over its Endpoint Pickers.
 const (
 	procEngines     = 4
-	procRequests    = 240
+	procRequests    = 480
 	procConcurrency = 6
 	procStart       = 30 * time.Second // a process up, listening, synced
 	procWait        = 10 * time.Second // a condition on the metrics
@@ -129,10 +129,6 @@ func (rig *procRig) env(name string) map[string]string {
 		"DYN_EPP_METRICS_ADDR":          "127.0.0.1:0",
 		"POD_IP":                        "127.0.0.1",
 		"DYN_EPP_REPLICA_ID":            name,
-		// Dynamo's cost: its hit rate varies little from run to run in real
-		// time (0.65-0.67), the predictive cost's a lot (0.55-0.64), and
-		// that noise hid what is compared here, replicas against one EPP.
-		"DYN_EPP_COST": "dynamo",
 	}
 }
 
@@ -412,12 +408,12 @@ func TestThreeEPPProcesses(t *testing.T) {
 	t.Logf("engine-reported prefix-cache hit rate: one EPP %.3f, three replicas %.3f (%d requests, %d in flight)",
 		hit1, hit3, procRequests, procConcurrency)
 	require.Positive(t, hit1)
-	// Under Dynamo's cost (env) these real-time runs vary little: one EPP
-	// 0.66-0.67, three replicas 0.65-0.67 over eight runs. 0.9 leaves the
-	// noise of a loaded machine room and still catches replicas that lose
-	// the prefixes; that they share their bookings is checked below, on
+	// Under the default cost, over 480 requests: one EPP 0.66-0.69, three
+	// replicas at 0.96-1.01 of it (nine runs, three of them race-built
+	// beside a busy loop); at 240 requests one run in seven fell to 0.92.
+	// That the replicas share their bookings is checked below, on
 	// kvselect_replica_applied_total.
-	require.GreaterOrEqual(t, hit3, 0.9*hit1, "three replicas' hit rate against one EPP's")
+	require.GreaterOrEqual(t, hit3, 0.95*hit1, "three replicas' hit rate against one EPP's")
 	var remote float64
 	for _, p := range eps {
 		remote += p.metric(t, "kvselect_replica_applied_total", nil)
