@@ -122,7 +122,8 @@
 // own place among all of them by replica id, and twice BatchInterval as the
 // window within which bookings do not see each other), so that a burst's
 // requests price the bookings their peers are making meanwhile
-// (selection.Peers). It says so again whenever a peer joins or is dropped.
+// (selection.Peers), or, with Options.HoldBursts, wait for them. It says
+// so again whenever a peer joins or is dropped.
 //
 // # Silence, leases and partitions
 //

@@ -120,6 +120,13 @@ type Options struct {
 	// snapshots, overflow, degraded). Default: discard. Nothing is logged per
 	// booking.
 	Logger *slog.Logger
+	// HoldBursts tells the service that its callers hold a burst's requests
+	// until the bookings of the peers ahead of this replica have arrived,
+	// so that it need not price them (selection.Peers.Hold): set it only
+	// when every caller that books through the service waits
+	// selection.ReplicaPlane.Hold first, as the reference EPP does. Default
+	// false: the service prices them.
+	HoldBursts bool
 	// WarmTimeout bounds the warm start (see the package doc, Warm start):
 	// listening for peers, taking a serving peer's index and replaying the
 	// engines from it; past it the replica starts cold, with a WARN. Default

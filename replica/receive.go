@@ -377,7 +377,7 @@ func (r *Replicator) tellPeersLocked() {
 			pos++
 		}
 	}
-	_ = r.svc.Replicas().SetPeers(selection.Peers{Count: len(r.peers), Position: pos, Window: 2 * r.o.BatchInterval})
+	_ = r.svc.Replicas().SetPeers(selection.Peers{Count: len(r.peers), Position: pos, Window: 2 * r.o.BatchInterval, Hold: r.o.HoldBursts})
 }
 
 // repairWindow: a repair begun within it of the one before continues a

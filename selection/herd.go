@@ -38,6 +38,15 @@ import (
 // router's on multi-turn, RAG, mixed and bursty traffic, and leaves steady
 // traffic as it was; on agent loops, whose bursts share a hot prefix, it
 // does worse than deciding blind.
+//
+// With Hold set, a router does not guess: a request of a burst waits
+// Position x Window from its arrival before it books (ReplicaPlane.Hold
+// says how long; the caller waits), so that the bookings of the routers
+// ahead of it in Position order have reached it, and the routers after it
+// will see its own. The routers then decide a burst in turn, as one router
+// would, at the price of up to Count x Window more time to first token for
+// the requests of a burst (none for the router at Position 0, none outside
+// bursts).
 type Peers struct {
 	// Count is the number of other routers booking now; 0 turns the
 	// spreading off.
@@ -49,6 +58,9 @@ type Peers struct {
 	// plane's batching interval plus its delivery time); 0 turns the
 	// spreading off.
 	Window time.Duration
+	// Hold: a request of a burst waits for the peers ahead of this router
+	// (ReplicaPlane.Hold) instead of pricing their likely bookings.
+	Hold bool
 }
 
 // maxSpread bounds the peers' bookings a decision prices, whatever the
@@ -59,6 +71,7 @@ const maxSpread = 64
 type peerState struct {
 	count, position atomic.Int32
 	window          atomic.Int64 // nanoseconds
+	hold            atomic.Bool
 }
 
 // burst is a partition's run of its own bookings, each within the peers'
@@ -87,7 +100,32 @@ func (view ReplicaPlane) SetPeers(p Peers) error {
 	ps.count.Store(int32(p.Count))
 	ps.position.Store(int32(p.Position))
 	ps.window.Store(int64(p.Window))
+	ps.hold.Store(p.Hold)
 	return nil
+}
+
+// Hold is how long a request for model arriving now should wait before it
+// books, when the peers hold (Peers.Hold): Position x Window in a burst (a
+// run of this router's bookings goes on, or its arrivals have been coming
+// together; see Peers), else 0. The caller waits, then books; a caller
+// that books without waiting routes as a router that holds nothing.
+func (view ReplicaPlane) Hold(model string) time.Duration {
+	s := view.s
+	if !s.routers.hold.Load() {
+		return 0
+	}
+	p := s.partition(model)
+	if p == nil {
+		return 0
+	}
+	if _, inBurst := s.burstRound(p, s.now().UnixNano()); !inBurst {
+		return 0
+	}
+	d := time.Duration(s.routers.position.Load()) * time.Duration(s.routers.window.Load())
+	if d > 0 {
+		s.st.held.Add(1)
+	}
+	return d
 }
 
 // spreadCount is how many peer bookings a decision at now prices (see
@@ -95,19 +133,34 @@ func (view ReplicaPlane) SetPeers(p Peers) error {
 // or of a router whose arrivals have been coming together. A decision in a
 // burst breaks ties as the peers' bookings were priced, whether it prices
 // some or, first of all, none.
+// With Peers.Hold the decision prices none and breaks ties as a router
+// alone does: it waited for the peers' bookings.
 func (s *SelectionService) spreadCount(p *partition, now int64) (n int, inBurst bool) {
+	if s.routers.hold.Load() {
+		return 0, false
+	}
+	round, inBurst := s.burstRound(p, now)
+	if !inBurst {
+		return 0, false
+	}
+	return min(round*int(s.routers.count.Load())+int(s.routers.position.Load()), maxSpread), true
+}
+
+// burstRound is a decision's round in its router's run of bookings at now
+// (0 for the first of a run), and whether it is in a burst (see
+// spreadCount).
+func (s *SelectionService) burstRound(p *partition, now int64) (round int, inBurst bool) {
 	count, window := int(s.routers.count.Load()), s.routers.window.Load()
 	if count == 0 || window == 0 {
 		return 0, false
 	}
-	round := 0
 	if last := p.burst.last.Load(); last != 0 && now-last <= window {
 		round = int(p.burst.run.Load())
 	}
 	if round == 0 && math.Float64frombits(p.burst.bursty.Load()) < 0.5 {
 		return 0, false // arrivals have not been coming together: likely alone
 	}
-	return min(round*count+int(s.routers.position.Load()), maxSpread), true
+	return round, true
 }
 
 // booked counts a booking at now into the run.

@@ -1,13 +1,17 @@
 package selection
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvselect/kvselect/reservation"
 )
 
 // burstOver books n requests of distinct prompts (no worker caches any),
@@ -30,13 +34,23 @@ func burstOver(t *testing.T, routers []*SelectionService, n int) map[string]int 
 // first seen its requests come in same-instant runs (booked and freed), as
 // a burst's requests do.
 func newRouters(t *testing.T, n int, peers bool) []*SelectionService {
+	rs, _ := newRoutersOn(t, newFakeClock(), n, peers, nil)
+	return rs
+}
+
+// newRoutersOn is newRouters on clk, each router's own bookings observed by
+// observe(k) when it is not nil.
+func newRoutersOn(t *testing.T, clk *fakeClock, n int, peers bool, observe func(k int) BookingObserver) ([]*SelectionService, *fakeClock) {
 	t.Helper()
-	clk := newFakeClock()
 	var out []*SelectionService
 	for k := range n {
 		cfg := DefaultConfig(4)
 		cfg.UseKVEvents, cfg.Cost = false, CostPredictive
-		s, err := NewSelectionServiceBuilder(cfg).Clock(clk.Now).Rand(rand.NewPCG(1, uint64(k))).SweepInterval(-1).Build(context.Background())
+		b := NewSelectionServiceBuilder(cfg).Clock(clk.Now).Rand(rand.NewPCG(1, uint64(k))).SweepInterval(-1)
+		if observe != nil {
+			b = b.Observe(observe(k))
+		}
+		s, err := b.Build(context.Background())
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = s.Close() })
 		addWorkers(t, s, "a", "b", "c", "d", "e", "f")
@@ -54,15 +68,133 @@ func newRouters(t *testing.T, n int, peers bool) []*SelectionService {
 		out = append(out, s)
 	}
 	clk.Advance(time.Hour) // the burst is a run of its own, the warm-up's recent bookings long decayed
-	return out
+	return out, clk
 }
 
-func maxOf(m map[string]int) int {
-	best := 0
-	for _, v := range m {
-		best = max(best, v)
+// peerLink hands router from's bookings to its peers window after they
+// were made (deliver), as the replicas' sync does.
+type peerLink struct {
+	net  *peerNet
+	from int
+}
+
+// peerNet is the routers' sync: bookings in flight to the peers.
+type peerNet struct {
+	routers []*SelectionService
+	clk     *fakeClock
+	window  time.Duration
+	armed   bool // off during the warm-up, whose bookings stay local
+	flight  []flying
+}
+
+type flying struct {
+	due  time.Time
+	from int
+	ev   BookingEvent
+}
+
+func (l peerLink) Booked(ev BookingEvent) {
+	if n := l.net; n.armed {
+		ev.SeqHashes = slices.Clone(ev.SeqHashes)
+		n.flight = append(n.flight, flying{n.clk.Now().Add(n.window - time.Nanosecond), l.from, ev})
 	}
-	return best
+}
+
+func (peerLink) Settled(reservation.ID, Settlement) {}
+
+// deliver books on the peers every booking due by now.
+func (n *peerNet) deliver(t *testing.T) {
+	rest := n.flight[:0]
+	for _, f := range n.flight {
+		if f.due.After(n.clk.Now()) {
+			rest = append(rest, f)
+			continue
+		}
+		for k, s := range n.routers {
+			if k != f.from {
+				require.NoError(t, s.Replicas().Book(fmt.Sprint("router-", f.from), f.ev))
+			}
+		}
+	}
+	n.flight = rest
+}
+
+// holdBurst plays a burst of twelve requests no worker caches, arriving in
+// the same instant round-robin over three routers told to hold
+// (Peers.Hold), on six idle workers, each booking reaching the peers
+// within the window. Each request books Hold after its arrival when
+// honour is set, at once otherwise. It returns the requests per worker, the
+// routers' sync and the peer bookings they priced during the burst.
+func holdBurst(t *testing.T, honour bool) (map[string]int, *peerNet, uint64) {
+	const window = 5 * time.Millisecond
+	n := &peerNet{clk: newFakeClock(), window: window}
+	n.routers, _ = newRoutersOn(t, n.clk, 3, true, func(k int) BookingObserver { return peerLink{net: n, from: k} })
+	for k, s := range n.routers {
+		require.NoError(t, s.Replicas().SetPeers(Peers{Count: 2, Position: k, Window: window, Hold: true}))
+	}
+	n.armed = true
+	spread := func() (sum uint64) {
+		for _, s := range n.routers {
+			sum += s.Stats().Spread
+		}
+		return sum
+	}
+	before := spread()
+	type held struct {
+		i    int
+		hold time.Duration
+	}
+	var order []held
+	for i := range 12 {
+		h := n.routers[i%3].Replicas().Hold("")
+		require.Equal(t, time.Duration(i%3)*window, h, "request %d, router %d", i, i%3)
+		if !honour {
+			h = 0
+		}
+		order = append(order, held{i, h})
+	}
+	slices.SortStableFunc(order, func(a, b held) int { return cmp.Compare(a.hold, b.hold) })
+	start, got := n.clk.Now(), map[string]int{}
+	for _, h := range order {
+		n.clk.Advance(start.Add(h.hold).Sub(n.clk.Now()))
+		n.deliver(t)
+		r, err := n.routers[h.i%3].SelectAndReserve(context.Background(), Request{Tokens: toks(64, 10+h.i)})
+		require.NoError(t, err)
+		got[r.WorkerID]++
+	}
+	return got, n, spread() - before
+}
+
+// TestPeersHoldABurst: told to hold (Peers.Hold), the routers' requests of a
+// burst wait Position x Window (ReplicaPlane.Hold: 0 for router 0's) and
+// then see the bookings of the routers ahead: the burst spreads as one
+// router's does, two on each worker, where the same routers booking at
+// once pile up more on some; no decision prices a peer booking, and
+// Stats.Held counts the eight requests told to wait.
+func TestPeersHoldABurst(t *testing.T) {
+	blind, _, _ := holdBurst(t, false)
+	got, n, spread := holdBurst(t, true)
+	t.Logf("three booking at once %v; three holding %v", blind, got)
+	require.Greater(t, maxOf(blind), 2, "the herd the hold is for")
+	require.Equal(t, 2, maxOf(got))
+	require.Zero(t, spread, "holding routers price no peer booking")
+	var held uint64
+	for _, s := range n.routers {
+		held += s.Stats().Held
+	}
+	require.EqualValues(t, 8, held)
+
+	// Alone again (one request a minute), nothing waits.
+	r1 := n.routers[1]
+	for i := range 40 {
+		n.clk.Advance(time.Minute)
+		r, err := r1.SelectAndReserve(context.Background(), Request{Tokens: toks(64, 100+i)})
+		require.NoError(t, err)
+		require.NoError(t, r1.Reservations().Free(r.ReservationID))
+	}
+	n.clk.Advance(time.Minute)
+	require.Zero(t, r1.Replicas().Hold(""), "arrivals that stopped coming together hold nothing")
+	require.Zero(t, n.routers[0].Replicas().Hold("another-model"), "a model it does not route holds nothing")
 }
 
 // TestPeersSpreadABurst: twelve same-instant requests that no worker
@@ -144,4 +276,12 @@ func TestSetPeersRefused(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidConfig, fmt.Sprint(p))
 	}
 	require.EqualValues(t, 1, s.routers.position.Load(), "unchanged")
+}
+
+func maxOf(m map[string]int) int {
+	best := 0
+	for _, v := range m {
+		best = max(best, v)
+	}
+	return best
 }

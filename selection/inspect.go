@@ -204,6 +204,9 @@ type Stats struct {
 	// Spread counts the decisions that priced the bookings peers were
 	// likely making in the same instant (see Peers).
 	Spread uint64
+	// Held counts the requests ReplicaPlane.Hold told to wait for the
+	// peers' bookings of their burst (Peers.Hold).
+	Held uint64
 	// Filtered counts the candidates each policy filter excluded, by the
 	// filter's name (SelectionServiceBuilder.Filter), in the last
 	// evaluation of each Select and SelectAndReserve (a queued request is
@@ -251,7 +254,7 @@ func (s *SelectionService) Stats() Stats {
 		QueueWaitTotal: s.st.queueWaitNanos.Load(), Waiting: waiting,
 		ChosenOverlapBlocks: s.st.chosenOverlap.Load(), BestOverlapBlocks: s.st.bestOverlap.Load(), RequestBlocks: s.st.requestBlocks.Load(),
 		Expired: uint64(ls.Expired), Dropped: uint64(ls.Removed), Failures: s.st.failures.Load(),
-		RemoteBookings: s.st.remoteBookings.Load(), Spread: s.st.spread.Load(), Ledger: ls, Calibration: s.ledger.Calibration(),
+		RemoteBookings: s.st.remoteBookings.Load(), Spread: s.st.spread.Load(), Held: s.st.held.Load(), Ledger: ls, Calibration: s.ledger.Calibration(),
 		Sessions: sessions, SessionHits: s.st.sessionHits.Load(), SessionMoves: s.st.sessionMoves.Load(),
 		SessionsEvicted: s.st.sessionsEvicted.Load(), SessionsExpired: s.st.sessionsExpired.Load(),
 		Moves:    s.st.moves.Load(),

@@ -101,7 +101,7 @@ type serviceCounters struct {
 	chosenOverlap, bestOverlap, requestBlocks                                                atomic.Uint64
 	sessionHits, sessionMoves, sessionsEvicted, sessionsExpired, moves                       atomic.Uint64
 	queueWaitNanos                                                                           atomic.Int64
-	spread, policyFullScans                                                                  atomic.Uint64
+	spread, held, policyFullScans                                                            atomic.Uint64
 	deadlineRefused                                                                          atomic.Uint64
 	// refusedRanks and refusedInvalid count Workers().Upsert's refusals
 	// (WorkerRefusals).

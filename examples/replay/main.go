@@ -92,6 +92,7 @@ type config struct {
 	syncDelay  time.Duration
 	noSync     bool
 	noSpread   bool
+	hold       bool
 	batch      int
 	growth     bool
 	decodeKV   bool
@@ -150,6 +151,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&replicas, "replicas", "1", "kvselect: comma-separated router replica counts, one row each (e.g. 1,3); arrivals go to the replicas round-robin")
 	fs.DurationVar(&c.syncDelay, "sync-delay", replay.DefaultSyncDelay, "kvselect with replicas: how long a booking or settling call takes to reach the other replicas, in simulated time (0 = at once)")
 	fs.BoolVar(&c.noSync, "no-sync", false, "kvselect with replicas: also replay every --replicas value above 1 without sync (the baseline)")
+	fs.BoolVar(&c.hold, "hold", false, "kvselect with replicas: also replay every --replicas value above 1 synced and holding a burst's requests until the peers ahead have booked theirs (selection.Peers.Hold)")
 	fs.BoolVar(&c.noSpread, "no-spread", false, "kvselect with replicas: also replay every --replicas value above 1 synced but without pricing the peers' same-instant bookings (the herding baseline)")
 	fs.IntVar(&c.batch, "batch", 0, "give arrivals same-instant batches of this many requests, each at its batch's first arrival (bursts a gateway spreads over its replicas; 0 or 1: as generated)")
 	fs.BoolVar(&c.decodeKV, "decode-holds-kv", false, "engines: a running request's generated tokens take prefix-cache space until it finishes (one block per block of output), as in vLLM")
@@ -251,6 +253,8 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		bad("--no-sync needs a --replicas value above 1")
 	} else if c.noSpread && slices.Max(c.replicas) == 1 {
 		bad("--no-spread needs a --replicas value above 1")
+	} else if c.hold && slices.Max(c.replicas) == 1 {
+		bad("--hold needs a --replicas value above 1")
 	}
 	if c.batch < 0 || c.batch > 1<<16 {
 		bad("--batch %d: want 0 to %d", c.batch, 1<<16)
@@ -365,7 +369,7 @@ type job struct {
 	policy                     replay.Policy
 	credit, scale, temperature float64
 	replicas                   int // 0 means 1
-	noSync, noSpread           bool
+	noSync, noSpread, hold     bool
 	growth                     bool
 	res                        replay.Result
 	err                        error
@@ -408,6 +412,12 @@ func (c config) withReplicas(jobs []*job) []*job {
 				nj.replicas, nj.noSpread = r, true
 				nj.label += fmt.Sprintf(" R=%d sync %v no spread", r, c.syncDelay)
 				out = append(out, &nj)
+			}
+			if c.hold {
+				hj := *j
+				hj.replicas, hj.hold = r, true
+				hj.label += fmt.Sprintf(" R=%d sync %v hold", r, c.syncDelay)
+				out = append(out, &hj)
 			}
 		}
 	}
@@ -571,7 +581,7 @@ func (c config) runAll(ctx context.Context, reqs []trace.Request, jobs []*job) {
 					Speedup: c.speedup, PrefillTokensPerSecond: c.prefill, DecodeTokenTime: tpotOption(c.tpot),
 					StepBase: c.stepBase, MaxBatchedTokens: c.batched, RequestOverhead: c.overhead, Speeds: c.speeds(),
 					MaxRunning: c.maxRunning, Seed: c.seed, Selection: &cfg, Explain: c.explain,
-					Replicas: j.replicas, SyncDelay: syncOption(c.syncDelay), NoSync: j.noSync, NoSpread: j.noSpread, OutputGrowth: j.growth, DecodeHoldsKV: c.decodeKV,
+					Replicas: j.replicas, SyncDelay: syncOption(c.syncDelay), NoSync: j.noSync, NoSpread: j.noSpread, Hold: j.hold, OutputGrowth: j.growth, DecodeHoldsKV: c.decodeKV,
 				})
 			}
 		})

@@ -148,6 +148,12 @@ type Options struct {
 	// baseline the spreading is measured against. No effect with one
 	// replica or NoSync.
 	NoSpread bool
+	// Hold has synced replicas hold a burst's requests instead of pricing
+	// their peers' bookings (selection.Peers.Hold): replica i routes a
+	// request of a burst i x Window after its arrival, and its time to
+	// first token counts the wait. No effect with one replica, NoSync or
+	// NoSpread.
+	Hold bool
 	// Seed makes random choices (the random policy, tie-breaks, kvselect's
 	// sampling) reproducible. Replica 0 draws the stream one router does, each
 	// other replica a stream of its own.

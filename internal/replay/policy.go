@@ -33,6 +33,9 @@ type router interface {
 	wantsEvents() bool
 	// deliver runs a replica-sync event the router scheduled (evSync).
 	deliver(slot int) error
+	// hold picks r's router replica and returns how long r waits there
+	// before route (selection.ReplicaPlane.Hold; 0 without Options.Hold).
+	hold(r *simRequest) time.Duration
 	close() error
 }
 
@@ -52,6 +55,7 @@ func (b *baseline) finished(*simRequest) error     { return nil }
 func (b *baseline) grew(*simRequest) error         { return nil }
 func (b *baseline) close() error                   { return nil }
 func (b *baseline) deliver(int) error              { return nil }
+func (b *baseline) hold(*simRequest) time.Duration { return 0 }
 
 func (b *baseline) route(_ context.Context, r *simRequest) (int, int, error) {
 	ws := b.sim.workers
@@ -237,7 +241,7 @@ func (k *kvRouter) newService(ctx context.Context, r int) (*selection.SelectionS
 		// A booking made at an instant reaches the peers SyncDelay later, in
 		// an event after every arrival of that instant: the window is the
 		// delay and the instant itself.
-		err = svc.Replicas().SetPeers(selection.Peers{Count: s.opts.Replicas - 1, Position: r, Window: s.opts.SyncDelay + time.Nanosecond})
+		err = svc.Replicas().SetPeers(selection.Peers{Count: s.opts.Replicas - 1, Position: r, Window: s.opts.SyncDelay + time.Nanosecond, Hold: s.opts.Hold})
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("replay: %w", err), svc.Close())
 		}
@@ -258,10 +262,14 @@ func (k *kvRouter) newService(ctx context.Context, r int) (*selection.SelectionS
 
 func (k *kvRouter) wantsEvents() bool { return k.events }
 
-func (k *kvRouter) route(ctx context.Context, r *simRequest) (int, int, error) {
+func (k *kvRouter) hold(r *simRequest) time.Duration {
 	// Round-robin over the replicas, as Envoy's default load balancer spreads
 	// requests over the Endpoint Pickers behind it.
 	r.replica, k.next = k.next, (k.next+1)%len(k.svcs)
+	return k.svcs[r.replica].Replicas().Hold("")
+}
+
+func (k *kvRouter) route(ctx context.Context, r *simRequest) (int, int, error) {
 	svc := k.svcs[r.replica]
 	req := selection.Request{ReservationID: reservation.ID(r.id), Tokens: r.tokens, ExpectedOutputTokens: r.out}
 	var scored []selection.Scored

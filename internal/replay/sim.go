@@ -133,6 +133,7 @@ const (
 	evArrive evKind = iota
 	evEngine        // req is the worker
 	evSync          // req is the router's op slot, not a request
+	evRoute         // a request held (router.hold) is routed
 )
 
 type simEvent struct {
@@ -322,6 +323,12 @@ func (s *sim) step(ctx context.Context) error {
 	s.now = e.at
 	switch e.kind {
 	case evArrive:
+		if d := s.router.hold(&s.reqs[e.req]); d > 0 {
+			s.push(s.now+d, evRoute, e.req)
+			return nil
+		}
+		return s.arrive(ctx, e.req, &s.reqs[e.req])
+	case evRoute:
 		return s.arrive(ctx, e.req, &s.reqs[e.req])
 	case evEngine:
 		if s.workers[e.req].wakeSeq != e.seq {

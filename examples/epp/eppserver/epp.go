@@ -188,6 +188,9 @@ func build(ctx context.Context, cfg *Config, o Options, x extras) (*EPP, error) 
 	dest := e.rs.Service(mode.Destination())
 	e.router = newRouter(cfg.Model, cache, e.lora.booker(e.pairs), dest)
 	e.router.noDegrade = cfg.TokenizerNoDegrade
+	if rp != nil && cfg.HoldBursts {
+		e.router.hold = dest.Replicas().Hold
+	}
 	e.router.sessionHeader = cfg.SessionHeader
 	e.router.fallbacks, e.router.growth, e.router.debug = cfg.Fallbacks, cfg.OutputGrowth, cfg.DebugHeader
 	e.router.tracer, e.router.log = tracer, logger

@@ -130,6 +130,7 @@ func (rp *replication) newReplicators(cfg *Config, mode roles.TopologyMode) erro
 			// MaxMessageBytes left 0: the bound follows the server's
 			// max_payload, read on every (re)connection.
 			Bus: rp.cl.Bus(), ID: rp.id, Subject: replicaSubject(cfg, r), Logger: rp.logger.With("role", r.String()),
+			HoldBursts: cfg.HoldBursts, // the router waits (router.hold)
 		})
 		if err != nil {
 			return err

@@ -25,6 +25,7 @@ func TestConfigReplicas(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, c.replicated())
 	require.Equal(t, natsbus.DefaultClusterPort, c.SyncPort)
+	require.True(t, c.HoldBursts, "replicas hold bursts by default")
 
 	c, err = load(t, map[string]string{"DYN_EPP_PEERS": " 10.0.0.2:9092, [fd00::3]:9092,,", "DYN_EPP_REPLICA_SYNC_PORT": "0"})
 	require.NoError(t, err)
@@ -48,6 +49,10 @@ func TestConfigReplicas(t *testing.T) {
 	require.True(t, c.replicated())
 	require.False(t, c.embedsNATS())
 	require.Equal(t, "epp_0-a", c.ReplicaID)
+
+	c, err = load(t, map[string]string{"DYN_EPP_NATS_URL": "nats://n:4222", "DYN_EPP_REPLICA_HOLD_BURSTS": "false"})
+	require.NoError(t, err)
+	require.False(t, c.HoldBursts)
 
 	for _, tc := range []struct {
 		env  map[string]string

@@ -75,6 +75,11 @@ type router struct {
 	// growth counts the SSE events of 2xx event streams as generated output
 	// (DYN_EPP_OUTPUT_GROWTH).
 	growth bool
+	// hold is how long a request arriving now waits before it books, for
+	// the bookings of the replicas ahead of this one in a burst
+	// (selection.ReplicaPlane.Hold); nil without replicas or with
+	// DYN_EPP_REPLICA_HOLD_BURSTS off.
+	hold func(model string) time.Duration
 	// debug explains each decision in the x-kvselect-debug response header
 	// (DYN_EPP_DEBUG_HEADER).
 	debug bool
@@ -216,6 +221,7 @@ func (r *router) sessionID(h map[string]string) (string, error) {
 // (tokenize.ServiceFailed, the client still there) is booked on load alone unless noDegrade is set; the request's own faults
 // (a bad body, a prompt too long) are refused.
 func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pick, error) {
+	arrived := time.Now()
 	allowed, err := r.allowed(req.Subset)
 	if err != nil {
 		return extproc.Pick{}, err
@@ -255,6 +261,9 @@ func (r *router) Pick(ctx context.Context, req extproc.PickRequest) (extproc.Pic
 	var debug []selection.Scored
 	if r.debug {
 		debug, _ = r.book.Scores(ctx, sreq) // an explanation that fails is left out
+	}
+	if err := r.waitHold(ctx, arrived); err != nil {
+		return extproc.Pick{}, err
 	}
 	plan, err := r.book.Book(ctx, sreq)
 	if err != nil {
@@ -406,4 +415,25 @@ func statusOf(err error) int {
 		}
 	}
 	return roles.HTTPStatus(err)
+}
+
+// waitHold waits until the hold of a request that arrived at arrived is
+// over (router.hold; tokenizing counts towards it), or ctx ends: its
+// error then.
+func (r *router) waitHold(ctx context.Context, arrived time.Time) error {
+	if r.hold == nil {
+		return nil
+	}
+	d := r.hold(r.model) - time.Since(arrived)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

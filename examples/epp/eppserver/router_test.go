@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -130,6 +131,32 @@ func TestRouterPickAndSettle(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, 1, svc.prefill["r1"])
 	require.Equal(t, 1, svc.freed["r1"])
+}
+
+// TestRouterHoldsABurst: with replicas that hold bursts, a request books
+// no sooner than the hold after its arrival (the replicas ahead of this one
+// have booked theirs by then), and a request whose client left while it
+// waited books nothing.
+func TestRouterHoldsABurst(t *testing.T) {
+	svc := &fakeSvc{endpoint: "10.0.0.1:8000", prefill: map[string]int{}, freed: map[string]int{}}
+	r := newTestRouter(svc, fakeTok{})
+	const hold = 30 * time.Millisecond
+	var asked []string
+	r.hold = func(model string) time.Duration { asked = append(asked, model); return hold }
+	start := time.Now()
+	p, err := r.Pick(context.Background(), extproc.PickRequest{Path: "/v1/completions", Body: []byte("hello")})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, time.Since(start), hold)
+	require.Equal(t, []string{"m"}, asked)
+	p.Settle.Done()
+
+	svc.last = selection.Request{}
+	r.hold = func(string) time.Duration { return time.Hour }
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = r.Pick(ctx, extproc.PickRequest{Path: "/v1/completions", Body: []byte("hello")})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Nil(t, svc.last.Tokens, "nothing booked")
 }
 
 func TestRouterSubsetHint(t *testing.T) {

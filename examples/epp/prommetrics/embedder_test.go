@@ -139,13 +139,16 @@ func eppFamilies(ctx context.Context, t *testing.T) []string {
 	case err := <-served:
 		require.FailNow(t, "the EPP stopped", "%v", err)
 	}
-	// Poll until the workers file is applied: its per-rank series are there.
+	// Poll until the workers file is applied: its per-rank series are there,
+	// its event source's among them (the feed registers it a moment after
+	// the worker).
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		names, text := scrapeFamilies(ctx, t, url)
 		if strings.Contains(text, `kvselect_kv_feed_state{rank="0",role="aggregated",state="healthy",worker="`+embWorker+`"} 1`) &&
-			strings.Contains(text, `kvselect_worker_active_requests{rank="0",role="aggregated",worker="`+embWorker+`"} 0`) {
+			strings.Contains(text, `kvselect_worker_active_requests{rank="0",role="aggregated",worker="`+embWorker+`"} 0`) &&
+			strings.Contains(text, `kvselect_kv_event_source_connected{rank="0",role="aggregated",worker="`+embWorker+`"}`) {
 			return names
 		}
 		select {

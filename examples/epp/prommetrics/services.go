@@ -92,6 +92,7 @@ var (
 	dClassRefused = prometheus.NewDesc("kvselect_class_refusals_total", "Requests of the policy class refused, by reason (class_queue_full, class_inflight_full, deadline).", append(classLabels, "reason"), nil)
 	dLate         = descSel("queue_deadline_refusals_total", "Requests refused because their deadline passed while they waited in an admission queue.")
 	dSpread       = descSel("decisions_spread_total", "Decisions that priced the bookings peer replicas were likely making in the same instant (a burst spread over the replicas).")
+	dHeld         = descSel("decisions_held_total", "Requests of a burst that waited for the bookings of the replicas ahead of this one before they booked (DYN_EPP_REPLICA_HOLD_BURSTS).")
 	dLoadRecent   = prometheus.NewDesc("kvselect_worker_recent_bookings", "Requests booked on the worker rank recently (the EPP's own and its peers'), each decaying over DYN_EPP_BALANCE_WINDOW_SECONDS: what the predictive cost's balance term compares with the mean.", loadLabels, nil)
 	dLoadPress    = prometheus.NewDesc("kvselect_worker_cache_pressure", "The share (0 to 1) of the device blocks the worker rank's engine stored lately that its removals matched: how full its cache runs (0 where it never fills, and without KV events); the predictive cost's eviction term reads it.", loadLabels, nil)
 	dLoadBusy     = prometheus.NewDesc("kvselect_worker_busy", "1 while the worker rank's prefill load is above the queue threshold (requests wait in kvselect_queue_depth when every eligible rank is busy); 0 without queueing.", loadLabels, nil)
@@ -159,6 +160,7 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(dBest, float64(st.BestOverlapBlocks), role)
 		counter(dReqBlocks, float64(st.RequestBlocks), role)
 		counter(dSpread, float64(st.Spread), role)
+		counter(dHeld, float64(st.Held), role)
 		for name, n := range st.Filtered {
 			counter(dFiltered, float64(n), role, name)
 		}
