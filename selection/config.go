@@ -130,6 +130,15 @@ type PredictiveCost struct {
 	// ranks that must each compute it again. In [0, MaxWeight]. Default
 	// DefaultPredictiveBacklogWeight.
 	BacklogWeight float64
+	// SaturationGrowth raises BacklogWeight on a saturated fleet, where
+	// more requests queue behind each prefill: with D the candidates' mean
+	// predicted queue in units of P (the balance term's: their mean time to
+	// prefill the model's mean prompt), the backlog weight is BacklogWeight
+	// x (1 + SaturationGrowth x max(0, D - SaturationDepth)). Below
+	// SaturationDepth mean prompts queued (every rank busy with several)
+	// the cost is unchanged. In [0, MaxWeight]; 0 turns it off. Default
+	// DefaultSaturationGrowth.
+	SaturationGrowth float64
 	// DecodeWeight prices decode pressure, which spreads requests whose
 	// prefix is cached: each of the rank's active blocks (with the request's
 	// new ones) costs the time the rank takes to prefill DecodeWeight
@@ -342,6 +351,12 @@ const (
 	// DefaultPredictiveBacklogWeight is PredictiveCost.BacklogWeight's
 	// default.
 	DefaultPredictiveBacklogWeight = 0.5
+	// DefaultSaturationGrowth is PredictiveCost.SaturationGrowth's
+	// default, and SaturationDepth the queue depth it starts from, chosen
+	// on the replay's overloaded fleets and generators (docs/ROUTING.md,
+	// "Saturation").
+	DefaultSaturationGrowth = 1.0
+	SaturationDepth         = 4.0
 	// DefaultPredictiveEvictionWeight is PredictiveCost.EvictionWeight's
 	// default, chosen on the demo's engines (caches of two and a half
 	// system prompts) and the replay's (docs/ROUTING.md, "Cache pressure").
@@ -393,8 +408,8 @@ func DynamoConfig(blockSize int) Config {
 		Predictive: PredictiveCost{
 			PrefillTokensPerSecond: DefaultPrefillTokensPerSecond,
 			BacklogWeight:          DefaultPredictiveBacklogWeight, DecodeWeight: DefaultPredictiveDecodeWeight,
-			EvictionWeight: DefaultPredictiveEvictionWeight,
-			BalanceWeight:  DefaultBalanceWeight, BalanceSlack: DefaultBalanceSlack, BalanceWindow: DefaultBalanceWindow,
+			SaturationGrowth: DefaultSaturationGrowth, EvictionWeight: DefaultPredictiveEvictionWeight,
+			BalanceWeight: DefaultBalanceWeight, BalanceSlack: DefaultBalanceSlack, BalanceWindow: DefaultBalanceWindow,
 		},
 		fromDefaults: true,
 	}
@@ -463,6 +478,7 @@ func (c Config) Validate() error {
 	nonNeg("Predictive.BacklogWeight", c.Predictive.BacklogWeight)
 	nonNeg("Predictive.DecodeWeight", c.Predictive.DecodeWeight)
 	nonNeg("Predictive.EvictionWeight", c.Predictive.EvictionWeight)
+	nonNeg("Predictive.SaturationGrowth", c.Predictive.SaturationGrowth)
 	nonNeg("Predictive.BalanceWeight", c.Predictive.BalanceWeight)
 	nonNeg("Predictive.BalanceSlack", c.Predictive.BalanceSlack)
 	if c.Predictive.BalanceWindow < time.Second {
@@ -518,6 +534,7 @@ type weights struct {
 	// weights and the balance's slack
 	learn                                               bool
 	rate, backlogW, decodeW, evictW, balanceW, balSlack float64
+	satGrowth                                           float64
 }
 
 // forRanks settles whether a decision over n ranks predicts.
@@ -532,7 +549,7 @@ func (c Config) weights() weights {
 		inflightW: c.InFlightHitWeight, decay: c.OverlapCreditDecay, assumeReuse: c.AssumeKVReuse, trackPrefill: c.TrackPrefillTokens, trackActive: c.TrackActiveBlocks,
 		cost: c.Cost, predictive: c.Cost == CostPredictive, learn: !c.Predictive.FixedRate,
 		rate: c.Predictive.PrefillTokensPerSecond, backlogW: c.Predictive.BacklogWeight, decodeW: c.Predictive.DecodeWeight,
-		evictW: c.Predictive.EvictionWeight, balanceW: c.Predictive.BalanceWeight, balSlack: c.Predictive.BalanceSlack,
+		evictW: c.Predictive.EvictionWeight, satGrowth: c.Predictive.SaturationGrowth, balanceW: c.Predictive.BalanceWeight, balSlack: c.Predictive.BalanceSlack,
 	}
 }
 

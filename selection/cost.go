@@ -47,6 +47,9 @@ type costInput struct {
 	// the candidates' mean recent bookings, and their mean time to prefill
 	// the model's mean prompt, seconds (CostPredictive)
 	meanArrivals, promptTime float64
+	// backlogW is the backlog weight of this decision: the configured one,
+	// raised on a saturated fleet (PredictiveCost.SaturationGrowth)
+	backlogW float64
 	// calibrated: the ledger's Calibration is Ready and the cost uses it
 	// (its Overhead and ActiveRequest prices, seconds); else every rank
 	// prefills at the configured rate, draining its queue since its clock
@@ -107,13 +110,13 @@ func predicted(c *candidate, in *costInput, w *weights) float64 {
 	evict := w.evictW * c.pressure
 	if in.calibrated {
 		ttft := in.overhead + c.queueTime*float64(c.activePrefill) + in.perRequest*float64(c.activeRequests) + c.tokTime*own
-		return ttft + w.backlogW*c.queueTime*own + evict*c.tokTime*own + w.decodeW*c.tokTime*decode*float64(in.blockSize) + balance(c, in, w)
+		return ttft + in.backlogW*c.queueTime*own + evict*c.tokTime*own + w.decodeW*c.tokTime*decode*float64(in.blockSize) + balance(c, in, w)
 	}
 	remaining := float64(c.activePrefill)
 	if c.since != 0 && in.now > c.since && remaining > 0 {
 		remaining = max(0, remaining-float64(in.now-c.since)/1e9/c.tokTime)
 	}
-	return (remaining+(1+w.backlogW+evict)*own+w.decodeW*decode*float64(in.blockSize))*c.tokTime + balance(c, in, w)
+	return (remaining+(1+in.backlogW+evict)*own+w.decodeW*decode*float64(in.blockSize))*c.tokTime + balance(c, in, w)
 }
 
 // balance is the predictive cost's balance term for c: balanceW x the
@@ -249,4 +252,21 @@ func pick(cands []candidate, temperature float64, rng randSource) int {
 		}
 	}
 	return len(cands) - 1
+}
+
+// backlogWeight is the predictive cost's backlog weight for a decision
+// over cands whose mean time to prefill the model's mean prompt is
+// promptTime: w's, raised by w.satGrowth for each mean prompt the
+// candidates queue on average beyond SaturationDepth
+// (PredictiveCost.SaturationGrowth).
+func backlogWeight(w *weights, cands []candidate, promptTime float64) float64 {
+	if w.satGrowth <= 0 || promptTime <= 0 || len(cands) == 0 {
+		return w.backlogW
+	}
+	var wait float64 // the candidates' predicted queues, seconds
+	for i := range cands {
+		wait += cands[i].queueTime * float64(cands[i].activePrefill)
+	}
+	depth := wait / float64(len(cands)) / promptTime
+	return w.backlogW * (1 + w.satGrowth*min(max(0, depth-SaturationDepth), MaxWeight))
 }

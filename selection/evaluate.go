@@ -230,11 +230,12 @@ func (s *SelectionService) evaluate(p *partition, pr *prepared, sc *evalScratch)
 			tokTime += c.tokTime
 		}
 		in.meanArrivals = arrivals / float64(len(cands))
-		if pr.w.balanceW > 0 {
-			// The balance term's unit: the candidates' mean time to
-			// prefill the model's mean prompt.
+		if pr.w.balanceW > 0 || pr.w.satGrowth > 0 {
+			// The balance term's unit, and the saturation's: the
+			// candidates' mean time to prefill the model's mean prompt.
 			in.promptTime = p.promptMean(pr.isl, pr.peek) * tokTime / float64(len(cands))
 		}
+		in.backlogW = backlogWeight(&pr.w, cands, in.promptTime)
 	}
 	if pr.w.decay > 0 {
 		in.minPrefill = math.MaxInt64

@@ -24,7 +24,7 @@ func TestPredictedWorkedExample(t *testing.T) {
 	now := time.Unix(100, 0).UnixNano()
 	c := candidate{device: 2, activePrefill: 100, since: now - int64(50*time.Millisecond), activeBlocks: 2, newBlocks: 2,
 		activeRequests: 3, tokTime: 1.0 / 1000, queueTime: 1.0 / 1000}
-	in := costInput{isl: 64, blockSize: 16, now: now}
+	in := costInput{isl: 64, blockSize: 16, now: now, backlogW: w.backlogW}
 	require.InDelta(t, (50+2*32+0.5*4*16)/1000.0, cost(&c, &in, &w), 1e-12)
 	c.tokTime = 1.0 / 1500 // a faster rank: 100 - 75 = 25 left, then /1500
 	require.InDelta(t, (25+2*32+0.5*4*16)/1500.0, cost(&c, &in, &w), 1e-12)
@@ -53,6 +53,32 @@ func TestPredictedWorkedExample(t *testing.T) {
 
 	w.trackPrefill, c.activePrefill, c.queueTime = false, 0, 1.0/1000 // a decode leg: decode pressure only
 	require.InDelta(t, (0.5*4*16)/1000.0, cost(&c, &in, &w), 1e-12)
+}
+
+// TestBacklogWeightGrowsWithSaturation: the backlog weight is the
+// configured one until the candidates queue SaturationDepth mean prompts on
+// average, then grows by SaturationGrowth for each one more; 0 turns that
+// off.
+func TestBacklogWeightGrowsWithSaturation(t *testing.T) {
+	w := DefaultConfig(16).weights()
+	w.backlogW, w.satGrowth = 0.5, 1
+	const prompt = 0.1 // seconds to prefill the mean prompt
+	queued := func(prompts ...float64) []candidate {
+		var cs []candidate
+		for _, p := range prompts { // p mean prompts queued, at 1 ms a token
+			cs = append(cs, candidate{queueTime: 1e-3, activePrefill: int64(p * prompt / 1e-3)})
+		}
+		return cs
+	}
+	require.InDelta(t, 0.5, backlogWeight(&w, queued(0, 2, 6), prompt), 1e-9, "a mean of 8/3 prompts: not saturated")
+	require.InDelta(t, 0.5, backlogWeight(&w, queued(4, 4), prompt), 1e-9, "at the depth")
+	require.InDelta(t, 0.5*(1+3), backlogWeight(&w, queued(6, 8), prompt), 1e-9, "3 beyond it")
+	w.satGrowth = 2
+	require.InDelta(t, 0.5*(1+6), backlogWeight(&w, queued(6, 8), prompt), 1e-9)
+	w.satGrowth = 0
+	require.InDelta(t, 0.5, backlogWeight(&w, queued(60, 80), prompt), 1e-9, "off")
+	w.satGrowth = 1
+	require.InDelta(t, 0.5, backlogWeight(&w, queued(60, 80), 0), 1e-9, "no prompt time yet")
 }
 
 // TestPredictiveCostWaitsOrMoves: a request whose prefix only a busy worker

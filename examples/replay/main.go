@@ -113,6 +113,7 @@ type config struct {
 	// the cost function, and the predictive cost's weights and fixed rate
 	cost                                        selection.CostModel
 	backlogWeight, decodeWeight, evictionWeight float64
+	saturationGrowth                            float64
 	balanceWeight, balanceSlack                 float64
 	balanceWindow                               time.Duration
 	fixedRate                                   bool
@@ -182,6 +183,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.balanceWindow, "balance-window", def.Predictive.BalanceWindow, "kvselect --cost predictive: time constant over which recent requests decay")
 	fs.Float64Var(&c.decodeWeight, "decode-weight", def.Predictive.DecodeWeight, "kvselect --cost predictive: cost of an active block, in blocks of prefill time")
 	fs.Float64Var(&c.backlogWeight, "backlog-weight", def.Predictive.BacklogWeight, "kvselect --cost predictive: extra weight of a request's own uncached prefill (the time it adds to the requests queued behind it)")
+	fs.Float64Var(&c.saturationGrowth, "saturation-growth", def.Predictive.SaturationGrowth, "kvselect --cost predictive: on a saturated fleet (more than 4 mean prompts queued per worker), how much of itself the backlog weight grows per mean prompt queued beyond that (0 = off)")
 	fs.Float64Var(&c.evictionWeight, "eviction-weight", def.Predictive.EvictionWeight, "kvselect --cost predictive: extra weight of a request's uncached prefill on a worker whose cache runs full, times its cache pressure")
 	fs.BoolVar(&c.fixedRate, "fixed-rate", false, "kvselect --cost predictive: use --prefill-rate for every worker instead of learning each one's rate")
 
@@ -357,6 +359,7 @@ func (c config) selectionConfig(credit, scale, temperature float64) selection.Co
 	cfg.Cost = c.cost
 	cfg.Predictive.BacklogWeight = c.backlogWeight
 	cfg.Predictive.EvictionWeight = c.evictionWeight
+	cfg.Predictive.SaturationGrowth = c.saturationGrowth
 	cfg.Predictive.DecodeWeight = c.decodeWeight
 	cfg.Predictive.BalanceWeight, cfg.Predictive.BalanceSlack, cfg.Predictive.BalanceWindow = c.balanceWeight, c.balanceSlack, c.balanceWindow
 	cfg.Predictive.FixedRate = c.fixedRate
