@@ -106,17 +106,11 @@ func TestPredictiveCostWaitsOrMoves(t *testing.T) {
 			}
 			cfg.Predictive.PrefillTokensPerSecond, cfg.Predictive.FixedRate = 1000, true
 			cfg.Predictive.BalanceWeight = 0 // a's booking would make it costlier still
-			clk := newFakeClock()
-			s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(clk.Now).SweepInterval(-1).Build(context.Background())
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = s.Close() })
-			addWorkers(t, s, "a", "b")
-			h, err := kvindex.NewHasher(4, kvindex.HashOptions{})
-			require.NoError(t, err)
+			s, clk, h := newEventService(t, cfg, "a", "b")
 			require.NoError(t, s.Events().Apply(catalog.WorkerRank{WorkerID: "a"},
 				kvindex.Event{Kind: kvindex.EventStored, BlockHashes: h.AppendSeqHashes(nil, prompt[:60]), Tokens: prompt[:60]}))
 			// 100 ms of prefill queued on a (100 tokens at 1,000 a second).
-			_, err = s.SelectAndReserve(context.Background(), Request{Tokens: toks(100, 7), Allowed: []string{"a"}})
+			_, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(100, 7), Allowed: []string{"a"}})
 			require.NoError(t, err)
 			clk.Advance(tc.elapsed)
 			// On a: the rest of the queue, then 4 tokens; on b: 64 tokens.
@@ -338,4 +332,19 @@ func TestCostAuto(t *testing.T) {
 	_, err = s.Workers().Delete("w15")
 	require.NoError(t, err)
 	require.True(t, predicted(), "120 ranks again")
+}
+
+// newEventService builds a service of cfg fed KV events by the test
+// (Events().Apply) on a fake clock, with the given workers, and a hasher of
+// its 4-token blocks.
+func newEventService(t *testing.T, cfg Config, workers ...string) (*SelectionService, *fakeClock, kvindex.Hasher) {
+	t.Helper()
+	clk := newFakeClock()
+	s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(clk.Now).SweepInterval(-1).Build(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	addWorkers(t, s, workers...)
+	h, err := kvindex.NewHasher(4, kvindex.HashOptions{})
+	require.NoError(t, err)
+	return s, clk, h
 }

@@ -53,13 +53,7 @@ func TestCachePressureKeepsAPrefixWhereItIsCached(t *testing.T) {
 			cfg.Cost, cfg.InFlightHitWeight = CostPredictive, 0
 			cfg.Predictive.PrefillTokensPerSecond, cfg.Predictive.FixedRate = 1000, true
 			cfg.Predictive.BalanceWeight, cfg.Predictive.EvictionWeight = 0, tc.weight
-			clk := newFakeClock()
-			s, err := NewSelectionServiceBuilder(cfg).ExternalEvents().Clock(clk.Now).SweepInterval(-1).Build(context.Background())
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = s.Close() })
-			addWorkers(t, s, "a", "b")
-			h, err := kvindex.NewHasher(4, kvindex.HashOptions{})
-			require.NoError(t, err)
+			s, clk, h := newEventService(t, cfg, "a", "b")
 			a, b := catalog.WorkerRank{WorkerID: "a"}, catalog.WorkerRank{WorkerID: "b"}
 			require.NoError(t, s.Events().Apply(a,
 				kvindex.Event{Kind: kvindex.EventStored, BlockHashes: h.AppendSeqHashes(nil, prompt[:60]), Tokens: prompt[:60]}))
@@ -82,7 +76,7 @@ func TestCachePressureKeepsAPrefixWhereItIsCached(t *testing.T) {
 			}
 			// 100 ms of prefill queued on a; on a the request then costs 4
 			// tokens more, on b 64 (and, full, what they evict).
-			_, err = s.SelectAndReserve(context.Background(), Request{Tokens: toks(100, 7), Allowed: []string{"a"}})
+			_, err := s.SelectAndReserve(context.Background(), Request{Tokens: toks(100, 7), Allowed: []string{"a"}})
 			require.NoError(t, err)
 			clk.Advance(time.Millisecond)
 			got, err := s.Select(context.Background(), Request{Tokens: prompt})
