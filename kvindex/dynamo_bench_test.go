@@ -310,19 +310,24 @@ func benchDynLookups(b *testing.B, f *dynFixture, replay bool) {
 // waste nothing on each other), lock-wait-% the share of the two goroutines'
 // time spent blocked on a mutex (the index's: the replay takes no other); on
 // a busy machine, where speedup is capped by the cores the neighbours leave,
-// those two tell what the index costs. Build with -race off. ns/op counts the
-// resets too; read the metrics.
+// those two tell what the index costs. speedup-apart is the same two halves
+// replayed into two separate indexes of the same state, sharing nothing:
+// how far this machine scales this work (its cores, caches and memory
+// bandwidth), and of-apart is speedup over it, what sharing one index
+// costs. Build with -race off. ns/op counts the resets too; read the
+// metrics.
 func BenchmarkDynamoApplySources(b *testing.B) {
 	tr := getDynTrace()
 	ix, h, _ := newDynIndex(b, 1<<20, false)
+	ix2, h2, _ := newDynIndex(b, 1<<20, false) // the apart replay's second index
 	seg, payloads := tr.steps[dynWarm:dynWarm+dynSegment], tr.batches[:dynSegment]
 	stored := 0
 	for _, st := range seg {
 		stored += len(tr.reqs[st.req])*dynStretch - st.from
 	}
 	var toks []uint32
-	var seq [dynWorkers]uint64
-	reset := func() {
+	var seq, seq2 [dynWorkers]uint64 // the next batch of each engine, by handler
+	reset := func(ix *kvindex.Index) {
 		for w, rank := range tr.engines {
 			ix.ClearRank(rank)
 			var ev kvindex.Event
@@ -336,7 +341,7 @@ func BenchmarkDynamoApplySources(b *testing.B) {
 			}
 		}
 	}
-	replay := func(part func(w int) bool) {
+	replay := func(h *kvevents.IndexHandler, seq *[dynWorkers]uint64, part func(w int) bool) {
 		for i, st := range seg {
 			if part(st.worker) {
 				h.HandleBatch(tr.engines[st.worker], seq[st.worker], payloads[i])
@@ -344,31 +349,41 @@ func BenchmarkDynamoApplySources(b *testing.B) {
 			}
 		}
 	}
+	all := func(int) bool { return true }
+	first, second := func(w int) bool { return w < dynWorkers/2 }, func(w int) bool { return w >= dynWorkers/2 }
 	var (
-		one, two time.Duration
-		ratios   []float64
-		cpus     []float64
-		wait     float64
+		one, two      time.Duration
+		ratios, apart []float64
+		cpus          []float64
+		wait          float64
 	)
 	procs := runtime.GOMAXPROCS(0)
 	defer runtime.GOMAXPROCS(procs)
 	for b.Loop() {
-		reset()
+		reset(ix)
 		runtime.GOMAXPROCS(1)
 		c0, start := cpuTime(), time.Now()
-		replay(func(int) bool { return true })
+		replay(h, &seq, all)
 		d1, c1 := time.Since(start), cpuTime()-c0
 		runtime.GOMAXPROCS(max(2, procs))
 
-		reset()
+		reset(ix)
 		var wg sync.WaitGroup
 		w0, c0 := mutexWait(), cpuTime()
 		start = time.Now()
-		wg.Go(func() { replay(func(w int) bool { return w < dynWorkers/2 }) })
-		wg.Go(func() { replay(func(w int) bool { return w >= dynWorkers/2 }) })
+		wg.Go(func() { replay(h, &seq, first) })
+		wg.Go(func() { replay(h, &seq, second) })
 		wg.Wait()
 		d2, c2 := time.Since(start), cpuTime()-c0
 		wait += mutexWait() - w0
+
+		reset(ix)
+		reset(ix2)
+		start = time.Now()
+		wg.Go(func() { replay(h, &seq, first) })
+		wg.Go(func() { replay(h2, &seq2, second) })
+		wg.Wait()
+		apart = append(apart, d1.Seconds()/time.Since(start).Seconds())
 		one, two = one+d1, two+d2
 		ratios = append(ratios, d1.Seconds()/d2.Seconds())
 		cpu := 0.0 // where the platform does not tell cpuTime
@@ -378,8 +393,10 @@ func BenchmarkDynamoApplySources(b *testing.B) {
 		cpus = append(cpus, cpu)
 	}
 	for _, w := range tr.engines {
-		if st := h.Stats(w); st.SkippedTotal() != 0 || st.DecodeErrors != 0 {
-			b.Fatalf("%s: %+v", w, st)
+		for _, h := range []*kvevents.IndexHandler{h, h2} {
+			if st := h.Stats(w); st.SkippedTotal() != 0 || st.DecodeErrors != 0 {
+				b.Fatalf("%s: %+v", w, st)
+			}
 		}
 	}
 	runs := float64(b.N)
@@ -387,6 +404,9 @@ func BenchmarkDynamoApplySources(b *testing.B) {
 	b.ReportMetric(float64(stored)*runs/two.Seconds(), "blocks/s-2")
 	slices.Sort(ratios)
 	b.ReportMetric(ratios[len(ratios)/2], "speedup")
+	slices.Sort(apart)
+	b.ReportMetric(apart[len(apart)/2], "speedup-apart")
+	b.ReportMetric(ratios[len(ratios)/2]/apart[len(apart)/2], "of-apart")
 	slices.Sort(cpus)
 	if cpus[0] > 0 {
 		b.ReportMetric(cpus[len(cpus)/2], "cpu-2/1")

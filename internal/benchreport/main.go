@@ -143,6 +143,8 @@ var rows = []row{
 	{what: "the same, p99", bench: "BenchmarkDynamoFindMatches/entries=8M/static", metric: "p99-ns", budget: "<= 8 us", ok: le(8000), jobIndex: 17},
 	{what: "lookup p99, 8M entries, interleaved with the events", bench: "BenchmarkDynamoFindMatches/entries=8M/replay", metric: "p99-ns", budget: "<= 8 us", ok: le(8000), jobIndex: 17},
 	{what: "applying the Dynamo-shaped events from two sources on 2 cores vs one on 1 core", bench: "BenchmarkDynamoApplySources", metric: "speedup", budget: ">= 1.7x", ok: ge(1.7), higherBtr: true, jobIndex: 18},
+	{what: "the same two halves into two separate indexes sharing nothing (how far this machine scales the work)", bench: "BenchmarkDynamoApplySources", metric: "speedup-apart", higherBtr: true, jobIndex: 18},
+	{what: "one shared index's speedup over the separate indexes' (what sharing costs)", bench: "BenchmarkDynamoApplySources", metric: "of-apart", higherBtr: true, jobIndex: 18},
 	{what: "FindMatches p50, fleet shape, 8M entries / 1,024 ranks", bench: "BenchmarkFleetFindMatches/entries=8M/ranks=1024", metric: "p50-ns", budget: "<= 4 us", ok: le(4000), jobIndex: 19},
 	{what: "FindMatches p50, fleet shape, 32M entries / 4,096 ranks", bench: "BenchmarkFleetFindMatches/entries=32M/ranks=4096", metric: "p50-ns", budget: "<= 8 us", ok: le(8000), jobIndex: 19},
 	{what: "RemoveWorker p50, a rank holding 8,192 blocks, 8M entries / 1,024 workers (vs the same rank size at 1M / 128)", bench: "BenchmarkScaleRemoveWorker/entries=8M", metric: "p50-ns", budget: "<= 3x the 1M figure (8x the entries)", baseline: "BenchmarkScaleRemoveWorker/entries=1M", maxOfBaseline: 3, jobIndex: 12},
