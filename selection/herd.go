@@ -108,7 +108,8 @@ func (view ReplicaPlane) SetPeers(p Peers) error {
 // books, when the peers hold (Peers.Hold): Position x Window in a burst (a
 // run of this router's bookings goes on, or its arrivals have been coming
 // together; see Peers), else 0. The caller waits, then books; a caller
-// that books without waiting routes as a router that holds nothing.
+// that books without waiting decides blind, since a holding service
+// prices none of the peers' bookings.
 func (view ReplicaPlane) Hold(model string) time.Duration {
 	s := view.s
 	if !s.routers.hold.Load() {
@@ -132,9 +133,9 @@ func (view ReplicaPlane) Hold(model string) time.Duration {
 // Peers), and whether it is in a burst: of its run's second round or later,
 // or of a router whose arrivals have been coming together. A decision in a
 // burst breaks ties as the peers' bookings were priced, whether it prices
-// some or, first of all, none.
-// With Peers.Hold the decision prices none and breaks ties as a router
-// alone does: it waited for the peers' bookings.
+// some or, first of all, none. With Peers.Hold the decision prices none
+// and breaks ties as a router alone does: it waited for the peers'
+// bookings.
 func (s *SelectionService) spreadCount(p *partition, now int64) (n int, inBurst bool) {
 	if s.routers.hold.Load() {
 		return 0, false
