@@ -67,6 +67,12 @@ type Peers struct {
 // run's length.
 const maxSpread = 64
 
+// maxHoldWindows bounds a hold (ReplicaPlane.Hold) at this many Windows,
+// whatever the router's Position: the routers past it decide a burst
+// together, as routers that do not hold do, rather than keep its requests
+// waiting for long.
+const maxHoldWindows = 16
+
 // peerState is a service's Peers, read without a lock.
 type peerState struct {
 	count, position atomic.Int32
@@ -105,7 +111,8 @@ func (view ReplicaPlane) SetPeers(p Peers) error {
 }
 
 // Hold is how long a request for model arriving now should wait before it
-// books, when the peers hold (Peers.Hold): Position x Window in a burst (a
+// books, when the peers hold (Peers.Hold): Position x Window, at most 16
+// Windows, in a burst (a
 // run of this router's bookings goes on, or its arrivals have been coming
 // together; see Peers), else 0. The caller waits, then books; a caller
 // that books without waiting decides blind, since a holding service
@@ -122,7 +129,7 @@ func (view ReplicaPlane) Hold(model string) time.Duration {
 	if _, inBurst := s.burstRound(p, s.now().UnixNano()); !inBurst {
 		return 0
 	}
-	d := time.Duration(s.routers.position.Load()) * time.Duration(s.routers.window.Load())
+	d := time.Duration(min(s.routers.position.Load(), maxHoldWindows)) * time.Duration(s.routers.window.Load())
 	if d > 0 {
 		s.st.held.Add(1)
 	}

@@ -183,6 +183,10 @@ func TestPeersHoldABurst(t *testing.T) {
 		held += s.Stats().Held
 	}
 	require.EqualValues(t, 8, held)
+	// Still in the burst: a router far down a long list of peers waits
+	// 16 windows at most.
+	require.NoError(t, n.routers[2].Replicas().SetPeers(Peers{Count: 200, Position: 150, Window: 5 * time.Millisecond, Hold: true}))
+	require.Equal(t, 16*5*time.Millisecond, n.routers[2].Replicas().Hold(""))
 
 	// Alone again (one request a minute), nothing waits.
 	r1 := n.routers[1]

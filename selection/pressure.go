@@ -36,16 +36,16 @@ func (r *rankPressure) event(stored, removed int) {
 	if r.stored >= pressureMinBlocks {
 		share = math.Min(1, r.removed/r.stored)
 	}
+	r.share.Store(math.Float64bits(share)) // under mu: racing events store in order
 	r.mu.Unlock()
-	r.share.Store(math.Float64bits(share))
 }
 
 // reset forgets everything (the rank's cache was cleared).
 func (r *rankPressure) reset() {
 	r.mu.Lock()
 	r.stored, r.removed = 0, 0
-	r.mu.Unlock()
 	r.share.Store(0)
+	r.mu.Unlock()
 }
 
 // load returns the rank's pressure, in [0, 1]; 0 for a nil r.

@@ -367,7 +367,7 @@ func (c *Config) settings() []envconf.Var {
 				c.ReplicaID = v
 				return nil
 			}},
-		{Env: "DYN_EPP_REPLICA_HOLD_BURSTS", Flag: "replica-hold-bursts", Default: "true", Help: "replicas: a request of a burst (requests the gateway spread over the replicas in the same instant) waits until the bookings of the replicas ahead of this one (by replica ID) have arrived, up to 4 ms per replica ahead, so that the replicas decide a burst in turn as one EPP would (false: each prices the bookings its peers are likely making, without waiting; docs/REPLICAS.md)", Set: boolean(&c.HoldBursts)},
+		{Env: "DYN_EPP_REPLICA_HOLD_BURSTS", Flag: "replica-hold-bursts", Default: "true", Help: "replicas: a request of a burst (requests the gateway spread over the replicas in the same instant) waits until the bookings of the replicas ahead of this one (by replica ID) have arrived, 4 ms per replica ahead, at most 64 ms, so that the replicas decide a burst in turn as one EPP would (false: each prices the bookings its peers are likely making, without waiting; docs/REPLICAS.md)", Set: boolean(&c.HoldBursts)},
 		// Long requests and observability (docs/OBSERVABILITY.md).
 		{Env: "DYN_EPP_RENEW_INTERVAL_MS", Flag: "renew-interval-ms", Default: "10000", Help: "renew a request's leases this often while its response is starting or flowing (a stream silent for one interval is not renewed, so it expires at its lease); must be shorter than DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS (0: off)",
 			Set: func(v string) error {
