@@ -88,8 +88,12 @@ type burst struct {
 	last atomic.Int64 // unix nanoseconds of the last booking; 0: none
 	run  atomic.Int32
 	// bursty is the recent share of bookings made within Window of the one
-	// before (float64 bits), each weighing 1/burstyMemory.
+	// before (float64 bits): the mean of the first burstyMemory of them,
+	// then each weighing 1/burstyMemory, so that a router learns from its
+	// first burst that its arrivals come together. seen counts the bookings
+	// folded in, up to burstyMemory.
 	bursty atomic.Uint64
+	seen   atomic.Int32
 }
 
 // burstyMemory is about how many bookings burst.bursty remembers.
@@ -171,18 +175,28 @@ func (s *SelectionService) burstRound(p *partition, now int64) (round int, inBur
 	return round, true
 }
 
-// booked counts a booking at now into the run.
+// booked counts a booking at now into the run. The first booking of all
+// has no booking before it to be near, and teaches the share nothing.
 func (b *burst) booked(now, window int64) {
 	within := 0.0
-	if last := b.last.Load(); last != 0 && now-last <= window {
+	last := b.last.Load()
+	if last != 0 && now-last <= window {
 		b.run.Add(1)
 		within = 1
 	} else {
 		b.run.Store(1)
 	}
 	b.last.Store(now)
+	if last == 0 {
+		return
+	}
+	n := b.seen.Load()
+	if n < burstyMemory {
+		n++
+		b.seen.Store(n)
+	}
 	v := math.Float64frombits(b.bursty.Load())
-	b.bursty.Store(math.Float64bits(v + (within-v)/burstyMemory))
+	b.bursty.Store(math.Float64bits(v + (within-v)/float64(n)))
 }
 
 // spread prices n peer bookings (see Peers) on copies of pool's candidates

@@ -82,6 +82,7 @@ type config struct {
 	tpot       time.Duration
 	maxRunning int
 	seed       uint64
+	routerSeed uint64
 	csvPath    string
 	sweep      bool
 	sweepGrid  [3][]float64 // credit, scale, temperature
@@ -124,7 +125,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var policies, sweepCredit, sweepScale, sweepTemp, replicas string
-	var seed int64
+	var seed, routerSeed int64
 	fs.StringVar(&c.tracePath, "trace", "", "Mooncake-format JSONL trace (default: a synthetic shared-prefix workload)")
 	fs.IntVar(&c.blockSize, "block-size", trace.DefaultBlockSize, "tokens per trace block")
 	fs.BoolVar(&c.skipBad, "skip-bad", false, "skip malformed trace lines instead of failing")
@@ -141,6 +142,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&c.slowFrac, "slow-fraction", 0, "share of the workers that are slow (the last ones), rounded to a whole number")
 	fs.Float64Var(&c.slowSpeed, "slow-speed", 0.5, "with --slow-fraction: the slow workers' speed (0.5 = twice as slow)")
 	fs.Int64Var(&seed, "seed", 1, "seed of every random choice")
+	fs.Int64Var(&routerSeed, "router-seed", 0, "another draw of the routers' random choices (tie-breaks) on the same workload; 0: what --seed alone draws")
 	fs.StringVar(&c.csvPath, "csv", "", "also write the results as CSV to this file")
 	fs.BoolVar(&c.explain, "explain", false, "break down which kvselect cost terms pulled requests away from their cached prefix")
 	fs.BoolVar(&c.sweep, "sweep", false, "replay kvselect over a grid of overlap credit x prefill load scale x temperature")
@@ -246,6 +248,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	if seed < 0 {
 		bad("--seed %d: want >= 0", seed)
 	}
+	if routerSeed < 0 {
+		bad("--router-seed %d: want >= 0", routerSeed)
+	}
 	if c.syncDelay < 0 {
 		bad("--sync-delay %v: want >= 0", c.syncDelay)
 	}
@@ -261,7 +266,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	if c.batch < 0 || c.batch > 1<<16 {
 		bad("--batch %d: want 0 to %d", c.batch, 1<<16)
 	}
-	c.seed = uint64(seed)
+	c.seed, c.routerSeed = uint64(seed), uint64(routerSeed)
 	c.synth.Seed = c.seed
 	c.synth.BlockSize = c.blockSize
 	if w, err := trace.ParseWorkload(workload); err != nil {
@@ -462,6 +467,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		float64(sum.InputTokens)/float64(max(1, sum.Requests)), float64(sum.OutputTokens)/float64(max(1, sum.Requests)), sum.ReachableHitRate)
 	fmt.Fprintf(stdout, "model: %d workers x %d blocks, prefill %.0f tok/s per worker, tpot %v, max running %d, speedup %g, seed %d\n",
 		c.workers, c.capacity, c.prefill, c.tpot, c.maxRunning, c.speedup, c.seed)
+	if c.routerSeed != 0 {
+		fmt.Fprintf(stdout, "routers: random choices drawn with router seed %d\n", c.routerSeed)
+	}
 	fmt.Fprintf(stdout, "engines: steps of at most %d tokens costing %v each, request overhead %v%s\n",
 		c.batched, cmp.Or(c.stepBase, c.tpot), c.overhead, c.slowText())
 	if c.replicated() {
@@ -583,7 +591,7 @@ func (c config) runAll(ctx context.Context, reqs []trace.Request, jobs []*job) {
 					Workers: c.workers, CapacityBlocks: c.capacity, BlockSize: c.blockSize,
 					Speedup: c.speedup, PrefillTokensPerSecond: c.prefill, DecodeTokenTime: tpotOption(c.tpot),
 					StepBase: c.stepBase, MaxBatchedTokens: c.batched, RequestOverhead: c.overhead, Speeds: c.speeds(),
-					MaxRunning: c.maxRunning, Seed: c.seed, Selection: &cfg, Explain: c.explain,
+					MaxRunning: c.maxRunning, Seed: c.seed, RouterSeed: c.routerSeed, Selection: &cfg, Explain: c.explain,
 					Replicas: j.replicas, SyncDelay: syncOption(c.syncDelay), NoSync: j.noSync, NoSpread: j.noSpread, Hold: j.hold, OutputGrowth: j.growth, DecodeHoldsKV: c.decodeKV,
 				})
 			}

@@ -158,6 +158,12 @@ type Options struct {
 	// sampling) reproducible. Replica 0 draws the stream one router does, each
 	// other replica a stream of its own.
 	Seed uint64
+	// RouterSeed changes the routers' streams (not the workload's) for
+	// another draw of the same replay: a router's p90 on a chaotic workload
+	// (agent loops) moves with its tie-breaks, and a comparison of router
+	// setups takes medians over several. 0 draws the streams Seed alone
+	// does.
+	RouterSeed uint64
 	// Selection is the kvselect policies' configuration. Nil means
 	// selection.DefaultConfig. The simulator overrides BlockSize (1: one router
 	// token per trace block, see the package doc), Predictive's

@@ -222,7 +222,7 @@ func (k *kvRouter) newService(ctx context.Context, r int) (*selection.SelectionS
 	s := k.sim
 	// Replica 0 draws the stream a single router always has; each other
 	// replica its own, as separate processes would.
-	seed := s.opts.Seed + uint64(r)*0x9e3779b97f4a7c15
+	seed := s.opts.Seed + uint64(r)*0x9e3779b97f4a7c15 + s.opts.RouterSeed*0xbf58476d1ce4e5b9
 	b := selection.NewSelectionServiceBuilder(k.cfg).
 		Clock(simClock{base: time.Unix(1_700_000_000, 0), sim: s}.Now).
 		Rand(rand.NewPCG(seed, s.opts.Seed^0x5851f42d4c957f2d)).

@@ -531,23 +531,27 @@ func TestExplainRefusesThePredictiveCost(t *testing.T) {
 // what pricing the peers' likely bookings gives, itself below deciding
 // blind.
 func TestReplicasHoldBursts(t *testing.T) {
-	reqs, err := trace.Generate(trace.WorkloadRAG, trace.WorkloadConfig{Requests: 1024, Rate: 8, BlockSize: 512, OutputTokens: 200, Seed: 1})
-	require.NoError(t, err)
-	trace.BatchArrivals(reqs, 10)
-	ctx := context.Background()
-	opts := Options{Workers: 8, CapacityBlocks: 10_000, Seed: 1, Now: fixedNow}
-	run := func(replicas int, noSpread, hold bool) Result {
-		o := opts
-		o.Replicas, o.NoSpread, o.Hold = replicas, noSpread, hold
-		r, err := Run(ctx, reqs, KVSelect, o)
-		require.NoError(t, err)
-		return r
+	for _, w := range []trace.Workload{trace.WorkloadRAG, trace.WorkloadMultiTurn} {
+		t.Run(string(w), func(t *testing.T) {
+			reqs, err := trace.Generate(w, trace.WorkloadConfig{Requests: 1024, Rate: 8, BlockSize: 512, OutputTokens: 200, Seed: 1})
+			require.NoError(t, err)
+			trace.BatchArrivals(reqs, 10)
+			ctx := context.Background()
+			opts := Options{Workers: 8, CapacityBlocks: 10_000, Seed: 1, Now: fixedNow}
+			run := func(replicas int, noSpread, hold bool) Result {
+				o := opts
+				o.Replicas, o.NoSpread, o.Hold = replicas, noSpread, hold
+				r, err := Run(ctx, reqs, KVSelect, o)
+				require.NoError(t, err)
+				return r
+			}
+			one, blind, spread, held := run(1, false, false), run(3, true, false), run(3, false, false), run(3, false, true)
+			t.Logf("TTFT p90: one router %v; three blind %v, pricing their peers %v, holding %v", one.TTFTP90.Round(time.Millisecond),
+				blind.TTFTP90.Round(time.Millisecond), spread.TTFTP90.Round(time.Millisecond), held.TTFTP90.Round(time.Millisecond))
+			require.LessOrEqual(t, held.TTFTP90.Seconds(), 1.10*one.TTFTP90.Seconds())
+			require.Less(t, held.TTFTP90, spread.TTFTP90)
+			require.Less(t, spread.TTFTP90, blind.TTFTP90)
+			require.InEpsilon(t, one.HitRate, held.HitRate, 0.03, "hit rate")
+		})
 	}
-	one, blind, spread, held := run(1, false, false), run(3, true, false), run(3, false, false), run(3, false, true)
-	t.Logf("TTFT p90: one router %v; three blind %v, pricing their peers %v, holding %v", one.TTFTP90.Round(time.Millisecond),
-		blind.TTFTP90.Round(time.Millisecond), spread.TTFTP90.Round(time.Millisecond), held.TTFTP90.Round(time.Millisecond))
-	require.LessOrEqual(t, held.TTFTP90.Seconds(), 1.10*one.TTFTP90.Seconds())
-	require.Less(t, held.TTFTP90, spread.TTFTP90)
-	require.Less(t, spread.TTFTP90, blind.TTFTP90)
-	require.InEpsilon(t, one.HitRate, held.HitRate, 0.03, "hit rate")
 }

@@ -226,7 +226,7 @@ func prepare(ctx context.Context, reqs []trace.Request, policy Policy, o Options
 			return nil, err
 		}
 	default:
-		s.router = &baseline{policy: policy, sim: s, rng: rand.New(rand.NewPCG(o.Seed, o.Seed^0x2545f4914f6cdd1d))}
+		s.router = &baseline{policy: policy, sim: s, rng: rand.New(rand.NewPCG(o.Seed+o.RouterSeed*0xbf58476d1ce4e5b9, o.Seed^0x2545f4914f6cdd1d))}
 	}
 	return s, nil
 }
