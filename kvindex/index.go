@@ -65,7 +65,7 @@ const DefaultMaxBlocksPerRank = 1 << 20
 // ClearRank and RemoveWorker run alone.
 //
 // Locks, always taken in this order:
-//   - ranksMu guards the worker-rank registry (t.workers, t.slots, t.free,
+//   - ranksMu guards the worker-rank registry (t.workers, t.slots, t.slotKeys, t.free,
 //     which are also written only under mu) and limits. Apply holds it for
 //     reading; whatever adds or drops a worker rank, or reads every rank's
 //     block maps (Snapshot, Stats, LoadRanks), holds it for writing, which

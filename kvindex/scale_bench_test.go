@@ -174,14 +174,16 @@ func BenchmarkFleetFindMatches(b *testing.B) {
 			const ring = 1 << 20
 			durs := make([]time.Duration, ring)
 			b.ReportAllocs()
-			n := 0
+			n, matches := 0, 0
 			for b.Loop() {
 				q := f.queries[n%len(f.queries)]
 				start := time.Now()
 				buf = f.ix.AppendMatches(buf[:0], q, MatchOptions{})
 				durs[n%ring] = time.Since(start)
+				matches += len(buf)
 				n++
 			}
+			b.ReportMetric(float64(matches)/float64(n), "matches")
 			durs = durs[:min(n, ring)]
 			slices.Sort(durs)
 			b.ReportMetric(float64(durs[len(durs)/2].Nanoseconds()), "p50-ns")

@@ -221,7 +221,12 @@ type tree struct {
 	root    node
 	workers map[catalog.WorkerRank]*workerState
 	slots   []*workerState // slot -> state, nil when free
-	free    []uint32       // free slots
+	// slotKeys is slot -> worker rank (the zero key when free), dense, so
+	// that a walk's results read their keys from one array rather than
+	// from each rank's state (at 4,096 ranks sharing a prompt, a cache miss
+	// per rank).
+	slotKeys []catalog.WorkerRank
+	free     []uint32 // free slots
 	// spare holds up to maxSpareNodes detached nodes for child to reuse, so
 	// the steady store-and-evict of a full cache allocates nothing.
 	spare []*node
@@ -280,9 +285,11 @@ func (t *tree) worker(w catalog.WorkerRank, create bool) *workerState {
 		ws.slot = t.free[n-1]
 		t.free = t.free[:n-1]
 		t.slots[ws.slot] = ws
+		t.slotKeys[ws.slot] = w
 	} else {
 		ws.slot = uint32(len(t.slots))
 		t.slots = append(t.slots, ws)
+		t.slotKeys = append(t.slotKeys, w)
 	}
 	t.workers[w] = ws
 	return ws
@@ -497,6 +504,7 @@ func (t *tree) dropWorker(ws *workerState) {
 	t.dropping = false
 	delete(t.workers, ws.key)
 	t.slots[ws.slot] = nil
+	t.slotKeys[ws.slot] = catalog.WorkerRank{}
 	t.free = append(t.free, ws.slot)
 }
 
