@@ -21,6 +21,10 @@
 //
 //	go run ./examples/replay --rate 12 --policies kvselect,kvselect-approx --replicas 1,3 --no-sync
 //
+// --seed draws the workload and the routers' random choices; --router-seed K
+// draws the routers' tie-breaks again on the same workload, for medians over
+// several draws where a workload is chaotic (agent loops).
+//
 // Each worker runs the engine model of internal/enginemodel (vLLM's scheduler:
 // steps with a token budget, chunked prefill, shared decode steps):
 // --max-batched-tokens, --step-base and --request-overhead shape it, and
