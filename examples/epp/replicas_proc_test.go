@@ -34,8 +34,12 @@ import (
 // engines, requests spread round-robin over the three through the ext_proc
 // driver, as a gateway spreads them over its Endpoint Pickers.
 const (
-	procEngines     = 4
-	procRequests    = 480
+	procEngines  = 4
+	procRequests = 480 // a run's requests
+	// procCompared is the requests of each run whose hit rates are
+	// compared: enough that the two runs' noise (each about 2% at 480)
+	// does not reach the bound.
+	procCompared    = 1200
 	procConcurrency = 6
 	procStart       = 30 * time.Second // a process up, listening, synced
 	procWait        = 10 * time.Second // a condition on the metrics
@@ -363,9 +367,9 @@ func procDrive(ctx context.Context, t *testing.T, eps []*procEPP, alive func(int
 
 // procWorkload is the demo's workload of run number run: three shared
 // system prompts per engine.
-func procWorkload(t *testing.T, run int) []demofleet.Request {
+func procWorkload(t *testing.T, run, requests int) []demofleet.Request {
 	t.Helper()
-	w, err := demofleet.Workload(demofleet.WorkloadOptions{Requests: procRequests, Groups: 3 * procEngines, Seed: 17}, run)
+	w, err := demofleet.Workload(demofleet.WorkloadOptions{Requests: requests, Groups: 3 * procEngines, Seed: 17}, run)
 	require.NoError(t, err)
 	return w
 }
@@ -383,9 +387,9 @@ func procWorkload(t *testing.T, run int) []demofleet.Request {
 // race one reports fails the test.
 func TestThreeEPPProcesses(t *testing.T) {
 	started := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
 	defer cancel()
-	workload := procWorkload(t, 0)
+	workload := procWorkload(t, 0, procCompared)
 	all := func(int) bool { return true }
 
 	// One EPP, alone.
@@ -406,11 +410,13 @@ func TestThreeEPPProcesses(t *testing.T) {
 	waitIdle(t, procWait, eps...)
 	hit3 := three.hitRate()
 	t.Logf("engine-reported prefix-cache hit rate: one EPP %.3f, three replicas %.3f (%d requests, %d in flight)",
-		hit1, hit3, procRequests, procConcurrency)
+		hit1, hit3, procCompared, procConcurrency)
 	require.Positive(t, hit1)
-	// Under the default cost, over 480 requests: one EPP 0.66-0.69, three
-	// replicas at 0.96-1.01 of it (nine runs, three of them race-built
-	// beside a busy loop); at 240 requests one run in seven fell to 0.92.
+	// Under the default cost, over 1,200 requests: one EPP 0.67-0.70, three
+	// replicas at 0.99-1.04 of it (six runs, race-built, three beside one
+	// busy loop and three beside two). Over 480, beside busy loops, three
+	// runs in nine fell to 0.82-0.94: each run's hit rate moved by a few
+	// points (one EPP 0.67-0.72), mostly in the cold start.
 	// That the replicas share their bookings is checked below, on
 	// kvselect_replica_applied_total.
 	require.GreaterOrEqual(t, hit3, 0.95*hit1, "three replicas' hit rate against one EPP's")
@@ -455,7 +461,7 @@ func TestThreeEPPProcesses(t *testing.T) {
 		killProblem error
 	)
 	alive := func(i int) bool { return !(i == 1 && dead.Load()) }
-	failed := procDrive(ctx, t, eps, alive, procWorkload(t, 1), func(done int) {
+	failed := procDrive(ctx, t, eps, alive, procWorkload(t, 1, procRequests), func(done int) {
 		if done != procRequests/3 {
 			return
 		}
