@@ -730,3 +730,11 @@ func (p *partition) pressureOf(w catalog.WorkerRank) *rankPressure {
 	pv, _ := p.pressure.LoadOrStore(w, new(rankPressure))
 	return pv.(*rankPressure)
 }
+
+// resetPressure forgets rank w's cache pressure (its cache was cleared), if
+// it has one.
+func (p *partition) resetPressure(w catalog.WorkerRank) {
+	if pv, ok := p.pressure.Load(w); ok {
+		pv.(*rankPressure).reset()
+	}
+}

@@ -248,9 +248,7 @@ func (r routingApplier) Apply(w catalog.WorkerRank, ev kvindex.Event) error {
 	}
 	switch {
 	case ev.Kind == kvindex.EventCleared:
-		if pv, ok := p.pressure.Load(w); ok {
-			pv.(*rankPressure).reset()
-		}
+		p.resetPressure(w)
 	case ev.Tier != kvindex.TierDevice:
 	case ev.Kind == kvindex.EventStored:
 		p.pressureOf(w).event(len(ev.BlockHashes), 0)
@@ -287,9 +285,7 @@ func (r routingApplier) ClearRank(w catalog.WorkerRank) {
 	defer r.s.mu.RUnlock()
 	if p := r.s.workerPart[w.WorkerID]; p != nil && p.index != nil {
 		p.index.ClearRank(w)
-		if pv, ok := p.pressure.Load(w); ok {
-			pv.(*rankPressure).reset()
-		}
+		p.resetPressure(w)
 	}
 }
 
