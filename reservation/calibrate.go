@@ -20,8 +20,13 @@ import (
 type Calibration struct {
 	// Samples counts the completions fitted since New.
 	Samples int64
-	// Ready reports that CalibrationSamples completions have been fitted, so
-	// the figures rest on evidence rather than on the prior.
+	// Ready reports that the figures rest on evidence rather than on the
+	// prior: CalibrationSamples completions have been fitted, and they tell
+	// the price of a prompt token from the noise (OwnToken is more than
+	// CalibrationEvidence times OwnTokenError). A fit whose tokens are lost
+	// in the noise (a starved host whose scheduling jitter dwarfs the
+	// prefill) finds them free, and a cost that used it would price a
+	// cached prefix at nothing; it stays unready until the evidence returns.
 	Ready bool
 	// Overhead is a request's fixed cost in seconds: what a booking waits
 	// whatever it and its rank hold (the network, the engine's own
@@ -37,6 +42,11 @@ type Calibration struct {
 	// OwnToken is the seconds each of the request's own prefill tokens
 	// takes: the inverse of a nominal rank's prefill rate.
 	OwnToken float64
+	// OwnTokenError is OwnToken's standard error, in seconds: what the
+	// residuals' scale leaves uncertain of it given how the completions'
+	// own tokens varied (0 before CalibrationSamples and when OwnToken is
+	// held at 0).
+	OwnTokenError float64
 	// Residual is the fit's recent mean absolute error, in seconds.
 	Residual float64
 }
@@ -44,6 +54,11 @@ type Calibration struct {
 // CalibrationSamples is how many completions the ledger fits before its
 // Calibration is Ready.
 const CalibrationSamples = 32
+
+// CalibrationEvidence is how many standard errors (OwnTokenError) OwnToken
+// must exceed for the Calibration to be Ready: about a 2% chance that noise
+// alone fits a price that large.
+const CalibrationEvidence = 2.0
 
 // SlownessSamples is how many completions that separate a rank's speed from
 // the fleet's overhead (its predicted token time at least the Overhead) the
@@ -87,20 +102,22 @@ const (
 // Its state is guarded by mu; what readers need is published through a
 // sequence lock, so a decision reads it without a lock.
 type calibrator struct {
-	mu    sync.Mutex
-	m     [nz][nz]float64 // decayed sum of w z z^T
-	v     [nz]float64     // decayed sum of w z y
-	w     float64         // decayed sum of w
-	mad   float64         // decayed mean absolute residual
-	n     int64
-	beta  [nz]float64 // the current fit
-	prior [nz]float64
+	mu   sync.Mutex
+	m    [nz][nz]float64 // decayed sum of w z z^T
+	v    [nz]float64     // decayed sum of w z y
+	w    float64         // decayed sum of w
+	mad  float64         // decayed mean absolute residual
+	n    int64
+	beta [nz]float64 // the current fit
+	// ownErr is beta[zOwn]'s standard error (0 when it is held at 0)
+	ownErr float64
+	prior  [nz]float64
 	// floor is each regressor's smallest scale for the prior's weight: a
 	// regressor that is always 0 (nothing ever queued) keeps its prior.
 	floor [nz]float64
 
 	seq atomic.Uint64    // odd while pub is written
-	pub [7]atomic.Uint64 // samples, ready, beta..., residual (float64 bits)
+	pub [8]atomic.Uint64 // samples, ready, beta..., residual, own token's error (float64 bits)
 }
 
 // newCalibrator returns a calibrator whose prior prices every token at
@@ -193,6 +210,7 @@ func (c *calibrator) solve() {
 			a[i][i] += l
 			a[i][nz] = c.v[i] + l*c.prior[i]
 		}
+		sys := a // gauss eliminates in place
 		beta, ok := gauss(&a)
 		if !ok {
 			return // keep the last fit
@@ -205,9 +223,30 @@ func (c *calibrator) solve() {
 		}
 		if !neg {
 			c.beta = beta
+			c.ownErr = c.coefError(&sys, zOwn, fixed[zOwn])
 			return
 		}
 	}
+}
+
+// coefError is the standard error of coefficient i of the system sys
+// (solve's, before elimination): the residuals' standard deviation (the
+// mean absolute residual of a normal noise times sqrt(pi/2)) times the
+// square root of the i-th diagonal entry of the system's inverse. 0 when i
+// is held (fixed), or before the fit is Ready.
+func (c *calibrator) coefError(sys *[nz][nz + 1]float64, i int, fixed bool) float64 {
+	if fixed || c.n < CalibrationSamples {
+		return 0
+	}
+	for r := range nz {
+		sys[r][nz] = 0
+	}
+	sys[i][nz] = 1
+	col, ok := gauss(sys)
+	if !ok || col[i] <= 0 {
+		return math.Inf(1) // singular: nothing tells the coefficient apart
+	}
+	return c.mad * math.Sqrt(math.Pi/2) * math.Sqrt(col[i])
 }
 
 // gauss solves the augmented system a by elimination with partial pivoting.
@@ -257,7 +296,7 @@ func (c *calibrator) publish() {
 	c.seq.Add(1)
 	c.pub[0].Store(uint64(c.n))
 	ready := uint64(0)
-	if c.n >= CalibrationSamples {
+	if c.n >= CalibrationSamples && c.beta[zOwn] > CalibrationEvidence*c.ownErr {
 		ready = 1
 	}
 	c.pub[1].Store(ready)
@@ -265,6 +304,7 @@ func (c *calibrator) publish() {
 		c.pub[2+i].Store(math.Float64bits(c.beta[i]))
 	}
 	c.pub[6].Store(math.Float64bits(c.mad))
+	c.pub[7].Store(math.Float64bits(c.ownErr))
 	c.seq.Add(1)
 }
 
@@ -284,6 +324,7 @@ func (c *calibrator) load() Calibration {
 			ActiveRequest: math.Float64frombits(c.pub[4].Load()),
 			OwnToken:      math.Float64frombits(c.pub[5].Load()),
 			Residual:      math.Float64frombits(c.pub[6].Load()),
+			OwnTokenError: math.Float64frombits(c.pub[7].Load()),
 		}
 		if c.seq.Load() == s {
 			return cal

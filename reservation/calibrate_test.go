@@ -129,6 +129,46 @@ func TestCalibrationOverheadIsNotSpeed(t *testing.T) {
 	require.InEpsilon(t, 50_000, hot.Rate, 0.06, "the hot rank's rate is the fleet's, not 8x lower")
 }
 
+// TestCalibrationNoiseIsNotEvidence: on a starved host, where each time to
+// first token carries tens of milliseconds of scheduling jitter against a
+// prefill of a few milliseconds, the fit cannot tell the price of a token
+// from zero, so it is not Ready (a cost that used it would value a cached
+// prefix at nothing); when the jitter stops it finds the price again and is
+// Ready.
+func TestCalibrationNoiseIsNotEvidence(t *testing.T) {
+	clk := newFakeClock()
+	l := newLedger(t, Options{Now: clk.Now})
+	e := engineTimes{overhead: 0.004, own: 20e-6}
+	rng := rand.New(rand.NewPCG(9, 10))
+	complete := func(n int, jitter time.Duration) {
+		for i := range n {
+			id := ID(fmt.Sprint("r", i))
+			u := rng.IntN(417) // the demo's prompts: up to 26 blocks of 16
+			require.NoError(t, l.Book(Booking{ID: id, Worker: wr("a", 0), PrefillTokens: u}))
+			d := e.ttft("a", 0, 0, u)
+			if jitter > 0 {
+				d += time.Duration(rng.Int64N(int64(jitter)))
+			}
+			clk.Advance(d)
+			require.NoError(t, l.PrefillComplete(id))
+			require.NoError(t, l.Free(id))
+		}
+	}
+	complete(120, 60*time.Millisecond)
+	cal := l.Calibration()
+	require.EqualValues(t, 120, cal.Samples)
+	require.False(t, cal.Ready, "own token %v +/- %v", cal.OwnToken, cal.OwnTokenError)
+	require.LessOrEqual(t, cal.OwnToken, CalibrationEvidence*cal.OwnTokenError)
+
+	complete(600, 0)
+	cal = l.Calibration()
+	require.True(t, cal.Ready, "own token %v +/- %v", cal.OwnToken, cal.OwnTokenError)
+	// The noisy completions still weigh in the fit (its memory is about
+	// 512): the price is on its way back to the engine's.
+	require.InEpsilon(t, e.own, cal.OwnToken, 0.3)
+	require.Less(t, cal.OwnTokenError, cal.OwnToken/10)
+}
+
 // TestCalibrationSlowness: a rank whose token times are twice the others'
 // learns a slowness twice theirs, and its rate is half.
 func TestCalibrationSlowness(t *testing.T) {

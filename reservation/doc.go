@@ -54,7 +54,12 @@
 // residual (one stalled request barely moves it), with coefficients kept >=
 // 0 and a prior of 1/Options.PrefillRate seconds per token, queued or own,
 // that decides until CalibrationSamples completions are fitted and then
-// fades. Each rank then learns its slowness, how its token times compare
+// fades. The fit is Ready, to be used, once those are fitted and its
+// own-token price is more than CalibrationEvidence standard errors: where
+// the times' noise hides the tokens (a starved host's scheduling jitter of
+// tens of milliseconds against a prefill of a few), the fit finds tokens
+// free, and a cost that believed it would price a cached prefix at nothing
+// and route by request counts alone. Each rank then learns its slowness, how its token times compare
 // with the fleet's, by least squares through the fleet's overhead and
 // request terms from its own last dozen or so completions; it is reported
 // once SlownessSamples of them had token times at least the overhead, the

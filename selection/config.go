@@ -115,10 +115,12 @@ func ParseCostModel(s string) (CostModel, error) {
 
 // PredictiveCost configures CostPredictive (and CostAuto where it predicts).
 type PredictiveCost struct {
-	// PrefillTokensPerSecond is every rank's prefill rate until the
-	// ledger's calibration is Ready (reservation.CalibrationSamples
-	// completed prefills; the calibration's prior), and always with
-	// FixedRate. Finite, > 0. Default 10,000.
+	// PrefillTokensPerSecond is every rank's prefill rate while the
+	// ledger's calibration is not Ready (before
+	// reservation.CalibrationSamples completed prefills, and while their
+	// times do not tell the price of a token from their noise; the
+	// calibration's prior), and always with FixedRate. Finite, > 0.
+	// Default 10,000.
 	PrefillTokensPerSecond float64
 	// FixedRate prices every rank's queue and prompt at
 	// PrefillTokensPerSecond and never uses the calibration.

@@ -507,22 +507,27 @@ func printDemo(out io.Writer, results []result, o options) {
 	printFeeds(out, results)
 }
 
-// printCalibration prints, for each kvselect run whose calibration was
-// used (32 completions or more), the fit of its bookings' times to first
-// token and each rank's slowness against it (reservation.Calibration).
+// printCalibration prints, for each kvselect run that fitted its
+// calibration (reservation.CalibrationSamples completions or more), the fit
+// of its bookings' times to first token and each rank's slowness against
+// it (reservation.Calibration), and whether the fit was evidence enough to
+// be used.
 func printCalibration(out io.Writer, results []result) {
 	header := false
 	for _, r := range results {
 		c := r.calibration
-		if !c.Ready {
+		if c.Samples < reservation.CalibrationSamples {
 			continue
 		}
 		if !header {
 			fmt.Fprintln(out, "\nTime to first token as each kvselect run calibrated it from its bookings (the predictive cost's prices):")
 			header = true
 		}
-		fmt.Fprintf(out, "%s: %s + %s x queued token + %s x active request + %s x own token (mean error %s, %d prefills)",
-			r.policy, secs(c.Overhead), secs(c.QueuedToken), secs(c.ActiveRequest), secs(c.OwnToken), secs(c.Residual), c.Samples)
+		fmt.Fprintf(out, "%s: %s + %s x queued token + %s x active request + %s (+/- %s) x own token (mean error %s, %d prefills)",
+			r.policy, secs(c.Overhead), secs(c.QueuedToken), secs(c.ActiveRequest), secs(c.OwnToken), secs(c.OwnTokenError), secs(c.Residual), c.Samples)
+		if !c.Ready {
+			fmt.Fprint(out, "; not used: the own-token price is not told from the noise, so the cost priced tokens at the configured rate")
+		}
 		var slow []string
 		for _, l := range r.loads {
 			if l.Slowness > 0 {
@@ -538,6 +543,9 @@ func printCalibration(out io.Writer, results []result) {
 
 // secs renders seconds as the duration they are.
 func secs(s float64) string {
+	if math.IsInf(s, 0) || math.IsNaN(s) {
+		return "unbounded"
+	}
 	return time.Duration(s * float64(time.Second)).Round(10 * time.Nanosecond).String()
 }
 

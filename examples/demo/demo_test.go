@@ -64,10 +64,16 @@ func TestDemoDialects(t *testing.T) {
 			require.NoError(t, err)
 			rr, err := policyRun(ctx, cfg, o, "round-robin", workload(t, o, 1))
 			require.NoError(t, err)
+			t.Logf("hit rate: kvselect %.2f (calibration used: %v), round-robin %.2f", kv.HitRate(), kv.calibration.Ready, rr.HitRate())
 			require.Zero(t, kv.Failed)
 			require.Zero(t, rr.Failed)
 			require.Equal(t, o.requests, kv.Requests)
 			require.Len(t, kv.TTFTs, o.requests, "every streamed answer is timed")
+			if kv.HitRate() < 2*rr.HitRate() {
+				var report bytes.Buffer
+				printDemo(&report, []result{kv, rr}, o)
+				t.Logf("the runs:\n%s", report.String())
+			}
 			require.GreaterOrEqual(t, kv.HitRate(), 2*rr.HitRate(), "kvselect %.2f vs round-robin %.2f", kv.HitRate(), rr.HitRate())
 			if d == fakeengine.DialectTRTLLM {
 				// Token ids came from the separate vLLM render service.

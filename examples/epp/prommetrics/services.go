@@ -80,8 +80,9 @@ var (
 	dLoadPrefill  = prometheus.NewDesc("kvselect_worker_active_prefill_tokens", "Prefill tokens booked on the worker rank and not prefilled yet.", loadLabels, nil)
 	dLoadRate     = prometheus.NewDesc("kvselect_worker_prefill_rate_tokens_per_second", "The worker rank's calibrated prefill rate (the fit's seconds per own token times the rank's slowness, inverted), what the predictive cost prices its prompt with; 0 until the calibration is ready.", loadLabels, nil)
 	dLoadSlow     = prometheus.NewDesc("kvselect_worker_slowness", "How the worker rank's token times compare with the fleet's calibrated ones (2: twice as long), learned from its own completions; 0 until they separate its speed from the overhead.", loadLabels, nil)
-	dCalibration  = prometheus.NewDesc("kvselect_calibration_seconds", "The calibration of the bookings' times to first token (TTFT = overhead + queued_token x queued tokens + active_request x active requests + own_token x own tokens, each rank's tokens at its slowness), by term; residual is the fit's recent mean absolute error.", []string{"role", "term"}, nil)
-	dCalSamples   = prometheus.NewDesc("kvselect_calibration_samples_total", "Completed prefills the calibration has fitted (it is used from 32 on).", []string{"role"}, nil)
+	dCalibration  = prometheus.NewDesc("kvselect_calibration_seconds", "The calibration of the bookings' times to first token (TTFT = overhead + queued_token x queued tokens + active_request x active requests + own_token x own tokens, each rank's tokens at its slowness), by term; residual is the fit's recent mean absolute error, own_token_error the own-token price's standard error.", []string{"role", "term"}, nil)
+	dCalSamples   = prometheus.NewDesc("kvselect_calibration_samples_total", "Completed prefills the calibration has fitted.", []string{"role"}, nil)
+	dCalReady     = prometheus.NewDesc("kvselect_calibration_ready", "1 while the predictive cost uses the calibration (32 completions fitted, the own-token price more than twice its standard error), 0 while it prices tokens at the configured rate.", []string{"role"}, nil)
 	dFiltered     = prometheus.NewDesc("kvselect_policy_filtered_total", "Candidates a policy filter of the embedding program excluded, by filter name (selection.Filter).", []string{"role", "filter"}, nil)
 	dClsRefused   = descSel("policy_classifier_refusals_total", "Requests the embedding program's Classifier refused (selection.Classifier).")
 	dFullScans    = descSel("policy_full_scans_total", "Decisions on a large fleet that took the full scan because a policy filter, picker or unscoped cost term needs every candidate.")
@@ -177,10 +178,15 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		cal := st.Calibration
 		counter(dCalSamples, float64(cal.Samples), role)
+		ready := 0.0
+		if cal.Ready {
+			ready = 1
+		}
+		gauge(dCalReady, ready, role)
 		for _, t := range []struct {
 			term string
 			v    float64
-		}{{"overhead", cal.Overhead}, {"queued_token", cal.QueuedToken}, {"active_request", cal.ActiveRequest}, {"own_token", cal.OwnToken}, {"residual", cal.Residual}} {
+		}{{"overhead", cal.Overhead}, {"queued_token", cal.QueuedToken}, {"active_request", cal.ActiveRequest}, {"own_token", cal.OwnToken}, {"own_token_error", cal.OwnTokenError}, {"residual", cal.Residual}} {
 			gauge(dCalibration, t.v, role, t.term)
 		}
 		byLife := map[catalog.Lifecycle]int{}
