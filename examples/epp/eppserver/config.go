@@ -490,7 +490,7 @@ func (c *Config) settings() []envconf.Var {
 				c.Router.Cost = m
 				return nil
 			}},
-		{Env: "DYN_EPP_PREFILL_TOKENS_PER_SECOND", Flag: "prefill-tokens-per-second", Default: "10000", Help: "predictive cost: every worker's prefill rate (uncached tokens per second) until the calibration has fitted 32 completed prefills (1 to 1e9)", Set: floatIn(&r.Predictive.PrefillTokensPerSecond, selection.MinPrefillTokensPerSecond, selection.MaxPrefillTokensPerSecond)},
+		{Env: "DYN_EPP_PREFILL_TOKENS_PER_SECOND", Flag: "prefill-tokens-per-second", Default: "10000", Help: "predictive cost: every worker's prefill rate (uncached tokens per second) while the calibration is not ready (32 completed prefills, a token's price told from the noise; 1 to 1e9)", Set: floatIn(&r.Predictive.PrefillTokensPerSecond, selection.MinPrefillTokensPerSecond, selection.MaxPrefillTokensPerSecond)},
 		{Env: "DYN_EPP_LEARN_PREFILL_RATE", Flag: "learn-prefill-rate", Default: "true", Help: "predictive cost: calibrate the time to first token from the completed prefills, and each worker's speed (false: DYN_EPP_PREFILL_TOKENS_PER_SECOND for all)",
 			Set: func(v string) error {
 				var on bool
