@@ -122,6 +122,9 @@ type Decoder struct {
 	intern  map[string]string
 	scratch []byte
 	digest  xxhash.Digest
+	// mixedIDs: the last event's token ids took the 16- and 32-bit forms
+	// in a mix (readTokenIDs)
+	mixedIDs bool
 }
 
 // NewDecoder returns a Decoder with the given limits. It returns an error wrapping

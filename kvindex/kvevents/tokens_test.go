@@ -10,11 +10,13 @@ import (
 )
 
 // TestReadTokenIDsMatchesOneByOne: readTokenIDs, which inlines the forms
-// ids usually take, reads what readToken reads one id at a time, for ids in
-// every integer form msgpack has (the unsigned ones it inlines, the signed
-// ones and uint64 through readToken), with the last ids of a run in its
-// last 5 bytes, and refuses the same runs (a negative id, one past
-// 2^32-1, a value that is no integer) for the same reason.
+// ids usually take, reads what readToken reads one id at a time, whether it
+// tells the 16- and 32-bit forms apart by a branch or by arithmetic (mixed),
+// for ids in every integer form msgpack has (the unsigned ones it inlines,
+// the signed ones and uint64 through readToken), with the last ids of a run
+// in its last 5 bytes; it counts the ids in the 32-bit form, and refuses
+// the same runs (a negative id, one past 2^32-1, a value that is no
+// integer) for the same reason.
 func TestReadTokenIDsMatchesOneByOne(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	appendID := func(b []byte, v uint32) []byte {
@@ -71,12 +73,28 @@ func TestReadTokenIDsMatchesOneByOne(t *testing.T) {
 		}
 		b = append(b, 0xc0, 0x93) // what follows the ids: left as it is
 		want, wantRest, wantWhy := oneByOne(b, n)
-		got := make([]uint32, n)
-		rest, why := readTokenIDs(b, got)
-		require.Equal(t, wantWhy, why, "run %d", run)
-		if why == keep {
-			require.Equal(t, want, got, "run %d", run)
-			require.Equal(t, wantRest, rest, "run %d", run)
+		for _, mixed := range []bool{false, true} {
+			got := make([]uint32, n)
+			rest, wide, why := readTokenIDs(b, got, mixed)
+			require.Equal(t, wantWhy, why, "run %d, mixed %v", run, mixed)
+			if why == keep {
+				require.Equal(t, want, got, "run %d, mixed %v", run, mixed)
+				require.Equal(t, wantRest, rest, "run %d, mixed %v", run, mixed)
+				require.Equal(t, wideIDs(b, n), wide, "run %d, mixed %v", run, mixed)
+			}
 		}
 	}
+}
+
+// wideIDs counts the first n ids of b that are in the 32-bit unsigned form,
+// reading them one at a time.
+func wideIDs(b []byte, n int) int {
+	wide := 0
+	for range n {
+		if b[0] == 0xce {
+			wide++
+		}
+		_, b, _ = readToken(b)
+	}
+	return wide
 }
