@@ -467,6 +467,8 @@ otherwise: 2.5 ns an id for Llama 3 and Qwen, 1.1 for the small vocabulary (same
 before and after). Applying the Dynamo-shaped events on one core went from 0.92-0.99M to
 1.38-1.47M blocks a second, on two cores from 1.64M to 1.9-2.1M; the two-core speedup fell
 from about 1.7 to 1.45-1.55, because what was cut is the part that ran in parallel: what
-remains is the shared tree's work, which two separate indexes do at 2.0x (lock waits stay
-at 1% of the time: the cost is the nodes both sources write, not the lock).
+remains is the shared tree's work, which two separate indexes do at 2.0x. Lock waits stay
+at about 1% of the time and each source's replay takes 1.4x as long beside the other as
+apart: the cost is not waiting for the lock; that it is the cache lines both sources write
+(shared prefix nodes, the tree's counters) is a guess not yet measured.
 `
