@@ -45,7 +45,7 @@ type Calibration struct {
 	// OwnTokenError is OwnToken's standard error, in seconds: what the
 	// residuals' scale leaves uncertain of it given how the completions'
 	// own tokens varied (0 before CalibrationSamples and when OwnToken is
-	// held at 0).
+	// held at 0; +Inf when nothing varied enough to tell it apart).
 	OwnTokenError float64
 	// Residual is the fit's recent mean absolute error, in seconds.
 	Residual float64
@@ -233,7 +233,8 @@ func (c *calibrator) solve() {
 // (solve's, before elimination): the residuals' standard deviation (the
 // mean absolute residual of a normal noise times sqrt(pi/2)) times the
 // square root of the i-th diagonal entry of the system's inverse. 0 when i
-// is held (fixed), or before the fit is Ready.
+// is held at 0 (fixed) and before CalibrationSamples completions; +Inf when
+// the system is singular.
 func (c *calibrator) coefError(sys *[nz][nz + 1]float64, i int, fixed bool) float64 {
 	if fixed || c.n < CalibrationSamples {
 		return 0
@@ -244,7 +245,7 @@ func (c *calibrator) coefError(sys *[nz][nz + 1]float64, i int, fixed bool) floa
 	sys[i][nz] = 1
 	col, ok := gauss(sys)
 	if !ok || col[i] <= 0 {
-		return math.Inf(1) // singular: nothing tells the coefficient apart
+		return math.Inf(1) // nothing tells the coefficient apart
 	}
 	return c.mad * math.Sqrt(math.Pi/2) * math.Sqrt(col[i])
 }

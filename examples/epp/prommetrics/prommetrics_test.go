@@ -165,6 +165,9 @@ func TestServiceCollector(t *testing.T) {
 	require.Equal(t, 1.0, find(t, all, "kvselect_reservations_active", agg))
 	require.Equal(t, 1.0, find(t, all, "kvselect_worker_active_requests", map[string]string{"role": "aggregated", "worker": "a", "rank": "0"}))
 	require.Equal(t, 4.0, find(t, all, "kvselect_request_blocks_total", agg))
+	require.Equal(t, 0.0, find(t, all, "kvselect_calibration_ready", agg), "no prefill completed: the configured rate prices tokens")
+	require.Equal(t, 1e-4, find(t, all, "kvselect_calibration_seconds", map[string]string{"role": "aggregated", "term": "own_token"}), "the prior: 10,000 tokens a second")
+	require.Equal(t, 0.0, find(t, all, "kvselect_calibration_seconds", map[string]string{"role": "aggregated", "term": "own_token_error"}))
 	require.NotContains(t, all, "kvselect_tokenizer_cache_hits_total", "no cache, no tokenizer series")
 }
 
