@@ -26,6 +26,11 @@ type peerCut struct {
 func cutOf(t *testing.T, r *rig, e *fakeengine.Engine, w catalog.WorkerRank) peerCut {
 	t.Helper()
 	st := r.converge(e, w)
+	// A peer that lost batches (the first ones, which store the prompts'
+	// shared prefixes, orphan every later store) would hand over a cut
+	// that proves nothing.
+	require.Zero(t, st.LostBatches, "the peer lost batches: %+v", st)
+	require.False(t, st.Degraded, "the peer is degraded: %+v", st)
 	var buf bytes.Buffer
 	require.NoError(t, r.ix.Snapshot().Encode(&buf, map[catalog.WorkerRank]uint64{w: st.Watermark}))
 	ix, seqs, err := kvindex.ReadSnapshot(&buf, kvindex.ReadOptions{})
