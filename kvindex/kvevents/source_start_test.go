@@ -97,7 +97,14 @@ func TestResumeSourceFromPeer(t *testing.T) {
 	peer := newRig(t, nil, 0)
 	require.NoError(t, peer.feed.AddSource(src))
 	require.NoError(t, e.WaitSubscribed(context.Background()))
-	peer.serve(e, 100)
+	// The peer's first live batch starts it in the middle of the stream,
+	// and it asks the engine to replay from the start; serving on before
+	// that replay ran would let the buffer roll past the first batches (as
+	// it did in CI: six lost, every later store orphaned, the peer's index
+	// empty).
+	peer.serve(e, 1)
+	peer.converge(e, w)
+	peer.serve(e, 99)
 	cut := cutOf(t, peer, e, w)
 	peer.serve(e, 10) // after the cut, before the joiner listens
 
