@@ -38,6 +38,19 @@ func cutOf(t *testing.T, r *rig, e *fakeengine.Engine, w catalog.WorkerRank) pee
 	return peerCut{ix: ix, seq: seqs[w]}
 }
 
+// start serves n requests to a new peer that subscribed to e for w, the
+// first alone: the peer's first live batch starts it in the middle of the
+// stream, and it asks the engine to replay from the start; serving on
+// before that replay ran would let a small buffer roll past the first
+// batches (as it did in CI: six lost, every later store orphaned, the
+// peer's index empty).
+func (r *rig) start(e *fakeengine.Engine, w catalog.WorkerRank, n int) {
+	r.t.Helper()
+	r.serve(e, 1)
+	r.converge(e, w)
+	r.serve(e, n-1)
+}
+
 // resume resumes w in r from c and waits until it is done.
 func (r *rig) resume(c peerCut, w catalog.WorkerRank) {
 	r.t.Helper()
@@ -97,14 +110,7 @@ func TestResumeSourceFromPeer(t *testing.T) {
 	peer := newRig(t, nil, 0)
 	require.NoError(t, peer.feed.AddSource(src))
 	require.NoError(t, e.WaitSubscribed(context.Background()))
-	// The peer's first live batch starts it in the middle of the stream,
-	// and it asks the engine to replay from the start; serving on before
-	// that replay ran would let the buffer roll past the first batches (as
-	// it did in CI: six lost, every later store orphaned, the peer's index
-	// empty).
-	peer.serve(e, 1)
-	peer.converge(e, w)
-	peer.serve(e, 99)
+	peer.start(e, w, 100)
 	cut := cutOf(t, peer, e, w)
 	peer.serve(e, 10) // after the cut, before the joiner listens
 
@@ -139,7 +145,7 @@ func TestResumeSourcePastTheBuffer(t *testing.T) {
 	peer := newRig(t, nil, 0)
 	require.NoError(t, peer.feed.AddSource(src))
 	require.NoError(t, e.WaitSubscribed(context.Background()))
-	peer.serve(e, 20)
+	peer.start(e, w, 20)
 	cut := cutOf(t, peer, e, w)
 	peer.serve(e, 30)
 	peer.converge(e, w)
@@ -168,7 +174,7 @@ func TestResumeSourceEngineRestarted(t *testing.T) {
 	peer := newRig(t, nil, 0)
 	require.NoError(t, peer.feed.AddSource(src))
 	require.NoError(t, e.WaitSubscribed(context.Background()))
-	peer.serve(e, 40)
+	peer.start(e, w, 40)
 	cut := cutOf(t, peer, e, w)
 	e.Restart()
 	peer.prompts = nil
