@@ -40,13 +40,17 @@ const blockSlotBytes = 16
 const minSlots = 32
 
 // home returns the slot where key's probe sequence starts.
-func (m *blockMap) home(key uint64) int {
-	x := key ^ m.seed
+func (m *blockMap) home(key uint64) int { return keyedSlot(key, m.seed, len(m.slots)) }
+
+// keyedSlot places key in a table of size slots by a mix of key and seed
+// (SplitMix64's finalizer), scaled to the size.
+func keyedSlot(key, seed uint64, size int) int {
+	x := key ^ seed
 	x ^= x >> 31
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 27
 	x *= 0x94d049bb133111eb
-	hi, _ := bits.Mul64(x, uint64(len(m.slots)))
+	hi, _ := bits.Mul64(x, uint64(size))
 	return int(hi)
 }
 

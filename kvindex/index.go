@@ -3,7 +3,7 @@ package kvindex
 import (
 	"errors"
 	"fmt"
-	"slices"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 
@@ -135,7 +135,7 @@ func (ix *Index) BlockSize() int { return ix.blockSize }
 type storePlan struct {
 	locals []uint64 // local hash of every index block
 	keys   []uint64 // the index blocks' keys, for Options.OnStored
-	sorted []uint64 // scratch of checkDistinct
+	seen   hashSet  // scratch of checkDistinct
 	// old holds, per engine block, the node its hash mapped to before the
 	// event (nil when none); now the node it maps to after it, for the map
 	// updates after the tree's. Cleared before the plan goes back to the
@@ -391,19 +391,59 @@ func checkDistinct(ev *Event, plan *storePlan) error {
 		}
 		return nil
 	}
-	// Longer runs: sort a copy (with the parent) and compare neighbours.
-	s := append(plan.sorted[:0], hs...)
+	// Longer runs: a set of the hashes (and the parent).
+	s := &plan.seen
+	s.reset(len(hs) + 1)
 	if ev.HasParent {
-		s = append(s, ev.ParentHash)
+		s.add(ev.ParentHash)
 	}
-	slices.Sort(s)
-	plan.sorted = s
-	for i := 1; i < len(s); i++ {
-		if s[i] == s[i-1] {
-			return fmt.Errorf("%w: block %#x repeats in one stored run or is its own parent", ErrInvalidEvent, s[i])
+	for _, h := range hs {
+		if !s.add(h) {
+			return fmt.Errorf("%w: block %#x repeats in one stored run or is its own parent", ErrInvalidEvent, h)
 		}
 	}
 	return nil
+}
+
+// hashSet is checkDistinct's set of a long run's hashes: open addressing
+// with linear probing, at most half full, placed by a keyed mix (the seed
+// is random per set, so an engine that chooses its hashes cannot make them
+// collide). A slot is in use while its mark is the set's, so emptying the
+// set for the next run costs nothing. Sorting the hashes instead took 5% of
+// applying the Dynamo-shaped events.
+type hashSet struct {
+	keys  []uint64
+	marks []uint32
+	mark  uint32
+	seed  uint64
+}
+
+// reset empties s and sizes it for n hashes.
+func (s *hashSet) reset(n int) {
+	if size := 2 * n; size > len(s.keys) {
+		s.keys, s.marks = make([]uint64, size), make([]uint32, size)
+		s.seed = rand.Uint64()
+	}
+	if s.mark++; s.mark == 0 { // wrapped: the old marks could be taken as live
+		clear(s.marks)
+		s.mark = 1
+	}
+}
+
+// add adds h and reports whether it was absent.
+func (s *hashSet) add(h uint64) bool {
+	for i := keyedSlot(h, s.seed, len(s.keys)); ; {
+		if s.marks[i] != s.mark {
+			s.keys[i], s.marks[i] = h, s.mark
+			return true
+		}
+		if s.keys[i] == h {
+			return false
+		}
+		if i++; i == len(s.keys) {
+			i = 0
+		}
+	}
 }
 
 // find resolves an engine block hash of ws to its node, trying tier first and then

@@ -87,18 +87,24 @@ func TestBadInputIsCountedNotFatal(t *testing.T) {
 }
 
 // TestLongRunRepeats covers the repeat check of runs longer than 32 blocks,
-// which sorts instead of comparing every pair.
+// which puts the hashes in a set instead of comparing every pair: hashes
+// that differ only in their high bits, or are 0, and a set emptied between
+// runs (the same hashes again, on other worker ranks, are no repeat).
 func TestLongRunRepeats(t *testing.T) {
 	ix := mustIndex(t, 1)
 	w := catalog.WorkerRank{WorkerID: "w"}
 	run := func() Event {
 		ev := Event{Kind: EventStored, Tokens: make([]uint32, 40)}
 		for i := range 40 {
-			ev.BlockHashes = append(ev.BlockHashes, uint64(100+i))
+			ev.BlockHashes = append(ev.BlockHashes, uint64(i)<<44)
 			ev.Tokens[i] = uint32(i)
 		}
 		return ev
 	}
+	for i := range 3 {
+		require.NoError(t, ix.Apply(catalog.WorkerRank{WorkerID: "other", Rank: i}, run()))
+	}
+	ix.RemoveWorker("other")
 	repeated := run()
 	repeated.BlockHashes[35] = repeated.BlockHashes[3]
 	require.ErrorIs(t, ix.Apply(w, repeated), ErrInvalidEvent)
