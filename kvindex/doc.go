@@ -73,9 +73,10 @@
 // the last only while it changes nodes: it hashes an event's tokens before
 // taking any, and probes and updates the worker rank's block map outside the
 // tree's lock, so events of different worker ranks (two engines' feeds) apply
-// in parallel but for their tree work. It waits for the tree's lock by trying
-// it for about 25 microseconds before it blocks: a tree part is shorter than
-// the time a blocked goroutine takes to be woken and run again. A lookup sees the index either before
+// in parallel but for their tree work. Apply and lookups wait for the tree's
+// lock by trying it for about 25 microseconds before they block: a tree part
+// is shorter than the time a blocked goroutine takes to be woken and run
+// again. A lookup sees the index either before
 // or after any event, never half of one: it may undercount while a store is
 // being applied, and it never overcounts. ClearRank and RemoveWorker, and an
 // Apply that adds or empties a worker rank, take the registry's lock for

@@ -7,6 +7,7 @@ import (
 	"runtime/metrics"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -430,4 +431,71 @@ func mutexWait() float64 {
 	s := []metrics.Sample{{Name: "/sync/mutex/wait/total:seconds"}}
 	metrics.Read(s)
 	return s[0].Value.Float64()
+}
+
+// BenchmarkDynamoLookupsUnderFeed looks up the Dynamo-shaped trace's
+// requests in the 1M-entry index while one goroutine replays the write
+// segment (BenchmarkDynamoApplySources's, 16 engines' batches in trace order)
+// through a handler: as an EPP's request path meets its engines' feeds. Run
+// it with -cpu 2: one core for the lookups, one for the feed.
+//
+//   - feed=shared: the feed applies into the index the lookups read, so a
+//     lookup may wait for an event's tree part.
+//   - feed=apart: the feed applies into a separate index of the same state,
+//     so the machine is as busy and nothing is shared: the baseline.
+//
+// Each operation resets the feed's engines to the warm-up's caches and
+// replays the segment once, looking up meanwhile. p50-ns, p99-ns and
+// p999-ns are the lookups' distribution over every operation, lookups/op
+// how many ran beside one replay. ns/op counts the resets too.
+func BenchmarkDynamoLookupsUnderFeed(b *testing.B) {
+	tr := getDynTrace()
+	f := getDynFixture(b, 0, 1<<20)
+	for _, mode := range []string{"shared", "apart"} {
+		b.Run("feed="+mode, func(b *testing.B) {
+			ix, h := f.ix, f.h
+			if mode == "apart" {
+				ix, h, _ = newDynIndex(b, 1<<20, false)
+			}
+			var seq [dynWorkers]uint64 // continues f's: one handler, one numbering
+			if mode == "shared" {
+				seq = f.seq
+			}
+			seg := tr.steps[dynWarm : dynWarm+dynSegment]
+			buf := make([]kvindex.Match, 0, 64)
+			durs := make([]time.Duration, 0, 1<<20)
+			runs := 0
+			for b.Loop() {
+				resetDynEngines(b, ix, tr)
+				var (
+					done atomic.Bool
+					wg   sync.WaitGroup
+				)
+				wg.Go(func() {
+					for i, st := range seg {
+						h.HandleBatch(tr.engines[st.worker], seq[st.worker], tr.batches[i])
+						seq[st.worker]++
+					}
+					done.Store(true)
+				})
+				for k := 0; !done.Load(); k++ {
+					start := time.Now()
+					buf = f.ix.AppendMatches(buf[:0], f.queries[k%len(f.queries)], kvindex.MatchOptions{})
+					durs = append(durs, time.Since(start))
+				}
+				wg.Wait()
+				runs++
+			}
+			if mode == "shared" {
+				// The fixture's engines are past the segment now: the
+				// replay benchmark resets them first.
+				f.seq, f.next = seq, dynSegment
+			}
+			slices.Sort(durs)
+			b.ReportMetric(float64(durs[len(durs)/2].Nanoseconds()), "p50-ns")
+			b.ReportMetric(float64(durs[len(durs)*99/100].Nanoseconds()), "p99-ns")
+			b.ReportMetric(float64(durs[len(durs)*999/1000].Nanoseconds()), "p999-ns")
+			b.ReportMetric(float64(len(durs))/float64(runs), "lookups/op")
+		})
+	}
 }
