@@ -179,11 +179,11 @@ func readTokenIDs(b []byte, out []uint32, mixed bool) (rest []byte, wide int, _ 
 				continue
 			}
 		}
-		t, r := readTokenAt(b, &p, &wide)
+		t, next, w, r := readTokenAt(b, p)
 		if r != keep {
 			return nil, 0, r
 		}
-		out[i] = t
+		out[i], p, wide = t, next, wide+w
 	}
 	return b[p:], wide, keep
 }
@@ -221,28 +221,30 @@ func readMixedIDs(b []byte, out []uint32) (rest []byte, wide int, _ SkipReason) 
 		if i == len(out) {
 			break
 		}
-		t, r := readTokenAt(b, &p, &wide)
+		t, next, w, r := readTokenAt(b, p)
 		if r != keep {
 			return nil, 0, r
 		}
-		out[i] = t
+		out[i], p, wide = t, next, wide+w
 		i++
 	}
 	return b[p:], wide, keep
 }
 
-// readTokenAt reads the id at b[*p:] in any form, moves *p past it and
-// counts it in *wide when it is in the 32-bit unsigned form.
-func readTokenAt(b []byte, p *int, wide *int) (uint32, SkipReason) {
-	t, rest, r := readToken(b[*p:])
+// readTokenAt reads the id at b[p:] in any form, and returns it, the
+// offset after it and 1 when it is in the 32-bit unsigned form (0
+// otherwise). It takes and returns the offset by value: a caller whose
+// offset had its address taken would keep it in memory, and every id's
+// offset would wait for a store and a load.
+func readTokenAt(b []byte, p int) (t uint32, next, wide int, _ SkipReason) {
+	t, rest, r := readToken(b[p:])
 	if r != keep {
-		return 0, r
+		return 0, 0, 0, r
 	}
-	if b[*p] == 0xce {
-		*wide++
+	if b[p] == 0xce {
+		wide = 1
 	}
-	*p = len(b) - len(rest)
-	return t, keep
+	return t, len(b) - len(rest), wide, keep
 }
 
 // readTokens reads token_ids: an array of ints, or SGLang's bigram (EAGLE) form
