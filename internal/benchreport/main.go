@@ -471,8 +471,9 @@ a branch on the form is mispredicted every other id (4.8 ns an id, vocab=128256,
 form). When the previous event's ids came mixed (neither form 7 in 8), the reader reads
 them two at a time: the second id's form byte is at 3 or 5, both read with the first's,
 and the first's form picks one by a shift, so a pair's offset waits for one load where
-one id at a time waits for one load each: 2.47 -> 1.70 ns an id (2.5 was arithmetic on
-the form byte, one id at a time). A byte select written as an if compiled to a branch,
+one id at a time waits for one load each: 2.47 -> 1.62 ns an id (2.5 was arithmetic on
+the form byte, one id at a time; 0.08 of the gain is an offset no longer passed by address,
+which had kept it in memory, a store and a load on every pair's chain). A byte select written as an if compiled to a branch,
 not a conditional move (Go does not select 8-bit values that way), and a mask select
 read 1.9: the shift is the shortest chain found.
 
@@ -487,7 +488,10 @@ machine, longer than the tree part it waited for. A lock that never blocks gave
 blocks: 1.79-1.91x in three alternating runs against 1.21-1.59x (1,024 tries, about
 1.5 us, were not enough; 8,192 nearly). With it, a long run's repeat check using a keyed
 set rather than a sort (4.5% of the apply), and the decoding above, one core applies
-1.6-1.75M blocks a second (was 1.26-1.35M in the same alternating runs).
+1.70-1.90M blocks a second and two 3.2-3.3M (1.35-1.41M and 1.9-2.2M before, in the same
+alternating runs). What is left of a block's time beside decoding (about 40% of it) is
+mostly cache misses: the engine-hash table's slot of each removed block (half of
+` + "`blockMap.remove`" + `'s time is its first load) and each stored block's node.
 
 Lookups met the same wake-up beside a feed (` + "`BenchmarkDynamoLookupsUnderFeed`" + `: one core
 looks up the trace's requests while the other replays the write segment): p99 106 us and
