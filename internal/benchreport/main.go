@@ -489,8 +489,11 @@ blocks: 1.79-1.91x in three alternating runs against 1.21-1.59x (1,024 tries, ab
 1.5 us, were not enough; 8,192 nearly). With it, a long run's repeat check using a keyed
 set rather than a sort (4.5% of the apply), and the decoding above, one core applies
 1.70-1.90M blocks a second and two 3.2-3.3M (1.35-1.41M and 1.9-2.2M before, in the same
-alternating runs). What is left of a block's time beside decoding (about 40% of it) is
-mostly cache misses: the engine-hash table's slot of each removed block (half of
+alternating runs). ` + "`make bench`" + ` read the speedup at 1.773 and at 1.699 in two runs of
+the day, with two separate indexes at 1.783 and 1.854: 0.93-0.94 of what the machine's
+cores gave, so the row passes or misses the 1.7x by the neighbours' load (the separate
+indexes read 1.6 to 2.0 within minutes). What is left of a block's time beside decoding
+(about 40% of it) is mostly cache misses: the engine-hash table's slot of each removed block (half of
 ` + "`blockMap.remove`" + `'s time is its first load) and each stored block's node.
 
 Lookups met the same wake-up beside a feed (` + "`BenchmarkDynamoLookupsUnderFeed`" + `: one core
