@@ -11,13 +11,13 @@ import (
 
 // TestReadTokenIDsMatchesOneByOne: readTokenIDs, which inlines the forms
 // ids usually take, reads what readToken reads one id at a time, whether it
-// tells the 16- and 32-bit forms apart by a branch or by arithmetic (mixed),
-// for ids in every integer form msgpack has (the unsigned ones it inlines,
-// the signed ones and uint64 through readToken), with the last ids of a run
-// in its last 5 bytes, and runs of ids all in the 16- and 32-bit forms
-// (read two at a time when mixed); it counts the ids in the 32-bit form, and refuses
-// the same runs (a negative id, one past 2^32-1, a value that is no
-// integer) for the same reason.
+// tells the 16- and 32-bit forms apart by a branch or reads them two at a
+// time (mixed), for ids in every integer form msgpack has (the unsigned ones
+// it inlines, the signed ones and uint64 through readToken), with the last
+// ids of a run in its last 5 bytes, and for runs of ids all in the 16- and
+// 32-bit forms; it counts the ids in the 32-bit form, and refuses the same
+// runs (a negative id, one past 2^32-1, a value that is no integer) for the
+// same reason.
 func TestReadTokenIDsMatchesOneByOne(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	pure := false // every id in the 16- or 32-bit form, as a large vocabulary's are
