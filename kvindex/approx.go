@@ -28,7 +28,8 @@ type ApproxOptions struct {
 	TTL time.Duration
 	// MaxBlocks caps the (block, worker rank) entries. When a record exceeds it,
 	// the entries closest to expiry (deepest first among equals) are pruned down
-	// to 80% of the cap. Default DefaultApproxMaxBlocks; must not be negative.
+	// to 80% of the cap. Default DefaultApproxMaxBlocks; must be in [0, MaxNodes/2]
+	// (the tree grows by a record before it prunes).
 	MaxBlocks int
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
@@ -89,8 +90,8 @@ func NewApprox(opts ApproxOptions) (*Approx, error) {
 	if opts.TTL < 0 {
 		errs = append(errs, fmt.Errorf("TTL %v is negative", opts.TTL))
 	}
-	if opts.MaxBlocks < 0 {
-		errs = append(errs, fmt.Errorf("MaxBlocks %d is negative", opts.MaxBlocks))
+	if opts.MaxBlocks < 0 || opts.MaxBlocks > MaxNodes/2 {
+		errs = append(errs, fmt.Errorf("MaxBlocks %d is out of range [0, %d]", opts.MaxBlocks, MaxNodes/2))
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, errors.Join(errs...))
@@ -127,11 +128,11 @@ func (a *Approx) Record(w catalog.WorkerRank, seqs []uint64) {
 	ws := t.worker(w, true)
 	ws.ratio = 1
 	m := &ws.blocks[TierDevice]
-	cur := &t.root
+	cur := rootID
 	for i, seq := range seqs {
 		cur = t.child(cur, seq)
 		k := approxKey{ws, seq}
-		if m.get(seq) == nil {
+		if m.get(seq) == 0 {
 			m.put(seq, cur)
 			t.mapEntries++
 			t.hold(ws, cur, TierDevice)
@@ -181,7 +182,7 @@ func (a *Approx) drop(it expiryItem) bool {
 	delete(a.exp, it.key)
 	ws := it.key.ws
 	m := &ws.blocks[TierDevice]
-	if n := m.get(it.key.seq); n != nil {
+	if n := m.get(it.key.seq); n != 0 {
 		m.remove(it.key.seq)
 		a.t.mapEntries--
 		a.t.release(ws, n, TierDevice)

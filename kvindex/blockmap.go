@@ -26,14 +26,23 @@ type blockMap struct {
 	seed  uint64
 }
 
-// blockSlot is one slot; n == nil marks it empty (a mapped node is never nil).
+// blockSlot is one slot: a hash in halves and its node's id; id 0 marks it
+// empty (a mapped node is never 0).
 type blockSlot struct {
-	key uint64
-	n   *node
+	lo, hi uint32
+	id     nodeID
+}
+
+func (s *blockSlot) key() uint64 { return uint64(s.hi)<<32 | uint64(s.lo) }
+
+func (s *blockSlot) is(key uint64) bool { return s.lo == uint32(key) && s.hi == uint32(key>>32) }
+
+func newSlot(key uint64, id nodeID) blockSlot {
+	return blockSlot{lo: uint32(key), hi: uint32(key >> 32), id: id}
 }
 
 // blockSlotBytes is the size of a slot, for the memory estimate.
-const blockSlotBytes = 16
+const blockSlotBytes = 12
 
 // minSlots is the size below which a table does not shrink, so a worker rank
 // that stores and removes a few blocks at a time does not resize every time.
@@ -57,18 +66,18 @@ func keyedSlot(key, seed uint64, size int) int {
 // count returns the number of entries.
 func (m *blockMap) count() int { return m.n }
 
-// get returns the node of key, or nil.
-func (m *blockMap) get(key uint64) *node {
+// get returns the node of key, or 0.
+func (m *blockMap) get(key uint64) nodeID {
 	if m.n == 0 {
-		return nil
+		return 0
 	}
 	for i := m.home(key); ; {
 		s := &m.slots[i]
-		if s.n == nil {
-			return nil
+		if s.id == 0 {
+			return 0
 		}
-		if s.key == key {
-			return s.n
+		if s.is(key) {
+			return s.id
 		}
 		if i++; i == len(m.slots) {
 			i = 0
@@ -76,36 +85,36 @@ func (m *blockMap) get(key uint64) *node {
 	}
 }
 
-// put maps key to n (not nil), replacing any node key had.
-func (m *blockMap) put(key uint64, n *node) {
-	if s, found := m.slot(key, n); found {
-		s.n = n
+// put maps key to node id (not 0), replacing any node key had.
+func (m *blockMap) put(key uint64, id nodeID) {
+	if s, found := m.slot(key, id); found {
+		s.id = id
 	}
 }
 
-// insert maps key to n (not nil) unless key is mapped already, and returns
-// the node key had before: nil when it added key.
-func (m *blockMap) insert(key uint64, n *node) *node {
-	if s, found := m.slot(key, n); found {
-		return s.n
+// insert maps key to node id (not 0) unless key is mapped already, and
+// returns the node key had before: 0 when it added key.
+func (m *blockMap) insert(key uint64, id nodeID) nodeID {
+	if s, found := m.slot(key, id); found {
+		return s.id
 	}
-	return nil
+	return 0
 }
 
-// slot returns key's slot and whether key was present, adding key with node n
+// slot returns key's slot and whether key was present, adding key with node id
 // when it was absent.
-func (m *blockMap) slot(key uint64, n *node) (*blockSlot, bool) {
+func (m *blockMap) slot(key uint64, id nodeID) (*blockSlot, bool) {
 	if (m.n+1)*4 > len(m.slots)*3 {
 		m.resize(max(8, len(m.slots)+len(m.slots)/2))
 	}
 	for i := m.home(key); ; {
 		s := &m.slots[i]
-		if s.n == nil {
-			*s = blockSlot{key: key, n: n}
+		if s.id == 0 {
+			*s = newSlot(key, id)
 			m.n++
 			return s, false
 		}
-		if s.key == key {
+		if s.is(key) {
 			return s, true
 		}
 		if i++; i == len(m.slots) {
@@ -114,25 +123,25 @@ func (m *blockMap) slot(key uint64, n *node) (*blockSlot, bool) {
 	}
 }
 
-// remove deletes key and returns its node, or nil when key was absent.
-func (m *blockMap) remove(key uint64) *node {
+// remove deletes key and returns its node, or 0 when key was absent.
+func (m *blockMap) remove(key uint64) nodeID {
 	if m.n == 0 {
-		return nil
+		return 0
 	}
 	i := m.home(key)
 	for {
 		s := &m.slots[i]
-		if s.n == nil {
-			return nil
+		if s.id == 0 {
+			return 0
 		}
-		if s.key == key {
+		if s.is(key) {
 			break
 		}
 		if i++; i == len(m.slots) {
 			i = 0
 		}
 	}
-	removed := m.slots[i].n
+	removed := m.slots[i].id
 	// Shift back every following entry of the run that may live at i: one
 	// whose probe sequence starts at or before i (cyclically).
 	size := len(m.slots)
@@ -141,10 +150,10 @@ func (m *blockMap) remove(key uint64) *node {
 			j = 0
 		}
 		s := m.slots[j]
-		if s.n == nil {
+		if s.id == 0 {
 			break
 		}
-		h := m.home(s.key)
+		h := m.home(s.key())
 		if (j-h+size)%size >= (j-i+size)%size {
 			m.slots[i] = s
 			i = j
@@ -173,11 +182,11 @@ func (m *blockMap) resize(size int) {
 		m.seed = rand.Uint64() | 1
 	}
 	for _, s := range old {
-		if s.n == nil {
+		if s.id == 0 {
 			continue
 		}
-		for i := m.home(s.key); ; {
-			if m.slots[i].n == nil {
+		for i := m.home(s.key()); ; {
+			if m.slots[i].id == 0 {
 				m.slots[i] = s
 				break
 			}
@@ -190,10 +199,10 @@ func (m *blockMap) resize(size int) {
 
 // all yields every entry, in no particular order. The map must not change
 // during the iteration.
-func (m *blockMap) all() iter.Seq2[uint64, *node] {
-	return func(yield func(uint64, *node) bool) {
+func (m *blockMap) all() iter.Seq2[uint64, nodeID] {
+	return func(yield func(uint64, nodeID) bool) {
 		for _, s := range m.slots {
-			if s.n != nil && !yield(s.key, s.n) {
+			if s.id != 0 && !yield(s.key(), s.id) {
 				return
 			}
 		}

@@ -12,20 +12,19 @@ import (
 // contents throughout, the load between its bounds, and every entry reachable
 // from its home slot without crossing an empty one (what deletion must keep).
 func TestBlockMapModel(t *testing.T) {
-	nodes := make([]node, 64)
 	for _, keys := range []uint64{4, 50, 3000} {
 		r := rand.New(rand.NewPCG(keys, 7))
 		var m blockMap
-		model := map[uint64]*node{}
+		model := map[uint64]nodeID{}
 		for step := range 40000 {
 			k := r.Uint64N(keys) * 0x10000 // structured keys, as engines send
 			switch op := r.IntN(10); {
 			case op < 5 || step < 2000:
-				n := &nodes[r.IntN(len(nodes))]
+				n := nodeID(1 + r.IntN(64))
 				m.put(k, n)
 				model[k] = n
 			default:
-				require.Same(t, model[k], m.remove(k), "remove %#x", k)
+				require.Equal(t, model[k], m.remove(k), "remove %#x", k)
 				delete(model, k)
 			}
 			if step%97 == 0 {
@@ -34,23 +33,23 @@ func TestBlockMapModel(t *testing.T) {
 		}
 		requireBlockMap(t, &m, model)
 		for k, n := range model {
-			require.Same(t, n, m.remove(k))
+			require.Equal(t, n, m.remove(k))
 		}
 		require.Zero(t, m.count())
 		require.LessOrEqual(t, len(m.slots), minSlots, "an emptied map shrinks")
-		require.Nil(t, m.get(0))
+		require.Zero(t, m.get(0))
 	}
 }
 
-func requireBlockMap(t *testing.T, m *blockMap, model map[uint64]*node) {
+func requireBlockMap(t *testing.T, m *blockMap, model map[uint64]nodeID) {
 	t.Helper()
 	require.Equal(t, len(model), m.count())
 	for k, n := range model {
-		require.Same(t, n, m.get(k), "get %#x", k)
+		require.Equal(t, n, m.get(k), "get %#x", k)
 	}
 	seen := 0
 	for k, n := range m.all() {
-		require.Same(t, model[k], n, "all yields %#x", k)
+		require.Equal(t, model[k], n, "all yields %#x", k)
 		seen++
 	}
 	require.Equal(t, len(model), seen)
@@ -59,35 +58,35 @@ func requireBlockMap(t *testing.T, m *blockMap, model map[uint64]*node) {
 		require.GreaterOrEqual(t, m.count()*4, len(m.slots), "load below 1/4")
 	}
 	for i, s := range m.slots {
-		if s.n == nil {
+		if s.id == 0 {
 			continue
 		}
-		for j := m.home(s.key); j != i; j = (j + 1) % len(m.slots) {
-			require.NotNil(t, m.slots[j].n, "slot %d of %#x is cut off from its home", i, s.key)
+		for j := m.home(s.key()); j != i; j = (j + 1) % len(m.slots) {
+			require.NotZero(t, m.slots[j].id, "slot %d of %#x is cut off from its home", i, s.key())
 		}
 	}
 }
 
 func TestBlockMapZeroAndReserve(t *testing.T) {
 	var m blockMap
-	require.Nil(t, m.get(1))
-	require.Nil(t, m.remove(1))
+	require.Zero(t, m.get(1))
+	require.Zero(t, m.remove(1))
 	require.Zero(t, m.bytes())
 	m.reserve(0)
 	require.Zero(t, m.bytes(), "reserving nothing allocates nothing")
 	m.reserve(100)
 	size := len(m.slots)
-	n := &node{}
+	n := nodeID(3)
 	for k := range uint64(100) {
 		m.put(k, n)
 	}
 	require.Equal(t, size, len(m.slots), "reserve(100) holds 100 entries without a resize")
-	m.put(7, &node{key: 7})
-	require.Equal(t, uint64(7), m.get(7).key, "put replaces")
-	require.Equal(t, uint64(7), m.insert(7, n).key, "insert keeps")
-	require.Equal(t, uint64(7), m.get(7).key)
-	require.Nil(t, m.insert(100, n), "insert adds")
-	require.Same(t, n, m.get(100))
-	require.Same(t, n, m.insert(100, n), "insert of a present key returns its node, even the same one")
+	m.put(7, 7)
+	require.Equal(t, nodeID(7), m.get(7), "put replaces")
+	require.Equal(t, nodeID(7), m.insert(7, n), "insert keeps")
+	require.Equal(t, nodeID(7), m.get(7))
+	require.Zero(t, m.insert(100, n), "insert adds")
+	require.Equal(t, n, m.get(100))
+	require.Equal(t, n, m.insert(100, n), "insert of a present key returns its node, even the same one")
 	require.Equal(t, 101, m.count())
 }

@@ -39,14 +39,22 @@
 // removing a block, clearing a worker rank and removing a worker cost only the
 // blocks that worker holds, never a scan of the tree.
 //
-// Memory: a node is 48 bytes, and a worker rank's block map is an
-// open-addressing table of 16-byte slots kept between 1/2 and 3/4 full (it
-// grows by half, not by doubling), so 21 to 32 bytes per engine block. On the
-// benchmarks' shared-prefix fleet (docs/BENCHMARKS.md) that is about 62 bytes
-// per (block, worker rank) entry at 8M entries and 1,024 worker ranks, 64 at
-// 1M and 128: the nodes of the unshared conversation tails take about 37, the
-// block maps 23. A tree keeps up to 1,024 detached nodes to reuse, so a
-// worker's steady store-and-evict allocates nothing.
+// Memory: a node is 32 bytes and holds no pointer. Nodes live in an arena of
+// 128 KiB chunks and name each other (parent, only child) by 32-bit ids, so
+// the garbage collector never scans them, however many there are; the few
+// nodes with more (a map of children, holder sets wider than a word, lower
+// tiers) point at an extension. A worker rank's block map is an
+// open-addressing table of 12-byte slots (the hash and the node's id) kept
+// between 1/2 and 3/4 full (it grows by half, not by doubling), so 16 to 24
+// bytes per engine block. On the benchmarks' shared-prefix fleet
+// (docs/BENCHMARKS.md) that is about 44 bytes per (block, worker rank) entry
+// at 8M entries and 1,024 worker ranks, 46 at 1M and 128: the nodes of the
+// unshared conversation tails take about 25, the block maps 17. The arena
+// reuses the ids of detached nodes (a chunk's lowest first, so that a run
+// stored at once lands close together), so a worker's steady store-and-evict
+// allocates nothing, and it keeps the most nodes the tree ever held: its
+// footprint is the index's high-water mark. An index holds at most MaxNodes
+// nodes.
 //
 // FindMatches walks the request's sequence hashes from the root, narrowing the
 // candidate set at each block, and stops as soon as no candidate remains (or, on
@@ -63,7 +71,8 @@
 // ErrUnknownBlock. No worker rank holds more than its limit of engine blocks per
 // tier (Options.MaxBlocksPerRank, or SetRankLimit for its worker): a store
 // beyond it is refused with ErrRankFull, so a broken or hostile feed cannot grow
-// the index without bound.
+// the index without bound; so is a store that could take the index past
+// MaxNodes nodes, with ErrIndexFull.
 //
 // # Concurrency
 //
@@ -112,8 +121,8 @@
 //
 //   - A node exists only while some worker rank holds it or one of its
 //     descendants: a node that loses its last holder and has no children is
-//     detached at once, so memory follows the cached blocks under any churn
-//     (up to the 1,024 detached nodes kept for reuse, and block maps, which
+//     detached at once, and the next stored block reuses its place, so memory
+//     follows the cached blocks' high-water mark under any churn (block maps
 //     shrink by half when less than 1/4 full).
 //   - A worker rank's engine-hash map points only at nodes where that worker rank
 //     is a member on the same tier, and every membership is justified by a mapped

@@ -29,6 +29,9 @@ var (
 	// engine that stores without ever removing is broken or hostile, and must
 	// not grow the index without bound. The run is refused.
 	ErrRankFull = errors.New("kvindex: worker rank holds its limit of blocks")
+	// ErrIndexFull: storing the run would take the index past the most nodes
+	// it can name (MaxNodes). The run is refused.
+	ErrIndexFull = errors.New("kvindex: index holds the most nodes it can")
 	// ErrInvalidEvent: the event is malformed (unknown kind or tier, negative rank,
 	// empty worker name, repeated block hashes, extra digests of the wrong length).
 	ErrInvalidEvent = errors.New("kvindex: invalid event")
@@ -80,7 +83,9 @@ const DefaultMaxBlocksPerRank = 1 << 20
 type Index struct {
 	blockSize int
 	maxBlocks int
-	onStored  func(catalog.WorkerRank, []uint64)
+	// maxNodes is MaxNodes (lower in tests).
+	maxNodes int
+	onStored func(catalog.WorkerRank, []uint64)
 
 	ranksMu sync.RWMutex
 	mu      sync.RWMutex
@@ -111,7 +116,7 @@ func New(opts Options) (*Index, error) {
 	if mb == 0 {
 		mb = DefaultMaxBlocksPerRank
 	}
-	return &Index{blockSize: opts.BlockSize, maxBlocks: mb, onStored: opts.OnStored, t: newTree(), limits: map[string]int{}}, nil
+	return &Index{blockSize: opts.BlockSize, maxBlocks: mb, maxNodes: MaxNodes, onStored: opts.OnStored, t: newTree(), limits: map[string]int{}}, nil
 }
 
 // SetRankLimit sets how many engine blocks each rank of worker may hold per
@@ -137,18 +142,14 @@ type storePlan struct {
 	keys   []uint64 // the index blocks' keys, for Options.OnStored
 	seen   hashSet  // scratch of checkDistinct
 	// old holds, per engine block, the node its hash mapped to before the
-	// event (nil when none); now the node it maps to after it, for the map
-	// updates after the tree's. Cleared before the plan goes back to the
-	// pool.
-	old, now []*node
+	// event (0 when none); now the node it maps to after it, for the map
+	// updates after the tree's.
+	old, now []nodeID
 	ratio    int
 }
 
-// release clears the plan's node pointers (so the pool keeps no node alive)
-// and returns it to the pool.
+// release returns the plan to the pool.
 func (p *storePlan) release() {
-	clear(p.old)
-	clear(p.now)
 	p.old, p.now = p.old[:0], p.now[:0]
 	planPool.Put(p)
 }
@@ -285,18 +286,19 @@ func (ix *Index) storeRanked(w catalog.WorkerRank, ws *workerState, ev *Event, p
 		return fmt.Errorf("%w: %d blocks held on tier %d and %d more, limit %d, worker rank %s", ErrRankFull, held, ev.Tier, nb, limit, w)
 	}
 	t := &ix.t
-	parent := &t.root
+	parent := rootID
 	if ev.HasParent {
 		// ws maps the parent, so it holds it: nothing but ws's own events
 		// (which wait for ws.mu) can detach it before mu is taken.
 		p := ws.find(ev.ParentHash, ev.Tier)
-		if p == nil {
+		if p == 0 {
 			ix.unknownParent.Add(1)
 			return fmt.Errorf("%w: parent %#x of %d blocks on worker rank %s", ErrUnknownParent, ev.ParentHash, nb, w)
 		}
 		parent = p
 	}
-	if ws == nil {
+	created := ws == nil
+	if created {
 		// Lookups read the registry under mu. Alone here: the caller holds
 		// ranksMu for writing.
 		ix.mu.Lock()
@@ -308,8 +310,15 @@ func (ix *Index) storeRanked(w catalog.WorkerRank, ws *workerState, ev *Event, p
 	for _, hash := range ev.BlockHashes {
 		plan.old = append(plan.old, m.get(hash))
 	}
+	if err := ix.storeTree(w, ws, ev, parent, plan); err != nil {
+		if created {
+			ix.mu.Lock()
+			t.dropWorker(ws)
+			ix.mu.Unlock()
+		}
+		return err
+	}
 	ws.ratio = plan.ratio
-	ix.storeTree(w, ws, ev, parent, plan)
 
 	// The maps follow the tree. Until they do, ws's map is behind its
 	// memberships, which nobody sees: every reader of the maps holds ws.mu
@@ -325,22 +334,27 @@ func (ix *Index) storeRanked(w catalog.WorkerRank, ws *workerState, ev *Event, p
 // storeTree is the tree's part of a stored run, under mu: it finds or adds
 // the run's nodes below parent (into plan.now, one per engine block), holds
 // them for ws, and releases what the run's hashes named before (plan.old).
-func (ix *Index) storeTree(w catalog.WorkerRank, ws *workerState, ev *Event, parent *node, plan *storePlan) {
+// It refuses a run that could take the tree past MaxNodes, changing nothing.
+func (ix *Index) storeTree(w catalog.WorkerRank, ws *workerState, ev *Event, parent nodeID, plan *storePlan) error {
 	ix.lockTree()
 	defer ix.mu.Unlock()
 	t := &ix.t
+	if t.nodes+len(plan.locals) > ix.maxNodes {
+		ix.rejected.Add(1)
+		return fmt.Errorf("%w: %d nodes and up to %d more, worker rank %s", ErrIndexFull, t.nodes, len(plan.locals), w)
+	}
 	cur := parent
 	plan.now = plan.now[:0]
 	for j := range ev.BlockHashes {
 		for s := range plan.ratio {
 			local := plan.locals[j*plan.ratio+s]
 			key := local
-			if cur != &t.root {
-				key = chainHash(cur.key, local)
+			if cur != rootID {
+				key = chainHash(t.at(cur).key, local)
 			}
 			cur = t.child(cur, key)
 			if ix.onStored != nil {
-				plan.keys = append(plan.keys, cur.key)
+				plan.keys = append(plan.keys, key)
 			}
 		}
 		plan.now = append(plan.now, cur)
@@ -357,9 +371,9 @@ func (ix *Index) storeTree(w catalog.WorkerRank, ws *workerState, ev *Event, par
 		// shared ancestors are never pruned in between.
 		for n, s := cur, 0; s < plan.ratio; s++ {
 			t.hold(ws, n, ev.Tier)
-			n = n.parent
+			n = t.at(n).parent()
 		}
-		if old != nil {
+		if old != 0 {
 			// The hash now names other content: the old block is gone, however
 			// many times it was stored.
 			t.releaseBlock(ws, old, ev.Tier, plan.ratio)
@@ -372,6 +386,7 @@ func (ix *Index) storeTree(w catalog.WorkerRank, ws *workerState, ev *Event, par
 	if ix.onStored != nil {
 		ix.onStored(w, plan.keys)
 	}
+	return nil
 }
 
 // checkDistinct rejects a stored run whose block hashes repeat each other or the
@@ -448,22 +463,22 @@ func (s *hashSet) add(h uint64) bool {
 
 // find resolves an engine block hash of ws to its node, trying tier first and then
 // the others (a parent may sit on another tier than its children). ws may be nil.
-func (ws *workerState) find(hash uint64, tier Tier) *node {
+func (ws *workerState) find(hash uint64, tier Tier) nodeID {
 	if ws == nil {
-		return nil
+		return 0
 	}
-	if n := ws.blocks[tier].get(hash); n != nil {
+	if n := ws.blocks[tier].get(hash); n != 0 {
 		return n
 	}
 	for t := range Tier(numTiers) {
 		if t == tier {
 			continue
 		}
-		if n := ws.blocks[t].get(hash); n != nil {
+		if n := ws.blocks[t].get(hash); n != 0 {
 			return n
 		}
 	}
-	return nil
+	return 0
 }
 
 // tierMap returns the block map of tier t.
@@ -510,7 +525,7 @@ func (ix *Index) removeRanked(ws *workerState, tier Tier, hashes []uint64) (unkn
 	gone := ws.gone[:0]
 	for _, hash := range hashes {
 		// A block stored k times needs k removes; only the last releases it.
-		if len(ws.dups) > 0 && m.get(hash) != nil {
+		if len(ws.dups) > 0 && m.get(hash) != 0 {
 			k := tierKey(hash, tier)
 			if c := ws.dups[k]; c > 0 {
 				if c == 1 {
@@ -522,7 +537,7 @@ func (ix *Index) removeRanked(ws *workerState, tier Tier, hashes []uint64) (unkn
 			}
 		}
 		n := m.remove(hash)
-		if n == nil {
+		if n == 0 {
 			ix.unknownRemoves.Add(1)
 			unknown++
 			continue
@@ -534,7 +549,6 @@ func (ix *Index) removeRanked(ws *workerState, tier Tier, hashes []uint64) (unkn
 		// nobody sees (see storeRanked), and lookups see the blocks held as
 		// before the event.
 		ix.releaseTree(ws, tier, gone)
-		clear(gone) // keep no detached node alive
 	}
 	ws.gone = gone[:0]
 	if unknown < len(hashes) {
@@ -583,7 +597,7 @@ func (ix *Index) rlockTree() {
 
 // releaseTree releases, under mu, the blocks of ws whose deepest nodes are
 // nodes.
-func (ix *Index) releaseTree(ws *workerState, tier Tier, nodes []*node) {
+func (ix *Index) releaseTree(ws *workerState, tier Tier, nodes []nodeID) {
 	ix.lockTree()
 	defer ix.mu.Unlock()
 	t := &ix.t

@@ -229,7 +229,7 @@ func TestRemoveWorkerAndChurnLeaveNothingBehind(t *testing.T) {
 			require.Zero(t, st.Nodes)
 			require.Zero(t, st.Entries)
 			require.Zero(t, st.WorkerRanks)
-			require.Empty(t, ix.t.root.kids())
+			require.Empty(t, ix.t.kids(ix.t.at(rootID)))
 			require.Empty(t, ix.t.extra)
 		}
 	}
@@ -427,6 +427,10 @@ func TestApproxOptions(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	require.ErrorContains(t, err, "TTL")
 	require.ErrorContains(t, err, "MaxBlocks")
+	_, err = NewApprox(ApproxOptions{MaxBlocks: MaxNodes/2 + 1})
+	require.ErrorIs(t, err, ErrInvalidOptions, "more than the tree can hold while it prunes")
+	_, err = NewApprox(ApproxOptions{MaxBlocks: MaxNodes / 2})
+	require.NoError(t, err)
 	a, err := NewApprox(ApproxOptions{})
 	require.NoError(t, err)
 	require.Equal(t, DefaultApproxTTL, a.ttl)
@@ -468,6 +472,33 @@ func TestRankLimitRefusesStoresBeyondIt(t *testing.T) {
 
 	_, err = New(Options{BlockSize: 1, MaxBlocksPerRank: -1})
 	require.Error(t, err)
+}
+
+// TestIndexFullRefusesStores: a stored run that could take the tree past its
+// node limit (MaxNodes; 5 here) is refused whole, and a worker rank it would
+// have created is not left registered.
+func TestIndexFullRefusesStores(t *testing.T) {
+	ix, err := New(Options{BlockSize: 1})
+	require.NoError(t, err)
+	ix.maxNodes = 5
+	store := func(w string, parent uint64, hs ...uint64) error {
+		ev := Event{Kind: EventStored, BlockHashes: hs, Tokens: make([]uint32, len(hs)), HasParent: parent != 0, ParentHash: parent}
+		for i, h := range hs {
+			ev.Tokens[i] = uint32(h)
+		}
+		return ix.Apply(catalog.WorkerRank{WorkerID: w}, ev)
+	}
+	require.NoError(t, store("a", 0, 1, 2, 3))
+	require.ErrorIs(t, store("b", 0, 11, 12, 13), ErrIndexFull, "3 nodes and 3 more > 5")
+	st := ix.Stats()
+	require.Equal(t, 3, st.Nodes)
+	require.Equal(t, 1, st.WorkerRanks)
+	require.Empty(t, ix.FindMatches(seqsOf(t, 1, []uint32{11, 12, 13}), MatchOptions{}))
+	require.ErrorIs(t, store("a", 3, 4, 5, 6), ErrIndexFull, "an extension of a held run too")
+	require.NoError(t, store("a", 3, 4, 5), "exactly at the limit")
+	require.Equal(t, 5, ix.Stats().Nodes)
+	require.NoError(t, ix.Apply(catalog.WorkerRank{WorkerID: "a"}, Event{Kind: EventRemoved, BlockHashes: []uint64{5, 4}}))
+	require.NoError(t, store("b", 0, 11, 12), "removals make room")
 }
 
 func TestOnStoredSeesTheRouterKeysOfEveryStoredBlock(t *testing.T) {

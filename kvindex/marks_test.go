@@ -98,28 +98,32 @@ func checkMarks(t *testing.T, ix *Index, exact bool) {
 	t.Helper()
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	var walk func(n *node)
-	walk = func(n *node) {
-		var kids []*node
-		if n.child != nil {
+	tr := &ix.t
+	var walk func(id nodeID)
+	walk = func(id nodeID) {
+		n := tr.at(id)
+		var kids []nodeID
+		if n.child != 0 {
 			kids = append(kids, n.child)
 		}
-		for _, c := range n.kids() {
+		for _, c := range tr.kids(n) {
 			kids = append(kids, c)
 		}
-		for _, c := range kids {
-			want := n != &ix.t.root && n.child == c && slices.Equal(holderSlots(c), holderSlots(n))
+		for _, cid := range kids {
+			c := tr.at(cid)
+			require.Equal(t, id, c.parent(), "parent of node %#x", c.key)
+			want := id != rootID && n.child == cid && slices.Equal(holderSlots(tr, c), holderSlots(tr, n))
 			if exact || c.same() {
 				require.Equal(t, want, c.same(), "mark of node %#x", c.key)
 			}
-			walk(c)
+			walk(cid)
 		}
 	}
-	walk(&ix.t.root)
+	walk(rootID)
 }
 
 // holderSlots lists n's holders as tier*1e6+slot, in order.
-func holderSlots(n *node) []int {
+func holderSlots(tr *tree, n *node) []int {
 	var out []int
 	add := func(tier int, ws []sword) {
 		for _, w := range ws {
@@ -128,17 +132,21 @@ func holderSlots(n *node) []int {
 			}
 		}
 	}
-	add(0, n.devWords())
-	if n.ext != nil {
-		add(1, n.ext.host.words())
-		add(2, n.ext.disk.words())
+	add(0, tr.devWords(n))
+	if e := tr.extOf(n); e != nil {
+		add(1, e.host.words())
+		add(2, e.disk.words())
 	}
 	return out
 }
 
-// TestDevWordHasSwordLayout: devWords reads a node's inline word as a sword.
-func TestDevWordHasSwordLayout(t *testing.T) {
-	require.Equal(t, unsafe.Sizeof(sword{}), unsafe.Sizeof(devWord{}))
-	require.Equal(t, unsafe.Offsetof(sword{}.idx), unsafe.Offsetof(devWord{}.idx))
-	require.Equal(t, unsafe.Offsetof(sword{}.bits), unsafe.Offsetof(devWord{}.bits))
+// TestNodeLayout: devWords reads a node's inline word as a sword (idx and
+// bits where sword has them, up in sword's padding), and a node is 32 bytes,
+// what the memory estimate counts.
+func TestNodeLayout(t *testing.T) {
+	require.Equal(t, unsafe.Offsetof(sword{}.idx), unsafe.Offsetof(node{}.idx))
+	require.Equal(t, unsafe.Offsetof(sword{}.bits), unsafe.Offsetof(node{}.bits))
+	require.Equal(t, unsafe.Sizeof(sword{}), unsafe.Offsetof(node{}.bits)+unsafe.Sizeof(node{}.bits))
+	require.Equal(t, uintptr(nodeBytes), unsafe.Sizeof(node{}))
+	require.Equal(t, uintptr(blockSlotBytes), unsafe.Sizeof(blockSlot{}))
 }

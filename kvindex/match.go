@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/kvselect/kvselect/catalog"
 )
@@ -55,7 +56,7 @@ func (t *tree) appendMatches(dst []Match, seqs []uint64, opts MatchOptions) []Ma
 	if len(seqs) == 0 || len(t.workers) == 0 {
 		return dst
 	}
-	n := t.root.childFor(seqs[0])
+	n, id := t.kidFor(t.at(rootID), seqs[0])
 	if n == nil {
 		return dst
 	}
@@ -77,17 +78,17 @@ func (t *tree) appendMatches(dst []Match, seqs []uint64, opts MatchOptions) []Ma
 		}
 	}
 	if t.lowerEntries == 0 {
-		return t.walkDevice(dst, sc, n, seqs, mask, opts.StopAtOne)
+		return t.walkDevice(dst, sc, n, id, seqs, mask, opts.StopAtOne)
 	}
-	return t.walkTiers(dst, sc, n, seqs, mask, opts.StopAtOne)
+	return t.walkTiers(dst, sc, n, id, seqs, mask, opts.StopAtOne)
 }
 
 // walkDevice is the walk when no worker holds anything below the device tier.
 // A marked node (markSame) costs it a key comparison; a node whose holders fit
 // its inline word, against a single candidate word, a few instructions; other
 // nodes the merge of narrow.
-func (t *tree) walkDevice(dst []Match, sc *matchScratch, n *node, seqs []uint64, mask []sword, stopAtOne bool) []Match {
-	cand := sc.intersectInto(sc.c[0][:0], n.devWords(), mask)
+func (t *tree) walkDevice(dst []Match, sc *matchScratch, n *node, id nodeID, seqs []uint64, mask []sword, stopAtOne bool) []Match {
+	cand := sc.intersectInto(sc.c[0][:0], t.devWords(n), mask)
 	sc.c[0] = cand
 	live := countWords(cand)
 	depth := 1
@@ -96,17 +97,28 @@ func (t *tree) walkDevice(dst []Match, sc *matchScratch, n *node, seqs []uint64,
 		if stopAtOne && live == 1 {
 			break
 		}
-		c := n.childFor(seqs[depth])
-		if c == nil {
+		// t.next, by hand (it does not inline).
+		var c *node
+		switch cid := n.child; {
+		case cid == id+1 && cid&chunkMask != 0:
+			c = (*node)(unsafe.Add(unsafe.Pointer(n), nodeBytes))
+			id = cid
+		case cid != 0:
+			c = t.at(cid)
+			id = cid
+		default:
+			c, id = t.kidFor(n, seqs[depth])
+		}
+		if c == nil || c.key != seqs[depth] {
 			break
 		}
 		switch {
 		case c.same(): // the parent's holders: cand stays as it is
-		case len(cand) == 1 && c.ext == nil:
+		case len(cand) == 1 && c.ext == 0:
 			// One candidate word against c's inline word, without the merge.
 			w := cand[0]
-			keep := w.bits & c.dev.bits
-			if c.dev.idx != w.idx {
+			keep := w.bits & c.bits
+			if c.idx != w.idx {
 				keep = 0
 			}
 			if keep != w.bits {
@@ -117,7 +129,7 @@ func (t *tree) walkDevice(dst []Match, sc *matchScratch, n *node, seqs []uint64,
 				}
 			}
 		default:
-			cand, gone = narrow(cand, c.devWords(), gone[:0])
+			cand, gone = narrow(cand, t.devWords(c), gone[:0])
 		}
 		if len(gone) != 0 { // rare: kept out of the loop, which stays in registers
 			dst = t.appendDevice(dst, gone, depth)
@@ -154,14 +166,14 @@ func (t *tree) appendDevice(dst []Match, ws []sword, depth int) []Match {
 // walkTiers is the general walk: three nested candidate sets, device (c[0]),
 // device or host (c[1]) and any tier (c[2]). lvl0 and lvl1 record the depth at which
 // a slot left c[0] and c[1]; a slot is reported when it leaves c[2].
-func (t *tree) walkTiers(dst []Match, sc *matchScratch, n *node, seqs []uint64, mask []sword, stopAtOne bool) []Match {
+func (t *tree) walkTiers(dst []Match, sc *matchScratch, n *node, id nodeID, seqs []uint64, mask []sword, stopAtOne bool) []Match {
 	if need := len(t.slots); cap(sc.lvl[0]) < need {
 		sc.lvl[0] = make([]int32, need)
 		sc.lvl[1] = make([]int32, need)
 	}
 	lvl0, lvl1 := sc.lvl[0][:len(t.slots)], sc.lvl[1][:len(t.slots)]
 	var c [numTiers][]sword
-	dev, dh, anyTier := sc.tierWords(n)
+	dev, dh, anyTier := sc.tierWords(t, n)
 	c[0] = sc.intersectInto(sc.c[0][:0], dev, mask)
 	c[1] = sc.intersectInto(sc.c[1][:0], dh, mask)
 	c[2] = sc.intersectInto(sc.c[2][:0], anyTier, mask)
@@ -174,7 +186,8 @@ func (t *tree) walkTiers(dst []Match, sc *matchScratch, n *node, seqs []uint64, 
 		if stopAtOne && live == 1 {
 			break
 		}
-		ch := n.childFor(seqs[depth])
+		var ch *node
+		ch, id = t.next(n, id, seqs[depth])
 		if ch == nil {
 			break
 		}
@@ -183,7 +196,7 @@ func (t *tree) walkTiers(dst []Match, sc *matchScratch, n *node, seqs []uint64, 
 			depth++
 			continue
 		}
-		dev, dh, anyTier = sc.tierWords(ch)
+		dev, dh, anyTier = sc.tierWords(t, ch)
 		c[0], gone = narrow(c[0], dev, gone[:0])
 		setLevel(lvl0, gone, depth)
 		c[1], gone = narrow(c[1], dh, gone[:0])
@@ -228,13 +241,14 @@ func (t *tree) appendTiered(dst []Match, ws []sword, lvl0, lvl1 []int32, depth i
 // tierWords returns n's device set, its device-or-host set and its any-tier set.
 // The last two live in sc's buffers (or alias the first when n holds nothing below
 // the device tier) and are valid until the next call.
-func (sc *matchScratch) tierWords(n *node) (dev, dh, anyTier []sword) {
-	dev = n.devWords()
-	if !n.hasLower() {
+func (sc *matchScratch) tierWords(t *tree, n *node) (dev, dh, anyTier []sword) {
+	dev = t.devWords(n)
+	if !t.hasLower(n) {
 		return dev, dev, dev
 	}
-	sc.dh = unionInto(sc.dh[:0], dev, n.ext.host.words())
-	sc.any = unionInto(sc.any[:0], sc.dh, n.ext.disk.words())
+	e := t.extOf(n)
+	sc.dh = unionInto(sc.dh[:0], dev, e.host.words())
+	sc.any = unionInto(sc.any[:0], sc.dh, e.disk.words())
 	return dev, sc.dh, sc.any
 }
 

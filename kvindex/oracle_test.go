@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"sort"
 	"testing"
@@ -431,55 +432,95 @@ func checkStopAtOne(t testing.TB, full, one []Match) {
 func checkStructure(t testing.TB, ix *Index, o *oracle) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
+	tr := &ix.t
 	nodes, entries := 0, 0
-	extras := map[*node]int{} // extra entries naming each node
-	for k := range ix.t.extra {
+	extras := map[nodeID]int{} // extra entries naming each node
+	for k := range tr.extra {
 		extras[k.held.n]++
 	}
-	var walk func(n *node)
-	walk = func(n *node) {
-		var kids []*node
-		if n.child != nil {
+	seen := map[nodeID]bool{rootID: true} // attached nodes
+	usedExts := map[extID]bool{tr.at(rootID).ext: true}
+	var walk func(id nodeID)
+	walk = func(id nodeID) {
+		n := tr.at(id)
+		var kids []nodeID
+		if n.child != 0 {
 			kids = append(kids, n.child)
-			require.Nil(t, n.kids())
+			require.Nil(t, tr.kids(n))
 		}
-		for _, c := range n.kids() {
+		for _, c := range tr.kids(n) {
 			kids = append(kids, c)
 		}
-		if n != &ix.t.root {
-			require.False(t, len(kids) == 1 && n.child == nil, "single child kept in a map")
-			require.False(t, n.unheld() && len(kids) == 0, "leaked unheld leaf")
+		if id != rootID {
+			require.False(t, len(kids) == 1 && n.child == 0, "single child kept in a map")
+			require.False(t, tr.unheld(n) && len(kids) == 0, "leaked unheld leaf")
 		}
-		for _, c := range kids {
-			require.Same(t, n, c.parent)
+		for _, cid := range kids {
+			c := tr.at(cid)
+			require.Equal(t, id, c.parent())
+			require.False(t, seen[cid], "node %d reached twice", cid)
+			seen[cid] = true
 			nodes++
-			entries += countWords(c.devWords())
-			if c.ext != nil {
-				entries += c.ext.host.count() + c.ext.disk.count()
-				require.False(t, c.ext.idle(), "idle ext kept")
-				require.Equal(t, extras[c], c.ext.extras, "extra entries of node %#x", c.key)
+			entries += countWords(tr.devWords(c))
+			if e := tr.extOf(c); e != nil {
+				require.False(t, usedExts[c.ext], "ext %d shared", c.ext)
+				usedExts[c.ext] = true
+				entries += e.host.count() + e.disk.count()
+				require.False(t, e.idle(), "idle ext kept")
+				require.Equal(t, extras[cid], e.extras, "extra entries of node %#x", c.key)
 			} else {
-				require.Zero(t, extras[c], "extra entries of node %#x, which has no ext", c.key)
+				require.Zero(t, extras[cid], "extra entries of node %#x, which has no ext", c.key)
 			}
-			walk(c)
+			walk(cid)
 		}
 	}
-	walk(&ix.t.root)
-	require.Equal(t, nodes, ix.t.nodes, "node count")
-	require.Equal(t, entries, ix.t.entries, "entry count")
-	require.Equal(t, len(o.workers), len(ix.t.workers), "worker ranks")
+	walk(rootID)
+	require.Equal(t, nodes, tr.nodes, "node count")
+	require.Equal(t, entries, tr.entries, "entry count")
+	require.Equal(t, len(o.workers), len(tr.workers), "worker ranks")
 	mapped := 0
-	for _, ws := range ix.t.workers {
+	for _, ws := range tr.workers {
 		for tier := range ws.blocks {
 			mapped += ws.blocks[tier].count()
+			for _, id := range ws.blocks[tier].all() {
+				require.True(t, seen[id], "a block map names detached node %d", id)
+			}
 		}
 	}
-	require.Equal(t, ix.t.mapEntries, mapped, "block map entries")
-	require.LessOrEqual(t, len(ix.t.spare), maxSpareNodes)
-	for _, n := range ix.t.spare {
-		require.Nil(t, n.parent, "a spare node is attached")
-		require.Nil(t, n.ext, "a spare node keeps its ext")
+	require.Equal(t, tr.mapEntries, mapped, "block map entries")
+	// The arena: every id handed out is attached or free, never both, and
+	// a free node is zero; so is every ext id in use or free.
+	listed := map[int32]bool{}
+	for _, c := range tr.partial {
+		require.False(t, listed[c], "chunk %d listed twice", c)
+		listed[c] = true
+		require.True(t, tr.freeIDs[c].listed)
 	}
+	for c := range tr.freeIDs {
+		f := &tr.freeIDs[c]
+		n := 0
+		for w, b := range f.bits {
+			for ; b != 0; b &= b - 1 {
+				id := nodeID(c)<<chunkBits | nodeID(w)<<6 | nodeID(bits.TrailingZeros64(b))
+				require.Less(t, id, tr.nextID, "free id %d never handed out", id)
+				require.GreaterOrEqual(t, int32(w), f.cursor, "free id %d below its chunk's cursor", id)
+				require.False(t, seen[id], "free node %d is attached", id)
+				seen[id] = true
+				require.Equal(t, node{}, *tr.at(id), "free node %d is not zero", id)
+				n++
+			}
+		}
+		require.Equal(t, int32(n), f.n, "free ids of chunk %d", c)
+		require.Equal(t, f.listed, listed[int32(c)], "chunk %d listed", c)
+		require.True(t, n == 0 || f.listed, "chunk %d has free ids and is not listed", c)
+	}
+	require.Len(t, seen, int(tr.nextID)-1, "ids handed out: attached or free")
+	for _, e := range tr.freeExts {
+		require.Nil(t, tr.exts[e], "free ext %d in use", e)
+		require.False(t, usedExts[e], "free ext %d named by a node", e)
+		usedExts[e] = true
+	}
+	require.Len(t, usedExts, len(tr.exts)-1, "ext ids: in use or free")
 }
 
 func TestIndexMatchesOracle(t *testing.T) {

@@ -87,8 +87,8 @@ type snapDup struct {
 }
 
 // rawCut is what Snapshot copies under the read lock: the tree in whatever
-// order it is walked, nodes named by pointer. Only pointer identity is used
-// once the lock is released.
+// order it is walked, nodes named by id. Only the ids' identity is used once
+// the lock is released (a later event may reuse them).
 type rawCut struct {
 	limits map[string]int
 	nodes  []rawNode
@@ -96,7 +96,7 @@ type rawCut struct {
 }
 
 type rawNode struct {
-	n      *node
+	n      nodeID
 	key    uint64
 	parent uint32 // position+1 in nodes, 0 for the root
 }
@@ -110,7 +110,7 @@ type rawRank struct {
 
 type rawBlock struct {
 	hash uint64
-	n    *node
+	n    nodeID
 }
 
 // Snapshot copies the index's contents under its read lock and returns them as
@@ -139,24 +139,25 @@ func (ix *Index) cutLocked() *rawCut {
 	t := &ix.t
 	raw := &rawCut{limits: maps.Clone(ix.limits), nodes: make([]rawNode, 0, t.nodes)}
 	type frame struct {
-		n      *node
+		n      nodeID
 		parent uint32
 	}
 	var stack []frame
 	push := func(n *node, pos uint32) {
-		if n.child != nil {
+		if n.child != 0 {
 			stack = append(stack, frame{n.child, pos})
 		}
-		for _, c := range n.kids() {
+		for _, c := range t.kids(n) {
 			stack = append(stack, frame{c, pos})
 		}
 	}
-	push(&t.root, 0)
+	push(t.at(rootID), 0)
 	for len(stack) > 0 {
 		f := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		raw.nodes = append(raw.nodes, rawNode{n: f.n, key: f.n.key, parent: f.parent})
-		push(f.n, uint32(len(raw.nodes)))
+		n := t.at(f.n)
+		raw.nodes = append(raw.nodes, rawNode{n: f.n, key: n.key, parent: f.parent})
+		push(n, uint32(len(raw.nodes)))
 	}
 	raw.ranks = make([]rawRank, 0, len(t.workers))
 	for w, ws := range t.workers {
@@ -213,7 +214,7 @@ func (raw *rawCut) canonical(blockSize, maxBlocks int) *Snapshot {
 	// Depth first, smallest key first; pos maps a node to its snapshot position.
 	s.keys = make([]uint64, 0, nn)
 	s.dists = make([]uint32, 0, nn)
-	pos := make(map[*node]uint32, nn)
+	pos := make(map[nodeID]uint32, nn)
 	type frame struct{ raw, parent uint32 } // parent: snapshot position+1, 0 the root
 	stack := make([]frame, 0, 64)
 	pushKids := func(p, parent uint32) {
@@ -256,7 +257,7 @@ func (raw *rawCut) canonical(blockSize, maxBlocks int) *Snapshot {
 // bucketBlocks fills every worker rank's block lists sorted by node position,
 // then hash: a counting sort over the nodes, so its cost is linear; only
 // blocks of one node are compared with each other.
-func (s *Snapshot) bucketBlocks(raw *rawCut, pos map[*node]uint32) {
+func (s *Snapshot) bucketBlocks(raw *rawCut, pos map[nodeID]uint32) {
 	type placed struct {
 		list uint32 // rank*numTiers + tier
 		hash uint64

@@ -36,22 +36,23 @@ func (ix *Index) LoadRanks(from *Index, ranks []catalog.WorkerRank) int {
 		}
 	}
 	// placed maps a node of from to its copy in ix; the root maps to the root.
-	placed := map[*node]*node{}
-	var path []*node
-	copyNode := func(n *node) *node {
+	ft := &from.t
+	placed := map[nodeID]nodeID{}
+	var path []nodeID
+	copyNode := func(n nodeID) nodeID {
 		path = path[:0]
-		for ; n != nil && n.parent != nil; n = n.parent {
-			if c := placed[n]; c != nil {
+		for ; n != rootID; n = ft.at(n).parent() {
+			if c := placed[n]; c != 0 {
 				break
 			}
 			path = append(path, n)
 		}
-		at := &t.root
-		if n != nil && n.parent != nil {
+		at := rootID
+		if n != rootID {
 			at = placed[n]
 		}
 		for i := len(path) - 1; i >= 0; i-- {
-			at = t.child(at, path[i].key)
+			at = t.child(at, ft.at(path[i]).key)
 			placed[path[i]] = at
 		}
 		return at
@@ -71,9 +72,9 @@ func (ix *Index) LoadRanks(from *Index, ranks []catalog.WorkerRank) int {
 				n := copyNode(b.n)
 				m.put(b.hash, n)
 				t.mapEntries++
-				for k, s := n, 0; s < ratio && k != &t.root; s++ {
+				for k, s := n, 0; s < ratio && k != rootID; s++ {
 					t.hold(ws, k, tier)
-					k = k.parent
+					k = t.at(k).parent()
 				}
 				loaded++
 			}
@@ -86,7 +87,7 @@ func (ix *Index) LoadRanks(from *Index, ranks []catalog.WorkerRank) int {
 }
 
 // cutRanks copies, under the locks Snapshot takes, what LoadRanks needs of
-// the named ranks: their blocks by node pointer (nodes are only read through
+// the named ranks: their blocks by node id (nodes are only read through
 // their key and parent afterwards, which never change while the node is
 // attached; the caller of LoadRanks owns from, so nothing detaches them
 // meanwhile).

@@ -288,8 +288,9 @@ func (d *snapDecoder) decode() (*Index, map[catalog.WorkerRank]uint64) {
 		d.corrupt("%d bytes after the last worker rank", d.Len())
 		return nil, nil
 	}
-	for i, n := range nodes {
-		if n.unheld() && n.childless() {
+	t := &ix.t
+	for i, id := range nodes {
+		if n := t.at(id); t.unheld(n) && t.childless(n) {
 			d.corrupt("node %d (key %#x) is held by no worker rank and has no children", i, n.key)
 			return nil, nil
 		}
@@ -298,9 +299,9 @@ func (d *snapDecoder) decode() (*Index, map[catalog.WorkerRank]uint64) {
 }
 
 // nodes builds the tree's nodes and returns them by position with their depths.
-func (d *snapDecoder) nodes(t *tree) ([]*node, []uint32) {
+func (d *snapDecoder) nodes(t *tree) ([]nodeID, []uint32) {
 	nn := d.count("nodes", 9, 0, d.opts.MaxNodes, "MaxNodes")
-	nodes := make([]*node, 0, nn)
+	nodes := make([]nodeID, 0, nn)
 	depths := make([]uint32, 0, nn)
 	for i := range nn {
 		dist := d.integer("parent distance", 1, uint64(i)+1)
@@ -308,7 +309,7 @@ func (d *snapDecoder) nodes(t *tree) ([]*node, []uint32) {
 		if d.Err() != nil {
 			return nil, nil
 		}
-		parent, depth := &t.root, uint32(1)
+		parent, depth := rootID, uint32(1)
 		if p := i - dist; p >= 0 {
 			parent, depth = nodes[p], depths[p]+1
 		}
@@ -326,7 +327,7 @@ func (d *snapDecoder) nodes(t *tree) ([]*node, []uint32) {
 
 // rank reads one worker rank and makes it hold its blocks. hashes is scratch
 // space, returned for reuse.
-func (d *snapDecoder) rank(t *tree, nodes []*node, depths []uint32, hashes []uint64) []uint64 {
+func (d *snapDecoder) rank(t *tree, nodes []nodeID, depths []uint32, hashes []uint64) []uint64 {
 	worker := d.str("worker name")
 	rank := d.integer("rank", 0, math.MaxInt)
 	ratio := d.integer("ratio", 1, math.MaxInt)
@@ -374,7 +375,7 @@ func (d *snapDecoder) rank(t *tree, nodes []*node, depths []uint32, hashes []uin
 				d.corrupt("block %#x of %v covers %d index blocks, its node is at depth %d", hash, w, ratio, depths[at])
 				return hashes
 			}
-			if m.get(hash) != nil {
+			if m.get(hash) != 0 {
 				d.corrupt("block %#x of %v repeats on tier %v", hash, w, tier)
 				return hashes
 			}
@@ -383,7 +384,7 @@ func (d *snapDecoder) rank(t *tree, nodes []*node, depths []uint32, hashes []uin
 			t.mapEntries++
 			for k, s := n, 0; s < ratio; s++ {
 				t.hold(ws, k, tier)
-				k = k.parent
+				k = t.at(k).parent()
 			}
 			hashes = append(hashes, hash)
 		}

@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"math/bits"
 	"sync"
 	"unsafe"
 
@@ -11,44 +12,64 @@ import (
 // names the whole prefix up to and including the block, so a node's children are
 // keyed by their own sequence hashes and never collide.
 //
-// A node is 48 bytes: the common case (one child or none, holders whose slots fit
-// one 64-bit word, device tier only) needs nothing more. Everything rarer lives in
-// ext, allocated on demand and freed when it becomes idle.
+// A node is 32 bytes and holds no pointer: it lives in the tree's arena and
+// names its parent, its only child and its ext by their ids, so the garbage
+// collector never scans the nodes. The common case (one child or none, holders
+// whose slots fit one 64-bit word, device tier only) needs nothing more.
+// Everything rarer lives in its ext, allocated on demand and freed when it
+// becomes idle.
 type node struct {
-	key    uint64
-	parent *node
+	// idx and bits are the device-tier holder set when it fits one word;
+	// when it spans several words it lives in ext.devWide and bits is zero.
+	// idx, up and bits have sword's layout, up where sword has its padding
+	// (which == ignores), so devWords reads them in place as a one-word set
+	// that nobody writes through.
+	idx uint32
+	// up is the parent's id shifted left by one, and markSame in bit 0.
+	up   uint32
+	bits uint64
+	key  uint64
 	// child is the only child when the node has exactly one; ext.kids holds all
-	// children when it has two or more (then child is nil).
-	child *node
-	// dev is the device-tier holder set when it fits one word; when it spans
-	// several words it lives in ext.devWide and dev's word is zero. Its padding
-	// carries the node's marks.
-	dev devWord
-	ext *nodeExt
+	// children when it has two or more (then child is 0).
+	child nodeID
+	ext   extID
 }
 
-// devWord is a node's inline device word. It has sword's layout, field for
-// field, with the node's marks where sword has its padding, so devWords reads
-// it in place as a one-word set.
-type devWord struct {
-	idx   uint32
-	marks uint32
-	bits  uint64
-}
-
-// Node marks.
-const (
-	// markSame: the node is its parent's only child and has the same holders
-	// as its parent on every tier, so a walk that reaches it from its parent
-	// keeps its candidates as they are. A change of a node's holders
-	// recomputes the node's mark and its only child's (except while a worker
-	// rank is dropped: see tree.dropping).
-	markSame uint32 = 1 << iota
+// nodeID names a node in its tree's arena; 0 names none. extID names a
+// nodeExt the same way.
+type (
+	nodeID uint32
+	extID  uint32
 )
+
+// rootID is the root's id; the root is the one node with no parent.
+const rootID nodeID = 1
+
+// The arena holds nodes in chunks of chunkLen (128 KiB), which never move, so
+// a *node stays valid while its node is in the tree. Ids fit 31 bits (up
+// keeps a parent's id there): the root's and MaxNodes others.
+const (
+	chunkBits = 12
+	chunkLen  = 1 << chunkBits
+	chunkMask = chunkLen - 1
+)
+
+// MaxNodes is the most nodes (index blocks held by some worker rank, shared
+// prefixes counted once) an Index or Approx holds: an Index refuses a stored
+// run that could take it past MaxNodes with ErrIndexFull. It is far beyond
+// what fits in memory on most machines (64 GiB of nodes).
+const MaxNodes = 1<<31 - 2
+
+// markSame, in a node's up: the node is its parent's only child and has the
+// same holders as its parent on every tier, so a walk that reaches it from its
+// parent keeps its candidates as they are. A change of a node's holders
+// recomputes the node's mark and its only child's (except while a worker rank
+// is dropped: see tree.dropping).
+const markSame uint32 = 1
 
 // nodeExt holds what few nodes need.
 type nodeExt struct {
-	kids       map[uint64]*node
+	kids       map[uint64]nodeID
 	devWide    *[]sword
 	host, disk slotSet
 	// extras counts the tree's extra entries of this node (memberships beyond
@@ -61,112 +82,243 @@ func (e *nodeExt) idle() bool {
 	return e.kids == nil && e.devWide == nil && e.host.empty() && e.disk.empty() && e.extras == 0
 }
 
-// Sizes used by the memory estimate (extBytes is the allocation size class).
+// Sizes used by the memory estimate: a node, an arena chunk with its free
+// bitmap, and a nodeExt (its allocation size class) with its entry in the
+// tree's table.
 const (
-	nodeBytes = 48
-	extBytes  = 80
+	nodeBytes  = 32
+	chunkBytes = chunkLen*nodeBytes + int(unsafe.Sizeof(chunkFree{}))
+	extBytes   = 88
 )
 
-// maxSpareNodes bounds the detached nodes a tree keeps for reuse (48 KiB).
-const maxSpareNodes = 1024
+func (n *node) parent() nodeID { return nodeID(n.up >> 1) }
 
-func (n *node) kids() map[uint64]*node {
-	if n.ext == nil {
-		return nil
-	}
-	return n.ext.kids
-}
+func (n *node) setParent(p nodeID) { n.up = uint32(p)<<1 | n.up&markSame }
 
-// devWords returns the device-tier holders; valid until the node changes.
-func (n *node) devWords() []sword {
-	if n.ext != nil && n.ext.devWide != nil {
-		return *n.ext.devWide
-	}
-	if n.dev.bits == 0 {
-		return nil
-	}
-	return unsafe.Slice((*sword)(unsafe.Pointer(&n.dev)), 1)
-}
-
-// devSet returns the device-tier holders as a slotSet sharing n's wide words.
-func (n *node) devSet() slotSet {
-	s := slotSet{one: sword{idx: n.dev.idx, bits: n.dev.bits}}
-	if n.ext != nil {
-		s.more = n.ext.devWide
-	}
-	return s
-}
-
-func (n *node) same() bool { return n.dev.marks&markSame != 0 }
+func (n *node) same() bool { return n.up&markSame != 0 }
 
 func (n *node) setSame(same bool) {
 	if same {
-		n.dev.marks |= markSame
+		n.up |= markSame
 	} else {
-		n.dev.marks &^= markSame
+		n.up &^= markSame
 	}
+}
+
+// at returns the node id names; valid while that node is in the tree.
+func (t *tree) at(id nodeID) *node { return &t.chunks[id>>chunkBits][id&chunkMask] }
+
+// extOf returns n's ext, or nil.
+func (t *tree) extOf(n *node) *nodeExt {
+	if n.ext == 0 {
+		return nil
+	}
+	return t.exts[n.ext]
+}
+
+// newNode takes a free id (a detached node's, or the arena's next) for a node
+// with key below parent.
+func (t *tree) newNode(key uint64, parent nodeID) nodeID {
+	id := t.takeFree()
+	if id == 0 {
+		if t.nextID > MaxNodes+1 { // callers keep to MaxNodes
+			panic("kvindex: node arena exhausted")
+		}
+		id = t.nextID
+		if int(id>>chunkBits) == len(t.chunks) {
+			t.chunks = append(t.chunks, new([chunkLen]node))
+			t.freeIDs = append(t.freeIDs, chunkFree{})
+		}
+		t.nextID++
+	}
+	*t.at(id) = node{key: key, up: uint32(parent) << 1}
+	return id
+}
+
+// chunkFree is a chunk's free ids: a bitmap (bit i of word w is the id at
+// w<<6|i in the chunk), how many are set, the first word that may have one,
+// and whether the chunk is on the tree's partial list.
+type chunkFree struct {
+	bits   [chunkLen / 64]uint64
+	n      int32
+	cursor int32
+	listed bool
+}
+
+// takeFree returns a detached node's id for reuse, or 0 when there is none.
+// It takes the lowest free id of the chunk that last had one freed, so a
+// run stored at once gets ascending ids in one chunk, near each other (and
+// often adjacent, for walks: see next), as a run of fresh ids does.
+func (t *tree) takeFree() nodeID {
+	for k := len(t.partial); k > 0; k = len(t.partial) {
+		c := t.partial[k-1]
+		f := &t.freeIDs[c]
+		if f.n == 0 {
+			f.listed = false
+			t.partial = t.partial[:k-1]
+			continue
+		}
+		for w := f.cursor; ; w++ {
+			if b := f.bits[w]; b != 0 {
+				i := bits.TrailingZeros64(b)
+				f.bits[w] = b &^ (1 << i)
+				f.n--
+				f.cursor = w
+				return nodeID(c)<<chunkBits | nodeID(w)<<6 | nodeID(i)
+			}
+		}
+	}
+	return 0
+}
+
+// freeNode zeroes the detached node id and makes its id free for reuse.
+func (t *tree) freeNode(id nodeID) {
+	*t.at(id) = node{}
+	c, w := id>>chunkBits, int32(id&chunkMask)>>6
+	f := &t.freeIDs[c]
+	f.bits[w] |= 1 << (id & 63)
+	f.n++
+	f.cursor = min(f.cursor, w)
+	if !f.listed {
+		f.listed = true
+		t.partial = append(t.partial, int32(c))
+	}
+}
+
+func (t *tree) kids(n *node) map[uint64]nodeID {
+	if e := t.extOf(n); e != nil {
+		return e.kids
+	}
+	return nil
+}
+
+// devWords returns the device-tier holders; valid until the node changes.
+func (t *tree) devWords(n *node) []sword {
+	if n.ext != 0 {
+		if e := t.exts[n.ext]; e.devWide != nil {
+			return *e.devWide
+		}
+	}
+	if n.bits == 0 {
+		return nil
+	}
+	return unsafe.Slice((*sword)(unsafe.Pointer(&n.idx)), 1)
+}
+
+// devSet returns the device-tier holders as a slotSet sharing n's wide words.
+func (t *tree) devSet(n *node) slotSet {
+	s := slotSet{one: sword{idx: n.idx, bits: n.bits}}
+	if e := t.extOf(n); e != nil {
+		s.more = e.devWide
+	}
+	return s
 }
 
 // emptySet stands for the lower tiers of a node without ext; never written.
 var emptySet slotSet
 
 // sameHolders reports whether a and b have the same holders on every tier.
-func sameHolders(a, b *node) bool {
-	if a.ext != b.ext { // two nodes never share an ext: equal pointers are nil
-		return sameExtHolders(a, b)
+func (t *tree) sameHolders(a, b *node) bool {
+	if a.ext != b.ext { // two nodes never share an ext: equal ids are 0
+		return t.sameExtHolders(a, b)
 	}
-	return a.dev.bits == b.dev.bits && a.dev.idx == b.dev.idx
+	return a.bits == b.bits && a.idx == b.idx
 }
 
-func sameExtHolders(a, b *node) bool {
-	ad, bd := a.devSet(), b.devSet()
-	return ad.equal(&bd) && a.lower(TierHost).equal(b.lower(TierHost)) && a.lower(TierDisk).equal(b.lower(TierDisk))
+func (t *tree) sameExtHolders(a, b *node) bool {
+	ad, bd := t.devSet(a), t.devSet(b)
+	return ad.equal(&bd) && t.lower(a, TierHost).equal(t.lower(b, TierHost)) && t.lower(a, TierDisk).equal(t.lower(b, TierDisk))
 }
 
 // lower returns n's holders on the host or disk tier.
-func (n *node) lower(tier Tier) *slotSet {
+func (t *tree) lower(n *node, tier Tier) *slotSet {
+	e := t.extOf(n)
 	switch {
-	case n.ext == nil:
+	case e == nil:
 		return &emptySet
 	case tier == TierDisk:
-		return &n.ext.disk
+		return &e.disk
 	default:
-		return &n.ext.host
+		return &e.host
 	}
 }
 
 // remark recomputes the marks that n's holders decide, after they changed:
 // n's own, when n is its parent's only child, and its only child's.
-func remark(n *node) {
-	if p := n.parent; p != nil && p.child == n {
-		n.setSame(sameHolders(n, p))
-	}
-	if c := n.child; c != nil {
-		c.setSame(sameHolders(c, n))
-	}
-}
-
-func (n *node) hasLower() bool {
-	return n.ext != nil && (!n.ext.host.empty() || !n.ext.disk.empty())
-}
-
-func (n *node) childFor(key uint64) *node {
-	if c := n.child; c != nil {
-		if c.key == key {
-			return c
+func (t *tree) remark(id nodeID) {
+	n := t.at(id)
+	if p := n.parent(); p != 0 {
+		if pn := t.at(p); pn.child == id {
+			n.setSame(t.sameHolders(n, pn))
 		}
-		return nil
 	}
-	if k := n.kids(); k != nil {
-		return k[key]
+	if c := n.child; c != 0 {
+		cn := t.at(c)
+		cn.setSame(t.sameHolders(cn, n))
 	}
-	return nil
 }
 
-func (n *node) childless() bool { return n.child == nil && len(n.kids()) == 0 }
+func (t *tree) hasLower(n *node) bool {
+	e := t.extOf(n)
+	return e != nil && (!e.host.empty() || !e.disk.empty())
+}
 
-func (n *node) unheld() bool {
-	return n.dev.bits == 0 && (n.ext == nil || (n.ext.devWide == nil && n.ext.host.empty() && n.ext.disk.empty()))
+// childFor returns n's child with key, or 0 and nil.
+func (t *tree) childFor(n *node, key uint64) (nodeID, *node) {
+	if c := n.child; c != 0 {
+		if cn := t.at(c); cn.key == key {
+			return c, cn
+		}
+		return 0, nil
+	}
+	if k := t.kids(n); k != nil {
+		if c := k[key]; c != 0 {
+			return c, t.at(c)
+		}
+	}
+	return 0, nil
+}
+
+// next is childFor for the walks: the child with key of n, whose id is id,
+// or nil. A child that took the id after its parent's (a run stored at once
+// into a fresh arena) is the next node of the chunk: its address follows from
+// n's, so a walk along such a run never waits for the chunk table, and the
+// next node's load can start before n's child id arrives.
+func (t *tree) next(n *node, id nodeID, key uint64) (*node, nodeID) {
+	c := n.child
+	var cn *node
+	switch {
+	case c == id+1 && c&chunkMask != 0:
+		cn = (*node)(unsafe.Add(unsafe.Pointer(n), nodeBytes))
+	case c != 0:
+		cn = t.at(c)
+	default:
+		return t.kidFor(n, key)
+	}
+	if cn.key != key {
+		return nil, 0
+	}
+	return cn, c
+}
+
+// kidFor returns n's child with key from n's kids map, and its id, or nil.
+func (t *tree) kidFor(n *node, key uint64) (*node, nodeID) {
+	if k := t.kids(n); k != nil {
+		if c := k[key]; c != 0 {
+			return t.at(c), c
+		}
+	}
+	return nil, 0
+}
+
+func (t *tree) childless(n *node) bool { return n.child == 0 && len(t.kids(n)) == 0 }
+
+func (t *tree) unheld(n *node) bool {
+	if n.bits != 0 {
+		return false
+	}
+	e := t.extOf(n)
+	return e == nil || (e.devWide == nil && e.host.empty() && e.disk.empty())
 }
 
 // workerState is what the tree knows about one worker rank.
@@ -188,12 +340,12 @@ type workerState struct {
 	ratio int
 	// gone is a removal's scratch: the nodes it unmapped, released under the
 	// tree's lock after the map work (Index only; empty between events).
-	gone []*node
+	gone []nodeID
 }
 
 // heldKey names one membership of a worker rank in a node on a tier.
 type heldKey struct {
-	n    *node
+	n    nodeID
 	tier Tier
 }
 
@@ -203,14 +355,16 @@ type heldKey struct {
 //
 // Invariants:
 //   - a node is reachable from the root iff some worker rank holds it or one of its
-//     descendants; a node that becomes unheld and childless is detached at once, so
-//     memory never outlives the blocks that justify it;
+//     descendants; a node that becomes unheld and childless is detached at once,
+//     and its id is freed for the next new node (the arena keeps the most nodes
+//     it ever held, and reuses them);
 //   - a worker rank's blocks map points only at nodes where its slot is set on the
 //     block's tier, and each membership is counted once per mapped block covering
 //     it (the first in the slot bit, the rest in extra);
 //   - slots are dense: a removed worker rank's slot is reused by the next new one;
-//   - a detached node is referenced by nothing but spare (at most maxSpareNodes
-//     of them), so child may reuse it;
+//   - a detached node's id is set in its chunk's free bitmap and named
+//     nowhere else, and its node is zero; a chunk with a free id is on
+//     partial;
 //   - a node's ext.extras is the number of extra entries naming it (its ext
 //     exists while that is not zero);
 //   - a node has markSame only if it is its parent's only child (child, not
@@ -218,18 +372,26 @@ type heldKey struct {
 //     has it unless dropWorker left it unmarked (see dropping): every other
 //     change of holders or children recomputes the marks it affects.
 type tree struct {
-	root    node
-	workers map[catalog.WorkerRank]*workerState
-	slots   []*workerState // slot -> state, nil when free
+	// chunks is the node arena: id i is chunks[i>>chunkBits][i&chunkMask].
+	// Ids below nextID have been handed out; those of detached nodes are
+	// free: freeIDs[c] of chunk c, and partial lists the chunks that have
+	// some. Id 0 names nothing, rootID the root.
+	chunks  []*[chunkLen]node
+	nextID  nodeID
+	freeIDs []chunkFree
+	partial []int32
+	// exts is the ext table: ext id i is exts[i] (exts[0] is nil), and the
+	// ids of freed exts are in freeExts.
+	exts     []*nodeExt
+	freeExts []extID
+	workers  map[catalog.WorkerRank]*workerState
+	slots    []*workerState // slot -> state, nil when free
 	// slotKeys is slot -> worker rank (the zero key when free), dense, so
 	// that a walk's results read their keys from one array rather than
 	// from each rank's state (at 4,096 ranks sharing a prompt, a cache miss
 	// per rank).
 	slotKeys []catalog.WorkerRank
 	free     []uint32 // free slots
-	// spare holds up to maxSpareNodes detached nodes for child to reuse, so
-	// the steady store-and-evict of a full cache allocates nothing.
-	spare []*node
 
 	// extra counts memberships beyond the first of a (node, tier, slot); almost
 	// always empty.
@@ -256,11 +418,16 @@ type extraKey struct {
 }
 
 func newTree() tree {
-	return tree{
-		root:    node{ext: &nodeExt{kids: make(map[uint64]*node)}},
+	t := tree{
+		chunks:  []*[chunkLen]node{new([chunkLen]node)},
+		freeIDs: make([]chunkFree, 1),
+		nextID:  rootID + 1,
+		exts:    []*nodeExt{nil, {kids: make(map[uint64]nodeID)}},
 		workers: make(map[catalog.WorkerRank]*workerState),
 		extra:   make(map[extraKey]uint32),
 	}
+	t.at(rootID).ext = 1
+	return t
 }
 
 // tierKey folds a tier into an engine block hash, to count duplicates of blocks
@@ -295,93 +462,105 @@ func (t *tree) worker(w catalog.WorkerRank, create bool) *workerState {
 	return ws
 }
 
-// child returns parent's child with key, creating it when absent.
-func (t *tree) child(parent *node, key uint64) *node {
-	if c := parent.childFor(key); c != nil {
+// child returns parent's child with key, creating it when absent. It may
+// grow the arena, which moves no node.
+func (t *tree) child(parent nodeID, key uint64) nodeID {
+	pn := t.at(parent)
+	if c, _ := t.childFor(pn, key); c != 0 {
 		return c
 	}
-	var c *node
-	if n := len(t.spare); n > 0 {
-		c = t.spare[n-1]
-		t.spare = t.spare[:n-1]
-		*c = node{key: key, parent: parent}
-	} else {
-		c = &node{key: key, parent: parent}
-	}
-	switch kids := parent.kids(); {
+	c := t.newNode(key, parent)
+	cn := t.at(c)
+	switch kids := t.kids(pn); {
 	case kids != nil:
 		kids[key] = c
 		t.kidMapBytes += 24
-	case parent.child == nil:
-		parent.child = c
-		c.setSame(sameHolders(c, parent))
+	case pn.child == 0:
+		pn.child = c
+		cn.setSame(t.sameHolders(cn, pn))
 	default:
-		t.ensureExt(parent)
-		parent.child.setSame(false)
-		parent.ext.kids = map[uint64]*node{parent.child.key: parent.child, key: c}
-		parent.child = nil
+		only := t.at(pn.child)
+		only.setSame(false)
+		t.ensureExt(pn).kids = map[uint64]nodeID{only.key: pn.child, key: c}
+		pn.child = 0
 		t.kidMapBytes += 96
 	}
 	t.nodes++
 	return c
 }
 
-func (t *tree) ensureExt(n *node) {
-	if n.ext == nil {
-		n.ext = &nodeExt{}
-		t.setBytes += extBytes
+// ensureExt returns n's ext, giving it one when it has none.
+func (t *tree) ensureExt(n *node) *nodeExt {
+	if n.ext != 0 {
+		return t.exts[n.ext]
 	}
+	e := &nodeExt{}
+	if k := len(t.freeExts); k > 0 {
+		n.ext = t.freeExts[k-1]
+		t.freeExts = t.freeExts[:k-1]
+		t.exts[n.ext] = e
+	} else {
+		n.ext = extID(len(t.exts))
+		t.exts = append(t.exts, e)
+	}
+	t.setBytes += extBytes
+	return e
 }
 
 func (t *tree) freeExtIfIdle(n *node) {
-	if n.ext != nil && n != &t.root && n.ext.idle() {
-		n.ext = nil
+	if n.ext != 0 && n.ext != t.at(rootID).ext && t.exts[n.ext].idle() {
+		t.exts[n.ext] = nil
+		t.freeExts = append(t.freeExts, n.ext)
+		n.ext = 0
 		t.setBytes -= extBytes
 	}
 }
 
 // addSlot adds slot to n's holders on tier and reports whether it was absent.
-func (t *tree) addSlot(n *node, tier Tier, slot uint32) bool {
+func (t *tree) addSlot(id nodeID, tier Tier, slot uint32) bool {
+	n := t.at(id)
 	var added bool
 	if tier == TierDevice {
-		s := n.devSet()
+		s := t.devSet(n)
 		before := s.extraBytes()
 		added = s.add(slot)
 		t.setBytes += s.extraBytes() - before
 		t.storeDev(n, s)
 	} else {
-		t.ensureExt(n)
-		s := &n.ext.host
+		e := t.ensureExt(n)
+		s := &e.host
 		if tier == TierDisk {
-			s = &n.ext.disk
+			s = &e.disk
 		}
 		before := s.extraBytes()
 		added = s.add(slot)
 		t.setBytes += s.extraBytes() - before
 	}
 	if added {
-		remark(n)
+		t.remark(id)
 	}
 	return added
 }
 
 // removeSlot removes slot from n's holders on tier and reports whether it was
 // present.
-func (t *tree) removeSlot(n *node, tier Tier, slot uint32) bool {
+func (t *tree) removeSlot(id nodeID, tier Tier, slot uint32) bool {
+	n := t.at(id)
 	var removed bool
 	if tier == TierDevice {
-		s := n.devSet()
+		s := t.devSet(n)
 		before := s.extraBytes()
 		removed = s.remove(slot)
 		t.setBytes += s.extraBytes() - before
 		t.storeDev(n, s)
 	} else {
-		if n.ext == nil {
+		e := t.extOf(n)
+		if e == nil {
 			return false
 		}
-		s := &n.ext.host
+		s := &e.host
 		if tier == TierDisk {
-			s = &n.ext.disk
+			s = &e.disk
 		}
 		before := s.extraBytes()
 		removed = s.remove(slot)
@@ -389,32 +568,30 @@ func (t *tree) removeSlot(n *node, tier Tier, slot uint32) bool {
 		t.freeExtIfIdle(n)
 	}
 	if removed && !t.dropping {
-		remark(n)
+		t.remark(id)
 	}
 	return removed
 }
 
 // storeDev writes a device set back into n's inline word or ext.
 func (t *tree) storeDev(n *node, s slotSet) {
-	n.dev.idx, n.dev.bits = s.one.idx, s.one.bits
+	n.idx, n.bits = s.one.idx, s.one.bits
 	if s.more != nil {
-		t.ensureExt(n)
-		n.ext.devWide = s.more
+		t.ensureExt(n).devWide = s.more
 		return
 	}
-	if n.ext != nil {
-		n.ext.devWide = nil
+	if e := t.extOf(n); e != nil {
+		e.devWide = nil
 		t.freeExtIfIdle(n)
 	}
 }
 
-// hold adds one membership of ws in n on tier.
-func (t *tree) hold(ws *workerState, n *node, tier Tier) {
-	if !t.addSlot(n, tier, ws.slot) {
-		k := extraKey{heldKey{n, tier}, ws.slot}
+// hold adds one membership of ws in node id on tier.
+func (t *tree) hold(ws *workerState, id nodeID, tier Tier) {
+	if !t.addSlot(id, tier, ws.slot) {
+		k := extraKey{heldKey{id, tier}, ws.slot}
 		if t.extra[k] == 0 {
-			t.ensureExt(n)
-			n.ext.extras++
+			t.ensureExt(t.at(id)).extras++
 		}
 		t.extra[k]++
 		return
@@ -425,15 +602,16 @@ func (t *tree) hold(ws *workerState, n *node, tier Tier) {
 	}
 }
 
-// release removes one membership of ws in n on tier and prunes what became
-// unreferenced.
-func (t *tree) release(ws *workerState, n *node, tier Tier) {
-	if n.ext != nil && n.ext.extras > 0 {
-		k := extraKey{heldKey{n, tier}, ws.slot}
+// release removes one membership of ws in node id on tier and prunes what
+// became unreferenced.
+func (t *tree) release(ws *workerState, id nodeID, tier Tier) {
+	n := t.at(id)
+	if e := t.extOf(n); e != nil && e.extras > 0 {
+		k := extraKey{heldKey{id, tier}, ws.slot}
 		if c, ok := t.extra[k]; ok {
 			if c <= 1 {
 				delete(t.extra, k)
-				n.ext.extras--
+				e.extras--
 				t.freeExtIfIdle(n)
 			} else {
 				t.extra[k] = c - 1
@@ -441,51 +619,55 @@ func (t *tree) release(ws *workerState, n *node, tier Tier) {
 			return
 		}
 	}
-	if !t.removeSlot(n, tier, ws.slot) {
+	if !t.removeSlot(id, tier, ws.slot) {
 		return
 	}
 	t.entries--
 	if tier != TierDevice {
 		t.lowerEntries--
 	}
-	t.prune(n)
+	t.prune(id)
 }
 
-// prune detaches n, and then its ancestors, while they are unheld and childless.
-func (t *tree) prune(n *node) {
-	for n != &t.root && n.unheld() && n.childless() {
-		p := n.parent
-		if p.child == n {
-			p.child = nil
-		} else if kids := p.kids(); kids != nil {
+// prune detaches node id, and then its ancestors, while they are unheld and
+// childless.
+func (t *tree) prune(id nodeID) {
+	for id != rootID {
+		n := t.at(id)
+		if !t.unheld(n) || !t.childless(n) {
+			return
+		}
+		p := n.parent()
+		pn := t.at(p)
+		if pn.child == id {
+			pn.child = 0
+		} else if kids := t.kids(pn); kids != nil {
 			delete(kids, n.key)
 			t.kidMapBytes -= 24
-			if len(kids) == 1 && p != &t.root {
+			if len(kids) == 1 && p != rootID {
 				for _, only := range kids {
-					p.child = only
-					only.setSame(sameHolders(only, p))
+					pn.child = only
+					on := t.at(only)
+					on.setSame(t.sameHolders(on, pn))
 				}
-				p.ext.kids = nil
+				t.extOf(pn).kids = nil
 				t.kidMapBytes -= 72
-				t.freeExtIfIdle(p)
+				t.freeExtIfIdle(pn)
 			}
 		}
-		n.parent = nil
 		t.freeExtIfIdle(n)
+		t.freeNode(id)
 		t.nodes--
-		if len(t.spare) < maxSpareNodes && n.ext == nil {
-			t.spare = append(t.spare, n)
-		}
-		n = p
+		id = p
 	}
 }
 
 // releaseBlock releases the ratio nodes one mapped block covers, deepest first.
-func (t *tree) releaseBlock(ws *workerState, n *node, tier Tier, ratio int) {
-	for i := 0; i < ratio && n != nil && n != &t.root; i++ {
-		p := n.parent
-		t.release(ws, n, tier)
-		n = p
+func (t *tree) releaseBlock(ws *workerState, id nodeID, tier Tier, ratio int) {
+	for i := 0; i < ratio && id != 0 && id != rootID; i++ {
+		p := t.at(id).parent()
+		t.release(ws, id, tier)
+		id = p
 	}
 }
 
@@ -496,8 +678,8 @@ func (t *tree) dropWorker(ws *workerState) {
 	ratio := max(ws.ratio, 1)
 	for tier := range Tier(numTiers) {
 		m := &ws.blocks[tier]
-		for _, n := range m.all() {
-			t.releaseBlock(ws, n, tier, ratio)
+		for _, id := range m.all() {
+			t.releaseBlock(ws, id, tier, ratio)
 		}
 		t.mapEntries -= m.count()
 	}
@@ -523,7 +705,8 @@ func (t *tree) stats(s *Stats) {
 			maps += ws.blocks[i].bytes()
 		}
 	}
-	s.ApproxBytes = int64(t.nodes)*nodeBytes + int64(t.setBytes) + int64(t.kidMapBytes) +
+	// The arena counts whole: it keeps the most nodes the tree ever held.
+	s.ApproxBytes = int64(len(t.chunks)*chunkBytes) + int64(t.setBytes) + int64(t.kidMapBytes) +
 		int64(maps) + int64(len(t.workers))*workerStateBytes
 }
 
