@@ -229,7 +229,7 @@ func TestRemoveWorkerAndChurnLeaveNothingBehind(t *testing.T) {
 			require.Zero(t, st.Nodes)
 			require.Zero(t, st.Entries)
 			require.Zero(t, st.WorkerRanks)
-			require.Empty(t, ix.t.kids(ix.t.at(rootID)))
+			require.Zero(t, ix.t.rootKids.count())
 			require.Empty(t, ix.t.extra)
 		}
 	}

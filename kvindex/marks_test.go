@@ -103,10 +103,7 @@ func checkMarks(t *testing.T, ix *Index, exact bool) {
 	walk = func(id nodeID) {
 		n := tr.at(id)
 		var kids []nodeID
-		if n.child != 0 {
-			kids = append(kids, n.child)
-		}
-		for _, c := range tr.kids(n) {
+		for _, c := range tr.children(n) {
 			kids = append(kids, c)
 		}
 		for _, cid := range kids {
@@ -149,4 +146,5 @@ func TestNodeLayout(t *testing.T) {
 	require.Equal(t, unsafe.Sizeof(sword{}), unsafe.Offsetof(node{}.bits)+unsafe.Sizeof(node{}.bits))
 	require.Equal(t, uintptr(nodeBytes), unsafe.Sizeof(node{}))
 	require.Equal(t, uintptr(blockSlotBytes), unsafe.Sizeof(blockSlot{}))
+	require.LessOrEqual(t, unsafe.Sizeof(nodeExt{}), uintptr(extBytes-8), "a nodeExt fits the size class extBytes counts")
 }

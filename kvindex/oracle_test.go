@@ -439,16 +439,17 @@ func checkStructure(t testing.TB, ix *Index, o *oracle) {
 		extras[k.held.n]++
 	}
 	seen := map[nodeID]bool{rootID: true} // attached nodes
-	usedExts := map[extID]bool{tr.at(rootID).ext: true}
+	usedExts := map[extID]bool{}
+	require.Zero(t, tr.root.ext, "the root keeps its children in rootKids")
 	var walk func(id nodeID)
 	walk = func(id nodeID) {
 		n := tr.at(id)
 		var kids []nodeID
 		if n.child != 0 {
-			kids = append(kids, n.child)
 			require.Nil(t, tr.kids(n))
 		}
-		for _, c := range tr.kids(n) {
+		for key, c := range tr.children(n) {
+			require.Equal(t, key, tr.at(c).key, "child %d filed under another key", c)
 			kids = append(kids, c)
 		}
 		if id != rootID {

@@ -144,10 +144,7 @@ func (ix *Index) cutLocked() *rawCut {
 	}
 	var stack []frame
 	push := func(n *node, pos uint32) {
-		if n.child != 0 {
-			stack = append(stack, frame{n.child, pos})
-		}
-		for _, c := range t.kids(n) {
+		for _, c := range t.children(n) {
 			stack = append(stack, frame{c, pos})
 		}
 	}

@@ -302,11 +302,7 @@ func equalIndexes(t testing.TB, a, b *Index) {
 
 func childKeys(tr *tree, id nodeID) []uint64 {
 	var ks []uint64
-	n := tr.at(id)
-	if n.child != 0 {
-		ks = append(ks, tr.at(n.child).key)
-	}
-	for k := range tr.kids(n) {
+	for k := range tr.children(tr.at(id)) {
 		ks = append(ks, k)
 	}
 	slices.Sort(ks)

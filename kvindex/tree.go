@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"iter"
 	"math/bits"
 	"sync"
 	"unsafe"
@@ -69,7 +70,9 @@ const markSame uint32 = 1
 
 // nodeExt holds what few nodes need.
 type nodeExt struct {
-	kids       map[uint64]nodeID
+	// kids holds all children, by key, when the node has two or more (it
+	// is empty otherwise); the root's are in tree.rootKids.
+	kids       blockMap
 	devWide    *[]sword
 	host, disk slotSet
 	// extras counts the tree's extra entries of this node (memberships beyond
@@ -79,7 +82,7 @@ type nodeExt struct {
 }
 
 func (e *nodeExt) idle() bool {
-	return e.kids == nil && e.devWide == nil && e.host.empty() && e.disk.empty() && e.extras == 0
+	return e.kids.slots == nil && e.devWide == nil && e.host.empty() && e.disk.empty() && e.extras == 0
 }
 
 // Sizes used by the memory estimate: a node, an arena chunk with its free
@@ -88,7 +91,7 @@ func (e *nodeExt) idle() bool {
 const (
 	nodeBytes  = 32
 	chunkBytes = chunkLen*nodeBytes + int(unsafe.Sizeof(chunkFree{}))
-	extBytes   = 88
+	extBytes   = 112 + 8
 )
 
 func (n *node) parent() nodeID { return nodeID(n.up >> 1) }
@@ -185,9 +188,14 @@ func (t *tree) freeNode(id nodeID) {
 	}
 }
 
-func (t *tree) kids(n *node) map[uint64]nodeID {
-	if e := t.extOf(n); e != nil {
-		return e.kids
+// kids returns n's table of children when n keeps one (the root always,
+// another node while it has two or more children), or nil.
+func (t *tree) kids(n *node) *blockMap {
+	if n == t.root {
+		return &t.rootKids
+	}
+	if e := t.extOf(n); e != nil && e.kids.slots != nil {
+		return &e.kids
 	}
 	return nil
 }
@@ -272,7 +280,7 @@ func (t *tree) childFor(n *node, key uint64) (nodeID, *node) {
 		return 0, nil
 	}
 	if k := t.kids(n); k != nil {
-		if c := k[key]; c != 0 {
+		if c := k.get(key); c != 0 {
 			return c, t.at(c)
 		}
 	}
@@ -301,17 +309,41 @@ func (t *tree) next(n *node, id nodeID, key uint64) (*node, nodeID) {
 	return cn, c
 }
 
-// kidFor returns n's child with key from n's kids map, and its id, or nil.
+// kidFor returns n's child with key from n's table of children, and its
+// id, or nil.
 func (t *tree) kidFor(n *node, key uint64) (*node, nodeID) {
 	if k := t.kids(n); k != nil {
-		if c := k[key]; c != 0 {
+		if c := k.get(key); c != 0 {
 			return t.at(c), c
 		}
 	}
 	return nil, 0
 }
 
-func (t *tree) childless(n *node) bool { return n.child == 0 && len(t.kids(n)) == 0 }
+// children yields n's children, key and id, in no particular order.
+func (t *tree) children(n *node) iter.Seq2[uint64, nodeID] {
+	return func(yield func(uint64, nodeID) bool) {
+		if n.child != 0 {
+			yield(t.at(n.child).key, n.child)
+			return
+		}
+		if k := t.kids(n); k != nil {
+			for key, c := range k.all() {
+				if !yield(key, c) {
+					return
+				}
+			}
+		}
+	}
+}
+
+func (t *tree) childless(n *node) bool {
+	if n.child != 0 {
+		return false
+	}
+	k := t.kids(n)
+	return k == nil || k.count() == 0
+}
 
 func (t *tree) unheld(n *node) bool {
 	if n.bits != 0 {
@@ -384,6 +416,11 @@ type tree struct {
 	// ids of freed exts are in freeExts.
 	exts     []*nodeExt
 	freeExts []extID
+	// root is the root node (at rootID), and rootKids its children: the
+	// one table every walk starts from, kept here so that a cold lookup
+	// reaches it in a miss or two.
+	root     *node
+	rootKids blockMap
 	workers  map[catalog.WorkerRank]*workerState
 	slots    []*workerState // slot -> state, nil when free
 	// slotKeys is slot -> worker rank (the zero key when free), dense, so
@@ -422,11 +459,11 @@ func newTree() tree {
 		chunks:  []*[chunkLen]node{new([chunkLen]node)},
 		freeIDs: make([]chunkFree, 1),
 		nextID:  rootID + 1,
-		exts:    []*nodeExt{nil, {kids: make(map[uint64]nodeID)}},
+		exts:    []*nodeExt{nil},
 		workers: make(map[catalog.WorkerRank]*workerState),
 		extra:   make(map[extraKey]uint32),
 	}
-	t.at(rootID).ext = 1
+	t.root = t.at(rootID)
 	return t
 }
 
@@ -473,17 +510,20 @@ func (t *tree) child(parent nodeID, key uint64) nodeID {
 	cn := t.at(c)
 	switch kids := t.kids(pn); {
 	case kids != nil:
-		kids[key] = c
-		t.kidMapBytes += 24
+		before := kids.bytes()
+		kids.put(key, c)
+		t.kidMapBytes += kids.bytes() - before
 	case pn.child == 0:
 		pn.child = c
 		cn.setSame(t.sameHolders(cn, pn))
 	default:
 		only := t.at(pn.child)
 		only.setSame(false)
-		t.ensureExt(pn).kids = map[uint64]nodeID{only.key: pn.child, key: c}
+		kids := &t.ensureExt(pn).kids
+		kids.put(only.key, pn.child)
+		kids.put(key, c)
 		pn.child = 0
-		t.kidMapBytes += 96
+		t.kidMapBytes += kids.bytes()
 	}
 	t.nodes++
 	return c
@@ -508,7 +548,7 @@ func (t *tree) ensureExt(n *node) *nodeExt {
 }
 
 func (t *tree) freeExtIfIdle(n *node) {
-	if n.ext != 0 && n.ext != t.at(rootID).ext && t.exts[n.ext].idle() {
+	if n.ext != 0 && t.exts[n.ext].idle() {
 		t.exts[n.ext] = nil
 		t.freeExts = append(t.freeExts, n.ext)
 		n.ext = 0
@@ -642,16 +682,17 @@ func (t *tree) prune(id nodeID) {
 		if pn.child == id {
 			pn.child = 0
 		} else if kids := t.kids(pn); kids != nil {
-			delete(kids, n.key)
-			t.kidMapBytes -= 24
-			if len(kids) == 1 && p != rootID {
-				for _, only := range kids {
+			before := kids.bytes()
+			kids.remove(n.key)
+			t.kidMapBytes += kids.bytes() - before
+			if kids.count() == 1 && p != rootID {
+				for _, only := range kids.all() {
 					pn.child = only
 					on := t.at(only)
 					on.setSame(t.sameHolders(on, pn))
 				}
-				t.extOf(pn).kids = nil
-				t.kidMapBytes -= 72
+				t.kidMapBytes -= kids.bytes()
+				*kids = blockMap{}
 				t.freeExtIfIdle(pn)
 			}
 		}
