@@ -146,5 +146,4 @@ func TestNodeLayout(t *testing.T) {
 	require.Equal(t, unsafe.Sizeof(sword{}), unsafe.Offsetof(node{}.bits)+unsafe.Sizeof(node{}.bits))
 	require.Equal(t, uintptr(nodeBytes), unsafe.Sizeof(node{}))
 	require.Equal(t, uintptr(blockSlotBytes), unsafe.Sizeof(blockSlot{}))
-	require.LessOrEqual(t, unsafe.Sizeof(nodeExt{}), uintptr(extBytes-8), "a nodeExt fits the size class extBytes counts")
 }

@@ -517,11 +517,11 @@ func checkStructure(t testing.TB, ix *Index, o *oracle) {
 	}
 	require.Len(t, seen, int(tr.nextID)-1, "ids handed out: attached or free")
 	for _, e := range tr.freeExts {
-		require.Nil(t, tr.exts[e], "free ext %d in use", e)
+		require.Equal(t, nodeExt{}, *tr.ext(e), "free ext %d is not zero", e)
 		require.False(t, usedExts[e], "free ext %d named by a node", e)
 		usedExts[e] = true
 	}
-	require.Len(t, usedExts, len(tr.exts)-1, "ext ids: in use or free")
+	require.Len(t, usedExts, int(tr.nextExt)-1, "ext ids: in use or free")
 }
 
 func TestIndexMatchesOracle(t *testing.T) {

@@ -85,13 +85,19 @@ func (e *nodeExt) idle() bool {
 	return e.kids.slots == nil && e.devWide == nil && e.host.empty() && e.disk.empty() && e.extras == 0
 }
 
-// Sizes used by the memory estimate: a node, an arena chunk with its free
-// bitmap, and a nodeExt (its allocation size class) with its entry in the
-// tree's table.
+// Exts live in chunks of extChunkLen, which never move.
+const (
+	extChunkBits = 8
+	extChunkLen  = 1 << extChunkBits
+	extChunkMask = extChunkLen - 1
+)
+
+// Sizes used by the memory estimate: a node, a node chunk with its free
+// bitmap, and a nodeExt.
 const (
 	nodeBytes  = 32
 	chunkBytes = chunkLen*nodeBytes + int(unsafe.Sizeof(chunkFree{}))
-	extBytes   = 112 + 8
+	extBytes   = int(unsafe.Sizeof(nodeExt{}))
 )
 
 func (n *node) parent() nodeID { return nodeID(n.up >> 1) }
@@ -116,8 +122,11 @@ func (t *tree) extOf(n *node) *nodeExt {
 	if n.ext == 0 {
 		return nil
 	}
-	return t.exts[n.ext]
+	return t.ext(n.ext)
 }
+
+// ext returns the ext id names.
+func (t *tree) ext(id extID) *nodeExt { return &t.exts[id>>extChunkBits][id&extChunkMask] }
 
 // newNode takes a free id (a detached node's, or the arena's next) for a node
 // with key below parent.
@@ -203,7 +212,7 @@ func (t *tree) kids(n *node) *blockMap {
 // devWords returns the device-tier holders; valid until the node changes.
 func (t *tree) devWords(n *node) []sword {
 	if n.ext != 0 {
-		if e := t.exts[n.ext]; e.devWide != nil {
+		if e := t.ext(n.ext); e.devWide != nil {
 			return *e.devWide
 		}
 	}
@@ -412,9 +421,11 @@ type tree struct {
 	nextID  nodeID
 	freeIDs []chunkFree
 	partial []int32
-	// exts is the ext table: ext id i is exts[i] (exts[0] is nil), and the
-	// ids of freed exts are in freeExts.
-	exts     []*nodeExt
+	// exts holds the nodes' exts in chunks of extChunkLen: ext id i is
+	// exts[i>>extChunkBits][i&extChunkMask]. Ids below nextExt have been
+	// handed out (0 is none); freed ones are in freeExts, their ext zero.
+	exts     []*[extChunkLen]nodeExt
+	nextExt  extID
 	freeExts []extID
 	// root is the root node (at rootID), and rootKids its children: the
 	// one table every walk starts from, kept here so that a cold lookup
@@ -459,7 +470,7 @@ func newTree() tree {
 		chunks:  []*[chunkLen]node{new([chunkLen]node)},
 		freeIDs: make([]chunkFree, 1),
 		nextID:  rootID + 1,
-		exts:    []*nodeExt{nil},
+		nextExt: 1,
 		workers: make(map[catalog.WorkerRank]*workerState),
 		extra:   make(map[extraKey]uint32),
 	}
@@ -532,27 +543,26 @@ func (t *tree) child(parent nodeID, key uint64) nodeID {
 // ensureExt returns n's ext, giving it one when it has none.
 func (t *tree) ensureExt(n *node) *nodeExt {
 	if n.ext != 0 {
-		return t.exts[n.ext]
+		return t.ext(n.ext)
 	}
-	e := &nodeExt{}
 	if k := len(t.freeExts); k > 0 {
 		n.ext = t.freeExts[k-1]
 		t.freeExts = t.freeExts[:k-1]
-		t.exts[n.ext] = e
 	} else {
-		n.ext = extID(len(t.exts))
-		t.exts = append(t.exts, e)
+		n.ext = t.nextExt
+		if int(n.ext>>extChunkBits) == len(t.exts) {
+			t.exts = append(t.exts, new([extChunkLen]nodeExt))
+		}
+		t.nextExt++
 	}
-	t.setBytes += extBytes
-	return e
+	return t.ext(n.ext)
 }
 
 func (t *tree) freeExtIfIdle(n *node) {
-	if n.ext != 0 && t.exts[n.ext].idle() {
-		t.exts[n.ext] = nil
+	if e := t.extOf(n); e != nil && e.idle() {
+		*e = nodeExt{}
 		t.freeExts = append(t.freeExts, n.ext)
 		n.ext = 0
-		t.setBytes -= extBytes
 	}
 }
 
@@ -746,8 +756,9 @@ func (t *tree) stats(s *Stats) {
 			maps += ws.blocks[i].bytes()
 		}
 	}
-	// The arena counts whole: it keeps the most nodes the tree ever held.
-	s.ApproxBytes = int64(len(t.chunks)*chunkBytes) + int64(t.setBytes) + int64(t.kidMapBytes) +
+	// The arenas count whole: they keep the most nodes and exts the tree
+	// ever held.
+	s.ApproxBytes = int64(len(t.chunks)*chunkBytes+len(t.exts)*extChunkLen*extBytes) + int64(t.setBytes) + int64(t.kidMapBytes) +
 		int64(maps) + int64(len(t.workers))*workerStateBytes
 }
 
