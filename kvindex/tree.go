@@ -260,10 +260,10 @@ func (t *tree) lower(n *node, tier Tier) *slotSet {
 	}
 }
 
-// remark recomputes the marks that n's holders decide, after they changed:
+// remark recomputes the marks that the holders of n (the node id names)
+// decide, after they changed:
 // n's own, when n is its parent's only child, and its only child's.
-func (t *tree) remark(id nodeID) {
-	n := t.at(id)
+func (t *tree) remark(id nodeID, n *node) {
 	if p := n.parent(); p != 0 {
 		if pn := t.at(p); pn.child == id {
 			n.setSame(t.sameHolders(n, pn))
@@ -566,9 +566,9 @@ func (t *tree) freeExtIfIdle(n *node) {
 	}
 }
 
-// addSlot adds slot to n's holders on tier and reports whether it was absent.
-func (t *tree) addSlot(id nodeID, tier Tier, slot uint32) bool {
-	n := t.at(id)
+// addSlot adds slot to the holders on tier of n, the node id names, and
+// reports whether it was absent.
+func (t *tree) addSlot(id nodeID, n *node, tier Tier, slot uint32) bool {
 	var added bool
 	if tier == TierDevice {
 		s := t.devSet(n)
@@ -587,15 +587,14 @@ func (t *tree) addSlot(id nodeID, tier Tier, slot uint32) bool {
 		t.setBytes += s.extraBytes() - before
 	}
 	if added {
-		t.remark(id)
+		t.remark(id, n)
 	}
 	return added
 }
 
-// removeSlot removes slot from n's holders on tier and reports whether it was
-// present.
-func (t *tree) removeSlot(id nodeID, tier Tier, slot uint32) bool {
-	n := t.at(id)
+// removeSlot removes slot from the holders on tier of n, the node id names,
+// and reports whether it was present.
+func (t *tree) removeSlot(id nodeID, n *node, tier Tier, slot uint32) bool {
 	var removed bool
 	if tier == TierDevice {
 		s := t.devSet(n)
@@ -618,7 +617,7 @@ func (t *tree) removeSlot(id nodeID, tier Tier, slot uint32) bool {
 		t.freeExtIfIdle(n)
 	}
 	if removed && !t.dropping {
-		t.remark(id)
+		t.remark(id, n)
 	}
 	return removed
 }
@@ -638,10 +637,11 @@ func (t *tree) storeDev(n *node, s slotSet) {
 
 // hold adds one membership of ws in node id on tier.
 func (t *tree) hold(ws *workerState, id nodeID, tier Tier) {
-	if !t.addSlot(id, tier, ws.slot) {
+	n := t.at(id)
+	if !t.addSlot(id, n, tier, ws.slot) {
 		k := extraKey{heldKey{id, tier}, ws.slot}
 		if t.extra[k] == 0 {
-			t.ensureExt(t.at(id)).extras++
+			t.ensureExt(n).extras++
 		}
 		t.extra[k]++
 		return
@@ -669,21 +669,20 @@ func (t *tree) release(ws *workerState, id nodeID, tier Tier) {
 			return
 		}
 	}
-	if !t.removeSlot(id, tier, ws.slot) {
+	if !t.removeSlot(id, n, tier, ws.slot) {
 		return
 	}
 	t.entries--
 	if tier != TierDevice {
 		t.lowerEntries--
 	}
-	t.prune(id)
+	t.prune(id, n)
 }
 
-// prune detaches node id, and then its ancestors, while they are unheld and
-// childless.
-func (t *tree) prune(id nodeID) {
+// prune detaches n, the node id names, and then its ancestors, while they
+// are unheld and childless.
+func (t *tree) prune(id nodeID, n *node) {
 	for id != rootID {
-		n := t.at(id)
 		if !t.unheld(n) || !t.childless(n) {
 			return
 		}
@@ -709,7 +708,7 @@ func (t *tree) prune(id nodeID) {
 		t.freeExtIfIdle(n)
 		t.freeNode(id)
 		t.nodes--
-		id = p
+		id, n = p, pn
 	}
 }
 
