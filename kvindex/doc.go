@@ -42,8 +42,8 @@
 // Memory: a node is 32 bytes and holds no pointer. Nodes live in an arena of
 // 128 KiB chunks and name each other (parent, only child) by 32-bit ids, so
 // the garbage collector never scans them, however many there are; the few
-// nodes with more (a map of children, holder sets wider than a word, lower
-// tiers) point at an extension. A worker rank's block map is an
+// nodes with more (a table of children, holder sets wider than a word, lower
+// tiers) name an extension, kept in chunks the same way. A worker rank's block map is an
 // open-addressing table of 12-byte slots (the hash and the node's id) kept
 // between 1/2 and 3/4 full (it grows by half, not by doubling), so 16 to 24
 // bytes per engine block. On the benchmarks' shared-prefix fleet

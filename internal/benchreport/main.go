@@ -475,7 +475,8 @@ scattered a run's new nodes, and one core applied the Dynamo-shaped events at 1.
 blocks/s against 1.71-1.73M, the difference in misses on each released node's parent. A walk steps to a child whose id follows its own
 without reading the chunk table (98% of the steps of the Dynamo-shaped lookups), and a
 node's children, when it has more than one, are in an open-addressing table of ids (the
-root's in the tree itself) rather than a Go map. Same-binary-run comparisons with the code
+root's in the tree itself) rather than a Go map, and the extensions that hold such tables
+live in chunks too. Same-binary-run comparisons with the code
 before: heap per entry 62.4 -> 44.3 bytes on the 8M fleet and 63.8 -> 45.6 on the 1M one
 (` + "`BenchmarkScaleMemory`" + `, ` + "`BenchmarkIndexMemory`" + `), 78.0 -> 56.5 on the Dynamo-shaped
 1M index; the 8M fleet builds in 3.25 s rather than 3.80; ` + "`BenchmarkFindMatches`" + ` p50
