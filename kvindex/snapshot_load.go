@@ -13,8 +13,9 @@ import (
 // the rank then encodes in a snapshot of ix as it does in one of from. A rank
 // from does not hold is only cleared. Other ranks of ix are untouched, and so
 // are both indexes' block limits; the loaded blocks are not checked against
-// ix's limits (from was bounded when it was read) and do not call
-// Options.OnStored. It returns the blocks loaded.
+// ix's limits (from was bounded when it was read; ix's nodes and from's
+// together must stay within MaxNodes) and do not call Options.OnStored. It
+// returns the blocks loaded.
 //
 // LoadRanks takes from's locks (as Snapshot does) and then ix's (as
 // ClearRank does), never both indexes' at once; from must not be ix. Its

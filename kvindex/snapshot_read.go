@@ -51,7 +51,7 @@ type ReadOptions struct {
 	// the per-worker limits. Default 65536.
 	MaxWorkerRanks int
 	// MaxNodes bounds the tree's nodes (distinct prefixes). Default 16M
-	// (1<<24).
+	// (1<<24); at most the package's MaxNodes.
 	MaxNodes int
 	// MaxBlocks bounds the blocks held over all worker ranks and tiers,
 	// counting an engine block as the index blocks it covers. Default 16M
@@ -84,6 +84,9 @@ func (o ReadOptions) withDefaults() (ReadOptions, error) {
 		case *f.v == 0:
 			*f.v = f.def
 		}
+	}
+	if o.MaxNodes > MaxNodes {
+		errs = append(errs, fmt.Errorf("%w: ReadOptions.MaxNodes is %d, want <= %d", ErrInvalidOptions, o.MaxNodes, MaxNodes))
 	}
 	return o, errors.Join(errs...)
 }

@@ -695,7 +695,7 @@ func TestSnapshotReadOptions(t *testing.T) {
 	snap := smallSnapshot(t) // block size 2; worker "a" holds 3 device blocks
 	_, _, err := ReadSnapshot(bytes.NewReader(snap), ReadOptions{Index: Options{BlockSize: 4}})
 	require.ErrorIs(t, err, ErrBlockSize)
-	for _, bad := range []ReadOptions{{MaxNodes: -1}, {MaxBytes: -1, MaxStringLen: -2}, {Index: Options{MaxBlocksPerRank: -1}}} {
+	for _, bad := range []ReadOptions{{MaxNodes: -1}, {MaxNodes: MaxNodes + 1}, {MaxBytes: -1, MaxStringLen: -2}, {Index: Options{MaxBlocksPerRank: -1}}} {
 		_, _, err := ReadSnapshot(bytes.NewReader(snap), bad)
 		require.ErrorIs(t, err, ErrInvalidOptions)
 	}

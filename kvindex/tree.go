@@ -102,8 +102,6 @@ const (
 
 func (n *node) parent() nodeID { return nodeID(n.up >> 1) }
 
-func (n *node) setParent(p nodeID) { n.up = uint32(p)<<1 | n.up&markSame }
-
 func (n *node) same() bool { return n.up&markSame != 0 }
 
 func (n *node) setSame(same bool) {
@@ -261,8 +259,8 @@ func (t *tree) lower(n *node, tier Tier) *slotSet {
 }
 
 // remark recomputes the marks that the holders of n (the node id names)
-// decide, after they changed:
-// n's own, when n is its parent's only child, and its only child's.
+// decide, after they changed: n's own, when n is its parent's only child,
+// and its only child's.
 func (t *tree) remark(id nodeID, n *node) {
 	if p := n.parent(); p != 0 {
 		if pn := t.at(p); pn.child == id {

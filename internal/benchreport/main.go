@@ -472,19 +472,26 @@ keeps a 12-byte slot (the hash in two halves and the node's id) instead of 16. A
 node's id is reused (a chunk's lowest free id first, from the chunk that freed last, as the
 runtime's allocator does with its spans): keeping the last freed ids instead (a stack)
 scattered a run's new nodes, and one core applied the Dynamo-shaped events at 1.49-1.68M
-blocks/s against 1.71-1.73M, the difference in misses on each released node's parent. A walk steps to a child whose id follows its own
-without reading the chunk table (98% of the steps of the Dynamo-shaped lookups), and a
+blocks/s against 1.71-1.73M, the difference in misses on each released node's parent.
+A walk steps to a child whose id follows its own without reading the chunk table (98% of
+the steps of the Dynamo-shaped lookups), and a
 node's children, when it has more than one, are in an open-addressing table of ids (the
 root's in the tree itself) rather than a Go map, and the extensions that hold such tables
-live in chunks too. Same-binary-run comparisons with the code
-before: heap per entry 62.4 -> 44.3 bytes on the 8M fleet and 63.8 -> 45.6 on the 1M one
+live in chunks too. Same-binary-run comparisons with the code before: heap per entry 62.4 -> 44.3 bytes on the 8M fleet and 63.8 -> 45.6 on the 1M one
 (` + "`BenchmarkScaleMemory`" + `, ` + "`BenchmarkIndexMemory`" + `), 78.0 -> 56.5 on the Dynamo-shaped
 1M index; the 8M fleet builds in 3.25 s rather than 3.80; ` + "`BenchmarkFindMatches`" + ` p50
 1.28-1.80 -> 1.16-1.20 us and p99 7.0-8.0 -> 5.2-5.6 us (five alternating runs); the fleet
-p50 1.64 -> 1.49 us at 8M and 2.95 -> 2.77 us at 32M; the interleaved replay's p99
-13.1-14.5 -> 7.6-9.7 us at 1M and 14.6-23 -> 9.1-11.9 us at 8M (three alternating runs);
-one core's decode and apply unchanged within the day's noise (1.66-1.75M and 1.71-1.73M
-blocks/s). A cold walk still costs far more than its nodes: after evicting the caches
+p50 1.64 -> 1.49 us at 8M and 2.95 -> 2.77 us at 32M; the interleaved replay's p99, the
+first replay of a fresh process, 12.6-14.5 -> 7.6-10.5 us at 1M and 14.6-23 -> 9.1-11.9 us
+at 8M (three alternating runs, twice in the day); one core's decode and apply unchanged
+within the day's noise (1.66-1.75M and 1.71-1.73M blocks/s). The replay rows above read
+more (12.7 and 15.0 us): they are the median of six replays in one process, each after the
+16 engines' caches are cleared and stored again, and a cache stored again lands in the ids
+its clearing freed, among other engines' nodes, less often next to each other than in the
+warm-up (10.3 us the first replay, 11.5-12.1 the next three, one process). Two feeds
+sharing one index now gain 0.85-0.89 of what two separate indexes gain (0.91-0.92 before):
+their new nodes interleave in the same chunks, where the runtime gave each core its own
+spans. A cold walk still costs far more than its nodes: after evicting the caches
 (256 MB written), a 300-block walk along contiguous ids takes 40-80 ns a step where the same
 path copied into fresh memory takes 9, and the root's table lookup alone takes 3.6 us (4-6
 as a Go map): each dependent cold miss, page walk included, costs about a microsecond on
@@ -518,9 +525,10 @@ blocks: 1.79-1.91x in three alternating runs against 1.21-1.59x (1,024 tries, ab
 set rather than a sort (4.5% of the apply), and the decoding above, one core applies
 1.70-1.90M blocks a second and two 3.2-3.3M (1.35-1.41M and 1.9-2.2M before, in the same
 alternating runs). ` + "`make bench`" + ` read the speedup at 1.773 and at 1.699 in two runs of
-the day, with two separate indexes at 1.783 and 1.854: 0.93-0.94 of what the machine's
+that day, with two separate indexes at 1.783 and 1.854: 0.93-0.94 of what the machine's
 cores gave, so the row passes or misses the 1.7x by the neighbours' load (the separate
-indexes read 1.6 to 2.0 within minutes). What is left of a block's time beside decoding
+indexes read 1.6 to 2.0 within minutes); since the arena (above) it reads 1.662 against
+1.99. What is left of a block's time beside decoding
 (about 40% of it) is mostly cache misses: the engine-hash table's slot of each removed block (half of
 ` + "`blockMap.remove`" + `'s time is its first load) and each stored block's node.
 
