@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"testing"
 
@@ -558,4 +559,64 @@ func FuzzIndexOracle(f *testing.F) {
 		}
 		runOracle(t, next, docs, len(data)/3)
 	})
+}
+
+// TestArenaAcrossChunks: a run long enough to span several of the arena's
+// chunks, then partly removed, and another rank's run stored into the ids
+// that freed, give the lookups they should (walks across chunk boundaries,
+// where the next id is not the next node of the chunk) and keep the arena's
+// bookkeeping (checkStructure).
+func TestArenaAcrossChunks(t *testing.T) {
+	ix, err := New(Options{BlockSize: 1})
+	require.NoError(t, err)
+	o := newOracle(1)
+	apply := func(w catalog.WorkerRank, ev Event) {
+		require.True(t, o.apply(w, ev))
+		require.NoError(t, ix.Apply(w, ev))
+	}
+	a, b := catalog.WorkerRank{WorkerID: "a"}, catalog.WorkerRank{WorkerID: "b"}
+	check := func(toks []uint32, da, db int) {
+		var want []Match
+		for _, m := range []Match{{Worker: a, Device: da}, {Worker: b, Device: db}} {
+			if m.Device > 0 {
+				want = append(want, m)
+			}
+		}
+		got := ix.FindMatches(seqsOf(t, 1, toks), MatchOptions{})
+		sortMatches(got)
+		require.Equal(t, want, got, "a query of %d blocks", len(toks))
+	}
+	n := 2*chunkLen + 100
+	ha, ta := make([]uint64, n), make([]uint32, n)
+	for i := range n {
+		ha[i], ta[i] = uint64(i+1), uint32(i)
+	}
+	apply(a, Event{Kind: EventStored, BlockHashes: ha, Tokens: ta})
+	require.Len(t, ix.t.chunks, 3, "the run spans chunks")
+	for _, k := range []int{1, chunkLen - 2, chunkLen - 1, chunkLen, chunkLen + 1, 2 * chunkLen, n} {
+		check(ta[:k], k, 0)
+	}
+
+	// An LRU evicts a's last 2*chunkLen blocks, deepest first.
+	tail := slices.Clone(ha[n-2*chunkLen:])
+	slices.Reverse(tail)
+	apply(a, Event{Kind: EventRemoved, BlockHashes: tail})
+	checkStructure(t, ix, o)
+	next := ix.t.nextID
+
+	// b shares a's first 100 blocks, then stores 2*chunkLen of its own.
+	m := 100 + 2*chunkLen
+	hb, tb := make([]uint64, m), make([]uint32, m)
+	for i := range m {
+		hb[i], tb[i] = uint64(1_000_000+i), uint32(1_000_000+i)
+		if i < 100 {
+			tb[i] = ta[i]
+		}
+	}
+	apply(b, Event{Kind: EventStored, BlockHashes: hb, Tokens: tb})
+	require.Equal(t, next, ix.t.nextID, "b's nodes took the ids a's removal freed")
+	check(tb, 100, m)
+	check(tb[:150], 100, 150)
+	check(ta, 100, 100)
+	checkStructure(t, ix, o)
 }
