@@ -7,14 +7,16 @@ import (
 )
 
 // blockMap maps a worker rank's block hashes (engine hashes in an Index,
-// sequence hashes in Approx) to nodes. It is an open-addressing table with
-// linear probing, written instead of a Go map for its memory: a slot is 16
-// bytes (the hash and the node), and the table grows by half, not by doubling,
-// whenever it would be more than 3/4 full (shrinking by half below 1/4, down
-// to minSlots), so between about 21 and 32 bytes hold each entry of a large
-// map. A Go map takes 17 bytes a slot and is between 7/16 and 7/8 full: at
-// 8,192 entries, what a worker rank of the benchmark fleets holds, it takes 39
-// bytes an entry where this table takes 23. The zero value is an empty map.
+// sequence hashes in Approx) to nodes, and a node's children keys to them
+// (nodeExt.kids, tree.rootKids). It is an open-addressing table with linear
+// probing, written instead of a Go map for its memory: a slot is 12 bytes (the
+// hash in two halves, so that nothing pads the slot, and the node's id), and
+// the table grows by half, not by doubling, whenever it would be more than 3/4
+// full (shrinking by half below 1/4, down to minSlots), so between about 16
+// and 24 bytes hold each entry of a large map (17 at 8,192 entries, what a
+// worker rank of the benchmark fleets holds). A Go map of the same takes 17
+// bytes a slot (the hash and id padded to 16, and a control byte) and is
+// between 7/16 and 7/8 full. The zero value is an empty map.
 //
 // Slots are placed by a keyed mix of the hash (seed, random per table), so an
 // engine that chooses its hashes cannot make them collide. Deletion shifts the
