@@ -343,16 +343,16 @@ func (ix *Index) storeTree(w catalog.WorkerRank, ws *workerState, ev *Event, par
 		ix.rejected.Add(1)
 		return fmt.Errorf("%w: %d nodes and up to %d more, worker rank %s", ErrIndexFull, t.nodes, len(plan.locals), w)
 	}
-	cur := parent
+	cur, curNode := parent, t.at(parent)
 	plan.now = plan.now[:0]
 	for j := range ev.BlockHashes {
 		for s := range plan.ratio {
 			local := plan.locals[j*plan.ratio+s]
 			key := local
 			if cur != rootID {
-				key = chainHash(t.at(cur).key, local)
+				key = chainHash(curNode.key, local)
 			}
-			cur = t.child(cur, key)
+			cur, curNode = t.childNode(cur, curNode, key)
 			if ix.onStored != nil {
 				plan.keys = append(plan.keys, key)
 			}
@@ -369,9 +369,12 @@ func (ix *Index) storeTree(w catalog.WorkerRank, ws *workerState, ev *Event, par
 		}
 		// Hold the new path before releasing an old mapping of the same hash, so
 		// shared ancestors are never pruned in between.
-		for n, s := cur, 0; s < plan.ratio; s++ {
-			t.hold(ws, n, ev.Tier)
-			n = t.at(n).parent()
+		for n, nn, s := cur, curNode, 0; ; nn = t.at(n) {
+			t.holdNode(ws, n, nn, ev.Tier)
+			if s++; s == plan.ratio {
+				break
+			}
+			n = nn.parent()
 		}
 		if old != 0 {
 			// The hash now names other content: the old block is gone, however

@@ -511,9 +511,15 @@ func (t *tree) worker(w catalog.WorkerRank, create bool) *workerState {
 // child returns parent's child with key, creating it when absent. It may
 // grow the arena, which moves no node.
 func (t *tree) child(parent nodeID, key uint64) nodeID {
-	pn := t.at(parent)
-	if c, _ := t.childFor(pn, key); c != 0 {
-		return c
+	c, _ := t.childNode(parent, t.at(parent), key)
+	return c
+}
+
+// childNode is child for a caller that has the parent's node, pn, and
+// wants the child's.
+func (t *tree) childNode(parent nodeID, pn *node, key uint64) (nodeID, *node) {
+	if c, cn := t.childFor(pn, key); c != 0 {
+		return c, cn
 	}
 	c := t.newNode(key, parent)
 	cn := t.at(c)
@@ -535,7 +541,7 @@ func (t *tree) child(parent nodeID, key uint64) nodeID {
 		t.kidMapBytes += kids.bytes()
 	}
 	t.nodes++
-	return c
+	return c, cn
 }
 
 // ensureExt returns n's ext, giving it one when it has none.
@@ -634,8 +640,10 @@ func (t *tree) storeDev(n *node, s slotSet) {
 }
 
 // hold adds one membership of ws in node id on tier.
-func (t *tree) hold(ws *workerState, id nodeID, tier Tier) {
-	n := t.at(id)
+func (t *tree) hold(ws *workerState, id nodeID, tier Tier) { t.holdNode(ws, id, t.at(id), tier) }
+
+// holdNode is hold for a caller that has the node, n.
+func (t *tree) holdNode(ws *workerState, id nodeID, n *node, tier Tier) {
 	if !t.addSlot(id, n, tier, ws.slot) {
 		k := extraKey{heldKey{id, tier}, ws.slot}
 		if t.extra[k] == 0 {
