@@ -491,7 +491,11 @@ its clearing freed, among other engines' nodes, less often next to each other th
 warm-up (10.3 us the first replay, 11.5-12.1 the next three, one process). Two feeds
 sharing one index now gain 0.85-0.89 of what two separate indexes gain (0.91-0.92 before):
 their new nodes interleave in the same chunks, where the runtime gave each core its own
-spans. A cold walk still costs far more than its nodes: after evicting the caches
+spans. A cache-resident index pays for the ids: every node access reads the chunk
+table, and ` + "`BenchmarkScaleDecodeApply`" + ` (16-block stores and removals) reads 7.6-8.3M -> 6.4-6.9M
+blocks/s into the small index and 6.5-6.9M -> 5.4-5.9M into the 8M one (three alternating
+runs, quiet machine); the 8M row's 3.78M above was read in a noisy phase (the old code read
+4.3M in one of those runs). A cold walk still costs far more than its nodes: after evicting the caches
 (256 MB written), a 300-block walk along contiguous ids takes 40-80 ns a step where the same
 path copied into fresh memory takes 9, and the root's table lookup alone takes 3.6 us (4-6
 as a Go map): each dependent cold miss, page walk included, costs about a microsecond on
