@@ -25,7 +25,7 @@ type Handler interface {
 type Applier interface {
 	// Apply applies one event to worker rank w, returning nil or an error that
 	// wraps kvindex.ErrUnknownParent, ErrBlockSize, ErrTokenCount,
-	// ErrInvalidEvent, ErrUnknownBlock, ErrRankFull, or this package's
+	// ErrInvalidEvent, ErrUnknownBlock, ErrRankFull, ErrIndexFull, or this package's
 	// ErrUnknownRank (w names a rank its worker does not have). Apply must not
 	// keep the event's slices after it returns.
 	Apply(w catalog.WorkerRank, ev kvindex.Event) error
@@ -275,6 +275,8 @@ func classify(err error) SkipReason {
 		return SkipUnknownRank
 	case errors.Is(err, kvindex.ErrRankFull):
 		return SkipRankFull
+	case errors.Is(err, kvindex.ErrIndexFull):
+		return SkipIndexFull
 	default:
 		return SkipApplyError
 	}

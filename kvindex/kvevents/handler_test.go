@@ -296,15 +296,21 @@ func TestIndexHandlerRefusedRanksAreNotRemembered(t *testing.T) {
 		if ev.BlockHashes[0] == 8 {
 			return fmt.Errorf("full: %w", kvindex.ErrRankFull)
 		}
+		if ev.BlockHashes[0] == 10 {
+			return fmt.Errorf("full: %w", kvindex.ErrIndexFull)
+		}
 		return nil
 	}
 	h.HandleBatch(src, 0, arrayBatch(7, storedArr([]uint64{7}, nil, seqTokens(0, 4), 4)))
 	h.HandleBatch(src, 1, arrayBatch(1, storedArr([]uint64{8}, nil, seqTokens(0, 4), 4)))
 	h.HandleBatch(src, 2, arrayBatch(2, storedArr([]uint64{9}, nil, seqTokens(0, 4), 4)))
+	h.HandleBatch(src, 3, arrayBatch(2, storedArr([]uint64{10}, nil, seqTokens(0, 4), 4)))
 	st := h.Stats(src)
 	require.EqualValues(t, 1, st.Skipped[SkipUnknownRank])
 	require.EqualValues(t, 1, st.Skipped[SkipRankFull])
-	require.EqualValues(t, 2, st.StoresRejected)
+	require.EqualValues(t, 1, st.Skipped[SkipIndexFull])
+	require.Equal(t, "index_full", SkipIndexFull.String())
+	require.EqualValues(t, 3, st.StoresRejected)
 	h.ResetSource(src)
 	require.ElementsMatch(t, []catalog.WorkerRank{src, {WorkerID: "w", Rank: 2}}, rec.cleared)
 }

@@ -54,6 +54,9 @@ const (
 	// SkipUnknownBlock: a removal named blocks the index does not hold for the
 	// worker rank (their store was lost or skipped); the known ones were removed.
 	SkipUnknownBlock
+	// SkipIndexFull: the stored run could take the index past the nodes it
+	// can hold (kvindex.ErrIndexFull).
+	SkipIndexFull
 
 	// NumSkipReasons is the number of reasons; SkipReason values index arrays of
 	// this length.
@@ -78,6 +81,7 @@ var skipReasonNames = [NumSkipReasons]string{
 	SkipUnknownRank:   "unknown_rank",
 	SkipRankFull:      "rank_full",
 	SkipUnknownBlock:  "unknown_block",
+	SkipIndexFull:     "index_full",
 }
 
 // byDesign reports whether events skipped for r are left out on purpose, not
