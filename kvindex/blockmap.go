@@ -94,15 +94,6 @@ func (m *blockMap) put(key uint64, id nodeID) {
 	}
 }
 
-// insert maps key to node id (not 0) unless key is mapped already, and
-// returns the node key had before: 0 when it added key.
-func (m *blockMap) insert(key uint64, id nodeID) nodeID {
-	if s, found := m.slot(key, id); found {
-		return s.id
-	}
-	return 0
-}
-
 // slot returns key's slot and whether key was present, adding key with node id
 // when it was absent.
 func (m *blockMap) slot(key uint64, id nodeID) (*blockSlot, bool) {

@@ -56,7 +56,7 @@ func (t *tree) appendMatches(dst []Match, seqs []uint64, opts MatchOptions) []Ma
 	if len(seqs) == 0 || len(t.workers) == 0 {
 		return dst
 	}
-	n, id := t.kidFor(t.at(rootID), seqs[0])
+	n, id := t.kidFor(t.root, seqs[0])
 	if n == nil {
 		return dst
 	}

@@ -148,7 +148,7 @@ func (ix *Index) cutLocked() *rawCut {
 			stack = append(stack, frame{c, pos})
 		}
 	}
-	push(t.at(rootID), 0)
+	push(t.root, 0)
 	for len(stack) > 0 {
 		f := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
