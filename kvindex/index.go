@@ -306,6 +306,9 @@ func (ix *Index) storeRanked(w catalog.WorkerRank, ws *workerState, ev *Event, p
 		ix.mu.Unlock()
 	}
 	m := &ws.blocks[ev.Tier]
+	if nb > 1 {
+		m.warm(ev.BlockHashes)
+	}
 	plan.old = plan.old[:0]
 	for _, hash := range ev.BlockHashes {
 		plan.old = append(plan.old, m.get(hash))
@@ -525,6 +528,9 @@ func (ix *Index) remove(w catalog.WorkerRank, tier Tier, hashes []uint64) (unkno
 // ranksMu and ws.mu.
 func (ix *Index) removeRanked(ws *workerState, tier Tier, hashes []uint64) (unknown int) {
 	m := &ws.blocks[tier]
+	if len(hashes) > 1 {
+		m.warm(hashes)
+	}
 	gone := ws.gone[:0]
 	for _, hash := range hashes {
 		// A block stored k times needs k removes; only the last releases it.
@@ -605,6 +611,9 @@ func (ix *Index) releaseTree(ws *workerState, tier Tier, nodes []nodeID) {
 	defer ix.mu.Unlock()
 	t := &ix.t
 	t.mapEntries -= len(nodes)
+	if len(nodes) > 1 {
+		t.warm(nodes)
+	}
 	for _, n := range nodes {
 		t.releaseBlock(ws, n, tier, max(ws.ratio, 1))
 	}

@@ -115,6 +115,17 @@ func (n *node) setSame(same bool) {
 // at returns the node id names; valid while that node is in the tree.
 func (t *tree) at(id nodeID) *node { return &t.chunks[id>>chunkBits][id&chunkMask] }
 
+// warm loads the nodes ids name, so that their cache misses overlap where
+// the work on each would wait for them in turn (see blockMap.warm).
+//
+//go:noinline
+func (t *tree) warm(ids []nodeID) (sum uint32) {
+	for _, id := range ids {
+		sum += t.at(id).up
+	}
+	return sum
+}
+
 // extOf returns n's ext, or nil.
 func (t *tree) extOf(n *node) *nodeExt {
 	if n.ext == 0 {
