@@ -177,6 +177,15 @@ func (m *blockMap) remove(key uint64) nodeID {
 	return removed
 }
 
+// room makes room for k more entries without a resize, growing the table as
+// adding them one by one would (by half, or more if k needs it), so that
+// the slots of entries added meanwhile stay where they are.
+func (m *blockMap) room(k int) {
+	if n := m.n + k; n*4 > len(m.slots)*3 {
+		m.resize(max(8, len(m.slots)+len(m.slots)/2, n*4/3+1))
+	}
+}
+
 // reserve makes room for n entries in all without a resize.
 func (m *blockMap) reserve(n int) {
 	if size := n*4/3 + 1; n > 0 && size > len(m.slots) {

@@ -142,15 +142,21 @@ type storePlan struct {
 	keys   []uint64 // the index blocks' keys, for Options.OnStored
 	seen   hashSet  // scratch of checkDistinct
 	// old holds, per engine block, the node its hash mapped to before the
-	// event (0 when none); now the node it maps to after it, for the map
-	// updates after the tree's.
+	// event (0 when none); now the node it maps to after it, and slots its
+	// slot in the worker rank's map, for the map updates after the tree's.
 	old, now []nodeID
+	slots    []*blockSlot
 	ratio    int
 }
 
+// pending is the node a stored run's new hash maps to between finding its
+// slot and the tree's part (see storeRanked): never a node's id.
+const pending = ^nodeID(0)
+
 // release returns the plan to the pool.
 func (p *storePlan) release() {
-	p.old, p.now = p.old[:0], p.now[:0]
+	clear(p.slots) // the pooled plan keeps no pointer into a table
+	p.old, p.now, p.slots = p.old[:0], p.now[:0], p.slots[:0]
 	planPool.Put(p)
 }
 
@@ -309,11 +315,27 @@ func (ix *Index) storeRanked(w catalog.WorkerRank, ws *workerState, ev *Event, p
 	if nb > 1 {
 		m.warm(ev.BlockHashes)
 	}
-	plan.old = plan.old[:0]
+	// Each hash's slot is found once: a new hash is added as pending, and
+	// the tree's node is written into its slot after the tree's part. With
+	// room made first, no slot moves in between (a table moves its entries
+	// only to grow, shrink or close a removal's gap).
+	m.room(nb)
+	plan.old, plan.slots = plan.old[:0], plan.slots[:0]
 	for _, hash := range ev.BlockHashes {
-		plan.old = append(plan.old, m.get(hash))
+		s, found := m.slot(hash, pending)
+		old := nodeID(0)
+		if found {
+			old = s.id
+		}
+		plan.old = append(plan.old, old)
+		plan.slots = append(plan.slots, s)
 	}
 	if err := ix.storeTree(w, ws, ev, parent, plan); err != nil {
+		for j, hash := range ev.BlockHashes {
+			if plan.old[j] == 0 {
+				m.remove(hash)
+			}
+		}
 		if created {
 			ix.mu.Lock()
 			t.dropWorker(ws)
@@ -326,10 +348,8 @@ func (ix *Index) storeRanked(w catalog.WorkerRank, ws *workerState, ev *Event, p
 	// The maps follow the tree. Until they do, ws's map is behind its
 	// memberships, which nobody sees: every reader of the maps holds ws.mu
 	// or ranksMu for writing.
-	for j, hash := range ev.BlockHashes {
-		if n := plan.now[j]; n != plan.old[j] {
-			m.put(hash, n)
-		}
+	for j, s := range plan.slots {
+		s.id = plan.now[j]
 	}
 	return nil
 }
