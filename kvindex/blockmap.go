@@ -177,12 +177,19 @@ func (m *blockMap) remove(key uint64) nodeID {
 	return removed
 }
 
-// room makes room for k more entries without a resize, growing the table as
-// adding them one by one would (by half, or more if k needs it), so that
-// the slots of entries added meanwhile stay where they are.
+// room makes room for k more entries without a resize, so that the slots
+// of entries added meanwhile stay where they are. It grows the table to the
+// size adding k new entries one by one would (by half, as often as needed):
+// another rule of growth lands other sizes, and a rank's map of 8,192
+// entries took 15,553 slots rather than 11,623 (BenchmarkScaleMemory: 44.4
+// -> 49.5 bytes an entry).
 func (m *blockMap) room(k int) {
-	if n := m.n + k; n*4 > len(m.slots)*3 {
-		m.resize(max(8, len(m.slots)+len(m.slots)/2, n*4/3+1))
+	size := len(m.slots)
+	for (m.n+k)*4 > size*3 {
+		size = max(8, size+size/2)
+	}
+	if size != len(m.slots) {
+		m.resize(size)
 	}
 }
 

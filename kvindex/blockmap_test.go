@@ -87,3 +87,43 @@ func TestBlockMapZeroAndReserve(t *testing.T) {
 	require.Equal(t, n, m.get(100), "put adds")
 	require.Equal(t, 101, m.count())
 }
+
+// TestBlockMapRoom: after room(k), k new entries leave every slot where it
+// was, so a slot found before the others are added can still be written
+// (Index.storeRanked writes a stored run's nodes into its slots last).
+func TestBlockMapRoom(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 9))
+	var m blockMap
+	for _, k := range []int{1, 7, 100, 1000, 5000} {
+		m.room(k)
+		size := len(m.slots)
+		slots := make([]*blockSlot, 0, k)
+		keys := make([]uint64, 0, k)
+		for range k {
+			key := r.Uint64()
+			s, found := m.slot(key, pending)
+			require.False(t, found)
+			slots, keys = append(slots, s), append(keys, key)
+		}
+		require.Equal(t, size, len(m.slots), "room(%d) then %d adds resized the table", k, k)
+		for i, s := range slots {
+			s.id = nodeID(i + 1)
+		}
+		for i, key := range keys {
+			require.Equal(t, nodeID(i+1), m.get(key), "the id written into slot %d", i)
+		}
+	}
+	// The sizes adding one by one reaches: a rank's 16 runs of 512 blocks
+	// end in the table of 8,192 adds.
+	var one, runs blockMap
+	for k := range uint64(8192) {
+		if k%512 == 0 {
+			runs.room(512)
+		}
+		one.put(k*0x9e3779b97f4a7c15+1, 1)
+		runs.put(k*0x9e3779b97f4a7c15+1, 1)
+		if k%512 == 511 {
+			require.Equal(t, len(one.slots), len(runs.slots), "after %d adds", k+1)
+		}
+	}
+}
