@@ -126,7 +126,9 @@
 //     shrink by half when less than 1/4 full).
 //   - A worker rank's engine-hash map points only at nodes where that worker rank
 //     is a member on the same tier, and every membership is justified by a mapped
-//     block (a block stored twice needs two removes).
+//     block (a block stored twice needs two removes). Within a stored run, under
+//     the worker rank's lock, its new hashes map to a pending id until the
+//     tree's part is done.
 //   - A node's set never claims a worker rank for a block it does not hold, so
 //     FindMatches never overcounts.
 //   - A node is marked as having its parent's holders only when it is its

@@ -503,6 +503,35 @@ this virtual machine, so the tail follows the number of dependent misses before 
 streams. An index can hold ` + "`MaxNodes`" + ` (2^31 - 2) nodes; a store that could pass it is
 refused with ` + "`ErrIndexFull`" + `.
 
+**What the interleaved tail is made of (2026-12-08).** Over 8,192 replayed lookups at 1M
+entries the walks take 424k steps to the node with the next id (97%), 8.9k to a child
+elsewhere (12.7k and 15.3k in the replays after the first and second reset) and 10.3k
+through a table of children, the root's included. The slowest 1% walk 310-350 blocks (all
+lookups: 128) at about 10 ns a block, against 4-5 in the static rows. Five things were
+tried against it, none kept:
+- Keys beside the nodes (each chunk's keys in an array of their own, and a bit per node
+  set while its only child is the next id with the same holders, so that a walk along a
+  run compares keys only, eight to a cache line): 97% of the steps read only keys, and
+  the p99 did not move (7.5-9.8 us against 7.6-9.0, two alternating rounds of three
+  replays), at 1.8 more bytes an entry. Streaming the path is not what the tail costs.
+- Never reusing an id (memory without bound; an experiment): the jumps fall to 0.7k and
+  the p99 to 6.5-7.9 us against 8.6-9.6 (first round), 8.7-10.3 against 9.3-11.2 (second).
+- A stored run's new nodes in consecutive ids, the first gap of 64 in the four chunks
+  that last freed ids, else fresh ids while fewer than one in eight is free: 7.9k jumps
+  in the first replay but 15.7k and 22.6k after the resets (p99 10.6-14.1 us), 60.8 bytes
+  an entry against 56.6. Fresh ids alone (no gap search) read 8.5-9.6 us against 9.5-10.4,
+  and under steady churn they run out: the free ids stay at the limit, so runs reuse them.
+- The reset storing each engine's cache back as runs rather than a block an event: the
+  jumps the same (8.9k, 13.2k, 15.3k, 16.9k).
+- Transparent huge pages for the whole heap (733 of 757 MB in 2 MB pages): 10.0-10.7 us.
+What is left is the dependent misses a layout of the path does not remove: the root's
+table slot and the node it names, each branch's extension, table and child, each jump to a
+reused id, at about a microsecond each on this machine; contiguity cuts the jumps only
+until churn scatters the free ids again. Three ` + "`make bench`" + ` runs on 2026-12-08 read the
+rows above at 8.02 / 8.31, 10.41 / 10.86 and 9.26 / 10.37 us (1M / 8M entries), the
+static p99s at 2.56-3.84 us: how quiet the machine is moves them more than anything
+tried here.
+
 **Decoding a large vocabulary's token ids.** Llama 3's 128,256 ids are about half in
 msgpack's 16-bit form and half in its 32-bit one, in no order a branch predictor learns:
 a branch on the form is mispredicted every other id (4.8 ns an id, vocab=128256, where
@@ -532,9 +561,23 @@ alternating runs). ` + "`make bench`" + ` read the speedup at 1.773 and at 1.699
 that day, with two separate indexes at 1.783 and 1.854: 0.93-0.94 of what the machine's
 cores gave, so the row passes or misses the 1.7x by the neighbours' load (the separate
 indexes read 1.6 to 2.0 within minutes); since the arena (above) it reads 1.662 against
-1.99. What is left of a block's time beside decoding
-(about 40% of it) is mostly cache misses: the engine-hash table's slot of each removed block (half of
-` + "`blockMap.remove`" + `'s time is its first load) and each stored block's node.
+1.99, and 1.59-1.73 against 1.90-1.99 in three runs on 2026-12-08. What sharing costs is not the lock: counting
+the tries, two feeds spend 1-2 ms of a 580 ms replay spinning; keeping the locks' words on
+cache lines of their own (a feed's read lock of the registry shared a line with the tree's
+lock) read 1.50-1.77x against 1.59-1.77x (six alternating runs), and giving each worker
+rank a chunk of its own for its new nodes 1.62-1.83x against 1.55-1.87x: neither kept.
+A removal and a stored run now load their blocks' slots of the engine-hash table before
+working through them (and a removal its nodes, under the lock), so those cache misses
+overlap where they came one after another: ` + "`blockMap.remove`" + ` 1.35 -> 0.88 s of a 6.7 s
+profile, one core 1.69M -> 1.77M blocks/s (medians of eight alternating runs),
+` + "`make bench`" + ` 1.83-1.95M in three runs that day (1.88M before). A stored run then finds each hash's slot once (a new hash
+is added as pending and its node written into the slot after the tree's part; the table
+makes its room first, so no slot moves in between) where it probed before the tree and
+again after: 1.63M -> 1.72M in six alternating runs on a noisy machine. Decoding the ids
+is now 45% of a block's time (` + "`readMixedIDs`" + ` 43%);
+a conditional move for the second form byte (Go compiled it to a branch: half the speed),
+a big-endian window whose shift needs no mask, and pairs counted in bounds once per run
+rather than checked each were tried there and read the same or slower.
 
 Lookups met the same wake-up beside a feed (` + "`BenchmarkDynamoLookupsUnderFeed`" + `: one core
 looks up the trace's requests while the other replays the write segment): p99 106 us and
