@@ -312,14 +312,15 @@ func (ix *Index) storeRanked(w catalog.WorkerRank, ws *workerState, ev *Event, p
 		ix.mu.Unlock()
 	}
 	m := &ws.blocks[ev.Tier]
-	if nb > 1 {
-		m.warm(ev.BlockHashes)
-	}
 	// Each hash's slot is found once: a new hash is added as pending, and
 	// the tree's node is written into its slot after the tree's part. With
 	// room made first, no slot moves in between (a table moves its entries
-	// only to grow, shrink or close a removal's gap).
+	// only to grow, shrink or close a removal's gap), and the slots warmed
+	// are the ones probed.
 	m.room(nb)
+	if nb > 1 {
+		m.warm(ev.BlockHashes)
+	}
 	plan.old, plan.slots = plan.old[:0], plan.slots[:0]
 	for _, hash := range ev.BlockHashes {
 		s, found := m.slot(hash, pending)
